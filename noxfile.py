@@ -1,0 +1,29 @@
+"""Sessions: `tests` (what CI runs), `lint` (ruff + mypy), `bench` (measurements, never gating)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    # Two workers' worth of cores here: the suite runs serially; slow process tests are bounded.
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    session.install("-e", ".[test,lint]")
+    session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "bench", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    session.install("-e", ".[postgres]")
+    session.run("python", "bench/run.py", *session.posargs)

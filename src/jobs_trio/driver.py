@@ -1,0 +1,105 @@
+# The one interface every storage backend implements (memory, SQLite, PostgreSQL).
+# Its semantics live in tests/conformance/, which every driver passes unchanged.
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .records import (
+    Claim,
+    Enqueued,
+    EventRecord,
+    JobId,
+    JobRecord,
+    JobState,
+    Lease,
+    NewJob,
+    QueueStats,
+    RenewResult,
+    Settlement,
+    StepRecord,
+)
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """Durable job storage. Every method is async and safe to call from one Trio task at a time
+    or from many; times are seconds on the driver's own clock (``now()``)."""
+
+    url: str
+
+    def now(self) -> float:
+        """The driver's clock: every run-at, lease and timestamp it stores is on it."""
+        ...
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        """Write ``jobs`` in one go, in order. A job whose key a live job already holds is not
+        written: its answer carries the live job's id and ``created=False``. ``connection``
+        enlists the write in the caller's own transaction where the driver supports that."""
+        ...
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+    ) -> Sequence[Claim]:
+        """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at), and
+        jobs whose lease has lapsed. Each gets a fresh token, ``attempts + 1`` and a lease of
+        ``lease`` seconds. A lapsed job with no attempts left is dead-lettered, not returned."""
+        ...
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        """Extend every lease whose token is still current, in one statement; answer which
+        were held and which an operator asked to cancel."""
+        ...
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        """Apply each settlement whose token is still current; answer the ids applied. A stale
+        token changes nothing (fencing)."""
+        ...
+
+    async def get(self, job_id: JobId) -> JobRecord | None: ...
+
+    async def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> Sequence[JobRecord]:
+        """Newest first."""
+        ...
+
+    async def retry(self, job_id: JobId) -> JobRecord:
+        """An operator's re-run: a dead, cancelled or parked job back to ready now, with its
+        attempts reset. Raises ``JobNotFound`` / ``InvalidTransition``."""
+        ...
+
+    async def cancel(self, job_id: JobId) -> JobRecord:
+        """An operator's cancel: a ready, suspended or parked job becomes cancelled at once; a
+        running one is flagged, and its worker cancels the run at its next renewal."""
+        ...
+
+    async def stats(self) -> Sequence[QueueStats]: ...
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+        """Return when a job in ``queues`` may have become claimable, or after ``timeout``."""
+        ...
+
+    async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]: ...
+
+    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+        """Insert or replace one step record, fenced: False (and nothing written) when the
+        lease's token is no longer the job's current one."""
+        ...
+
+    async def send_event(
+        self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
+    ) -> str:
+        """Store an event and make every job suspended on ``name`` ready now."""
+        ...
+
+    async def find_event(
+        self, name: str, *, key: str | None, since: float | None
+    ) -> EventRecord | None:
+        """The earliest event named ``name`` (with ``key``, when given) sent at or after
+        ``since`` (any time when None)."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,1 @@
+# Storage drivers, one module each; `open_driver` picks one by URL scheme.

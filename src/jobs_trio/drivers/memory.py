@@ -1,0 +1,425 @@
+# The memory driver: the whole contract on dicts, for tests and examples (nothing survives exit).
+# Apart because it is the reference the SQLite and PostgreSQL drivers are checked against.
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from ..errors import ConfigError, InvalidTransition, JobNotFound
+from ..records import (
+    LIVE_STATES,
+    CancelJob,
+    Claim,
+    Complete,
+    DeadLetter,
+    Enqueued,
+    EventRecord,
+    JobId,
+    JobRecord,
+    JobState,
+    Lease,
+    NewJob,
+    Park,
+    QueueStats,
+    RenewResult,
+    Retry,
+    Settlement,
+    StepRecord,
+    Suspend,
+    new_token,
+)
+
+LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
+
+
+def lapsed_out_of_attempts(attempts: int) -> str:
+    return f"{LAPSED_ERROR}; no attempts left after {attempts}"
+
+
+class MemoryDriver:
+    """Jobs in a dict. ``clock`` defaults to the wall clock; tests on Trio's ``MockClock`` pass
+    ``trio.current_time`` so leases and delays move with the mock time."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, url: str = "memory://") -> None:
+        self.url = url
+        self._clock = clock
+        self._jobs: dict[JobId, JobRecord] = {}
+        # The current token of each running job: kept beside the record because a record is
+        # what operators read, and a token must never leak into `show` output.
+        self._tokens: dict[JobId, str] = {}
+        self._steps: dict[JobId, dict[str, StepRecord]] = {}
+        self._events: list[EventRecord] = []
+        self._event_ids = itertools.count(1)
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    def now(self) -> float:
+        return self._clock()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("the memory driver is closed", fix="open a new driver")
+
+    def _wake(self) -> None:
+        self._lot.unpark_all()
+
+    def _put(self, record: JobRecord, **changes: object) -> JobRecord:
+        updated = attrs.evolve(record, updated_at=self.now(), **changes)  # type: ignore[arg-type]
+        self._jobs[record.id] = updated
+        return updated
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if connection is not None:
+            raise ConfigError(
+                "the memory driver has no transactions to enlist in",
+                fix="enqueue without connection=, or use the PostgreSQL driver",
+            )
+        now = self.now()
+        live_keys = {
+            r.key: r.id for r in self._jobs.values() if r.key is not None and r.state in LIVE_STATES
+        }
+        answers = []
+        for job in jobs:
+            if job.key is not None and job.key in live_keys:
+                answers.append(Enqueued(live_keys[job.key], created=False))
+                continue
+            self._jobs[job.job_id] = JobRecord(
+                id=job.job_id,
+                name=job.name,
+                queue=job.queue,
+                state=JobState.READY,
+                payload=job.payload,
+                priority=job.priority,
+                attempts=0,
+                max_attempts=job.max_attempts,
+                run_at=now + max(job.delay, 0.0),
+                created_at=now,
+                updated_at=now,
+                key=job.key,
+            )
+            if job.key is not None:
+                live_keys[job.key] = job.job_id
+            answers.append(Enqueued(job.job_id, created=True))
+        self._wake()
+        return answers
+
+    def _claimable(self, queues: Sequence[str], now: float) -> list[JobRecord]:
+        wanted = set(queues)
+        due = [
+            r
+            for r in self._jobs.values()
+            if r.queue in wanted
+            and (
+                (r.state in (JobState.READY, JobState.SUSPENDED) and r.run_at <= now)
+                or (
+                    r.state is JobState.RUNNING
+                    and r.lease_until is not None
+                    and r.lease_until <= now
+                )
+            )
+        ]
+        due.sort(key=lambda r: (r.priority, r.run_at, r.id))
+        return due
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+    ) -> Sequence[Claim]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        claims: list[Claim] = []
+        for record in self._claimable(queues, now):
+            if len(claims) >= limit:
+                break
+            if record.state is JobState.RUNNING and record.attempts >= record.max_attempts:
+                # Attempts are counted at claim, so a job that keeps killing its worker ends
+                # here instead of looping forever.
+                self._dead_from_lapse(record)
+                continue
+            token = new_token()
+            last_error = record.last_error
+            if record.state is JobState.RUNNING:
+                last_error = LAPSED_ERROR
+            updated = self._put(
+                record,
+                state=JobState.RUNNING,
+                attempts=record.attempts + 1,
+                lease_until=now + lease,
+                worker_id=worker_id,
+                last_error=last_error,
+                wait_event=None,
+            )
+            self._tokens[record.id] = token
+            claims.append(
+                Claim(
+                    job_id=record.id,
+                    token=token,
+                    name=record.name,
+                    queue=record.queue,
+                    payload=record.payload,
+                    attempt=updated.attempts,
+                    max_attempts=record.max_attempts,
+                    lease_until=now + lease,
+                )
+            )
+        return claims
+
+    def _dead_from_lapse(self, record: JobRecord) -> None:
+        self._tokens.pop(record.id, None)
+        self._put(
+            record,
+            state=JobState.DEAD,
+            lease_until=None,
+            worker_id=None,
+            last_error=lapsed_out_of_attempts(record.attempts),
+        )
+
+    def _current(self, lease: Lease) -> JobRecord | None:
+        record = self._jobs.get(lease.job_id)
+        if record is None or record.state is not JobState.RUNNING:
+            return None
+        if self._tokens.get(lease.job_id) != lease.token:
+            return None
+        return record
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        held: set[JobId] = set()
+        cancel: set[JobId] = set()
+        for one in leases:
+            record = self._current(one)
+            if record is None:
+                continue
+            self._put(record, lease_until=now + lease)
+            held.add(one.job_id)
+            if record.cancel_requested:
+                cancel.add(one.job_id)
+        return RenewResult(held=frozenset(held), cancel_requested=frozenset(cancel))
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        applied: list[JobId] = []
+        for s in settlements:
+            record = self._current(s.lease)
+            if record is None:
+                continue
+            self._tokens.pop(record.id, None)
+            done = dict(lease_until=None, worker_id=None, cancel_requested=False)
+            if isinstance(s, Complete):
+                self._put(record, state=JobState.COMPLETED, result=s.result, **done)
+            elif isinstance(s, Retry):
+                attempts = record.attempts if s.counts_as_attempt else record.attempts - 1
+                self._put(
+                    record,
+                    state=JobState.READY,
+                    run_at=now + max(s.delay, 0.0),
+                    attempts=attempts,
+                    last_error=s.error,
+                    **done,
+                )
+            elif isinstance(s, DeadLetter):
+                self._put(record, state=JobState.DEAD, last_error=s.error, **done)
+            elif isinstance(s, Suspend):
+                self._put(
+                    record,
+                    state=JobState.SUSPENDED,
+                    run_at=now + max(s.delay, 0.0),
+                    attempts=record.attempts - 1,
+                    wait_event=s.event,
+                    **done,
+                )
+            elif isinstance(s, Park):
+                self._put(
+                    record,
+                    state=JobState.PARKED,
+                    attempts=record.attempts - 1,
+                    last_error=s.reason,
+                    **done,
+                )
+            elif isinstance(s, CancelJob):
+                self._put(record, state=JobState.CANCELLED, last_error=s.error, **done)
+            applied.append(record.id)
+        self._wake()
+        return applied
+
+    async def get(self, job_id: JobId) -> JobRecord | None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        self._resume_due()
+        return self._jobs.get(job_id)
+
+    async def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> Sequence[JobRecord]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        self._resume_due()
+        found = [
+            r
+            for r in self._jobs.values()
+            if (state is None or r.state is state) and (queue is None or r.queue == queue)
+        ]
+        found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        return found[:limit]
+
+    def _get_or_raise(self, job_id: JobId) -> JobRecord:
+        record = self._jobs.get(job_id)
+        if record is None:
+            raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
+        return record
+
+    async def retry(self, job_id: JobId) -> JobRecord:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        record = self._get_or_raise(job_id)
+        if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
+            raise InvalidTransition(
+                f"job {job_id} is {record.state.value}; only dead, cancelled or parked jobs can be retried",
+                fix="wait for it to finish, or cancel it first",
+            )
+        if record.key is not None and any(
+            r.key == record.key and r.state in LIVE_STATES and r.id != job_id
+            for r in self._jobs.values()
+        ):
+            raise InvalidTransition(
+                f"job {job_id}'s key {record.key!r} is held by another live job",
+                fix="let that job finish or cancel it, then retry this one",
+            )
+        updated = self._put(
+            record, state=JobState.READY, run_at=self.now(), attempts=0, cancel_requested=False
+        )
+        self._wake()
+        return updated
+
+    async def cancel(self, job_id: JobId) -> JobRecord:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        record = self._get_or_raise(job_id)
+        if record.state is JobState.RUNNING:
+            return self._put(record, cancel_requested=True)
+        if record.state in (JobState.READY, JobState.SUSPENDED, JobState.PARKED):
+            return self._put(
+                record, state=JobState.CANCELLED, last_error="cancelled by an operator"
+            )
+        raise InvalidTransition(
+            f"job {job_id} is {record.state.value} and can no longer be cancelled",
+            fix="nothing to do: it has finished",
+        )
+
+    def _resume_due(self) -> None:
+        # Suspended jobs whose time has come read as ready, so operators see what a worker
+        # would claim.
+        now = self.now()
+        for record in list(self._jobs.values()):
+            if record.state is JobState.SUSPENDED and record.run_at <= now:
+                self._jobs[record.id] = attrs.evolve(record, state=JobState.READY)
+
+    async def stats(self) -> Sequence[QueueStats]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        self._resume_due()
+        now = self.now()
+        by_queue: dict[str, list[JobRecord]] = {}
+        for r in self._jobs.values():
+            by_queue.setdefault(r.queue, []).append(r)
+        answers = []
+        for queue in sorted(by_queue):
+            records = by_queue[queue]
+            depth: dict[str, int] = {}
+            for r in records:
+                depth[r.state.value] = depth.get(r.state.value, 0) + 1
+            due = [r for r in records if r.state is JobState.READY and r.run_at <= now]
+            oldest = now - min(r.run_at for r in due) if due else None
+            answers.append(
+                QueueStats(
+                    queue=queue,
+                    depth=depth,
+                    due=len(due),
+                    oldest_ready_age=oldest,
+                    dead=depth.get(JobState.DEAD.value, 0),
+                )
+            )
+        return answers
+
+    def _next_due_in(self, queues: Sequence[str]) -> float:
+        self._resume_due()
+        now = self.now()
+        wanted = set(queues)
+        soonest = float("inf")
+        for r in self._jobs.values():
+            if r.queue not in wanted:
+                continue
+            if r.state in (JobState.READY, JobState.SUSPENDED):
+                soonest = min(soonest, r.run_at - now)
+            elif r.state is JobState.RUNNING and r.lease_until is not None:
+                soonest = min(soonest, r.lease_until - now)
+        return soonest
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+        self._check_open()
+        due_in = self._next_due_in(queues)
+        if due_in <= 0:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.move_on_after(min(timeout, due_in)):
+            await self._lot.park()
+
+    async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return list(self._steps.get(job_id, {}).values())
+
+    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if self._current(lease) is None:
+            return False
+        self._steps.setdefault(lease.job_id, {})[step.name] = step
+        return True
+
+    async def send_event(
+        self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
+    ) -> str:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
+        now = self.now()
+        event = EventRecord(
+            id=str(next(self._event_ids)), name=name, key=key, payload=payload, created_at=now
+        )
+        self._events.append(event)
+        for record in list(self._jobs.values()):
+            if record.state is JobState.SUSPENDED and record.wait_event == name:
+                self._put(record, state=JobState.READY, run_at=now)
+        self._wake()
+        return event.id
+
+    async def find_event(
+        self, name: str, *, key: str | None, since: float | None
+    ) -> EventRecord | None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        for event in self._events:
+            if event.name != name or (key is not None and event.key != key):
+                continue
+            if since is not None and event.created_at < since:
+                continue
+            return event
+        return None
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._wake()

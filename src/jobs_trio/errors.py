@@ -1,0 +1,113 @@
+# Every error jobs_trio raises on purpose: a stable code, what happened, and what to do about it.
+# Apart so that each boundary (enqueue, config, CLI, driver) raises the same kind of thing.
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class JobsError(Exception):
+    """Base of every deliberate jobs_trio error.
+
+    ``code`` is stable across releases (match on it, not on the message); ``cause`` says what
+    happened and where; ``fix`` says what to do. ``retryable`` tells the worker whether a job
+    body that raised it should be tried again.
+    """
+
+    code: ClassVar[str] = "X_JOBS"
+    retryable: ClassVar[bool] = True
+
+    def __init__(self, cause: str, *, fix: str = "", code: str | None = None) -> None:
+        self.cause = cause
+        self.fix = fix
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        text = f"[{self.code}] {self.cause}"
+        return f"{text} — fix: {self.fix}" if self.fix else text
+
+
+class ConfigError(JobsError):
+    code = "X_CONFIG"
+    retryable = False
+
+
+class UnknownJob(JobsError):
+    code = "X_UNKNOWN_JOB"
+    retryable = False
+
+
+class DuplicateJobName(JobsError):
+    code = "X_DUPLICATE_NAME"
+    retryable = False
+
+
+class PayloadNotSerialisable(JobsError):
+    code = "X_PAYLOAD"
+    retryable = False
+
+    def __init__(self, *, job: str, field: str, cause: str, fix: str) -> None:
+        self.job = job
+        self.field = field
+        super().__init__(f"job {job!r}: {field}: {cause}", fix=fix)
+
+
+class DuplicateJob(JobsError):
+    """A live job already holds this unique key (raised only when the caller asked for it)."""
+
+    code = "X_DUPLICATE"
+    retryable = False
+
+    def __init__(self, *, job: str, key: str, existing_id: str) -> None:
+        self.job = job
+        self.key = key
+        self.existing_id = existing_id
+        super().__init__(
+            f"job {job!r}: key {key!r} is already held by live job {existing_id}",
+            fix="drop on_duplicate='raise' to get the existing job's id back, or use another key",
+        )
+
+
+class Aborted(JobsError):
+    """A write of a run whose claim is no longer current, or a body told to stop."""
+
+    code = "X_ABORTED"
+    retryable = True
+
+
+class JobNotFound(JobsError):
+    code = "X_NOT_FOUND"
+    retryable = False
+
+
+class InvalidTransition(JobsError):
+    code = "X_STATE"
+    retryable = False
+
+
+class StepError(JobsError):
+    code = "X_STEP"
+    retryable = False
+
+
+class SchemaVersionError(JobsError):
+    code = "X_SCHEMA"
+    retryable = False
+
+
+class DriverError(JobsError):
+    code = "X_DRIVER"
+    retryable = True
+
+
+class TerminalError(JobsError):
+    """Raise from a job body to dead-letter the job at once, whatever attempts are left."""
+
+    code = "X_TERMINAL"
+    retryable = False
+
+
+class JobTimeout(JobsError):
+    code = "JOB_TIMEOUT"
+    retryable = True

@@ -1,0 +1,228 @@
+# The values a driver reads and writes: jobs to enqueue, claims, leases, settlements, records.
+# Apart from the driver Protocol so the worker, the CLI and every driver share one vocabulary.
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Mapping
+
+import attrs
+
+JobId = str
+ClaimToken = str
+
+
+class JobState(str, enum.Enum):
+    READY = "ready"  # a future run-at included
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DEAD = "dead"
+    SUSPENDED = "suspended"
+    PARKED = "parked"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# A unique key is held while its job can still run; a finished job frees it.
+LIVE_STATES = frozenset({JobState.READY, JobState.RUNNING, JobState.SUSPENDED, JobState.PARKED})
+
+
+def new_job_id() -> JobId:
+    """A sortable id: milliseconds since the epoch, then 64 random bits (26 hex digits)."""
+    return f"{int(time.time() * 1000):011x}{os.urandom(8).hex()}"
+
+
+def new_token() -> ClaimToken:
+    return os.urandom(12).hex()
+
+
+@attrs.frozen
+class NewJob:
+    """One job to write. ``payload`` is JSON text, already checked at the enqueue boundary."""
+
+    job_id: JobId
+    name: str
+    queue: str
+    payload: str
+    max_attempts: int
+    priority: int = 0  # lower runs sooner
+    delay: float = 0.0  # seconds after the driver's now
+    key: str | None = None
+
+
+@attrs.frozen
+class Enqueued:
+    job_id: JobId
+    created: bool  # False: a live job already held the key, and job_id is that job's
+
+
+@attrs.frozen
+class Lease:
+    """What every write of a run carries: a write whose token is no longer current is refused."""
+
+    job_id: JobId
+    token: ClaimToken
+
+
+@attrs.frozen
+class Claim:
+    job_id: JobId
+    token: ClaimToken  # fencing: every write of this run carries it
+    name: str
+    queue: str
+    payload: str
+    attempt: int  # counted at claim; an interrupted attempt hands it back
+    max_attempts: int
+    lease_until: float
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.job_id, self.token)
+
+
+@attrs.frozen
+class RenewResult:
+    held: frozenset[JobId]  # leases still ours, now extended
+    cancel_requested: frozenset[JobId] = frozenset()  # an operator asked these to stop
+
+
+# Settlements: how one attempt ends, written fenced by its lease.
+
+
+@attrs.frozen
+class Complete:
+    lease: Lease
+    result: str | None = None  # JSON text
+
+
+@attrs.frozen
+class Retry:
+    lease: Lease
+    delay: float
+    error: str
+    counts_as_attempt: bool = True  # False: the attempt is handed back (interrupted)
+
+
+@attrs.frozen
+class DeadLetter:
+    lease: Lease
+    error: str
+
+
+@attrs.frozen
+class Suspend:
+    """Wait until ``delay`` has passed, or sooner when an event named ``event`` is sent."""
+
+    lease: Lease
+    delay: float
+    event: str | None = None
+
+
+@attrs.frozen
+class Park:
+    lease: Lease
+    reason: str
+
+
+@attrs.frozen
+class CancelJob:
+    lease: Lease
+    error: str
+
+
+Settlement = Complete | Retry | DeadLetter | Suspend | Park | CancelJob
+
+
+@attrs.frozen
+class JobRecord:
+    id: JobId
+    name: str
+    queue: str
+    state: JobState
+    payload: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: float
+    created_at: float
+    updated_at: float
+    key: str | None = None
+    last_error: str | None = None
+    result: str | None = None
+    lease_until: float | None = None
+    worker_id: str | None = None
+    cancel_requested: bool = False
+    wait_event: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "queue": self.queue,
+            "state": self.state.value,
+            "payload": self.payload,
+            "priority": self.priority,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "last_error": self.last_error,
+            "result": self.result,
+            "run_at": self.run_at,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "key": self.key,
+            "lease_until": self.lease_until,
+            "worker_id": self.worker_id,
+            "cancel_requested": self.cancel_requested,
+            "wait_event": self.wait_event,
+        }
+
+
+@attrs.frozen
+class QueueStats:
+    queue: str
+    depth: Mapping[str, int]  # state value -> count
+    due: int  # ready jobs whose run-at has come
+    oldest_ready_age: float | None  # seconds the oldest due job has waited
+    dead: int
+
+
+class StepStatus(str, enum.Enum):
+    DONE = "done"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+
+
+@attrs.frozen
+class StepRecord:
+    name: str
+    status: StepStatus
+    started_at: float
+    finished_at: float | None = None
+    result: str | None = None  # JSON text once done
+    wake_at: float | None = None  # sleeping / waiting: when to look again at the latest
+    event: str | None = None  # waiting: the event name
+    match: str | None = None  # waiting: the event key to match, if any
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "result": self.result,
+            "wake_at": self.wake_at,
+            "event": self.event,
+            "match": self.match,
+        }
+
+
+@attrs.frozen
+class EventRecord:
+    id: str
+    name: str
+    key: str | None
+    payload: str  # JSON text
+    created_at: float

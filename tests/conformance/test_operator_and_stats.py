@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+
+from jobs_trio.driver import Driver
+from jobs_trio.errors import InvalidTransition, JobNotFound
+from jobs_trio.records import Complete, DeadLetter, JobState
+from tests.conftest import ManualClock
+
+from .helpers import claim_one, enqueue_one, new_job
+
+
+async def test_cancel_a_ready_job(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    record = await driver.cancel(job_id)
+    assert record.state is JobState.CANCELLED
+    assert await driver.claim(["default"], 1, lease=30, worker_id="w") == []
+
+
+async def test_cancel_a_running_job_is_reported_at_renewal(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    record = await driver.cancel(job_id)
+    assert record.state is JobState.RUNNING and record.cancel_requested
+    result = await driver.renew([claim.lease], lease=30)
+    assert result.held == {job_id} and result.cancel_requested == {job_id}
+
+
+async def test_cancel_a_finished_job_is_refused(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    await driver.settle([Complete(claim.lease)])
+    with pytest.raises(InvalidTransition):
+        await driver.cancel(job_id)
+
+
+async def test_unknown_id_is_not_found(driver: Driver) -> None:
+    assert await driver.get("nope") is None
+    with pytest.raises(JobNotFound):
+        await driver.retry("nope")
+    with pytest.raises(JobNotFound):
+        await driver.cancel("nope")
+
+
+async def test_retry_a_dead_job_resets_attempts(driver: Driver) -> None:
+    job_id = await enqueue_one(driver, attempts=1)
+    claim = await claim_one(driver)
+    await driver.settle([DeadLetter(claim.lease, error="bad")])
+    record = await driver.retry(job_id)
+    assert record.state is JobState.READY and record.attempts == 0
+    assert (await claim_one(driver)).job_id == job_id
+
+
+async def test_retry_a_ready_job_is_refused(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    with pytest.raises(InvalidTransition):
+        await driver.retry(job_id)
+
+
+async def test_list_filters_by_state_and_queue(driver: Driver) -> None:
+    await driver.enqueue([new_job(queue="a"), new_job(queue="a"), new_job(queue="b")])
+    await claim_one(driver, queue="a")
+    assert len(await driver.list_jobs(queue="a")) == 2
+    assert len(await driver.list_jobs(state=JobState.RUNNING)) == 1
+    assert len(await driver.list_jobs(state=JobState.READY, queue="b")) == 1
+    assert len(await driver.list_jobs(limit=1)) == 1
+
+
+async def test_stats_per_queue(driver: Driver, manual_clock: ManualClock) -> None:
+    await driver.enqueue([new_job(queue="a") for _ in range(3)] + [new_job(queue="b", delay=60)])
+    manual_clock.advance(5)
+    claim = await claim_one(driver, queue="a")
+    await driver.settle([DeadLetter(claim.lease, error="x")])
+    stats = {s.queue: s for s in await driver.stats()}
+    assert stats["a"].depth == {"ready": 2, "dead": 1}
+    assert stats["a"].dead == 1 and stats["a"].due == 2
+    assert stats["a"].oldest_ready_age == pytest.approx(5.0)
+    assert stats["b"].depth == {"ready": 1} and stats["b"].due == 0
+    assert stats["b"].oldest_ready_age is None

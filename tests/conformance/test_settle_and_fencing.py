@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+from jobs_trio.driver import Driver
+from jobs_trio.records import (
+    CancelJob,
+    Complete,
+    DeadLetter,
+    JobState,
+    Lease,
+    Park,
+    Retry,
+    Suspend,
+)
+from tests.conftest import ManualClock
+
+from .helpers import claim_one, enqueue_one, new_job
+
+
+async def test_complete_stores_the_result(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    assert await driver.settle([Complete(claim.lease, result='{"ok": 1}')]) == [job_id]
+    record = await driver.get(job_id)
+    assert record is not None
+    assert record.state is JobState.COMPLETED and record.result == '{"ok": 1}'
+    assert record.attempts == 1
+
+
+async def test_retry_counted_waits_its_delay_and_keeps_the_attempt(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    await driver.settle([Retry(claim.lease, delay=30, error="boom")])
+    record = await driver.get(job_id)
+    assert record is not None
+    assert record.state is JobState.READY and record.attempts == 1 and record.last_error == "boom"
+    assert await driver.claim(["default"], 1, lease=30, worker_id="w") == []
+    manual_clock.advance(30)
+    assert (await claim_one(driver)).attempt == 2
+
+
+async def test_retry_not_counted_hands_the_attempt_back_and_is_ready_now(driver: Driver) -> None:
+    job_id = await enqueue_one(driver, attempts=1)
+    claim = await claim_one(driver)
+    await driver.settle(
+        [Retry(claim.lease, delay=0, error="interrupted: draining", counts_as_attempt=False)]
+    )
+    record = await driver.get(job_id)
+    assert record is not None
+    assert record.state is JobState.READY and record.attempts == 0
+    assert record.last_error == "interrupted: draining"
+    again = await claim_one(driver)
+    assert again.attempt == 1  # a job with one attempt survives a deploy
+
+
+async def test_dead_letter_park_and_cancel(driver: Driver) -> None:
+    ids = [a.job_id for a in await driver.enqueue([new_job() for _ in range(3)])]
+    claims = {c.job_id: c for c in await driver.claim(["default"], 3, lease=30, worker_id="w")}
+    applied = await driver.settle(
+        [
+            DeadLetter(claims[ids[0]].lease, error="bad"),
+            Park(claims[ids[1]].lease, reason="unknown job name"),
+            CancelJob(claims[ids[2]].lease, error="cancelled by an operator"),
+        ]
+    )
+    assert sorted(applied) == sorted(ids)
+    states = {i: (await driver.get(i)) for i in ids}
+    assert states[ids[0]].state is JobState.DEAD and states[ids[0]].last_error == "bad"  # type: ignore[union-attr]
+    assert states[ids[1]].state is JobState.PARKED and states[ids[1]].attempts == 0  # type: ignore[union-attr]
+    assert states[ids[2]].state is JobState.CANCELLED  # type: ignore[union-attr]
+
+
+async def test_suspend_hands_the_attempt_back_and_resumes_after_the_delay(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    await driver.settle([Suspend(claim.lease, delay=100)])
+    record = await driver.get(job_id)
+    assert record is not None and record.state is JobState.SUSPENDED and record.attempts == 0
+    assert await driver.claim(["default"], 1, lease=30, worker_id="w") == []
+    manual_clock.advance(100)
+    assert (await claim_one(driver)).attempt == 1
+
+
+async def test_batch_settle_of_many_completes(driver: Driver) -> None:
+    await driver.enqueue([new_job() for _ in range(20)])
+    claims = await driver.claim(["default"], 20, lease=30, worker_id="w")
+    applied = await driver.settle([Complete(c.lease) for c in claims])
+    assert sorted(applied) == sorted(c.job_id for c in claims)
+    assert len(await driver.list_jobs(state=JobState.COMPLETED)) == 20
+
+
+async def test_settle_with_a_stale_token_changes_nothing(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    job_id = await enqueue_one(driver)
+    stale = await claim_one(driver, lease=10)
+    manual_clock.advance(11)
+    current = await claim_one(driver, lease=10)
+    before = await driver.get(job_id)
+    assert await driver.settle([Complete(stale.lease, result="1")]) == []
+    assert await driver.settle([DeadLetter(stale.lease, error="x")]) == []
+    after = await driver.get(job_id)
+    assert after is not None and before is not None
+    assert after.state is JobState.RUNNING and after.attempts == before.attempts
+    assert await driver.settle([Complete(current.lease)]) == [job_id]
+
+
+async def test_settle_twice_applies_once(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    assert await driver.settle([Complete(claim.lease)]) == [job_id]
+    assert await driver.settle([Retry(claim.lease, delay=0, error="late")]) == []
+    record = await driver.get(job_id)
+    assert record is not None and record.state is JobState.COMPLETED
+
+
+async def test_renew_extends_held_leases_and_refuses_stale_ones(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    a = await enqueue_one(driver)
+    b = await enqueue_one(driver)
+    claims = {c.job_id: c for c in await driver.claim(["default"], 2, lease=10, worker_id="w")}
+    manual_clock.advance(8)
+    result = await driver.renew([claims[a].lease, claims[b].lease], lease=10)
+    assert result.held == {a, b}
+    manual_clock.advance(8)  # past the first lease, within the renewed one
+    assert await driver.claim(["default"], 2, lease=10, worker_id="other") == []
+    bogus = Lease(a, "not-the-token")
+    assert (await driver.renew([bogus], lease=10)).held == frozenset()
+
+
+async def test_renew_after_another_worker_took_over_is_refused(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    await enqueue_one(driver)
+    first = await claim_one(driver, lease=10)
+    manual_clock.advance(11)
+    await claim_one(driver, lease=10)
+    assert (await driver.renew([first.lease], lease=10)).held == frozenset()

@@ -1,0 +1,64 @@
+# Fixtures shared by every test: a manual clock for drivers, and the PostgreSQL gate.
+# PostgreSQL tests skip with a reason where no server answers, and FAIL under CI=true.
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+POSTGRES_URL = os.environ.get("JOBS_TRIO_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+class ManualClock:
+    """A driver clock that moves only when a test says so."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    return ManualClock()
+
+
+def _postgres_reachable() -> str | None:
+    """None when a server answers on the test URL's host and port, else why not."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(POSTGRES_URL)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 5432
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return None
+    except OSError as exc:
+        return f"no PostgreSQL at {host}:{port} ({exc}); set JOBS_TRIO_TEST_PG to a server's URL"
+
+
+def require_postgres() -> str:
+    """The test PostgreSQL URL, or a skip (a failure under CI=true, where it must be there)."""
+    why = _postgres_reachable()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but PostgreSQL is unreachable: {why}")
+        pytest.skip(why)
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    return require_postgres()
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A fresh schema name per test; dropped afterwards by the driver tests that create it."""
+    yield f"jt_{uuid.uuid4().hex[:12]}"
