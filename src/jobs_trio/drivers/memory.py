@@ -258,7 +258,6 @@ class MemoryDriver:
     async def get(self, job_id: JobId) -> JobRecord | None:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        self._resume_due()
         return self._jobs.get(job_id)
 
     async def list_jobs(
@@ -266,7 +265,6 @@ class MemoryDriver:
     ) -> Sequence[JobRecord]:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        self._resume_due()
         found = [
             r
             for r in self._jobs.values()
@@ -319,18 +317,9 @@ class MemoryDriver:
             fix="nothing to do: it has finished",
         )
 
-    def _resume_due(self) -> None:
-        # Suspended jobs whose time has come read as ready, so operators see what a worker
-        # would claim.
-        now = self.now()
-        for record in list(self._jobs.values()):
-            if record.state is JobState.SUSPENDED and record.run_at <= now:
-                self._jobs[record.id] = attrs.evolve(record, state=JobState.READY)
-
     async def stats(self) -> Sequence[QueueStats]:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        self._resume_due()
         now = self.now()
         by_queue: dict[str, list[JobRecord]] = {}
         for r in self._jobs.values():
@@ -355,7 +344,6 @@ class MemoryDriver:
         return answers
 
     def _next_due_in(self, queues: Sequence[str]) -> float:
-        self._resume_due()
         now = self.now()
         wanted = set(queues)
         soonest = float("inf")
