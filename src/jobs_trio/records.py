@@ -13,7 +13,7 @@ JobId = str
 ClaimToken = str
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     READY = "ready"  # a future run-at included
     RUNNING = "running"
     COMPLETED = "completed"
@@ -189,7 +189,7 @@ class QueueStats:
     dead: int
 
 
-class StepStatus(str, enum.Enum):
+class StepStatus(enum.StrEnum):
     DONE = "done"
     SLEEPING = "sleeping"
     WAITING = "waiting"

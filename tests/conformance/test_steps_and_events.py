@@ -48,9 +48,7 @@ async def test_an_event_wakes_a_job_suspended_on_it(
     assert (await claim_one(driver)).job_id == job_id
 
 
-async def test_find_event_by_name_key_and_time(
-    driver: Driver, manual_clock: ManualClock
-) -> None:
+async def test_find_event_by_name_key_and_time(driver: Driver, manual_clock: ManualClock) -> None:
     await driver.send_event("shipped", '{"n": 1}', key="a")
     manual_clock.advance(10)
     since = driver.now()

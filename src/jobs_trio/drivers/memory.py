@@ -276,7 +276,9 @@ class MemoryDriver:
     def _get_or_raise(self, job_id: JobId) -> JobRecord:
         record = self._jobs.get(job_id)
         if record is None:
-            raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
+            raise JobNotFound(
+                f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`"
+            )
         return record
 
     async def retry(self, job_id: JobId) -> JobRecord:
@@ -285,7 +287,8 @@ class MemoryDriver:
         record = self._get_or_raise(job_id)
         if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
             raise InvalidTransition(
-                f"job {job_id} is {record.state.value}; only dead, cancelled or parked jobs can be retried",
+                f"job {job_id} is {record.state.value}; "
+                "only dead, cancelled or parked jobs can be retried",
                 fix="wait for it to finish, or cancel it first",
             )
         if record.key is not None and any(

@@ -1,0 +1,54 @@
+# jobs_trio: durable background jobs for Trio applications.
+# The public surface; everything else is reachable from its own module.
+from __future__ import annotations
+
+from .backoff import Backoff
+from .context import JobContext
+from .driver import Driver
+from .errors import (
+    Aborted,
+    ConfigError,
+    DuplicateJob,
+    DuplicateJobName,
+    JobNotFound,
+    JobsError,
+    JobTimeout,
+    PayloadNotSerialisable,
+    StepError,
+    TerminalError,
+    UnknownJob,
+)
+from .lifecycle import Lifecycle, open_lifecycle
+from .open_driver import open_driver
+from .records import JobRecord, JobState
+from .registry import JobDefinition, Registry
+from .steps import EventTimedOut
+from .worker import Worker, WorkerStats, open_worker
+
+__all__ = [
+    "Aborted",
+    "Backoff",
+    "ConfigError",
+    "Driver",
+    "DuplicateJob",
+    "DuplicateJobName",
+    "EventTimedOut",
+    "JobContext",
+    "JobDefinition",
+    "JobNotFound",
+    "JobRecord",
+    "JobState",
+    "JobTimeout",
+    "JobsError",
+    "Lifecycle",
+    "PayloadNotSerialisable",
+    "Registry",
+    "StepError",
+    "TerminalError",
+    "UnknownJob",
+    "Worker",
+    "WorkerStats",
+    "open_driver",
+    "open_lifecycle",
+    "open_worker",
+]

@@ -1,0 +1,62 @@
+# What a job body is handed: who it is, which attempt this is, its durable steps, and its cancel.
+# Apart because it is the one object user code sees of a running attempt.
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from .errors import Aborted
+from .logs import logger
+from .records import Claim
+from .run_scope import RunScope
+
+if TYPE_CHECKING:
+    from .steps import Steps
+
+
+class JobContext:
+    """``ctx.job_id``, ``ctx.name``, ``ctx.attempt``, ``ctx.step``, ``ctx.check_cancelled()``."""
+
+    def __init__(self, claim: Claim, run: RunScope, steps: Steps, worker_id: str) -> None:
+        self._claim = claim
+        self._run = run
+        self.step = steps
+        self.worker_id = worker_id
+        self.log = logging.LoggerAdapter(logger, {"job_id": claim.job_id, "job": claim.name})
+
+    @property
+    def job_id(self) -> str:
+        return self._claim.job_id
+
+    @property
+    def name(self) -> str:
+        return self._claim.name
+
+    @property
+    def queue(self) -> str:
+        return self._claim.queue
+
+    @property
+    def attempt(self) -> int:
+        return self._claim.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self._claim.max_attempts
+
+    def check_cancelled(self) -> None:
+        """Raise if this attempt has been told to stop (timeout, drain, lost lease, operator).
+
+        For synchronous bodies running in a thread, the one way to stop early: call it between
+        units of work. Async bodies are told at their next ``await`` anyway."""
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            # In the worker thread: Trio raises Cancelled here once the run was cancelled.
+            trio.from_thread.check_cancelled()
+            return
+        reason = self._run.reason
+        if reason is not None:
+            raise Aborted(f"job {self.job_id} was cancelled ({reason})", fix="let it propagate")

@@ -1,0 +1,176 @@
+# The process's shutdown: SIGTERM/SIGINT, then every registered hook's `accept`, then `close`
+# under one grace budget. Apart because workers, HTTP servers and drivers all end through it.
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Protocol
+
+import trio
+
+from .budget import Budget
+from .errors import ConfigError
+from .logs import log_event
+
+ABANDONED_EXIT_CODE = 70  # EX_SOFTWARE: work that ignored its cancellation was left behind
+# Hooks bound their own waits by the budget; the lifecycle waits for their answers a little
+# longer, so a hook that reached its deadline can still say what it abandoned.
+CLOSE_MARGIN = 1.0
+
+
+class Hook(Protocol):
+    """What a part of the application gives the lifecycle. ``accept`` must not block: it
+    stops intake and tells running work to stop. ``bind`` bounds the coming waits. ``close``
+    waits out the part's work within that bound."""
+
+    def accept(self, reason: str) -> None: ...
+
+    def bind(self, deadline: float) -> None: ...
+
+    async def close(self) -> Sequence[str]:
+        """Answers what was abandoned at the budget (job ids), if anything."""
+        ...
+
+
+def _exit_abandoned(jobs: Sequence[str]) -> None:
+    # A Trio nursery cannot be left while a task in it ignores cancellation, and this process
+    # was going away anyway: end it rather than hang past the grace period.
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(ABANDONED_EXIT_CODE)
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        grace: float,
+        *,
+        on_abandoned: Callable[[Sequence[str]], None] = _exit_abandoned,
+    ) -> None:
+        if not grace >= 0:
+            raise ConfigError(f"grace={grace!r}", fix="give grace >= 0 seconds")
+        self.grace = grace
+        self._hooks: list[Hook] = []
+        self._budget = Budget()
+        self._close_budget = Budget()
+        self._in_flight = 0
+        self._idle = trio.lowlevel.ParkingLot()
+        self._on_abandoned = on_abandoned
+        self._shutdown_started = False
+        self.closed = trio.Event()
+        self._body_scope = trio.CancelScope()
+        self.reason: str | None = None
+
+    def register(self, hook: Hook) -> None:
+        if hook not in self._hooks:
+            self._hooks.append(hook)
+        if self._shutdown_started:
+            # Registered during a shutdown (a worker starting late): it stops at once too.
+            hook.accept(self.reason or "shutdown")
+            hook.bind(self._budget.deadline)
+
+    def unregister(self, hook: Hook) -> None:
+        if hook in self._hooks:
+            self._hooks.remove(hook)
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        """Count a piece of in-flight work (a request, say): the shutdown waits for it,
+        within the budget, before it closes the hooks."""
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.unpark_all()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def deadline(self) -> float:
+        return self._budget.deadline
+
+    def shorten(self, deadline: float) -> None:
+        """Tighten every wait of the shutdown to ``deadline`` (never loosens)."""
+        self._budget.bind(deadline)
+        self._close_budget.bind(deadline + CLOSE_MARGIN)
+        for hook in list(self._hooks):
+            hook.bind(deadline)
+
+    async def shutdown(self, reason: str = "shutdown") -> None:
+        """Run the shutdown: ``accept`` on every hook, wait in-flight work, then ``close`` every
+        hook concurrently, all bounded by ``grace``; then end the ``open_lifecycle`` block.
+        A second call (a second signal) cuts the remaining budget to zero."""
+        if self._shutdown_started:
+            log_event("jobs.lifecycle.budget-cut", reason=reason)
+            self.shorten(trio.current_time())
+            await self.closed.wait()
+            return
+        self._shutdown_started = True
+        self.reason = reason
+        log_event(
+            "jobs.lifecycle.shutdown", reason=reason, grace=self.grace, hooks=len(self._hooks)
+        )
+        deadline = trio.current_time() + self.grace
+        # accept BEFORE any wait: a running job must hear the drain while the whole budget is
+        # still there for it to unwind in.
+        for hook in list(self._hooks):
+            hook.accept(reason)
+        self.shorten(deadline)
+        with self._budget.scope:
+            while self._in_flight > 0:
+                await self._idle.park()
+        abandoned: list[str] = []
+
+        async def close(hook: Hook) -> None:
+            abandoned.extend(await hook.close() or ())
+
+        with self._close_budget.scope:
+            async with trio.open_nursery() as nursery:
+                for hook in list(self._hooks):
+                    nursery.start_soon(close, hook)
+        if abandoned:
+            log_event("jobs.lifecycle.abandoned", logging.ERROR, jobs=abandoned)
+            self._on_abandoned(abandoned)
+        log_event("jobs.lifecycle.closed", reason=reason)
+        self.closed.set()
+        self._body_scope.cancel()
+
+    async def _listen(
+        self,
+        signals: Sequence[int],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with trio.open_signal_receiver(*signals) as received:
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                async for signum in received:
+                    name = signal.Signals(signum).name
+                    nursery.start_soon(self.shutdown, name)
+
+
+@contextlib.asynccontextmanager
+async def open_lifecycle(
+    grace: float = 25.0,
+    *,
+    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+    on_abandoned: Callable[[Sequence[str]], None] = _exit_abandoned,
+) -> AsyncIterator[Lifecycle]:
+    """Listen for ``signals``; on the first, shut down (see ``Lifecycle.shutdown``) and end
+    this block; a second cuts the budget to zero. The block also ends, unshut, if its body
+    returns first."""
+    lifecycle = Lifecycle(grace, on_abandoned=on_abandoned)
+    async with trio.open_nursery() as nursery:
+        if signals:
+            await nursery.start(lifecycle._listen, tuple(signals))
+        with lifecycle._body_scope:
+            yield lifecycle
+        nursery.cancel_scope.cancel()

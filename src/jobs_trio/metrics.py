@@ -1,0 +1,60 @@
+# Prometheus metrics: attempts by outcome, run durations, and per-queue depth from stats().
+# Apart so the worker only says what happened; the names and labels are decided here.
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from .records import QueueStats
+
+# Only these reach jobs_total: interrupted, suspended, lost, parked and cancelled attempts are
+# not failures of the job, and counting them would spike `failed` on every deploy.
+COUNTED_OUTCOMES = {"completed": "ok", "retried": "failed", "dead-lettered": "dead"}
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.jobs_total = Counter(
+            "jobs_total",
+            "Attempts finished, by outcome",
+            ["queue", "job", "outcome"],
+            registry=registry,
+        )
+        self.run_seconds = Histogram(
+            "jobs_run_seconds", "Time a job body ran", ["queue", "job"], registry=registry
+        )
+        self.queue_depth = Gauge(
+            "queue_depth", "Jobs in a queue, by state", ["queue", "state"], registry=registry
+        )
+        self.queue_oldest_ready_seconds = Gauge(
+            "queue_oldest_ready_seconds", "Age of the oldest due job", ["queue"], registry=registry
+        )
+        self.queue_dead_jobs = Gauge(
+            "queue_dead_jobs", "Dead-lettered jobs kept", ["queue"], registry=registry
+        )
+
+    def attempt_finished(self, queue: str, job: str, outcome: str, seconds: float) -> None:
+        label = COUNTED_OUTCOMES.get(outcome)
+        if label is not None:
+            self.jobs_total.labels(queue=queue, job=job, outcome=label).inc()
+        self.run_seconds.labels(queue=queue, job=job).observe(seconds)
+
+    def queues_observed(self, stats: Sequence[QueueStats]) -> None:
+        for q in stats:
+            for state, count in q.depth.items():
+                self.queue_depth.labels(queue=q.queue, state=state).set(count)
+            self.queue_oldest_ready_seconds.labels(queue=q.queue).set(q.oldest_ready_age or 0.0)
+            self.queue_dead_jobs.labels(queue=q.queue).set(q.dead)
+
+
+_default: Metrics | None = None
+
+
+def default_metrics() -> Metrics:
+    """The process-wide metrics on prometheus_client's default registry (the one explicit
+    default: a second registration of the same names there would raise)."""
+    global _default
+    if _default is None:
+        _default = Metrics()
+    return _default

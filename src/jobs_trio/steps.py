@@ -1,0 +1,210 @@
+# Durable steps: results recorded once (fenced by the claim's token) and replayed, sleeps and
+# event waits that end the attempt as suspended. Apart because replay rules live only here.
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import inspect
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .errors import Aborted, JobsError, PayloadNotSerialisable, StepError
+from .payload import dump_json
+from .records import Lease, StepRecord, StepStatus
+
+if TYPE_CHECKING:
+    from .driver import Driver
+    from .registry import JobDefinition
+    from .run_scope import RunScope
+
+
+class Suspension(BaseException):
+    """Ends the attempt as ``suspended``. A BaseException, like trio.Cancelled, so a body's
+    ``except Exception`` cannot swallow it and run on past a sleep."""
+
+    def __init__(self, delay: float, event: str | None = None) -> None:
+        super().__init__(f"suspended for {delay:.3f}s" + (f" or event {event!r}" if event else ""))
+        self.delay = max(delay, 0.0)
+        self.event = event
+
+
+class EventTimedOut(JobsError):
+    code = "X_EVENT_TIMEOUT"
+    retryable = False
+
+
+class Steps:
+    """``ctx.step``: one per attempt; replays the job's records from the driver."""
+
+    def __init__(
+        self, driver: Driver, lease: Lease, definition: JobDefinition, run: RunScope
+    ) -> None:
+        self._driver = driver
+        self._lease = lease
+        self._definition = definition
+        self._run = run
+        self._records: dict[str, StepRecord] | None = None
+        self._used: set[str] = set()
+        self.ran: list[str] = []  # steps whose function ran in this attempt (not replayed)
+
+    async def _load(self) -> dict[str, StepRecord]:
+        if self._records is None:
+            loaded = await self._driver.load_steps(self._lease.job_id)
+            self._records = {r.name: r for r in loaded}
+        return self._records
+
+    def _use(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise StepError(f"step name {name!r} is not a non-empty str", fix="name every step")
+        if name in self._used:
+            raise StepError(
+                f"step {name!r} is used twice in one run of job {self._definition.name!r}",
+                fix="give each step call its own name (e.g. add the loop index: f'send-{i}')",
+            )
+        self._used.add(name)
+
+    async def _save(self, record: StepRecord) -> None:
+        # After the run scope was cancelled (timeout, drain, lost lease) nothing of this run
+        # may be written: another attempt may already own the records.
+        if self._run.reason is not None:
+            raise Aborted(
+                f"step {record.name!r} of job {self._lease.job_id}: the run was cancelled "
+                f"({self._run.reason}); its write was refused",
+                fix="nothing to do: the job runs again and replays its recorded steps",
+            )
+        if not await self._driver.save_step(self._lease, record):
+            raise Aborted(
+                f"step {record.name!r} of job {self._lease.job_id}: the claim is no longer "
+                "current (another worker holds the job); its write was refused",
+                fix="nothing to do: the worker holding the job now replays the steps",
+            )
+        assert self._records is not None
+        self._records[record.name] = record
+
+    async def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` once across every attempt of the job; later calls return its
+        recorded result (JSON round-tripped, the same value on the first run and on replay)."""
+        self._use(name)
+        record = (await self._load()).get(name)
+        if record is not None and record.status is StepStatus.DONE:
+            return json.loads(record.result or "null")
+        started = self._driver.now()
+        ceiling = self._definition.step_timeout
+        with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
+            if inspect.iscoroutinefunction(fn):
+                result = await fn(*args)
+            else:
+                result = await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+        self.ran.append(name)
+        try:
+            text = dump_json(result, job=self._definition.name, what=f"step[{name!r}] result")
+        except PayloadNotSerialisable as exc:
+            raise StepError(
+                f"step {name!r} of job {self._definition.name!r} returned a value that cannot "
+                f"be recorded: {exc.cause}",
+                fix="return JSON values from a step (ids, dicts, lists, str, numbers)",
+            ) from exc
+        await self._save(
+            StepRecord(name, StepStatus.DONE, started, self._driver.now(), result=text)
+        )
+        return json.loads(text)
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Suspend the job for ``seconds`` from the first time this step is reached."""
+        self._use(name)
+        record = (await self._load()).get(name)
+        if record is None:
+            now = self._driver.now()
+            record = StepRecord(name, StepStatus.SLEEPING, now, wake_at=now + float(seconds))
+            await self._save(record)
+        await self._sleep_or_suspend(record)
+
+    async def sleep_until(self, name: str, when: dt.datetime | float) -> None:
+        """Suspend the job until ``when`` (an aware datetime, or seconds on the driver's clock)."""
+        self._use(name)
+        record = (await self._load()).get(name)
+        if record is None:
+            wake_at = when.timestamp() if isinstance(when, dt.datetime) else float(when)
+            record = StepRecord(name, StepStatus.SLEEPING, self._driver.now(), wake_at=wake_at)
+            await self._save(record)
+        await self._sleep_or_suspend(record)
+
+    async def _sleep_or_suspend(self, record: StepRecord) -> None:
+        if record.status is StepStatus.DONE:
+            return
+        now = self._driver.now()
+        assert record.wake_at is not None
+        if now >= record.wake_at:
+            await self._save(
+                StepRecord(record.name, StepStatus.DONE, record.started_at, now, result="null")
+            )
+            return
+        raise Suspension(record.wake_at - now)
+
+    async def wait_for_event(
+        self,
+        name: str,
+        event: str,
+        *,
+        match: str | None = None,
+        timeout: float | None = None,
+        include_earlier: bool = False,
+    ) -> Any:
+        """Suspend until an event named ``event`` (with key ``match``, when given) is sent, and
+        return its payload; raise ``EventTimedOut`` once ``timeout`` seconds have passed since
+        the wait began. Events sent before the wait began count only with ``include_earlier``."""
+        self._use(name)
+        record = (await self._load()).get(name)
+        now = self._driver.now()
+        if record is None:
+            record = StepRecord(
+                name,
+                StepStatus.WAITING,
+                now,
+                wake_at=now + timeout if timeout is not None else None,
+                event=event,
+                match=match,
+                result=json.dumps({"include_earlier": include_earlier}),
+            )
+            await self._save(record)
+        if record.status is StepStatus.DONE:
+            return _event_result(name, record)
+        since = (
+            None if json.loads(record.result or "{}").get("include_earlier") else record.started_at
+        )
+        found = await self._driver.find_event(event, key=match, since=since)
+        if found is not None:
+            text = json.dumps({"payload": json.loads(found.payload), "event_id": found.id})
+            done = StepRecord(
+                name, StepStatus.DONE, record.started_at, now, result=text, event=event, match=match
+            )
+            await self._save(done)
+            return _event_result(name, done)
+        if record.wake_at is not None and now >= record.wake_at:
+            done = StepRecord(
+                name,
+                StepStatus.DONE,
+                record.started_at,
+                now,
+                result='{"timeout":true}',
+                event=event,
+                match=match,
+            )
+            await self._save(done)
+            return _event_result(name, done)
+        poll = self._definition.event_poll
+        delay = poll if record.wake_at is None else min(poll, record.wake_at - now)
+        raise Suspension(delay, event=event)
+
+
+def _event_result(name: str, record: StepRecord) -> Any:
+    result = json.loads(record.result or "{}")
+    if result.get("timeout"):
+        raise EventTimedOut(
+            f"step {name!r}: no event {record.event!r} arrived in time",
+            fix="catch EventTimedOut in the job to take another path, or raise the timeout",
+        )
+    return result.get("payload")

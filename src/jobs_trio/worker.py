@@ -1,0 +1,390 @@
+# The worker: claim loops per queue, the nursery every claimed job runs in, and the teardown.
+# Apart from attempt.py (one run's verdict) and drain.py (how SIGTERM reaches the runs).
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .attempt import INTERRUPTED, OUTCOMES, Outcome, parked, run_attempt
+from .budget import Budget
+from .context import JobContext
+from .drain import Drain
+from .driver import Driver
+from .errors import ConfigError, DriverError
+from .lease_renewal import renew_leases
+from .logs import log_event
+from .metrics import Metrics, default_metrics
+from .records import Claim, Settlement
+from .registry import Registry
+from .run_scope import DRAINING, RunScope
+from .settler import Settler
+from .steps import Steps
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
+
+IDLE = "idle"  # started, nothing in flight
+RUNNING = "running"  # started, jobs in flight
+DRAINING_STATE = "draining"  # a teardown is in progress
+STOPPED = "stopped"  # not started, or torn down
+
+
+@attrs.frozen
+class WorkerStats:
+    worker_id: str
+    queues: tuple[str, ...]
+    state: str
+    in_flight: int
+    outcomes: Mapping[str, int]  # every outcome name, zero included
+    abandoned: tuple[str, ...]  # job ids the last teardown gave up waiting for
+
+    @property
+    def interrupted(self) -> int:
+        return self.outcomes.get(INTERRUPTED, 0)
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+
+
+class Worker:
+    """Runs the jobs of ``registry`` from ``driver``. Start it with ``nursery.start(worker.run)``
+    or ``async with open_worker(...)``; stop it with ``stop()`` (waits, cancels nothing) or let
+    a lifecycle's shutdown drain it (interrupts every held run at once)."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        registry: Registry,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int | Mapping[str, int] = 10,
+        lease: float = 30.0,
+        renew_interval: float | None = None,
+        poll_interval: float = 1.0,
+        worker_id: str | None = None,
+        lifecycle: Lifecycle | None = None,
+        metrics: Metrics | None = None,
+        stats_interval: float | None = 15.0,
+        exit_grace: float = 10.0,
+    ) -> None:
+        self.driver = driver
+        self.registry = registry
+        self.queues = tuple(queues) if queues else tuple(registry.queues())
+        if not self.queues:
+            raise ConfigError(
+                "the worker has no queue to claim from: the registry declares no job",
+                fix="declare jobs with @registry.job(...) before starting the worker, "
+                "or pass queues=",
+            )
+        self._limits = _limits(concurrency, self.queues)
+        for name, value in (("lease", lease), ("poll_interval", poll_interval)):
+            if not value > 0:
+                raise ConfigError(f"{name}={value!r}", fix=f"give {name} > 0 seconds")
+        self.lease = float(lease)
+        self.renew_interval = renew_interval if renew_interval is not None else self.lease / 3
+        if not 0 < self.renew_interval < self.lease:
+            raise ConfigError(
+                f"renew_interval={self.renew_interval!r} with lease={self.lease!r}",
+                fix="renew more often than the lease lasts (the default is lease / 3)",
+            )
+        self.poll_interval = poll_interval
+        self.worker_id = worker_id or _default_worker_id()
+        self.exit_grace = exit_grace
+        self._lifecycle = lifecycle
+        self._metrics = metrics or default_metrics()
+        self._stats_interval = stats_interval
+        self._state = STOPPED
+        self._outcomes: Counter[str] = Counter()
+        self._in_flight: Counter[str] = Counter()
+        self._drain = Drain()
+        self._budget = Budget()
+        self._claiming = trio.CancelScope()
+        self._teardown_done = trio.Event()
+        self._settler: Settler | None = None
+        self._runs: trio.Nursery | None = None
+        self._slot_freed = trio.lowlevel.ParkingLot()
+        self._abandoned: tuple[str, ...] = ()
+
+    # -- what a lifecycle calls ------------------------------------------------------------
+
+    def accept(self, reason: str = "shutdown") -> None:
+        """Stop claiming and cancel every held run with reason ``draining``, synchronously:
+        told any later, a body that reads its cancellation would hear it only after the
+        teardown had spent its whole budget waiting on it."""
+        if self._state == STOPPED:
+            return
+        self._state = DRAINING_STATE
+        self._claiming.cancel()
+        log_event("jobs.worker.draining", worker=self.worker_id, reason=reason)
+        told = self._drain.signal(DRAINING)
+        log_event("jobs.worker.drain-signalled", worker=self.worker_id, runs=told, reason=reason)
+
+    def bind(self, deadline: float) -> None:
+        """Bound the teardown's waits by ``deadline`` (Trio clock); only ever tightens."""
+        self._budget.bind(deadline)
+
+    async def close(self) -> Sequence[str]:
+        await self.stop()
+        return self._abandoned
+
+    # -- public ----------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop claiming and wait for the jobs in flight to finish and be settled. Cancels
+        nothing and binds nothing; idempotent, and joins a teardown already in progress."""
+        if self._state == STOPPED:
+            return
+        self._state = DRAINING_STATE
+        self._claiming.cancel()
+        await self._teardown_done.wait()
+
+    def stats(self) -> WorkerStats:
+        outcomes = {name: self._outcomes.get(name, 0) for name in OUTCOMES}
+        return WorkerStats(
+            worker_id=self.worker_id,
+            queues=self.queues,
+            state=self._state,
+            in_flight=sum(self._in_flight.values()),
+            outcomes=outcomes,
+            abandoned=self._abandoned,
+        )
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and run jobs until stopped; then tear down (see ``_teardown``)."""
+        if self._state != STOPPED:
+            raise ConfigError(
+                f"worker {self.worker_id} is already {self._state}",
+                fix="start a worker once; stop() it before starting it again",
+            )
+        self._state = IDLE
+        self._abandoned = ()
+        settler = Settler(self.driver)
+        if self._lifecycle is not None:
+            self._lifecycle.register(self)
+        try:
+            async with trio.open_nursery() as service:
+                await service.start(settler.run)
+                self._settler = settler
+                await service.start(
+                    functools.partial(
+                        renew_leases,
+                        self.driver,
+                        self._drain,
+                        lease=self.lease,
+                        interval=self.renew_interval,
+                    )
+                )
+                if self._stats_interval:
+                    service.start_soon(self._observe_queues, self._stats_interval)
+                async with trio.open_nursery() as runs:
+                    self._runs = runs
+                    log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
+                    task_status.started()
+                    with self._claiming:
+                        async with trio.open_nursery() as claimers:
+                            for queue in self.queues:
+                                claimers.start_soon(self._claim_loop, queue)
+                    await self._teardown(settler)
+                    # Past here only when every run has ended; a run that ignores its
+                    # cancellation keeps this nursery open (the lifecycle ends the process).
+                    service.cancel_scope.cancel()
+        finally:
+            self._finish_teardown()
+
+    async def _teardown(self, settler: Settler) -> None:
+        self._state = DRAINING_STATE
+        with self._budget.scope:
+            await self._all_runs_ended()
+            settler.close()
+            await settler.finished.wait()
+        if self._budget.scope.cancelled_caught:
+            stuck = self._drain.held
+            self._abandoned = tuple(r.job_id for r in stuck)
+            for run in stuck:
+                log_event(
+                    "jobs.worker.drain-abandoned",
+                    logging.ERROR,
+                    worker=self.worker_id,
+                    job_id=run.job_id,
+                    job=run.claim.name,
+                    fix="the body ignores cancellation (swallows Cancelled or shields itself); "
+                    "its lease lapses and it runs again elsewhere. Make it await, or raise grace",
+                )
+            settler.close()
+        self._finish_teardown()
+
+    def _finish_teardown(self) -> None:
+        if self._state == STOPPED:
+            return
+        # Fresh drain and budget: a signalled drain stays signalled and a spent budget stays
+        # spent, so a restarted worker would hand every job a scope born cancelled.
+        self._drain = Drain()
+        self._budget = Budget()
+        self._claiming = trio.CancelScope()
+        self._settler = None
+        self._state = STOPPED
+        if self._lifecycle is not None:
+            self._lifecycle.unregister(self)
+        log_event("jobs.worker.stopped", worker=self.worker_id, abandoned=len(self._abandoned))
+        done, self._teardown_done = self._teardown_done, trio.Event()
+        done.set()
+
+    async def _all_runs_ended(self) -> None:
+        while sum(self._in_flight.values()) > 0:
+            await self._slot_freed.park()
+
+    async def tick(self) -> list[Outcome]:
+        """One claim-and-run round without the claim loops: claim up to each queue's limit, run
+        those to their outcomes, settle them, answer the outcomes. For deterministic tests."""
+        if self._state != STOPPED:
+            raise ConfigError(
+                "tick() runs a round on a worker that is not started",
+                fix="use tick() or run(), not both at once",
+            )
+        outcomes: list[Outcome] = []
+        async with trio.open_nursery() as nursery:
+            for queue in self.queues:
+                claims = await self.driver.claim(
+                    [queue], self._limits[queue], lease=self.lease, worker_id=self.worker_id
+                )
+                for claim in claims:
+                    run = self._hold(claim)
+                    nursery.start_soon(self._run_claim, claim, run, outcomes.append)
+        return outcomes
+
+    # -- claiming and running --------------------------------------------------------------
+
+    async def _claim_loop(self, queue: str) -> None:
+        limit = self._limits[queue]
+        while True:
+            free = limit - self._in_flight[queue]
+            if free <= 0:
+                await self._slot_freed.park()
+                continue
+            try:
+                # Shielded: a claim that committed must reach its runs, or its jobs would sit
+                # claimed until their leases lapsed and cost them an attempt. A drain that
+                # arrives meanwhile still reaches them: hold() cancels them at once.
+                with trio.CancelScope(shield=True) as guard:
+                    guard.relative_deadline = max(self.lease, 30.0)
+                    claims = await self.driver.claim(
+                        [queue], free, lease=self.lease, worker_id=self.worker_id
+                    )
+            except DriverError as exc:
+                log_event("jobs.worker.claim-failed", logging.WARNING, queue=queue, error=str(exc))
+                await trio.sleep(self.poll_interval)
+                continue
+            assert self._runs is not None
+            for claim in claims:
+                run = self._hold(claim)
+                self._runs.start_soon(self._run_claim, claim, run, None)
+            if len(claims) < free:
+                await self.driver.wait_for_work([queue], timeout=self.poll_interval)
+            else:
+                await trio.lowlevel.checkpoint()
+
+    def _hold(self, claim: Claim) -> RunScope:
+        definition = self.registry.get(claim.name)
+        run = RunScope(claim, definition.timeout if definition else None)
+        run.lease_deadline = trio.current_time() + self.lease
+        self._in_flight[claim.queue] += 1
+        if self._state == IDLE:
+            self._state = RUNNING
+        self._drain.hold(run)
+        return run
+
+    async def _run_claim(self, claim: Claim, run: RunScope, report: Any) -> None:
+        drain = self._drain
+        try:
+            definition = self.registry.get(claim.name)
+            if definition is None:
+                outcome = parked(claim, sorted(d.name for d in self.registry))
+            else:
+                steps = Steps(self.driver, claim.lease, definition, run)
+                ctx = JobContext(claim, run, steps, self.worker_id)
+                outcome = await run_attempt(claim, definition, run, ctx, self.worker_id)
+            # Done running: the lease is no longer renewed and a drain no longer reaches it.
+            drain.release(run)
+            if outcome.settlement is not None:
+                await self._settle(outcome.settlement)
+            self._record(claim, outcome)
+            if report is not None:
+                report(outcome)
+        finally:
+            drain.release(run)
+            self._in_flight[claim.queue] -= 1
+            if self._state == RUNNING and sum(self._in_flight.values()) == 0:
+                self._state = IDLE
+            self._slot_freed.unpark_all()
+
+    async def _settle(self, settlement: Settlement) -> bool:
+        if self._settler is not None:
+            return await self._settler.settle(settlement)
+        return bool(await self.driver.settle([settlement]))
+
+    def _record(self, claim: Claim, outcome: Outcome) -> None:
+        self._outcomes[outcome.kind] += 1
+        self._metrics.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
+        level = logging.DEBUG if outcome.kind == "completed" else logging.INFO
+        log_event(
+            f"jobs.attempt.{outcome.kind}",
+            level,
+            job_id=claim.job_id,
+            job=claim.name,
+            attempt=claim.attempt,
+            error=outcome.error,
+        )
+
+    async def _observe_queues(self, interval: float) -> None:
+        while True:
+            try:
+                self._metrics.queues_observed(await self.driver.stats())
+            except DriverError as exc:
+                log_event("jobs.worker.stats-failed", logging.WARNING, error=str(exc))
+            await trio.sleep(interval)
+
+
+def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict[str, int]:
+    if isinstance(concurrency, int):
+        limits = dict.fromkeys(queues, concurrency)
+    else:
+        limits = {q: concurrency.get(q, 10) for q in queues}
+    for queue, limit in limits.items():
+        if not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"concurrency {limit!r} for queue {queue!r}", fix="give each queue >= 1"
+            )
+    return limits
+
+
+@contextlib.asynccontextmanager
+async def open_worker(driver: Driver, registry: Registry, **options: Any) -> AsyncIterator[Worker]:
+    """Run a worker for the duration of the block. Leaving normally stops it (waits for the
+    jobs in flight); leaving by an exception or a cancel interrupts them (their attempts are
+    handed back) and waits at most ``exit_grace`` seconds."""
+    worker = Worker(driver, registry, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        try:
+            yield worker
+        except BaseException:
+            worker.accept("exit")
+            worker.bind(trio.current_time() + worker.exit_grace)
+            with trio.CancelScope(shield=True):
+                await worker.stop()
+            raise
+        await worker.stop()
