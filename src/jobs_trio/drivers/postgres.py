@@ -1,0 +1,612 @@
+# The PostgreSQL driver: the Driver contract in SQL (SKIP LOCKED claims, fenced settles in
+# batches, LISTEN/NOTIFY wake-ups), for fleets of workers on any number of machines. Apart from
+# the bridge, listener and migrations so that this module reads as the contract, one method each.
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import trio
+
+from ..errors import ConfigError, DriverError, InvalidTransition, JobNotFound
+from ..records import (
+    CancelJob,
+    Claim,
+    Complete,
+    DeadLetter,
+    Enqueued,
+    EventRecord,
+    JobId,
+    JobRecord,
+    JobState,
+    Lease,
+    NewJob,
+    Park,
+    QueueStats,
+    RenewResult,
+    Retry,
+    Settlement,
+    StepRecord,
+    StepStatus,
+    Suspend,
+)
+from .memory import LAPSED_ERROR, lapsed_out_of_attempts
+from .postgres_bridge import Bridge, Connection, open_bridge
+from .postgres_listener import Listener
+from .postgres_migrate import apply_migrations, check_migrated, migrate
+from .postgres_sql import Statements, load_statements
+
+__all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
+
+log = logging.getLogger("jobs_trio.drivers.postgres")
+
+OPERATOR_CANCEL_ERROR = "cancelled by an operator"
+
+# How often a unique-key enqueue looks again when the live job holding its key finished between
+# the insert (which saw it) and the lookup (which did not). Each round makes progress unless
+# keys are being freed and taken in a tight loop by others.
+_KEY_ROUNDS = 5
+
+
+@contextlib.asynccontextmanager
+async def open_postgres_driver(
+    url: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    schema: str = "jobs_trio",
+    migrate: bool = False,
+    pool_size: int = 10,
+    loop: Any = None,
+    drop_schema_on_close: bool = False,
+) -> AsyncIterator[PostgresDriver]:
+    """A driver on ``schema`` for as long as the block runs.
+
+    ``migrate=True`` applies pending migrations first (else an unmigrated schema is refused
+    with the fix). ``loop`` is a trio-asyncio loop to run on; by default the one the caller
+    already runs in, else one the driver opens for its own lifetime. ``drop_schema_on_close``
+    is for tests."""
+    statements = load_statements(schema)
+    async with open_bridge(
+        url, loop=loop, pool_size=pool_size, application_name=f"jobs_trio:{schema}"
+    ) as bridge:
+        if migrate:
+            await apply_migrations(bridge, statements)
+        else:
+            await check_migrated(bridge, statements)
+        listener = Listener(bridge, statements.channel)
+        driver = PostgresDriver(url, bridge, statements, listener, clock)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(listener.run)
+                try:
+                    yield driver
+                finally:
+                    driver._closed = True
+                    nursery.cancel_scope.cancel()
+        finally:
+            if drop_schema_on_close:
+                await driver._drop_schema()
+
+
+class PostgresDriver:
+    """Jobs in PostgreSQL. Open it with :func:`open_postgres_driver`; every method crosses into
+    asyncpg once (a batch of claims is one statement, a batch of settlements one transaction)."""
+
+    def __init__(
+        self,
+        url: str,
+        bridge: Bridge,
+        statements: Statements,
+        listener: Listener,
+        clock: Callable[[], float],
+    ) -> None:
+        self.url = url
+        self.bridge = bridge
+        self.schema = statements.schema
+        self._sql = statements
+        self._listener = listener
+        self._clock = clock
+        self._closed = False
+
+    @property
+    def loop(self) -> Any:
+        """The trio-asyncio loop the driver's connections live on: an application's own
+        connection passed as ``connection=`` must have been opened on it."""
+        return self.bridge.loop
+
+    @property
+    def listening(self) -> bool:
+        """Whether the LISTEN connection is up (while not, wait_for_work polls on its timeout)."""
+        return self._listener.connected
+
+    def now(self) -> float:
+        return self._clock()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("the PostgreSQL driver is closed", fix="open a new driver")
+
+    async def _run_here_or_on(
+        self, connection: object | None, op: Callable[[Connection], Any], *, what: str
+    ) -> Any:
+        if connection is None:
+            return await self.bridge.run(op, what=what, transaction=True)
+        return await self.bridge.run_on(connection, op, what=what)
+
+    # --- enqueue ---
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        self._check_open()
+        jobs = list(jobs)
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> list[Enqueued]:
+            answers: dict[int, Enqueued] = {}
+            pending = list(range(len(jobs)))
+            for _ in range(_KEY_ROUNDS):
+                batch = [jobs[i] for i in pending]
+                created = {
+                    row["id"]
+                    for row in await conn.fetch(
+                        sql["enqueue"],
+                        now,
+                        [j.job_id for j in batch],
+                        [j.name for j in batch],
+                        [j.queue for j in batch],
+                        [j.payload for j in batch],
+                        [j.priority for j in batch],
+                        [j.max_attempts for j in batch],
+                        [float(j.delay) for j in batch],
+                        [j.key for j in batch],
+                    )
+                }
+                for i in pending:
+                    if jobs[i].job_id in created:
+                        answers[i] = Enqueued(jobs[i].job_id, created=True)
+                # Only a keyed row can have been skipped: the conflict target is the key index.
+                skipped_keys = [jobs[i].key for i in pending if i not in answers]
+                if skipped_keys:
+                    holders = dict(
+                        (row["key"], row["id"])
+                        for row in await conn.fetch(sql["live_key_holders"], skipped_keys)
+                    )
+                    for i in pending:
+                        key = jobs[i].key
+                        if i not in answers and key in holders:
+                            answers[i] = Enqueued(holders[key], created=False)
+                pending = [i for i in pending if i not in answers]
+                if not pending:
+                    break
+            else:
+                raise DriverError(
+                    f"could not settle unique keys {[jobs[i].key for i in pending]}: their "
+                    "holders kept finishing and being replaced while this enqueue ran",
+                    fix="retry the enqueue",
+                )
+            woken = sorted({jobs[i].queue for i, a in answers.items() if a.created})
+            if woken:
+                await conn.execute(sql["notify"], sql.channel, woken)
+            return [answers[i] for i in range(len(jobs))]
+
+        result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
+        return result
+
+    # --- claim, renew, settle ---
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+    ) -> Sequence[Claim]:
+        self._check_open()
+        if limit <= 0 or not queues:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self.now()
+        sql = self._sql
+
+        async def take(conn: Connection) -> list[Claim]:
+            rows = await conn.fetch(
+                sql["claim"], now, list(queues), limit, float(lease), worker_id, LAPSED_ERROR
+            )
+            exhausted = [row for row in rows if row["exhausted"]]
+            if exhausted:
+                # Attempts are counted at claim, so a job that keeps killing its worker ends
+                # here instead of looping forever.
+                await conn.execute(
+                    sql["bury_lapsed"],
+                    now,
+                    [row["id"] for row in exhausted],
+                    [lapsed_out_of_attempts(row["attempts"]) for row in exhausted],
+                )
+            return [
+                Claim(
+                    job_id=row["id"],
+                    token=row["token"],
+                    name=row["name"],
+                    queue=row["queue"],
+                    payload=row["payload"],
+                    attempt=row["attempts"],
+                    max_attempts=row["max_attempts"],
+                    lease_until=row["lease_until"],
+                )
+                for row in rows
+                if not row["exhausted"]
+            ]
+
+        claims: list[Claim] = await self.bridge.run(take, what="claim")
+        return claims
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        self._check_open()
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return RenewResult(held=frozenset())
+        now = self.now()
+        sql = self._sql
+
+        async def extend(conn: Connection) -> list[Any]:
+            return list(
+                await conn.fetch(
+                    sql["renew"],
+                    now,
+                    float(lease),
+                    [one.job_id for one in leases],
+                    [one.token for one in leases],
+                )
+            )
+
+        rows = await self.bridge.run(extend, what="renew")
+        return RenewResult(
+            held=frozenset(row["id"] for row in rows),
+            cancel_requested=frozenset(row["id"] for row in rows if row["cancel_requested"]),
+        )
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        self._check_open()
+        # One settlement per claim: a second for the same lease in the batch would find the
+        # token already cleared by the first, which is what applying them in order means.
+        firsts: dict[tuple[JobId, str], Settlement] = {}
+        for s in settlements:
+            firsts.setdefault((s.lease.job_id, s.lease.token), s)
+        if not firsts:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self.now()
+        sql = self._sql
+        by_kind: dict[str, list[Any]] = {}
+        for s in firsts.values():
+            by_kind.setdefault(_KIND[type(s)], []).append(s)
+
+        async def apply(conn: Connection) -> set[JobId]:
+            ids = sorted({s.lease.job_id for s in firsts.values()})
+            if len(ids) > 1:
+                await conn.execute(sql["lock_for_settle"], ids)
+            applied: set[JobId] = set()
+            ready_queues: set[str] = set()
+            for kind, group in by_kind.items():
+                rows = await conn.fetch(sql[f"settle_{kind}"], now, *_settle_columns(kind, group))
+                for row in rows:
+                    applied.add(row["id"])
+                    if row["ready_now"]:
+                        ready_queues.add(row["queue"])
+            if ready_queues:
+                # An interrupted job (a drain) must be claimable at once by another worker.
+                await conn.execute(sql["notify"], sql.channel, sorted(ready_queues))
+            return applied
+
+        applied = await self.bridge.run(apply, what="settle", transaction=True)
+        answered: list[JobId] = []
+        for s in settlements:
+            if s.lease.job_id in applied and s.lease.job_id not in answered:
+                answered.append(s.lease.job_id)
+        return answered
+
+    # --- operators ---
+
+    async def get(self, job_id: JobId) -> JobRecord | None:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> Any:
+            return await conn.fetchrow(sql["get_job"], job_id)
+
+        row = await self.bridge.run(read, what="get")
+        return None if row is None else _record(row)
+
+    async def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> Sequence[JobRecord]:
+        self._check_open()
+        sql = self._sql
+        state_value = None if state is None else JobState(state).value
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["list_jobs"], state_value, queue, max(limit, 0)))
+
+        return [_record(row) for row in await self.bridge.run(read, what="list")]
+
+    async def retry(self, job_id: JobId) -> JobRecord:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def rerun(conn: Connection) -> Any:
+            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+            if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
+                raise InvalidTransition(
+                    f"job {job_id} is {record.state.value}; only dead, cancelled or parked jobs "
+                    "can be retried",
+                    fix="wait for it to finish, or cancel it first",
+                )
+            if record.key is not None and await conn.fetchval(
+                sql["key_held_elsewhere"], record.key, job_id
+            ):
+                raise _key_held(job_id, record.key)
+            try:
+                row = await conn.fetchrow(sql["retry_job"], now, job_id)
+            except Exception as exc:
+                # The index caught a key taken after our look: same answer as the look.
+                if getattr(exc, "sqlstate", None) == "23505":
+                    raise _key_held(job_id, record.key) from exc
+                raise
+            await conn.execute(sql["notify"], sql.channel, [record.queue])
+            return row
+
+        return _record(await self.bridge.run(rerun, what="retry", transaction=True))
+
+    async def cancel(self, job_id: JobId) -> JobRecord:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def stop(conn: Connection) -> Any:
+            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+            if record.state is JobState.RUNNING:
+                return await conn.fetchrow(sql["request_cancel"], now, job_id)
+            if record.state in (JobState.READY, JobState.SUSPENDED, JobState.PARKED):
+                return await conn.fetchrow(sql["cancel_job"], now, job_id, OPERATOR_CANCEL_ERROR)
+            raise InvalidTransition(
+                f"job {job_id} is {record.state.value} and can no longer be cancelled",
+                fix="nothing to do: it has finished",
+            )
+
+        return _record(await self.bridge.run(stop, what="cancel", transaction=True))
+
+    async def stats(self) -> Sequence[QueueStats]:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["stats"], now))
+
+        rows = await self.bridge.run(read, what="stats")
+        by_queue: dict[str, list[Any]] = {}
+        for row in rows:
+            by_queue.setdefault(row["queue"], []).append(row)
+        answers = []
+        for queue in sorted(by_queue):
+            depth = {row["state"]: row["n"] for row in by_queue[queue]}
+            due = sum(row["due"] for row in by_queue[queue])
+            oldest_run_at = [
+                r["oldest_due"] for r in by_queue[queue] if r["oldest_due"] is not None
+            ]
+            answers.append(
+                QueueStats(
+                    queue=queue,
+                    depth=depth,
+                    due=due,
+                    oldest_ready_age=now - min(oldest_run_at) if oldest_run_at else None,
+                    dead=depth.get(JobState.DEAD.value, 0),
+                )
+            )
+        return answers
+
+    # --- wake-ups ---
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+        self._check_open()
+        with self._listener.waiting(queues) as woken:
+            try:
+                due_in = await self._next_due_in(queues)
+            except DriverError as exc:
+                # The database is away: fall back to polling on the timeout, so the caller's
+                # next claim finds out whether it came back.
+                log.warning(
+                    "jobs.driver.wait-degraded error=%s",
+                    exc.cause,
+                    extra={"event": "jobs.driver.wait-degraded", "error": exc.cause},
+                )
+                due_in = math.inf
+            if due_in <= 0:
+                return
+            with trio.move_on_after(max(min(timeout, due_in), 0.0)):
+                await woken.wait()
+
+    async def _next_due_in(self, queues: Sequence[str]) -> float:
+        if not queues:
+            await trio.lowlevel.checkpoint()
+            return math.inf
+        sql = self._sql
+
+        async def read(conn: Connection) -> float | None:
+            value: float | None = await conn.fetchval(sql["next_due"], list(queues))
+            return value
+
+        soonest = await self.bridge.run(read, what="wait_for_work")
+        return math.inf if soonest is None else soonest - self.now()
+
+    # --- steps and events ---
+
+    async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["load_steps"], job_id))
+
+        return [
+            StepRecord(
+                name=row["name"],
+                status=StepStatus(row["status"]),
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                result=row["result"],
+                wake_at=row["wake_at"],
+                event=row["event"],
+                match=row["match_key"],
+            )
+            for row in await self.bridge.run(read, what="load_steps")
+        ]
+
+    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+        self._check_open()
+        sql = self._sql
+
+        async def write(conn: Connection) -> Any:
+            return await conn.fetchval(
+                sql["save_step"],
+                lease.job_id,
+                lease.token,
+                step.name,
+                StepStatus(step.status).value,
+                step.started_at,
+                step.finished_at,
+                step.result,
+                step.wake_at,
+                step.event,
+                step.match,
+            )
+
+        return await self.bridge.run(write, what="save_step") is not None
+
+    async def send_event(
+        self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
+    ) -> str:
+        self._check_open()
+        json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> str:
+            event_id = await conn.fetchval(sql["insert_event"], name, key, payload, now)
+            woken = {row["queue"] for row in await conn.fetch(sql["wake_suspended_on"], now, name)}
+            if woken:
+                await conn.execute(sql["notify"], sql.channel, sorted(woken))
+            return str(event_id)
+
+        event_id: str = await self._run_here_or_on(connection, write, what="send_event")
+        return event_id
+
+    async def find_event(
+        self, name: str, *, key: str | None, since: float | None
+    ) -> EventRecord | None:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> Any:
+            return await conn.fetchrow(sql["find_event"], name, key, since)
+
+        row = await self.bridge.run(read, what="find_event")
+        if row is None:
+            return None
+        return EventRecord(
+            id=str(row["id"]),
+            name=row["name"],
+            key=row["key"],
+            payload=row["payload"],
+            created_at=row["created_at"],
+        )
+
+    async def aclose(self) -> None:
+        """Stop answering; the connections close when the ``async with`` that opened the
+        driver ends (they belong to its scope, not to this call)."""
+        self._closed = True
+        self._listener.wake(None)
+        await trio.lowlevel.checkpoint()
+
+    async def _drop_schema(self) -> None:
+        sql = self._sql
+
+        async def drop(conn: Connection) -> None:
+            await conn.execute(sql["drop_schema"])
+
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await self.bridge.run(drop, what=f"dropping schema {self.schema!r}")
+
+
+_KIND: dict[type, str] = {
+    Complete: "complete",
+    Retry: "retry",
+    DeadLetter: "dead",
+    Suspend: "suspend",
+    Park: "park",
+    CancelJob: "cancel",
+}
+
+
+def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
+    """The unnest arrays for one kind's statement, in its parameter order after ``now``."""
+    ids = [s.lease.job_id for s in group]
+    tokens = [s.lease.token for s in group]
+    if kind == "complete":
+        return [ids, tokens, [s.result for s in group]]
+    if kind == "retry":
+        return [
+            ids,
+            tokens,
+            [float(s.delay) for s in group],
+            [s.error for s in group],
+            [bool(s.counts_as_attempt) for s in group],
+        ]
+    if kind == "suspend":
+        return [ids, tokens, [float(s.delay) for s in group], [s.event for s in group]]
+    if kind == "park":
+        return [ids, tokens, [s.reason for s in group]]
+    return [ids, tokens, [s.error for s in group]]  # dead, cancel
+
+
+def _record(row: Any) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        name=row["name"],
+        queue=row["queue"],
+        state=JobState(row["state"]),
+        payload=row["payload"],
+        priority=row["priority"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        run_at=row["run_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        key=row["key"],
+        last_error=row["last_error"],
+        result=row["result"],
+        lease_until=row["lease_until"],
+        worker_id=row["worker_id"],
+        cancel_requested=row["cancel_requested"],
+        wait_event=row["wait_event"],
+    )
+
+
+def _record_or_raise(row: Any, job_id: JobId) -> JobRecord:
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
+    return _record(row)
+
+
+def _key_held(job_id: JobId, key: str | None) -> InvalidTransition:
+    return InvalidTransition(
+        f"job {job_id}'s key {key!r} is held by another live job",
+        fix="let that job finish or cancel it, then retry this one",
+    )

@@ -1,0 +1,172 @@
+# Wake-ups for wait_for_work: one LISTEN connection per driver whose notifications (payload: a
+# queue name) wake the tasks waiting on that queue, reconnected with backoff when it dies. Apart
+# because it is the driver's one long-lived connection and its one background task.
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import DriverError
+from .postgres_bridge import CLEANUP_SECONDS, Bridge, Connection
+
+log = logging.getLogger("jobs_trio.drivers.postgres")
+
+# A LISTEN connection that dies quietly (a cable, a NAT timeout) sends no termination; an idle
+# ping finds it. Waiters poll on their own timeout meanwhile, so this only bounds latency.
+PING_SECONDS = 30.0
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 5.0
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    queues: frozenset[str]  # empty: woken by any queue
+    woken: trio.Event = attrs.Factory(trio.Event)
+
+
+class Listener:
+    """Owns the LISTEN connection. Notifications arrive in asyncpg callbacks on the asyncio
+    side; the callbacks only ``send_nowait`` into a Trio channel (the one thing that is safe
+    there, STACK-NOTES), and :meth:`run` wakes waiters from Trio."""
+
+    def __init__(self, bridge: Bridge, channel: str) -> None:
+        self._bridge = bridge
+        self._channel = channel
+        self._waiters: set[_Waiter] = set()
+        # Unbounded: the callback must never block or drop a note, and run() drains it at once.
+        self._send, self._receive = trio.open_memory_channel[tuple[str, Any]](math.inf)
+        self.connected = False
+
+    @contextlib.contextmanager
+    def waiting(self, queues: Sequence[str]) -> Iterator[trio.Event]:
+        """Register BEFORE looking for due work: a notification that lands between the look
+        and the wait then still wakes the waiter instead of being missed."""
+        waiter = _Waiter(frozenset(queues))
+        self._waiters.add(waiter)
+        try:
+            yield waiter.woken
+        finally:
+            self._waiters.discard(waiter)
+
+    def wake(self, queue: str | None) -> None:
+        """Wake the waiters on ``queue``; everyone when None."""
+        for waiter in list(self._waiters):
+            if queue is None or not waiter.queues or queue in waiter.queues:
+                waiter.woken.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # The first connection is made before started(): a driver whose LISTEN cannot be set
+        # up fails to open instead of starting deaf.
+        conn: Connection | None = await self._connect()
+        task_status.started()
+        try:
+            while True:
+                assert conn is not None
+                await self._serve(conn)
+                self.connected = False
+                await self._bridge.close_connection(conn)
+                conn = None
+                conn = await self._reconnect()
+                # Notifications sent while we were away are gone: let every waiter look again.
+                self.wake(None)
+        finally:
+            self.connected = False
+            self.wake(None)
+            if conn is not None:
+                await self._bridge.close_connection(conn)
+
+    async def _connect(self) -> Connection:
+        conn = await self._bridge.connect()
+
+        async def listen() -> None:
+            conn.add_termination_listener(self._on_lost)
+            await conn.add_listener(self._channel, self._on_notify)
+
+        try:
+            await self._bridge.call(listen, what="LISTEN")
+        except BaseException:
+            await self._bridge.close_connection(conn)
+            raise
+        self.connected = True
+        return conn
+
+    def _on_notify(self, conn: Connection, pid: int, channel: str, payload: str) -> None:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            self._send.send_nowait(("notify", payload))
+
+    def _on_lost(self, conn: Connection) -> None:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            self._send.send_nowait(("lost", conn))
+
+    async def _serve(self, conn: Connection) -> None:
+        """Deliver notifications until ``conn`` is lost."""
+        while True:
+            with trio.move_on_after(PING_SECONDS) as idle:
+                kind, value = await self._receive.receive()
+            if idle.cancelled_caught:
+                if conn.is_closed() or not await self._ping(conn):
+                    return
+            elif kind == "lost":
+                if value is conn:  # a late note from a connection already replaced is stale
+                    return
+            else:
+                self.wake(value)
+
+    async def _ping(self, conn: Connection) -> bool:
+        with trio.move_on_after(CLEANUP_SECONDS):
+            try:
+                await self._bridge.call(lambda: conn.execute("SELECT 1"), what="LISTEN ping")
+            except DriverError:
+                return False
+            return True
+        return False
+
+    async def _reconnect(self) -> Connection:
+        for attempt in itertools.count(1):
+            # Jittered: a fleet that lost its server together should not return together.
+            delay = min(BACKOFF_FIRST * 2 ** (attempt - 1), BACKOFF_MAX) * random.uniform(0.5, 1)
+            log.warning(
+                "jobs.driver.reconnect channel=%s attempt=%d delay=%.2fs",
+                self._channel,
+                attempt,
+                delay,
+                extra={
+                    "event": "jobs.driver.reconnect",
+                    "channel": self._channel,
+                    "attempt": attempt,
+                    "delay": delay,
+                },
+            )
+            await trio.sleep(delay)
+            try:
+                conn = await self._connect()
+            except DriverError as exc:
+                log.warning(
+                    "jobs.driver.reconnect-failed channel=%s attempt=%d error=%s",
+                    self._channel,
+                    attempt,
+                    exc.cause,
+                    extra={
+                        "event": "jobs.driver.reconnect-failed",
+                        "channel": self._channel,
+                        "attempt": attempt,
+                        "error": exc.cause,
+                    },
+                )
+                continue
+            log.info(
+                "jobs.driver.reconnected channel=%s attempts=%d",
+                self._channel,
+                attempt,
+                extra={"event": "jobs.driver.reconnected", "channel": self._channel},
+            )
+            return conn
+        raise AssertionError("unreachable")

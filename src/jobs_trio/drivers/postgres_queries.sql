@@ -1,0 +1,270 @@
+-- Every statement the PostgreSQL driver runs, by name. `{schema}` is the driver's schema (a
+-- checked identifier, quoted), `{job_columns}` the columns of a JobRecord (never the token).
+-- `$1` is the driver clock's now wherever a statement needs the time.
+
+-- name: enqueue
+-- New jobs in the caller's order. A key a live job already holds turns its row into a no-op:
+-- the partial unique index decides, so two racing enqueues cannot both win.
+INSERT INTO {schema}.jobs (
+    id, name, queue, state, payload, priority, attempts, max_attempts,
+    run_at, created_at, updated_at, key
+)
+SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
+       $1 + greatest(n.delay, 0), $1, $1, n.key
+FROM unnest(
+    $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[], $9::text[]
+) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+ORDER BY n.ord
+ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('ready', 'running', 'suspended', 'parked')
+DO NOTHING
+RETURNING id;
+
+-- name: live_key_holders
+SELECT key, id FROM {schema}.jobs
+WHERE key = ANY($1::text[]) AND state IN ('ready', 'running', 'suspended', 'parked');
+
+-- name: notify
+-- One notification per queue that gained claimable work; sent at commit, so a rolled-back
+-- enqueue wakes nobody.
+SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
+
+-- name: claim
+-- Due jobs and lapsed leases, best first, skipping rows another claimer holds. A lapsed job
+-- with no attempts left is not claimed: it is returned flagged `exhausted` (locked, but not
+-- yet changed) so the caller can dead-letter it with its message.
+WITH candidates AS MATERIALIZED (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = ANY($2::text[])
+      AND (
+          (state IN ('ready', 'suspended') AND run_at <= $1)
+          OR (state = 'running' AND lease_until <= $1 AND attempts < max_attempts)
+      )
+    ORDER BY priority, run_at, id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        lease_until = $1::float8 + $4::float8,
+        worker_id = $5,
+        token = gen_random_uuid()::text,
+        -- SET reads the row as it was: a job still 'running' here had its lease lapse.
+        last_error = CASE WHEN j.state = 'running' THEN $6 ELSE j.last_error END,
+        wait_event = NULL,
+        updated_at = $1
+    FROM candidates AS c
+    WHERE j.id = c.id
+    RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
+              j.lease_until, j.priority, j.run_at
+), exhausted AS MATERIALIZED (
+    SELECT id, attempts, priority, run_at FROM {schema}.jobs
+    WHERE queue = ANY($2::text[])
+      AND state = 'running' AND lease_until <= $1 AND attempts >= max_attempts
+    FOR UPDATE SKIP LOCKED
+)
+SELECT false AS exhausted, id, token, name, queue, payload, attempts, max_attempts,
+       lease_until, priority, run_at
+FROM claimed
+UNION ALL
+SELECT true, id, NULL, NULL, NULL, NULL, attempts, NULL, NULL, priority, run_at
+FROM exhausted
+ORDER BY priority, run_at, id;
+
+-- name: bury_lapsed
+-- Dead-letter lapsed jobs that used up their attempts; the conditions are checked again
+-- because the claim that found them has committed and let go of its locks.
+UPDATE {schema}.jobs AS j
+SET state = 'dead', token = NULL, lease_until = NULL, worker_id = NULL,
+    last_error = d.error, updated_at = $1
+FROM unnest($2::text[], $3::text[]) AS d(id, error)
+WHERE j.id = d.id
+  AND j.state = 'running' AND j.lease_until <= $1 AND j.attempts >= j.max_attempts;
+
+-- name: renew
+-- Lock in id order first: a worker renews and settles on two connections at once, and two
+-- statements locking the same rows in different orders would deadlock.
+WITH held AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs AS j
+    JOIN unnest($3::text[], $4::text[]) AS l(id, token) ON j.id = l.id AND j.token = l.token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {schema}.jobs AS j
+SET lease_until = $1::float8 + $2::float8, updated_at = $1
+FROM held AS h
+WHERE j.id = h.id
+RETURNING j.id, j.cancel_requested;
+
+-- name: lock_for_settle
+-- Rows a settle batch touches, locked in id order before any kind's statement (see renew).
+SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
+
+-- name: settle_complete
+UPDATE {schema}.jobs AS j
+SET state = 'completed', result = s.result,
+    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
+FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, result)
+WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+RETURNING j.id, j.queue, false AS ready_now;
+
+-- name: settle_retry
+UPDATE {schema}.jobs AS j
+SET state = 'ready', run_at = $1 + greatest(s.delay, 0),
+    attempts = j.attempts - CASE WHEN s.counted THEN 0 ELSE 1 END,
+    last_error = s.error,
+    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
+FROM unnest($2::text[], $3::text[], $4::float8[], $5::text[], $6::bool[])
+    AS s(id, token, delay, error, counted)
+WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+RETURNING j.id, j.queue, s.delay <= 0 AS ready_now;
+
+-- name: settle_dead
+UPDATE {schema}.jobs AS j
+SET state = 'dead', last_error = s.error,
+    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
+FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, error)
+WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+RETURNING j.id, j.queue, false AS ready_now;
+
+-- name: settle_suspend
+-- A suspension hands its attempt back: waiting is not failing.
+UPDATE {schema}.jobs AS j
+SET state = 'suspended', run_at = $1 + greatest(s.delay, 0), attempts = j.attempts - 1,
+    wait_event = s.event,
+    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
+FROM unnest($2::text[], $3::text[], $4::float8[], $5::text[]) AS s(id, token, delay, event)
+WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+RETURNING j.id, j.queue, s.delay <= 0 AS ready_now;
+
+-- name: settle_park
+-- Parked for deploy skew (a job name this deploy does not know): the attempt is handed back.
+UPDATE {schema}.jobs AS j
+SET state = 'parked', attempts = j.attempts - 1, last_error = s.reason,
+    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
+FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, reason)
+WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+RETURNING j.id, j.queue, false AS ready_now;
+
+-- name: settle_cancel
+UPDATE {schema}.jobs AS j
+SET state = 'cancelled', last_error = s.error,
+    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
+FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, error)
+WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+RETURNING j.id, j.queue, false AS ready_now;
+
+-- name: get_job
+SELECT {job_columns} FROM {schema}.jobs WHERE id = $1;
+
+-- name: lock_job
+SELECT {job_columns} FROM {schema}.jobs WHERE id = $1 FOR UPDATE;
+
+-- name: list_jobs
+SELECT {job_columns} FROM {schema}.jobs
+WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+ORDER BY created_at DESC, id DESC
+LIMIT $3;
+
+-- name: key_held_elsewhere
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.jobs
+    WHERE key = $1 AND id <> $2 AND state IN ('ready', 'running', 'suspended', 'parked')
+);
+
+-- name: retry_job
+UPDATE {schema}.jobs
+SET state = 'ready', run_at = $1, attempts = 0, cancel_requested = false, updated_at = $1
+WHERE id = $2
+RETURNING {job_columns};
+
+-- name: request_cancel
+-- A running job is only flagged: its worker hears it at the next renewal and cancels the run.
+UPDATE {schema}.jobs SET cancel_requested = true, updated_at = $1 WHERE id = $2
+RETURNING {job_columns};
+
+-- name: cancel_job
+UPDATE {schema}.jobs SET state = 'cancelled', last_error = $3, updated_at = $1 WHERE id = $2
+RETURNING {job_columns};
+
+-- name: stats
+SELECT queue, state, count(*)::int AS n,
+       count(*) FILTER (WHERE state = 'ready' AND run_at <= $1)::int AS due,
+       min(run_at) FILTER (WHERE state = 'ready' AND run_at <= $1) AS oldest_due
+FROM {schema}.jobs
+GROUP BY queue, state
+ORDER BY queue;
+
+-- name: next_due
+-- The earliest moment a job in these queues may become claimable: a run-at, or a lease that
+-- will lapse. least() skips NULLs; NULL overall means nothing is coming.
+SELECT least(
+    (SELECT min(run_at) FROM {schema}.jobs
+     WHERE queue = ANY($1::text[]) AND state IN ('ready', 'suspended')),
+    (SELECT min(lease_until) FROM {schema}.jobs
+     WHERE queue = ANY($1::text[]) AND state = 'running')
+);
+
+-- name: load_steps
+SELECT name, status, started_at, finished_at, result, wake_at, event, match_key
+FROM {schema}.steps WHERE job_id = $1 ORDER BY position;
+
+-- name: save_step
+-- Fenced: written only while the token is current. FOR SHARE holds off a concurrent claim or
+-- settle until this write lands, so it cannot slip in just after the token changed.
+WITH held AS (
+    SELECT id FROM {schema}.jobs
+    WHERE id = $1 AND token = $2 AND state = 'running'
+    FOR SHARE
+)
+INSERT INTO {schema}.steps AS s (
+    job_id, name, status, started_at, finished_at, result, wake_at, event, match_key
+)
+SELECT id, $3, $4, $5, $6, $7, $8, $9, $10 FROM held
+ON CONFLICT (job_id, name) DO UPDATE
+SET status = excluded.status, started_at = excluded.started_at,
+    finished_at = excluded.finished_at, result = excluded.result, wake_at = excluded.wake_at,
+    event = excluded.event, match_key = excluded.match_key
+RETURNING s.job_id;
+
+-- name: insert_event
+INSERT INTO {schema}.events (name, key, payload, created_at) VALUES ($1, $2, $3, $4)
+RETURNING id;
+
+-- name: wake_suspended_on
+UPDATE {schema}.jobs SET state = 'ready', run_at = $1, updated_at = $1
+WHERE state = 'suspended' AND wait_event = $2
+RETURNING queue;
+
+-- name: find_event
+SELECT id, name, key, payload, created_at FROM {schema}.events
+WHERE name = $1 AND ($2::text IS NULL OR key = $2) AND ($3::float8 IS NULL OR created_at >= $3)
+ORDER BY id
+LIMIT 1;
+
+-- name: migration_lock
+-- Held to the end of the migrating transaction: concurrent `jobs-trio migrate` runs queue up
+-- here instead of racing on CREATE SCHEMA.
+SELECT pg_advisory_xact_lock($1);
+
+-- name: create_schema
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS {schema}.migrations (
+    version integer PRIMARY KEY,
+    applied_at double precision NOT NULL
+);
+
+-- name: migrations_table_exists
+SELECT to_regclass($1) IS NOT NULL;
+
+-- name: applied_versions
+SELECT version FROM {schema}.migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO {schema}.migrations (version, applied_at) VALUES ($1, $2);
+
+-- name: drop_schema
+DROP SCHEMA IF EXISTS {schema} CASCADE;

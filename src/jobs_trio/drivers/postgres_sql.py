@@ -1,0 +1,126 @@
+# The PostgreSQL driver's SQL: named statements from postgres_queries.sql and the numbered
+# migrations, with a checked schema name filled in. Apart because this is the one place a
+# string becomes SQL, and the schema name is checked here before it ever does.
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from importlib import resources
+
+import attrs
+
+from ..errors import ConfigError
+
+SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+# The columns a JobRecord is built from. The token is deliberately absent: a record is what
+# operators read, and a fencing token must never leak into `show` output.
+JOB_COLUMNS = (
+    "id, name, queue, state, payload, priority, attempts, max_attempts, run_at, created_at, "
+    "updated_at, key, last_error, result, lease_until, worker_id, cancel_requested, wait_event"
+)
+
+_NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+def check_schema_name(schema: object) -> str:
+    """``schema`` if it is a plain lower-case identifier; a ConfigError otherwise."""
+    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
+        raise ConfigError(
+            f"schema name {schema!r} is not a plain identifier",
+            fix="use lower-case letters, digits and underscores, starting with a letter or "
+            "underscore, at most 63 characters (e.g. schema='jobs_trio')",
+        )
+    if schema.startswith("pg_"):
+        raise ConfigError(
+            f"schema name {schema!r} starts with pg_, which PostgreSQL reserves for itself",
+            fix="pick a name without the pg_ prefix (e.g. schema='jobs_trio')",
+        )
+    return schema
+
+
+@attrs.frozen
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@attrs.frozen
+class Statements:
+    """The statements for one schema, looked up by the names in postgres_queries.sql."""
+
+    schema: str
+    by_name: Mapping[str, str]
+    migrations: Sequence[Migration]
+
+    def __getitem__(self, name: str) -> str:
+        return self.by_name[name]
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel: the schema's own name, so two schemas on one server (two apps,
+        or two test runs) never wake each other's workers."""
+        return self.schema
+
+    @property
+    def newest_version(self) -> int:
+        return self.migrations[-1].version if self.migrations else 0
+
+    @property
+    def migrations_table(self) -> str:
+        """For to_regclass(): the qualified name as text."""
+        return f'"{self.schema}".migrations'
+
+    @property
+    def migration_lock_key(self) -> int:
+        """A stable 64-bit advisory lock key per schema (the lock space is server-wide)."""
+        digest = hashlib.blake2b(f"jobs_trio.migrate:{self.schema}".encode(), digest_size=8)
+        return int.from_bytes(digest.digest(), "big", signed=True)
+
+
+def load_statements(schema: str) -> Statements:
+    schema = check_schema_name(schema)
+    # Quoted even though checked: a valid name may still be a keyword ("user", "order").
+    fill = {"{schema}": f'"{schema}"', "{job_columns}": JOB_COLUMNS}
+    folder = resources.files("jobs_trio.drivers")
+    text = (folder / "postgres_queries.sql").read_text(encoding="utf-8")
+    return Statements(
+        schema=schema,
+        by_name={name: _fill(sql, fill) for name, sql in _split_named(text).items()},
+        migrations=[attrs.evolve(m, sql=_fill(m.sql, fill)) for m in _read_migrations(folder)],
+    )
+
+
+def _fill(sql: str, fill: Mapping[str, str]) -> str:
+    for placeholder, value in fill.items():
+        sql = sql.replace(placeholder, value)
+    return sql
+
+
+def _split_named(text: str) -> dict[str, str]:
+    parts = _NAME_LINE.split(text)
+    # parts: [preamble, name1, body1, name2, body2, ...]
+    named: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in named:
+            raise RuntimeError(f"postgres_queries.sql names {name!r} twice")
+        named[name] = body.strip().rstrip(";").strip()
+    return named
+
+
+def _read_migrations(folder: resources.abc.Traversable) -> list[Migration]:
+    found = []
+    for entry in (folder / "postgres_migrations").iterdir():
+        matched = _MIGRATION_FILE.match(entry.name)
+        if matched:
+            found.append(
+                Migration(int(matched.group(1)), entry.name, entry.read_text(encoding="utf-8"))
+            )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"postgres migrations must be numbered 1..n without gaps: {versions}")
+    return found
