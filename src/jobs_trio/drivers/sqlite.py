@@ -1,0 +1,959 @@
+# The SQLite driver: the whole contract on one WAL database file that worker processes on one
+# machine share. Apart because every call must leave the Trio thread and a cancelled call must
+# leave its connection usable; both happen in `SqliteDriver._transact`, the door every method uses.
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import json
+import math
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Final, Generic, Literal, TypeVar
+
+import outcome
+import trio
+
+from ..errors import (
+    ConfigError,
+    DriverError,
+    InvalidTransition,
+    JobNotFound,
+    SchemaVersionError,
+)
+from ..records import (
+    CancelJob,
+    Claim,
+    Complete,
+    DeadLetter,
+    Enqueued,
+    EventRecord,
+    JobId,
+    JobRecord,
+    JobState,
+    Lease,
+    NewJob,
+    Park,
+    QueueStats,
+    RenewResult,
+    Retry,
+    Settlement,
+    StepRecord,
+    StepStatus,
+    Suspend,
+)
+from .memory import LAPSED_ERROR, lapsed_out_of_attempts
+
+T = TypeVar("T")
+
+# Written into the file header (PRAGMA application_id): how a file says it is a jobs_trio
+# database, so a file of another application is refused instead of having tables added to it.
+APPLICATION_ID: Final = 0x4A54524F  # "JTRO"
+
+# RETURNING (3.35) is used by claim, renew and save_step.
+MIN_SQLITE: Final = (3, 35, 0)
+
+# How long wait_for_work sleeps before looking at the file again when nothing is due. SQLite has
+# no cross-process notification: a job another process enqueues is seen at the next look, so
+# this is the worst-case pickup delay across processes (this process's own writes wake at once).
+POLL_INTERVAL: Final = 0.5
+
+# SQLite's own busy handler cannot be interrupted (sqlite3_interrupt does not reach it), so it
+# is given at most this long per try; the rest of busy_timeout is waited out from Trio, where a
+# cancel is heard.
+_BUSY_SLICE: Final = 0.1
+# After busy_timeout has passed, a few more tries with a growing pause before giving up: a
+# writer that held the file a little too long should cost a delay, not a crashed worker.
+_BUSY_RETRIES: Final = 4
+_BUSY_BACKOFF: Final = 0.05
+
+# A cancelled call re-interrupts its statement this often until the thread has let go: an
+# interrupt that lands between two statements of a transaction is a no-op in SQLite.
+_INTERRUPT_AGAIN: Final = 0.05
+
+_SQLITE_HEADER: Final = b"SQLite format 3\x00"
+_SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
+_DRIVER_CLOSED = "the SQLite driver is closed"
+
+Mode = Literal["read", "write", "bare"]  # BEGIN, BEGIN IMMEDIATE, or no transaction at all
+Work = Callable[[sqlite3.Connection, float], T]  # gets the connection and the driver's now
+
+
+# The migrations: numbered .sql files beside this module; the schema version is the last number.
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into statements: `executescript` would COMMIT the migration's transaction
+    before running it, and a half-applied migration must roll back whole."""
+    statements: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if any(ln.strip() and not ln.strip().startswith("--") for ln in pending.splitlines()):
+        raise RuntimeError(f"an SQLite migration ends in an unfinished statement: {pending!r}")
+    return statements
+
+
+def _load_migrations() -> list[tuple[int, list[str]]]:
+    folder = importlib.resources.files(__package__ or "jobs_trio.drivers") / "sqlite_migrations"
+    found = sorted(
+        (int(entry.name.split("_", 1)[0]), _statements(entry.read_text(encoding="utf-8")))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    )
+    numbers = [number for number, _ in found]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise RuntimeError(f"SQLite migrations must be numbered 1, 2, 3...; found {numbers}")
+    return found
+
+
+MIGRATIONS: Final = _load_migrations()
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+# The URL and the file, before any connection is made.
+
+
+def sqlite_path(url: str) -> str:
+    """The file a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URL names."""
+    fix = "write sqlite:///relative/path.db or sqlite:////absolute/path.db (three slashes, a path)"
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        raise ConfigError(f"SQLite URL {url!r} does not start with {prefix!r}", fix=fix)
+    path = url[len(prefix) :]
+    if not path or path.endswith("/"):
+        raise ConfigError(f"SQLite URL {url!r} names no database file", fix=fix)
+    if path == ":memory:" or path.startswith("file:"):
+        raise ConfigError(
+            f"SQLite URL {url!r} is not a file path",
+            fix="use memory:// for a store that need not outlive the process, or " + fix,
+        )
+    if "?" in path:
+        raise ConfigError(
+            f"SQLite URL {url!r} carries query options, which the driver does not read",
+            fix="drop the ?... part and pass options (busy_timeout=...) to open_driver",
+        )
+    return path
+
+
+def _refuse_a_file_that_is_not_sqlite(path: str) -> None:
+    """Read the header ourselves: SQLite would only notice at the first statement, and the WAL
+    switch that follows would be a write to somebody else's file."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+    except FileNotFoundError:
+        return  # a new database
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the SQLite database file {path!r}: {exc}",
+            fix="check the path and its permissions",
+        ) from exc
+    if head and head != _SQLITE_HEADER:
+        raise ConfigError(
+            f"{path!r} is not a SQLite database (it does not start with the SQLite header); "
+            "it was left untouched",
+            fix="point the URL at a new file or at an existing jobs_trio database",
+        )
+
+
+def _connect(path: str, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+    _refuse_a_file_that_is_not_sqlite(path)
+    try:
+        conn = sqlite3.connect(
+            path,
+            timeout=min(busy_timeout, _BUSY_SLICE),
+            # isolation_level=None: the module issues no BEGIN of its own; every transaction
+            # here is an explicit BEGIN / BEGIN IMMEDIATE in `_run_transaction`.
+            isolation_level=None,
+            # One connection, used by one worker thread at a time (under the driver's lock),
+            # but not always the same thread.
+            check_same_thread=False,
+            cached_statements=256,
+        )
+    except sqlite3.Error as exc:
+        raise ConfigError(
+            f"cannot open the SQLite database {path!r}: {exc}",
+            fix="check that the folder exists and is writable",
+        ) from exc
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    return conn
+
+
+# The thread side of one call.
+
+
+class _RolledBack(Exception):
+    """The call was cancelled before its COMMIT: the transaction was rolled back instead."""
+
+
+class _Call(Generic[T]):
+    """One unit of work handed to a worker thread, and the handshake a cancel relies on.
+
+    Trio may raise Cancelled before the thread has even started (while it waits for a thread
+    token); then nothing must wait for a thread that will never report. ``_mutex`` makes
+    "started" and "abandoned" exclusive: whichever comes first decides.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._started = False
+        self.cancelled = False  # set on the Trio thread; the worker reads it before COMMIT
+        self.finished = trio.Event()
+        self.result: outcome.Outcome[T] | None = None
+        self._token = trio.lowlevel.current_trio_token()
+
+    def start(self) -> bool:
+        """Thread side: False when the call was abandoned before it began (touch nothing)."""
+        with self._mutex:
+            self._started = not self.cancelled
+            return self._started
+
+    def abandon(self) -> bool:
+        """Trio side, on cancel: True when a thread runs (or ran) it and must be waited for."""
+        with self._mutex:
+            self.cancelled = True
+            return self._started
+
+    def finish(self, result: outcome.Outcome[T]) -> None:
+        self.result = result
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self.finished.set)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # Two tries: our own re-interrupt can land on the first ROLLBACK, and an open transaction
+    # left behind would make the next BEGIN fail.
+    for _ in range(2):
+        if not conn.in_transaction:
+            return
+        with contextlib.suppress(sqlite3.OperationalError):
+            conn.execute("ROLLBACK")
+
+
+def _run_transaction(
+    conn: sqlite3.Connection, call: _Call[T], work: Work[T], now: float, mode: Mode
+) -> T:
+    _rollback(conn)  # a transaction some earlier failure left open (see _rollback)
+    if mode == "bare":
+        return work(conn, now)
+    conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")
+    try:
+        answer = work(conn, now)
+        # Checked last: a cancel that arrived while the work ran rolls it back, so a caller
+        # that sees Cancelled knows nothing was written.
+        if call.cancelled:
+            raise _RolledBack
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return answer
+
+
+def _in_thread(
+    conn: sqlite3.Connection, call: _Call[T], work: Work[T], now: float, mode: Mode
+) -> T:
+    if not call.start():
+        raise _RolledBack
+    result = outcome.capture(_run_transaction, conn, call, work, now, mode)
+    call.finish(result)
+    return result.unwrap()
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _not_a_database(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+
+
+# Rows to records.
+
+# Column names are the record's field names, so a row maps onto its record by name.
+_JOB_FIELDS: Final = (
+    "id", "name", "queue", "state", "payload", "priority", "attempts", "max_attempts", "run_at",
+    "created_at", "updated_at", "key", "last_error", "result", "lease_until", "worker_id",
+    "cancel_requested", "wait_event",
+)  # fmt: skip
+_STEP_FIELDS: Final = (
+    "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
+)  # fmt: skip
+_JOB_COLUMNS: Final = ", ".join(_JOB_FIELDS)
+_STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
+_EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
+# Fencing: a write of a run applies only while its claim is the job's current one.
+_FENCE: Final = "id = ? AND token = ? AND state = 'running'"
+_LIVE: Final = "('ready', 'running', 'suspended', 'parked')"
+
+
+def _job(row: Sequence[Any]) -> JobRecord:
+    fields = dict(zip(_JOB_FIELDS, row, strict=True))
+    fields["state"] = JobState(fields["state"])
+    fields["cancel_requested"] = bool(fields["cancel_requested"])
+    return JobRecord(**fields)
+
+
+def _step(row: Sequence[Any]) -> StepRecord:
+    fields = dict(zip(_STEP_FIELDS, row, strict=True))
+    fields["status"] = StepStatus(fields["status"])
+    return StepRecord(**fields)
+
+
+def _event(row: Any) -> EventRecord:
+    return EventRecord(id=str(row[0]), name=row[1], key=row[2], payload=row[3], created_at=row[4])
+
+
+def _job_or_raise(conn: sqlite3.Connection, job_id: JobId) -> JobRecord:
+    row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
+    return _job(row)
+
+
+def _refuse_a_connection(connection: object | None, doing: str) -> None:
+    # Refused rather than ignored: a caller who passes its transaction believes the write
+    # commits or rolls back with it, and here it could do neither.
+    if connection is not None:
+        raise ConfigError(
+            "the SQLite driver cannot enlist in a caller's transaction",
+            fix=f"{doing} without connection=, or use the PostgreSQL driver",
+        )
+
+
+def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
+    """One fenced UPDATE; True when the lease's token was still the job's current one."""
+    values: tuple[object, ...]
+    match s:
+        case Complete(result=result):
+            changes, values = "state = 'completed', result = ?", (result,)
+        case Retry(delay=delay, error=error, counts_as_attempt=counts):
+            # An interrupted attempt (counts_as_attempt=False) hands back the one its claim took.
+            changes = "state = 'ready', run_at = ?, attempts = attempts - ?, last_error = ?"
+            values = (now + max(delay, 0.0), 0 if counts else 1, error)
+        case DeadLetter(error=error):
+            changes, values = "state = 'dead', last_error = ?", (error,)
+        case Suspend(delay=delay, event=event):
+            changes = "state = 'suspended', run_at = ?, attempts = attempts - 1, wait_event = ?"
+            values = (now + max(delay, 0.0), event)
+        case Park(reason=reason):
+            changes, values = "state = 'parked', attempts = attempts - 1, last_error = ?", (reason,)
+        case CancelJob(error=error):
+            changes, values = "state = 'cancelled', last_error = ?", (error,)
+        case _:
+            raise TypeError(f"not a settlement: {s!r}")
+    cursor = conn.execute(
+        f"UPDATE jobs SET {changes}, lease_until = NULL, worker_id = NULL, cancel_requested = 0,"
+        f" token = NULL, updated_at = ? WHERE {_FENCE}",
+        (*values, now, s.lease.job_id, s.lease.token),
+    )
+    return cursor.rowcount == 1
+
+
+class SqliteDriver:
+    """Jobs in one SQLite file, reached through one connection that one worker thread at a time
+    uses. Open it with `open_sqlite_driver`, which prepares the schema and closes it after."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        url: str,
+        path: str,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = 5.0,
+        poll_interval: float = POLL_INTERVAL,
+    ) -> None:
+        self.url = url
+        self.path = path
+        self._conn = conn
+        self._clock = clock
+        self._busy_timeout = busy_timeout
+        self._poll_interval = poll_interval
+        # One connection: one call on it at a time. Trio's lock is FIFO, so calls run in the
+        # order they were made.
+        self._lock = trio.Lock()
+        self._lot = trio.lowlevel.ParkingLot()
+        # Bumped by every wake-up, so a waiter that looked at the file while a write of this
+        # driver was landing does not then sleep through that write's wake-up.
+        self._wakes = 0
+        self._closed = False
+
+    def now(self) -> float:
+        return self._clock()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(_DRIVER_CLOSED, fix="open a new driver")
+
+    def _wake(self) -> None:
+        self._wakes += 1
+        self._lot.unpark_all()
+
+    # The door every call goes through.
+
+    async def _transact(self, work: Work[T], *, mode: Mode = "write") -> T:
+        """Run ``work(conn, now)`` in a worker thread inside one transaction (BEGIN IMMEDIATE
+        for writes, so two processes never both claim a job), and commit it.
+
+        A lock held by another connection is waited out for ``busy_timeout`` and then a few
+        more tries; only then does a `DriverError` surface. A cancel interrupts the statement
+        and rolls the transaction back: Cancelled then means nothing was written. If the COMMIT
+        had already happened when the cancel arrived, the answer is returned instead, and the
+        cancel lands at the caller's next checkpoint.
+        """
+        self._check_open()
+        started = time.monotonic()
+        retries = 0
+        async with self._lock:
+            while True:
+                self._check_open()  # aclose() may have run while this call waited its turn
+                try:
+                    return await self._run_in_thread(work, mode)
+                except sqlite3.Error as exc:
+                    if not _is_busy(exc):
+                        raise self._driver_error(exc) from exc
+                    if time.monotonic() - started < self._busy_timeout:
+                        continue  # SQLite waited one slice; wait another, from here
+                    if retries == _BUSY_RETRIES:
+                        raise DriverError(
+                            f"{self.path!r} stayed locked by another connection for"
+                            f" {time.monotonic() - started:.1f} s (busy_timeout"
+                            f" {self._busy_timeout} s, then {retries} more tries)",
+                            fix="look for a process holding a long write transaction on this"
+                            " file (a CLI, a backup, a DB browser), or raise busy_timeout",
+                        ) from exc
+                    retries += 1
+                    pause = _BUSY_BACKOFF * 2**retries
+                    await trio.sleep(pause * random.uniform(0.5, 1.0))
+
+    async def _run_in_thread(self, work: Work[T], mode: Mode) -> T:
+        call: _Call[T] = _Call()
+        try:
+            return await trio.to_thread.run_sync(
+                _in_thread, self._conn, call, work, self.now(), mode, abandon_on_cancel=True
+            )
+        except trio.Cancelled:
+            if not call.abandon():
+                raise  # the thread never started: nothing ran
+            # The thread runs on after Trio abandoned it: interrupt its statement and wait,
+            # shielded, until it has rolled back and let go of the connection, so the next
+            # call finds it usable and outside any transaction.
+            with trio.CancelScope(shield=True):
+                while not call.finished.is_set():
+                    self._conn.interrupt()
+                    with trio.move_on_after(_INTERRUPT_AGAIN):
+                        await call.finished.wait()
+            if isinstance(call.result, outcome.Value):
+                committed: T = call.result.value
+                return committed
+            raise
+
+    def _driver_error(self, exc: sqlite3.Error) -> Exception:
+        if _not_a_database(exc):
+            return ConfigError(
+                f"{self.path!r} is not a usable SQLite database ({exc})",
+                fix="point the URL at a new file, or restore this one from a backup",
+            )
+        return DriverError(
+            f"SQLite failed on {self.path!r}: {exc}",
+            fix="check the disk (space, permissions) and the file; the call can be retried",
+        )
+
+    # Opening.
+
+    async def _prepare(self) -> None:
+        await self._transact(self._migrate, mode="write")
+        await self._transact(self._use_wal, mode="bare")
+
+    def _migrate(self, conn: sqlite3.Connection, now: float) -> None:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if app_id != APPLICATION_ID:
+            tables = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name"
+                )
+            ]
+            if tables or version or app_id:
+                # Raised inside the transaction, before any write: the file stays as it was.
+                shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+                raise ConfigError(
+                    f"{self.path!r} is a SQLite database of another application"
+                    f" (application_id {app_id}, user_version {version},"
+                    f" tables: {shown or 'none'}); it was left untouched",
+                    fix="point the URL at a new file: jobs_trio keeps its jobs in a file of"
+                    " its own",
+                )
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.path!r} has jobs_trio schema version {version}, newer than the"
+                f" {SCHEMA_VERSION} this jobs_trio knows: a newer release wrote it",
+                fix="upgrade jobs_trio here to the release that wrote the file, or use"
+                " another file",
+            )
+        for number, statements in MIGRATIONS:
+            if number > version:
+                for statement in statements:
+                    conn.execute(statement)
+        if app_id != APPLICATION_ID:
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        if version != SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _use_wal(self, conn: sqlite3.Connection, now: float) -> None:
+        # After the schema check, never before: the switch writes the file header, and a
+        # foreign file must be left as it was. Outside a transaction: SQLite requires it.
+        journal = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(journal).lower() != "wal":
+            raise ConfigError(
+                f"{self.path!r} could not switch to WAL (journal mode stayed {journal!r})",
+                fix="put the database on a local file system: WAL needs shared memory,"
+                " which network file systems do not offer",
+            )
+
+    # Enqueue and claim.
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        _refuse_a_connection(connection, "enqueue")
+        jobs = list(jobs)
+
+        def work(conn: sqlite3.Connection, now: float) -> list[Enqueued]:
+            # A job whose key a live job holds is skipped by the partial unique index; who
+            # holds each key is read back afterwards (also when the holder came earlier in
+            # this same batch).
+            conn.executemany(
+                "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
+                " max_attempts, run_at, created_at, updated_at, key)"
+                " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?)"
+                f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
+                [
+                    (
+                        job.job_id,
+                        job.name,
+                        job.queue,
+                        job.payload,
+                        job.priority,
+                        job.max_attempts,
+                        now + max(job.delay, 0.0),
+                        now,
+                        now,
+                        job.key,
+                    )
+                    for job in jobs
+                ],
+            )
+            holders: dict[str, JobId] = {}
+            for key in {job.key for job in jobs if job.key is not None}:
+                row = conn.execute(
+                    f"SELECT id FROM jobs WHERE key = ? AND state IN {_LIVE}", (key,)
+                ).fetchone()
+                holders[key] = row[0]
+            return [
+                Enqueued(job.job_id, created=True)
+                if job.key is None
+                else Enqueued(holders[job.key], created=holders[job.key] == job.job_id)
+                for job in jobs
+            ]
+
+        answers = await self._transact(work)
+        self._wake()
+        return answers
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+    ) -> Sequence[Claim]:
+        wanted = list(dict.fromkeys(queues))
+
+        def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
+            # Per queue and state, each read stops after `limit` rows in claim order (the
+            # jobs_claim index); lapsed leases are few (at most the running jobs). The merge
+            # is Python's sort, so the order is the memory driver's to the letter.
+            candidates: list[Any] = []
+            for queue in wanted:
+                for state in ("ready", "suspended"):
+                    candidates += conn.execute(
+                        "SELECT priority, run_at, id, state, attempts, max_attempts FROM jobs"
+                        " WHERE queue = ? AND state = ? AND run_at <= ?"
+                        " ORDER BY priority, run_at, id LIMIT ?",
+                        (queue, state, now, max(limit, 0)),
+                    ).fetchall()
+                candidates += conn.execute(
+                    "SELECT priority, run_at, id, state, attempts, max_attempts FROM jobs"
+                    " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
+                    (queue, now),
+                ).fetchall()
+            candidates.sort(key=lambda row: (row[0], row[1], row[2]))
+            taken: list[str] = []
+            dead: list[tuple[str, float, str]] = []
+            for _, _, job_id, state, attempts, max_attempts in candidates:
+                if len(taken) >= limit:
+                    break
+                if state == "running" and attempts >= max_attempts:
+                    # Attempts are counted at claim, so a job that keeps killing its worker
+                    # ends here instead of looping forever.
+                    dead.append((lapsed_out_of_attempts(attempts), now, job_id))
+                    continue
+                taken.append(job_id)
+            conn.executemany(
+                "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
+                " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
+                dead,
+            )
+            if not taken:
+                return []
+            # One UPDATE for the batch; each row draws its own fresh token.
+            rows = conn.execute(
+                "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
+                " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL,"
+                " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
+                " updated_at = ?"
+                " WHERE id IN (SELECT value FROM json_each(?))"
+                " RETURNING id, token, name, queue, payload, attempts, max_attempts",
+                (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(taken)),
+            ).fetchall()
+            by_id = {row[0]: row for row in rows}
+            return [
+                Claim(
+                    job_id=job_id,
+                    token=by_id[job_id][1],
+                    name=by_id[job_id][2],
+                    queue=by_id[job_id][3],
+                    payload=by_id[job_id][4],
+                    attempt=by_id[job_id][5],
+                    max_attempts=by_id[job_id][6],
+                    lease_until=now + lease,
+                )
+                for job_id in taken
+            ]
+
+        return await self._transact(work)
+
+    # Writes of a run, fenced by its lease.
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        pairs = json.dumps([[one.job_id, one.token] for one in leases])
+
+        def work(conn: sqlite3.Connection, now: float) -> RenewResult:
+            # One statement for every lease the worker holds; the row-value IN is the fence
+            # (id, token, running) for all of them at once, searched by primary key.
+            rows = conn.execute(
+                "UPDATE jobs SET lease_until = ?, updated_at = ?"
+                " WHERE state = 'running' AND (id, token) IN"
+                " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
+                "  FROM json_each(?))"
+                " RETURNING id, cancel_requested",
+                (now + lease, now, pairs),
+            ).fetchall()
+            return RenewResult(
+                held=frozenset(row[0] for row in rows),
+                cancel_requested=frozenset(row[0] for row in rows if row[1]),
+            )
+
+        return await self._transact(work)
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        settlements = list(settlements)
+
+        def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
+            # In order, one transaction: a second settlement of the same lease in the batch
+            # finds the token already cleared and applies nothing, as it would in two calls.
+            return [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
+
+        applied = await self._transact(work)
+        self._wake()
+        return applied
+
+    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+        def work(conn: sqlite3.Connection, now: float) -> bool:
+            cursor = conn.execute(
+                f"INSERT INTO steps (job_id, {_STEP_COLUMNS})"
+                " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
+                f" WHERE EXISTS (SELECT 1 FROM jobs WHERE {_FENCE})"
+                " ON CONFLICT (job_id, name) DO UPDATE SET status = excluded.status,"
+                " started_at = excluded.started_at, finished_at = excluded.finished_at,"
+                " result = excluded.result, wake_at = excluded.wake_at,"
+                " event = excluded.event, match = excluded.match",
+                (
+                    lease.job_id,
+                    step.name,
+                    step.status.value,
+                    step.started_at,
+                    step.finished_at,
+                    step.result,
+                    step.wake_at,
+                    step.event,
+                    step.match,
+                    lease.job_id,
+                    lease.token,
+                ),
+            )
+            return cursor.rowcount == 1
+
+        return await self._transact(work)
+
+    async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
+        def work(conn: sqlite3.Connection, now: float) -> list[StepRecord]:
+            # rowid order: the order steps were first saved (an upsert keeps the row's rowid).
+            rows = conn.execute(
+                f"SELECT {_STEP_COLUMNS} FROM steps WHERE job_id = ? ORDER BY rowid", (job_id,)
+            )
+            return [_step(row) for row in rows]
+
+        return await self._transact(work, mode="read")
+
+    # Reads and operator actions.
+
+    async def get(self, job_id: JobId) -> JobRecord | None:
+        def work(conn: sqlite3.Connection, now: float) -> JobRecord | None:
+            row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+            found = row.fetchone()
+            return None if found is None else _job(found)
+
+        return await self._transact(work, mode="read")
+
+    async def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> Sequence[JobRecord]:
+        where, values = ["1"], list[object]()
+        if state is not None:
+            where.append("state = ?")
+            values.append(state.value)
+        if queue is not None:
+            where.append("queue = ?")
+            values.append(queue)
+
+        def work(conn: sqlite3.Connection, now: float) -> list[JobRecord]:
+            rows = conn.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)}"
+                " ORDER BY created_at DESC, id DESC LIMIT ?",
+                (*values, max(limit, 0)),
+            )
+            return [_job(row) for row in rows]
+
+        return await self._transact(work, mode="read")
+
+    async def retry(self, job_id: JobId) -> JobRecord:
+        def work(conn: sqlite3.Connection, now: float) -> JobRecord:
+            record = _job_or_raise(conn, job_id)
+            if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
+                raise InvalidTransition(
+                    f"job {job_id} is {record.state.value}; only dead, cancelled or parked"
+                    " jobs can be retried",
+                    fix="wait for it to finish, or cancel it first",
+                )
+            if (
+                record.key is not None
+                and conn.execute(
+                    f"SELECT 1 FROM jobs WHERE key = ? AND state IN {_LIVE} AND id != ?",
+                    (record.key, job_id),
+                ).fetchone()
+            ):
+                raise InvalidTransition(
+                    f"job {job_id}'s key {record.key!r} is held by another live job",
+                    fix="let that job finish or cancel it, then retry this one",
+                )
+            conn.execute(
+                "UPDATE jobs SET state = 'ready', run_at = ?, attempts = 0,"
+                " cancel_requested = 0, updated_at = ? WHERE id = ?",
+                (now, now, job_id),
+            )
+            return _job_or_raise(conn, job_id)
+
+        record = await self._transact(work)
+        self._wake()
+        return record
+
+    async def cancel(self, job_id: JobId) -> JobRecord:
+        def work(conn: sqlite3.Connection, now: float) -> JobRecord:
+            record = _job_or_raise(conn, job_id)
+            values: tuple[object, ...]
+            if record.state is JobState.RUNNING:
+                # Its worker hears it at the next renewal and cancels the run.
+                changes, values = "cancel_requested = 1", ()
+            elif record.state in (JobState.READY, JobState.SUSPENDED, JobState.PARKED):
+                changes, values = (
+                    "state = 'cancelled', last_error = ?",
+                    ("cancelled by an operator",),
+                )
+            else:
+                raise InvalidTransition(
+                    f"job {job_id} is {record.state.value} and can no longer be cancelled",
+                    fix="nothing to do: it has finished",
+                )
+            conn.execute(
+                f"UPDATE jobs SET {changes}, updated_at = ? WHERE id = ?", (*values, now, job_id)
+            )
+            return _job_or_raise(conn, job_id)
+
+        return await self._transact(work)
+
+    async def stats(self) -> Sequence[QueueStats]:
+        def work(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
+            depths: dict[str, dict[str, int]] = {}
+            for queue, state, count in conn.execute(
+                "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+            ):
+                depths.setdefault(queue, {})[state] = count
+            due = {
+                queue: (count, oldest)
+                for queue, count, oldest in conn.execute(
+                    "SELECT queue, count(*), min(run_at) FROM jobs"
+                    " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
+                    (now,),
+                )
+            }
+            answers = []
+            for queue in sorted(depths):
+                count, oldest = due.get(queue, (0, None))
+                answers.append(
+                    QueueStats(
+                        queue=queue,
+                        depth=depths[queue],
+                        due=count,
+                        oldest_ready_age=None if oldest is None else now - oldest,
+                        dead=depths[queue].get(JobState.DEAD.value, 0),
+                    )
+                )
+            return answers
+
+        return await self._transact(work, mode="read")
+
+    # Wake-ups.
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+        """No cross-process notification exists in SQLite: this driver's own writes wake a
+        waiter at once; another process's are seen at the next look, every ``poll_interval``."""
+        wanted = list(dict.fromkeys(queues))
+
+        def work(conn: sqlite3.Connection, now: float) -> float:
+            soonest = math.inf
+            for queue in wanted:
+                for sql in (
+                    "SELECT min(run_at) FROM jobs WHERE queue = ? AND state = 'ready'",
+                    "SELECT min(run_at) FROM jobs WHERE queue = ? AND state = 'suspended'",
+                    "SELECT min(lease_until) FROM jobs WHERE queue = ? AND state = 'running'",
+                ):
+                    (when,) = conn.execute(sql, (queue,)).fetchone()
+                    if when is not None:
+                        soonest = min(soonest, when - now)
+            return soonest
+
+        wakes = self._wakes
+        due_in = await self._transact(work, mode="read")
+        if due_in <= 0 or self._wakes != wakes:
+            return
+        with trio.move_on_after(min(timeout, due_in, self._poll_interval)):
+            await self._lot.park()
+
+    # Events.
+
+    async def send_event(
+        self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
+    ) -> str:
+        _refuse_a_connection(connection, "send the event")
+        json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
+
+        def work(conn: sqlite3.Connection, now: float) -> str:
+            cursor = conn.execute(
+                "INSERT INTO events (name, key, payload, created_at) VALUES (?, ?, ?, ?)",
+                (name, key, payload, now),
+            )
+            conn.execute(
+                "UPDATE jobs SET state = 'ready', run_at = ?, updated_at = ?"
+                " WHERE state = 'suspended' AND wait_event = ?",
+                (now, now, name),
+            )
+            return str(cursor.lastrowid)
+
+        event_id = await self._transact(work)
+        self._wake()
+        return event_id
+
+    async def find_event(
+        self, name: str, *, key: str | None, since: float | None
+    ) -> EventRecord | None:
+        where, values = ["name = ?"], list[object]([name])
+        if key is not None:
+            where.append("key = ?")
+            values.append(key)
+        if since is not None:
+            where.append("created_at >= ?")
+            values.append(since)
+
+        def work(conn: sqlite3.Connection, now: float) -> EventRecord | None:
+            row = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)}"
+                " ORDER BY id LIMIT 1",
+                values,
+            ).fetchone()
+            return None if row is None else _event(row)
+
+        return await self._transact(work, mode="read")
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        # Shielded: the connection must be closed even by a cancelled caller, and only once the
+        # call in flight (if any) has let go of it.
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                await trio.to_thread.run_sync(self._conn.close)
+
+
+@contextlib.asynccontextmanager
+async def open_sqlite_driver(
+    url: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    busy_timeout: float = 5.0,
+    poll_interval: float = POLL_INTERVAL,
+    synchronous: str = "FULL",
+) -> AsyncIterator[SqliteDriver]:
+    """Open ``sqlite:///jobs.db``: create or upgrade the schema, switch to WAL, and close the
+    connection on the way out.
+
+    ``busy_timeout`` is how long a call waits for another connection's write lock before a few
+    last tries and then `DriverError`. ``synchronous`` is FULL (a committed job survives a power
+    cut) unless you choose NORMAL (faster; survives a crash of the process, not of the OS).
+    """
+    path = sqlite_path(url)
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise ConfigError(
+            f"the SQLite library is {sqlite3.sqlite_version}; the driver needs"
+            f" {'.'.join(map(str, MIN_SQLITE))} or newer",
+            fix="use a Python built against a newer SQLite",
+        )
+    if synchronous.upper() not in _SYNCHRONOUS:
+        raise ConfigError(
+            f"synchronous={synchronous!r} is not a SQLite synchronous level",
+            fix="use one of " + ", ".join(_SYNCHRONOUS),
+        )
+    conn = await trio.to_thread.run_sync(_connect, path, synchronous.upper(), busy_timeout)
+    driver = SqliteDriver(
+        conn,
+        url=url,
+        path=path,
+        clock=clock,
+        busy_timeout=busy_timeout,
+        poll_interval=poll_interval,
+    )
+    try:
+        await driver._prepare()
+        yield driver
+    finally:
+        await driver.aclose()
