@@ -163,7 +163,7 @@ def _refuse_a_file_that_is_not_sqlite(path: str) -> None:
         )
 
 
-def _connect(path: str, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     _refuse_a_file_that_is_not_sqlite(path)
     try:
         conn = sqlite3.connect(
@@ -182,7 +182,6 @@ def _connect(path: str, synchronous: str, busy_timeout: float) -> sqlite3.Connec
             f"cannot open the SQLite database {path!r}: {exc}",
             fix="check that the folder exists and is writable",
         ) from exc
-    conn.execute(f"PRAGMA synchronous = {synchronous}")
     return conn
 
 
@@ -372,6 +371,7 @@ class SqliteDriver:
         clock: Callable[[], float] = time.time,
         busy_timeout: float = 5.0,
         poll_interval: float = POLL_INTERVAL,
+        synchronous: str = "FULL",
     ) -> None:
         self.url = url
         self.path = path
@@ -379,6 +379,7 @@ class SqliteDriver:
         self._clock = clock
         self._busy_timeout = busy_timeout
         self._poll_interval = poll_interval
+        self._synchronous = synchronous
         # One connection: one call on it at a time. Trio's lock is FIFO, so calls run in the
         # order they were made.
         self._lock = trio.Lock()
@@ -474,6 +475,11 @@ class SqliteDriver:
     async def _prepare(self) -> None:
         await self._transact(self._migrate, mode="write")
         await self._transact(self._use_wal, mode="bare")
+        # Even this reads the file: it comes after the check that the file is ours.
+        await self._transact(
+            lambda conn, now: conn.execute(f"PRAGMA synchronous = {self._synchronous}"),
+            mode="bare",
+        )
 
     def _migrate(self, conn: sqlite3.Connection, now: float) -> None:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -943,7 +949,7 @@ async def open_sqlite_driver(
             f"synchronous={synchronous!r} is not a SQLite synchronous level",
             fix="use one of " + ", ".join(_SYNCHRONOUS),
         )
-    conn = await trio.to_thread.run_sync(_connect, path, synchronous.upper(), busy_timeout)
+    conn = await trio.to_thread.run_sync(_connect, path, busy_timeout)
     driver = SqliteDriver(
         conn,
         url=url,
@@ -951,6 +957,7 @@ async def open_sqlite_driver(
         clock=clock,
         busy_timeout=busy_timeout,
         poll_interval=poll_interval,
+        synchronous=synchronous.upper(),
     )
     try:
         await driver._prepare()
