@@ -36,9 +36,10 @@ from ..records import (
     Suspend,
 )
 from .memory import LAPSED_ERROR, lapsed_out_of_attempts
-from .postgres_bridge import Bridge, Connection, open_bridge
+from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
+from .postgres_pool import Connection
 from .postgres_sql import Statements, load_statements
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
@@ -71,26 +72,42 @@ async def open_postgres_driver(
     already runs in, else one the driver opens for its own lifetime. ``drop_schema_on_close``
     is for tests."""
     statements = load_statements(schema)
-    async with open_bridge(
-        url, loop=loop, pool_size=pool_size, application_name=f"jobs_trio:{schema}"
-    ) as bridge:
-        if migrate:
-            await apply_migrations(bridge, statements)
-        else:
-            await check_migrated(bridge, statements)
-        listener = Listener(bridge, statements.channel)
-        driver = PostgresDriver(url, bridge, statements, listener, clock)
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(listener.run)
-                try:
-                    yield driver
-                finally:
-                    driver._closed = True
-                    nursery.cancel_scope.cancel()
-        finally:
-            if drop_schema_on_close:
-                await driver._drop_schema()
+    with sole_error():
+        async with (
+            open_bridge(
+                url, loop=loop, pool_size=pool_size, application_name=f"jobs_trio:{schema}"
+            ) as bridge,
+            _open_on(bridge, statements, clock, migrate, drop_schema_on_close) as driver,
+        ):
+            yield driver
+
+
+@contextlib.asynccontextmanager
+async def _open_on(
+    bridge: Bridge,
+    statements: Statements,
+    clock: Callable[[], float],
+    migrate: bool,
+    drop_schema_on_close: bool,
+) -> AsyncIterator[PostgresDriver]:
+    """The driver proper, on an open bridge: schema checked (or migrated), LISTEN up."""
+    if migrate:
+        await apply_migrations(bridge, statements)
+    else:
+        await check_migrated(bridge, statements)
+    listener = Listener(bridge, statements.channel)
+    driver = PostgresDriver(bridge.url, bridge, statements, listener, clock)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            try:
+                yield driver
+            finally:
+                driver._closed = True
+                nursery.cancel_scope.cancel()
+    finally:
+        if drop_schema_on_close:
+            await driver._drop_schema()
 
 
 class PostgresDriver:
@@ -135,7 +152,7 @@ class PostgresDriver:
         self, connection: object | None, op: Callable[[Connection], Any], *, what: str
     ) -> Any:
         if connection is None:
-            return await self.bridge.run(op, what=what, transaction=True)
+            return await self.bridge.run(op, what=what)
         return await self.bridge.run_on(connection, op, what=what)
 
     # --- enqueue ---
@@ -169,6 +186,7 @@ class PostgresDriver:
                         [j.max_attempts for j in batch],
                         [float(j.delay) for j in batch],
                         [j.key for j in batch],
+                        sql.channel,
                     )
                 }
                 for i in pending:
@@ -194,11 +212,10 @@ class PostgresDriver:
                     "holders kept finishing and being replaced while this enqueue ran",
                     fix="retry the enqueue",
                 )
-            woken = sorted({jobs[i].queue for i, a in answers.items() if a.created})
-            if woken:
-                await conn.execute(sql["notify"], sql.channel, woken)
             return [answers[i] for i in range(len(jobs))]
 
+        # No transaction of our own: the common case is one statement (insert and notify), and
+        # a key's holder is looked up after it, on a fresh snapshot that can see it.
         result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
         return result
 
@@ -288,23 +305,19 @@ class PostgresDriver:
             by_kind.setdefault(_KIND[type(s)], []).append(s)
 
         async def apply(conn: Connection) -> set[JobId]:
-            ids = sorted({s.lease.job_id for s in firsts.values()})
-            if len(ids) > 1:
-                await conn.execute(sql["lock_for_settle"], ids)
+            if len(by_kind) > 1:
+                await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
             applied: set[JobId] = set()
-            ready_queues: set[str] = set()
             for kind, group in by_kind.items():
-                rows = await conn.fetch(sql[f"settle_{kind}"], now, *_settle_columns(kind, group))
-                for row in rows:
-                    applied.add(row["id"])
-                    if row["ready_now"]:
-                        ready_queues.add(row["queue"])
-            if ready_queues:
-                # An interrupted job (a drain) must be claimable at once by another worker.
-                await conn.execute(sql["notify"], sql.channel, sorted(ready_queues))
+                rows = await conn.fetch(
+                    sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(kind, group)
+                )
+                applied.update(row["id"] for row in rows)
             return applied
 
-        applied = await self.bridge.run(apply, what="settle", transaction=True)
+        # One kind (the usual batch: N completes) is one statement; several kinds are one
+        # transaction, so a batch never half-applies.
+        applied = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
         answered: list[JobId] = []
         for s in settlements:
             if s.lease.job_id in applied and s.lease.job_id not in answered:
@@ -499,11 +512,8 @@ class PostgresDriver:
         sql = self._sql
 
         async def write(conn: Connection) -> str:
-            event_id = await conn.fetchval(sql["insert_event"], name, key, payload, now)
-            woken = {row["queue"] for row in await conn.fetch(sql["wake_suspended_on"], now, name)}
-            if woken:
-                await conn.execute(sql["notify"], sql.channel, sorted(woken))
-            return str(event_id)
+            row = await conn.fetchrow(sql["send_event"], now, name, key, payload, sql.channel)
+            return str(row["id"])
 
         event_id: str = await self._run_here_or_on(connection, write, what="send_event")
         return event_id

@@ -1,22 +1,21 @@
-# The crossing from Trio into asyncpg: the trio-asyncio loop (borrowed or owned), the pool, and
-# running each driver operation as ONE asyncio coroutine crossed once. Apart because every rule
-# of that crossing (cancel, bounded cleanup, lost connections → DriverError) lives here alone.
+# The crossing from Trio into asyncpg: the trio-asyncio loop (borrowed or owned), and running
+# each driver operation as ONE asyncio coroutine crossed once. Apart because every rule of that
+# crossing (cancel, bounded cleanup, lost connections → DriverError) lives here alone.
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
 
 import trio
 
 from ..errors import ConfigError, DriverError, JobsError
+from .postgres_pool import Connection, Pool
 
 T = TypeVar("T")
 
-# asyncpg is untyped; a connection is whatever it hands us.
-Connection = Any
 Operation = Callable[[Connection], Awaitable[T]]
 
 # How long a rollback, a release or a close may take once the operation around it is over or
@@ -29,22 +28,23 @@ CONNECT_SECONDS = 10.0
 class Bridge:
     """The asyncio side of the PostgreSQL driver, seen from Trio.
 
-    Every public method is Trio-flavoured and crosses into asyncio once. Nothing here hands an
-    asyncio context manager to a caller: a Trio cancel landing inside one crossed piecemeal
-    leaves a transaction open or a pool connection leaked (STACK-NOTES), so transactions and
-    pool checkouts begin and end inside the one coroutine."""
+    Every public method is Trio-flavoured and crosses into asyncio once (plus one to open a
+    connection when the pool has none idle). Nothing here hands an asyncio context manager to
+    a caller: a Trio cancel landing inside one crossed piecemeal leaves a transaction open and
+    aborted (STACK-NOTES), so a transaction begins and ends inside the one coroutine."""
 
-    def __init__(self, url: str, loop: Any, pool: Any, application_name: str) -> None:
+    def __init__(self, url: str, loop: Any, pool_size: int, application_name: str) -> None:
         self.url = url
         self.loop = loop
         self.application_name = application_name
-        self._pool = pool
+        self._pool = Pool(self._open_pooled, pool_size)
         parsed = urlparse(url)
         self._where = f"{parsed.hostname or 'localhost'}:{parsed.port or 5432}"
 
     async def run(self, op: Operation[T], *, what: str, transaction: bool = False) -> T:
         """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once."""
-        return await self._cross(self._in_pool, op, transaction, what=what)
+        async with self._pool.checkout() as conn:
+            return await self._cross(self._on_pooled, conn, op, transaction, what=what)
 
     async def run_on(self, connection: Connection, op: Operation[T], *, what: str) -> T:
         """Run ``op`` on the caller's own connection, inside a savepoint when the caller has a
@@ -59,18 +59,21 @@ class Bridge:
             )
         return await self._cross(self._on_connection, connection, op, what=what)
 
-    async def connect(self) -> Connection:
-        """A connection of its own, outside the pool (the LISTEN connection)."""
+    async def connect(self, *, purpose: str) -> Connection:
+        """A new connection, named ``<application_name>:<purpose>`` on the server."""
         import asyncpg
 
         async def connect() -> Connection:
             return await asyncpg.connect(
                 self.url,
                 timeout=CONNECT_SECONDS,
-                server_settings={"application_name": self.application_name + ":listen"},
+                server_settings={"application_name": f"{self.application_name}:{purpose}"},
             )
 
-        return await self._cross(connect, what="open the LISTEN connection")
+        return await self._cross(connect, what=f"connecting ({purpose})")
+
+    async def _open_pooled(self) -> Connection:
+        return await self.connect(purpose="pool")
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Cross with any asyncio coroutine function (a LISTEN registration, a ping)."""
@@ -87,14 +90,20 @@ class Bridge:
             connection.terminate()
 
     async def aclose(self) -> None:
+        connections = self._pool.take_all()
+
+        async def close_all() -> None:
+            await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLEANUP_SECONDS):
                 with contextlib.suppress(Exception):
-                    await self._cross(self._pool.close, what="close the pool")
-                    return
-            # Connections still checked out (an operation that never finished) or a server
-            # that stopped answering: drop them rather than wait on them.
-            self._pool.terminate()
+                    await self._cross(close_all, what="closing connections")
+            # Whatever did not close in time (an operation that never finished, a server that
+            # stopped answering) is dropped rather than waited on.
+            for conn in connections:
+                if not conn.is_closed():
+                    conn.terminate()
 
     async def _cross(self, fn: Callable[..., Awaitable[T]], *args: Any, what: str) -> T:
         import trio_asyncio
@@ -119,16 +128,22 @@ class Bridge:
                 "the operation can be retried",
             )
         lost = (
-            asyncpg.PostgresConnectionError,
-            asyncpg.InterfaceError,
-            asyncpg.exceptions.OperatorInterventionError,
+            asyncpg.PostgresConnectionError,  # class 08, "closed in the middle of operation"
+            asyncpg.exceptions.OperatorInterventionError,  # pg_terminate_backend, shutdown
             asyncpg.exceptions.CannotConnectNowError,
         )
-        if isinstance(exc, lost):
+        closed = isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc)
+        if isinstance(exc, lost) or closed:
             return DriverError(
                 f"lost the connection to PostgreSQL at {self._where} during {what}: {exc}",
                 fix="retry the operation: the pool replaces dead connections on its own; if it "
                 "keeps failing, check that the server is up and reachable",
+            )
+        if isinstance(exc, asyncpg.InterfaceError):
+            return DriverError(
+                f"asyncpg refused {what}: {exc}",
+                fix="if you passed connection=, pass an open asyncpg connection that no other "
+                "task is using at the same moment",
             )
         if isinstance(exc, OSError):  # refused, unreachable, timed out (TimeoutError included)
             return DriverError(
@@ -147,29 +162,34 @@ class Bridge:
 
     # --- the asyncio side: each runs inside ONE crossing ---
 
-    async def _in_pool(self, op: Operation[T], transaction: bool) -> T:
-        conn = await self._pool.acquire()
-        try:
-            if not transaction:
-                return await op(conn)
+    async def _on_pooled(self, conn: Connection, op: Operation[T], transaction: bool) -> T:
+        if transaction:
             return await _in_transaction(conn, op)
-        finally:
-            await self._release(conn)
+        return await op(conn)
 
     async def _on_connection(self, conn: Connection, op: Operation[T]) -> T:
-        return await _in_transaction(conn, op)
-
-    async def _release(self, conn: Connection) -> None:
+        if not conn.is_in_transaction():
+            return await _in_transaction(conn, op)
+        # Inside the caller's transaction (begun with BEGIN or asyncpg's transaction(); asyncpg
+        # refuses its own savepoint API under a manual BEGIN, so plain SQL): a savepoint, so a
+        # failure here rolls back only our writes and leaves the caller's transaction usable.
+        await conn.execute("SAVEPOINT jobs_trio_write")
         try:
-            # The pool waits out a cancelled query and rolls back a leftover transaction
-            # before handing the connection on; it terminates one it cannot reset.
-            await asyncio.wait_for(self._pool.release(conn), CLEANUP_SECONDS)
-        except (Exception, asyncio.CancelledError):
-            conn.terminate()
+            result = await op(conn)
+        except BaseException:
+            try:
+                await asyncio.wait_for(
+                    conn.execute("ROLLBACK TO SAVEPOINT jobs_trio_write"), CLEANUP_SECONDS
+                )
+            except (Exception, asyncio.CancelledError):
+                conn.terminate()
+            raise
+        await conn.execute("RELEASE SAVEPOINT jobs_trio_write")
+        return result
 
 
 async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
-    tx = conn.transaction()  # a savepoint when the connection is already in a transaction
+    tx = conn.transaction()
     await tx.start()
     try:
         result = await op(conn)
@@ -186,9 +206,27 @@ async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
     return result
 
 
-async def _keep_session(conn: Connection) -> None:
-    """The pool's reset: nothing beyond the rollback asyncpg always does. The driver sets no
-    session state, and the default reset (UNLISTEN, RESET ALL, …) is a round trip per op."""
+@contextlib.contextmanager
+def sole_error() -> Iterator[None]:
+    """Let one error out as itself, not wrapped in the exception groups of the nurseries the
+    driver opens (trio-asyncio's loop, the listener's): a caller catching ConfigError, or
+    their own ValueError from inside the block, should not need to know those nurseries exist.
+    Two or more errors at once stay grouped."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        only: BaseException = group
+        while isinstance(only, BaseExceptionGroup) and len(only.exceptions) == 1:
+            only = only.exceptions[0]
+        if only is group or isinstance(only, BaseExceptionGroup):
+            raise
+        context = only.__context__
+        try:
+            raise only
+        finally:
+            # Raising here would chain the group in as the context; keep the error's own.
+            only.__context__ = context
+            del only, group
 
 
 @contextlib.asynccontextmanager
@@ -223,22 +261,15 @@ async def open_bridge(
 async def _open_pool(
     url: str, loop: Any, pool_size: int, application_name: str
 ) -> AsyncIterator[Bridge]:
-    import asyncpg
-
-    async def create() -> Any:
-        return await asyncpg.create_pool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            timeout=CONNECT_SECONDS,
-            reset=_keep_session,
-            server_settings={"application_name": application_name},
-        )
-
-    opener = Bridge(url, loop, None, application_name)
-    pool = await opener._cross(create, what="open the connection pool")
-    bridge = Bridge(url, loop, pool, application_name)
+    bridge = Bridge(url, loop, pool_size, application_name)
     try:
+        # One connection now, so a server that cannot be reached fails the open, not the
+        # first operation.
+        await bridge.run(_nothing, what="opening the driver")
         yield bridge
     finally:
         await bridge.aclose()
+
+
+async def _nothing(conn: Connection) -> None:
+    pass

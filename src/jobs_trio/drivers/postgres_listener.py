@@ -15,7 +15,8 @@ import attrs
 import trio
 
 from ..errors import DriverError
-from .postgres_bridge import CLEANUP_SECONDS, Bridge, Connection
+from .postgres_bridge import CLEANUP_SECONDS, Bridge
+from .postgres_pool import Connection
 
 log = logging.getLogger("jobs_trio.drivers.postgres")
 
@@ -84,7 +85,7 @@ class Listener:
                 await self._bridge.close_connection(conn)
 
     async def _connect(self) -> Connection:
-        conn = await self._bridge.connect()
+        conn = await self._bridge.connect(purpose="listen")
 
         async def listen() -> None:
             conn.add_termination_listener(self._on_lost)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from ..errors import ConfigError, SchemaVersionError
-from .postgres_bridge import Bridge, Connection, open_bridge
+from .postgres_bridge import Bridge, open_bridge, sole_error
+from .postgres_pool import Connection
 from .postgres_sql import Statements, load_statements
 
 
@@ -14,10 +15,11 @@ async def migrate(url: str, *, schema: str = "jobs_trio") -> list[int]:
     """Bring ``schema`` up to date; answer the versions this call applied (none when another
     process got there first)."""
     statements = load_statements(schema)
-    async with open_bridge(
-        url, pool_size=1, application_name=f"jobs_trio:{schema}:migrate"
-    ) as bridge:
-        return await apply_migrations(bridge, statements)
+    with sole_error():
+        async with open_bridge(
+            url, pool_size=1, application_name=f"jobs_trio:{schema}:migrate"
+        ) as bridge:
+            return await apply_migrations(bridge, statements)
 
 
 async def apply_migrations(bridge: Bridge, sql: Statements) -> list[int]:

@@ -4,20 +4,28 @@
 
 -- name: enqueue
 -- New jobs in the caller's order. A key a live job already holds turns its row into a no-op:
--- the partial unique index decides, so two racing enqueues cannot both win.
-INSERT INTO {schema}.jobs (
-    id, name, queue, state, payload, priority, attempts, max_attempts,
-    run_at, created_at, updated_at, key
+-- the partial unique index decides, so two racing enqueues cannot both win. The queues that
+-- gained a job are notified in the same statement (delivered at commit: a rolled-back
+-- enqueue wakes nobody).
+WITH created AS (
+    INSERT INTO {schema}.jobs (
+        id, name, queue, state, payload, priority, attempts, max_attempts,
+        run_at, created_at, updated_at, key
+    )
+    SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
+           $1 + greatest(n.delay, 0), $1, $1, n.key
+    FROM unnest(
+        $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
+        $9::text[]
+    ) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+    ORDER BY n.ord
+    ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('ready', 'running', 'suspended', 'parked')
+    DO NOTHING
+    RETURNING id, queue
+), notified AS (
+    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
 )
-SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
-       $1 + greatest(n.delay, 0), $1, $1, n.key
-FROM unnest(
-    $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[], $9::text[]
-) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
-ORDER BY n.ord
-ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('ready', 'running', 'suspended', 'parked')
-DO NOTHING
-RETURNING id;
+SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
 -- name: live_key_holders
 SELECT key, id FROM {schema}.jobs
@@ -98,62 +106,77 @@ WHERE j.id = h.id
 RETURNING j.id, j.cancel_requested;
 
 -- name: lock_for_settle
--- Rows a settle batch touches, locked in id order before any kind's statement (see renew).
+-- A batch of several kinds runs one statement per kind in one transaction: lock all its rows in
+-- id order first, or two kinds' statements could take them in an order a renew crosses.
 SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
 
--- name: settle_complete
-UPDATE {schema}.jobs AS j
-SET state = 'completed', result = s.result,
-    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
-FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, result)
-WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
-RETURNING j.id, j.queue, false AS ready_now;
+-- name: settle
+-- The frame of every kind's settle statement: settle_<kind>_rows below is the unnest of the
+-- batch, settle_<kind>_set what that kind changes. Fenced: only a row whose token is still the
+-- claim's changes. $1 now, $2 the NOTIFY channel, $3 ids, $4 tokens, $5… the kind's own.
+WITH locked AS MATERIALIZED (
+    -- In id order: a worker renews and settles on two connections at once (see renew).
+    SELECT id FROM {schema}.jobs WHERE id = ANY($3::text[]) ORDER BY id FOR UPDATE
+), settled AS (
+    UPDATE {schema}.jobs AS j
+    SET {kind_set},
+        token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false,
+        updated_at = $1
+    FROM ({kind_rows}) AS s
+    WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
+      AND j.id IN (SELECT id FROM locked)
+    RETURNING j.id, j.queue, s.ready_now
+), notified AS (
+    -- A job ready again at once (an interrupted attempt, a drain) is for any worker to take.
+    SELECT pg_notify($2, queue) FROM (SELECT DISTINCT queue FROM settled WHERE ready_now) AS w
+)
+SELECT id FROM settled, (SELECT count(*) FROM notified) AS sent;
 
--- name: settle_retry
-UPDATE {schema}.jobs AS j
-SET state = 'ready', run_at = $1 + greatest(s.delay, 0),
-    attempts = j.attempts - CASE WHEN s.counted THEN 0 ELSE 1 END,
-    last_error = s.error,
-    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
-FROM unnest($2::text[], $3::text[], $4::float8[], $5::text[], $6::bool[])
-    AS s(id, token, delay, error, counted)
-WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
-RETURNING j.id, j.queue, s.delay <= 0 AS ready_now;
+-- name: settle_complete_rows
+SELECT *, false AS ready_now
+FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, result);
 
--- name: settle_dead
-UPDATE {schema}.jobs AS j
-SET state = 'dead', last_error = s.error,
-    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
-FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, error)
-WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
-RETURNING j.id, j.queue, false AS ready_now;
+-- name: settle_complete_set
+state = 'completed', result = s.result;
 
--- name: settle_suspend
+-- name: settle_retry_rows
+SELECT *, delay <= 0 AS ready_now
+FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[], $7::bool[])
+    AS u(id, token, delay, error, counted);
+
+-- name: settle_retry_set
+-- counted = false hands the attempt back (an interrupted run).
+state = 'ready', run_at = $1 + greatest(s.delay, 0),
+attempts = j.attempts - CASE WHEN s.counted THEN 0 ELSE 1 END,
+last_error = s.error;
+
+-- name: settle_dead_rows
+SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, error);
+
+-- name: settle_dead_set
+state = 'dead', last_error = s.error;
+
+-- name: settle_suspend_rows
+SELECT *, delay <= 0 AS ready_now
+FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[]) AS u(id, token, delay, event);
+
+-- name: settle_suspend_set
 -- A suspension hands its attempt back: waiting is not failing.
-UPDATE {schema}.jobs AS j
-SET state = 'suspended', run_at = $1 + greatest(s.delay, 0), attempts = j.attempts - 1,
-    wait_event = s.event,
-    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
-FROM unnest($2::text[], $3::text[], $4::float8[], $5::text[]) AS s(id, token, delay, event)
-WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
-RETURNING j.id, j.queue, s.delay <= 0 AS ready_now;
+state = 'suspended', run_at = $1 + greatest(s.delay, 0), attempts = j.attempts - 1,
+wait_event = s.event;
 
--- name: settle_park
+-- name: settle_park_rows
+SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, reason);
+
+-- name: settle_park_set
 -- Parked for deploy skew (a job name this deploy does not know): the attempt is handed back.
-UPDATE {schema}.jobs AS j
-SET state = 'parked', attempts = j.attempts - 1, last_error = s.reason,
-    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
-FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, reason)
-WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
-RETURNING j.id, j.queue, false AS ready_now;
+state = 'parked', attempts = j.attempts - 1, last_error = s.reason;
 
--- name: settle_cancel
-UPDATE {schema}.jobs AS j
-SET state = 'cancelled', last_error = s.error,
-    token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false, updated_at = $1
-FROM unnest($2::text[], $3::text[], $4::text[]) AS s(id, token, error)
-WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
-RETURNING j.id, j.queue, false AS ready_now;
+-- name: settle_cancel_rows
+SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, error);
+
+-- name: settle_cancel_set
+state = 'cancelled', last_error = s.error;
 
 -- name: get_job
 SELECT {job_columns} FROM {schema}.jobs WHERE id = $1;
@@ -228,14 +251,19 @@ SET status = excluded.status, started_at = excluded.started_at,
     event = excluded.event, match_key = excluded.match_key
 RETURNING s.job_id;
 
--- name: insert_event
-INSERT INTO {schema}.events (name, key, payload, created_at) VALUES ($1, $2, $3, $4)
-RETURNING id;
-
--- name: wake_suspended_on
-UPDATE {schema}.jobs SET state = 'ready', run_at = $1, updated_at = $1
-WHERE state = 'suspended' AND wait_event = $2
-RETURNING queue;
+-- name: send_event
+-- Store the event and make every job suspended on its name ready now; notify their queues.
+WITH event AS (
+    INSERT INTO {schema}.events (name, key, payload, created_at) VALUES ($2, $3, $4, $1)
+    RETURNING id
+), woken AS (
+    UPDATE {schema}.jobs SET state = 'ready', run_at = $1, updated_at = $1
+    WHERE state = 'suspended' AND wait_event = $2
+    RETURNING queue
+), notified AS (
+    SELECT pg_notify($5, queue) FROM (SELECT DISTINCT queue FROM woken) AS q
+)
+SELECT (SELECT id FROM event) AS id, (SELECT count(*) FROM notified) AS sent;
 
 -- name: find_event
 SELECT id, name, key, payload, created_at FROM {schema}.events

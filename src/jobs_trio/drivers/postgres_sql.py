@@ -21,6 +21,9 @@ JOB_COLUMNS = (
     "updated_at, key, last_error, result, lease_until, worker_id, cancel_requested, wait_event"
 )
 
+# One statement per kind of settlement, each the `settle` frame with the kind's own pieces.
+SETTLE_KINDS = ("complete", "retry", "dead", "suspend", "park", "cancel")
+
 _NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
@@ -87,9 +90,18 @@ def load_statements(schema: str) -> Statements:
     fill = {"{schema}": f'"{schema}"', "{job_columns}": JOB_COLUMNS}
     folder = resources.files("jobs_trio.drivers")
     text = (folder / "postgres_queries.sql").read_text(encoding="utf-8")
+    by_name = {name: _fill(sql, fill) for name, sql in _split_named(text).items()}
+    for kind in SETTLE_KINDS:
+        by_name[f"settle_{kind}"] = _fill(
+            by_name["settle"],
+            {
+                "{kind_rows}": by_name.pop(f"settle_{kind}_rows"),
+                "{kind_set}": _strip_comments(by_name.pop(f"settle_{kind}_set")),
+            },
+        )
     return Statements(
         schema=schema,
-        by_name={name: _fill(sql, fill) for name, sql in _split_named(text).items()},
+        by_name=by_name,
         migrations=[attrs.evolve(m, sql=_fill(m.sql, fill)) for m in _read_migrations(folder)],
     )
 
@@ -98,6 +110,10 @@ def _fill(sql: str, fill: Mapping[str, str]) -> str:
     for placeholder, value in fill.items():
         sql = sql.replace(placeholder, value)
     return sql
+
+
+def _strip_comments(sql: str) -> str:
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
 
 
 def _split_named(text: str) -> dict[str, str]:

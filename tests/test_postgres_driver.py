@@ -1,0 +1,464 @@
+# What only the PostgreSQL driver has to get right: migrations, schema checks, transactional
+# enqueue, the trio-asyncio loop it runs on, cancels reaching the server, and lost connections.
+# The shared contract is tests/conformance/; these need a server (skipped without, failed in CI).
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from jobs_trio.errors import ConfigError, DriverError, SchemaVersionError
+from jobs_trio.records import Complete, JobState
+from tests.conformance.helpers import new_job
+from tests.conftest import require_postgres
+
+pytestmark = pytest.mark.postgres
+
+trio_asyncio = pytest.importorskip("trio_asyncio")
+asyncpg = pytest.importorskip("asyncpg")
+
+from jobs_trio.drivers.postgres import PostgresDriver, migrate, open_postgres_driver  # noqa: E402
+
+
+@pytest.fixture
+def url() -> str:
+    return require_postgres()
+
+
+@contextlib.asynccontextmanager
+async def on_a_loop() -> AsyncIterator[Any]:
+    """The trio-asyncio loop the test already runs in, else a fresh one for the block."""
+    loop = trio_asyncio.current_loop.get()
+    if loop is not None:
+        yield loop
+        return
+    async with trio_asyncio.open_loop() as own:
+        yield own
+
+
+class Admin:
+    """A plain asyncpg connection for the test's own look at the server (pg_stat_activity,
+    pg_terminate_backend, hand-made schema damage)."""
+
+    def __init__(self, loop: Any, conn: Any) -> None:
+        self.loop = loop
+        self.conn = conn
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        return await trio_asyncio.aio_as_trio(self.conn.fetchval, loop=self.loop)(query, *args)
+
+    async def execute(self, query: str, *args: object) -> Any:
+        return await trio_asyncio.aio_as_trio(self.conn.execute, loop=self.loop)(query, *args)
+
+    async def backends(self, application_name: str) -> list[int]:
+        rows = await trio_asyncio.aio_as_trio(self.conn.fetch, loop=self.loop)(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1", application_name
+        )
+        return sorted(row["pid"] for row in rows)
+
+    async def kill(self, application_name: str) -> list[int]:
+        pids = await self.backends(application_name)
+        for pid in pids:
+            await self.fetchval("SELECT pg_terminate_backend($1)", pid)
+        return pids
+
+
+@contextlib.asynccontextmanager
+async def open_admin(url: str, *, drop: str | None = None) -> AsyncIterator[Admin]:
+    """An admin connection; ``drop`` names a schema to drop on the way out, whatever happened."""
+    async with on_a_loop() as loop:
+        conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=loop)(url)
+        admin = Admin(loop, conn)
+        try:
+            yield admin
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                if drop is not None:
+                    await admin.execute(f'DROP SCHEMA IF EXISTS "{drop}" CASCADE')
+                await trio_asyncio.aio_as_trio(conn.close, loop=loop)()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10.0) -> None:
+    """Poll a server-side effect until it holds, failing after ``within`` seconds."""
+    with trio.fail_after(within):
+        while not await check():
+            await trio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def a_waiting_worker(
+    driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[trio.Event]:
+    """A task inside ``wait_for_work(["default"], timeout=60)`` and past its look for due work,
+    so only a notification can end its wait; the block must bring one within 20 s. Yields the
+    event the task sets when it returns."""
+    looked = trio.Event()
+    original = driver._next_due_in
+
+    async def next_due_in(queues: Any) -> float:
+        try:
+            return await original(queues)
+        finally:
+            looked.set()
+
+    monkeypatch.setattr(driver, "_next_due_in", next_due_in)
+    woke = trio.Event()
+
+    async def waiter() -> None:
+        await driver.wait_for_work(["default"], timeout=60)
+        woke.set()
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await looked.wait()
+            yield woke
+            await woke.wait()
+
+
+# --- migrations and schema checks ---
+
+
+async def test_migrate_is_idempotent_and_concurrent_calls_apply_once(
+    url: str, pg_schema: str
+) -> None:
+    async with open_admin(url, drop=pg_schema) as admin:
+        results: list[list[int]] = []
+
+        async def one() -> None:
+            results.append(await migrate(url, schema=pg_schema))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(one)
+        assert sorted(results) == [[], [], [], [], [1]]
+        assert await migrate(url, schema=pg_schema) == []
+        versions = await admin.fetchval(
+            f'SELECT array_agg(version ORDER BY version) FROM "{pg_schema}".migrations'
+        )
+        assert versions == [1]
+        # A migrated schema opens without migrate=True.
+        async with open_postgres_driver(url, schema=pg_schema) as driver:
+            assert await driver.list_jobs() == []
+
+
+async def test_opening_an_unmigrated_schema_names_the_fix(url: str, pg_schema: str) -> None:
+    with pytest.raises(ConfigError, match="jobs-trio migrate") as caught:
+        async with open_postgres_driver(url, schema=pg_schema):
+            pass  # pragma: no cover
+    assert pg_schema in caught.value.cause
+
+
+async def test_a_schema_migrated_by_a_newer_version_is_refused(url: str, pg_schema: str) -> None:
+    async with open_admin(url, drop=pg_schema) as admin:
+        await migrate(url, schema=pg_schema)
+        await admin.execute(
+            f'INSERT INTO "{pg_schema}".migrations (version, applied_at) VALUES (9999, 0)'
+        )
+        with pytest.raises(SchemaVersionError, match="9999"):
+            async with open_postgres_driver(url, schema=pg_schema):
+                pass  # pragma: no cover
+        with pytest.raises(SchemaVersionError):
+            async with open_postgres_driver(url, schema=pg_schema, migrate=True):
+                pass  # pragma: no cover
+        with pytest.raises(SchemaVersionError) as caught:
+            await migrate(url, schema=pg_schema)
+        assert caught.value.fix and not caught.value.retryable
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "Jobs", "1jobs", "jobs-trio", 'x"; DROP TABLE y; --', "a" * 64, "pg_jobs", "jobs trio"],
+)
+async def test_bad_schema_names_are_refused_before_any_sql(bad: str) -> None:
+    # No server needed: the name is checked before a connection is made.
+    with pytest.raises(ConfigError) as caught:
+        async with open_postgres_driver("postgresql://nobody@127.0.0.1:1/none", schema=bad):
+            pass  # pragma: no cover
+    assert caught.value.fix
+    with pytest.raises(ConfigError):
+        await migrate("postgresql://nobody@127.0.0.1:1/none", schema=bad)
+
+
+async def test_a_keyword_schema_name_is_quoted(url: str) -> None:
+    async with open_postgres_driver(
+        url, schema="user", migrate=True, drop_schema_on_close=True
+    ) as driver:
+        await driver.enqueue([new_job()])
+        assert len(await driver.list_jobs()) == 1
+
+
+async def test_an_unreachable_server_is_a_driver_error_with_a_fix() -> None:
+    with pytest.raises(DriverError, match="cannot reach PostgreSQL") as caught:
+        async with open_postgres_driver("postgresql://postgres@127.0.0.1:1/postgres"):
+            pass  # pragma: no cover
+    assert caught.value.retryable and caught.value.fix
+
+
+# --- the trio-asyncio loop ---
+
+
+async def test_the_driver_opens_its_own_loop_when_the_caller_has_none(
+    url: str, pg_schema: str
+) -> None:
+    assert trio_asyncio.current_loop.get() is None
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        assert driver.loop is not None
+        await claim_and_complete_one(driver)
+    assert trio_asyncio.current_loop.get() is None
+
+
+async def test_the_driver_uses_the_loop_the_caller_already_runs(url: str, pg_schema: str) -> None:
+    async with (
+        trio_asyncio.open_loop() as loop,
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+        ) as driver,
+    ):
+        assert driver.loop is loop
+        await claim_and_complete_one(driver)
+
+
+async def claim_and_complete_one(driver: PostgresDriver) -> None:
+    [enqueued] = await driver.enqueue([new_job()])
+    [claim] = await driver.claim(["default"], 10, lease=30, worker_id="w")
+    assert claim.job_id == enqueued.job_id
+    assert await driver.settle([Complete(claim.lease, result="1")]) == [claim.job_id]
+    record = await driver.get(claim.job_id)
+    assert record is not None and record.state is JobState.COMPLETED
+
+
+# --- transactional enqueue ---
+
+
+async def test_enqueue_on_the_applications_transaction(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        trio_asyncio.open_loop() as loop,
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+        ) as driver,
+        open_admin(url) as app,  # the application's own connection, on the same loop
+    ):
+        assert app.loop is loop
+
+        # Rolled back: no job, and nothing claimable.
+        await app.execute("BEGIN")
+        [gone] = await driver.enqueue([new_job(key="order-1")], connection=app.conn)
+        assert gone.created
+        assert await driver.get(gone.job_id) is None  # not visible outside the transaction
+        await app.execute("ROLLBACK")
+        assert await driver.get(gone.job_id) is None
+        assert await driver.claim(["default"], 10, lease=30, worker_id="w") == []
+
+        # Committed: visible, and a worker already waiting hears of it through NOTIFY.
+        async with a_waiting_worker(driver, monkeypatch) as woke:
+            await app.execute("BEGIN")
+            [kept] = await driver.enqueue([new_job(key="order-1")], connection=app.conn)
+            await driver.send_event("paid", "{}", key="order-1", connection=app.conn)
+            assert not woke.is_set()
+            assert await driver.get(kept.job_id) is None
+            await app.execute("COMMIT")
+        record = await driver.get(kept.job_id)
+        assert record is not None and record.state is JobState.READY
+        assert await driver.find_event("paid", key="order-1", since=None) is not None
+
+
+async def test_connection_must_be_an_asyncpg_connection(url: str, pg_schema: str) -> None:
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        with pytest.raises(DriverError, match="asyncpg connection"):
+            await driver.enqueue([new_job()], connection=object())
+
+
+# --- cancels, lost connections ---
+
+
+async def test_a_trio_cancel_cancels_the_query_on_the_server(url: str, pg_schema: str) -> None:
+    marker = f"jt_cancel_{pg_schema}"
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=2
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+
+        async def running() -> bool:
+            n = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1 "
+                "AND pid <> pg_backend_pid()",
+                f"%{marker}%",
+            )
+            return bool(n)
+
+        async def not_running() -> bool:
+            return not await running()
+
+        scope = trio.CancelScope()
+        cancelled = trio.Event()
+
+        async def slow() -> None:
+            with scope:
+                await driver.bridge.run(
+                    lambda conn: conn.execute(f"SELECT pg_sleep(30) /* {marker} */"),
+                    what="a slow query",
+                )
+            cancelled.set()
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow)
+                await eventually(running)
+                scope.cancel()
+                await cancelled.wait()
+                await eventually(not_running, within=2)
+        assert scope.cancelled_caught
+        # Both pool connections are fine afterwards, the one that ran the query included.
+        for _ in range(2):
+            await claim_and_complete_one(driver)
+
+
+async def test_killed_pool_connections_fail_one_operation_and_lose_nothing(
+    url: str, pg_schema: str
+) -> None:
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=3
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+        ids = [a.job_id for a in await driver.enqueue([new_job() for _ in range(10)])]
+        pool_name = driver.bridge.application_name + ":pool"
+        failed: list[BaseException] = []
+        started = trio.Event()
+
+        async def mid_use() -> None:
+            started.set()
+            try:
+                await driver.bridge.run(
+                    lambda conn: conn.execute("SELECT pg_sleep(30)"), what="a slow query"
+                )
+            except DriverError as exc:
+                failed.append(exc)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(mid_use)
+                await started.wait()
+
+                async def busy() -> bool:
+                    n = await admin.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                        "AND query LIKE 'SELECT pg_sleep(30)%' AND state = 'active'",
+                        pool_name,
+                    )
+                    return bool(n)
+
+                await eventually(busy)
+                killed = await admin.kill(pool_name)
+                assert killed
+
+        [error] = failed
+        assert isinstance(error, DriverError) and error.retryable
+        assert "lost the connection" in error.cause and error.fix
+
+        async def all_gone() -> bool:
+            return not set(killed) & set(await admin.backends(pool_name))
+
+        await eventually(all_gone)
+
+        # The pool replaces the dead connections; every job is still there and claimable.
+        claims = await driver.claim(["default"], 20, lease=30, worker_id="w")
+        assert sorted(c.job_id for c in claims) == sorted(ids)
+        assert sorted(await driver.settle([Complete(c.lease) for c in claims])) == sorted(ids)
+        assert len(await driver.list_jobs(state=JobState.COMPLETED)) == 10
+        assert not set(killed) & set(await admin.backends(pool_name))
+
+
+async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_trio.drivers.postgres")
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+        listen_name = driver.bridge.application_name + ":listen"
+        assert driver.listening
+        [old] = await admin.kill(listen_name)
+
+        async def replaced() -> bool:
+            now = await admin.backends(listen_name)
+            return driver.listening and bool(now) and old not in now
+
+        await eventually(replaced)
+        assert any(getattr(r, "event", None) == "jobs.driver.reconnect" for r in caplog.records), (
+            caplog.text
+        )
+
+        # The new LISTEN works: a waiter past its look for due work wakes on an enqueue.
+        async with a_waiting_worker(driver, monkeypatch):
+            await driver.enqueue([new_job()])
+
+
+async def test_wait_for_work_falls_back_to_its_timeout_without_a_listener(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        # No notification will ever come: only the timeout can end the wait.
+        monkeypatch.setattr(driver._listener, "wake", lambda queue: None)
+        with trio.fail_after(10):
+            await driver.wait_for_work(["default"], timeout=0.2)
+
+
+# --- concurrency ---
+
+
+async def test_concurrent_claimers_never_share_a_job(url: str, pg_schema: str) -> None:
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=6
+    ) as driver:
+        ids = {a.job_id for a in await driver.enqueue([new_job() for _ in range(60)])}
+        taken: list[str] = []
+
+        async def claimer(name: str) -> None:
+            while claims := await driver.claim(["default"], 4, lease=30, worker_id=name):
+                taken.extend(c.job_id for c in claims)
+                await driver.settle([Complete(c.lease) for c in claims])
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for n in range(6):
+                    nursery.start_soon(claimer, f"w{n}")
+        assert sorted(taken) == sorted(ids)
+
+
+async def test_racing_enqueues_of_one_key_yield_one_job(url: str, pg_schema: str) -> None:
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=8
+    ) as driver:
+        answers: list[Any] = []
+
+        async def enqueue() -> None:
+            answers.extend(await driver.enqueue([new_job(key="only-one")]))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(8):
+                    nursery.start_soon(enqueue)
+        assert sum(a.created for a in answers) == 1
+        assert len({a.job_id for a in answers}) == 1
+        assert len(await driver.list_jobs()) == 1
