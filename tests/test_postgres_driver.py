@@ -327,6 +327,62 @@ async def test_a_trio_cancel_cancels_the_query_on_the_server(url: str, pg_schema
             await claim_and_complete_one(driver)
 
 
+async def test_a_cancel_inside_a_transaction_rolls_it_back(url: str, pg_schema: str) -> None:
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+        ) as driver,
+        open_admin(url) as admin,
+        # Its own connection: pg_stat_activity is read once per transaction, so the admin
+        # watching the pool must not be the one holding the lock open.
+        open_admin(url) as locker,
+    ):
+        [job] = await driver.enqueue([new_job()])
+        pool_name = driver.bridge.application_name + ":pool"
+
+        async def pool_states() -> list[str]:
+            rows = await trio_asyncio.aio_as_trio(admin.conn.fetch, loop=admin.loop)(
+                "SELECT state, wait_event_type FROM pg_stat_activity WHERE application_name = $1",
+                pool_name,
+            )
+            return [f"{r['state']}/{r['wait_event_type']}" for r in rows]
+
+        async def blocked_on_the_lock() -> bool:
+            return "active/Lock" in await pool_states()
+
+        async def idle_again() -> bool:
+            return await pool_states() == ["idle/Client"]
+
+        # The operator's cancel is a transaction (lock the row, check, update); hold it up on a
+        # table lock, then cancel it from Trio while it waits.
+        await locker.execute("BEGIN")
+        await locker.execute(f'LOCK TABLE "{pg_schema}".jobs IN ACCESS EXCLUSIVE MODE')
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+
+            async def operator() -> None:
+                with scope:
+                    await driver.cancel(job.job_id)
+
+            nursery.start_soon(operator)
+            await eventually(blocked_on_the_lock)
+            scope.cancel()
+        assert scope.cancelled_caught
+        await eventually(idle_again)  # not "idle in transaction": rolled back, not leaked
+        await locker.execute("ROLLBACK")
+        record = await driver.get(job.job_id)
+        assert record is not None and record.state is JobState.READY
+        assert (await driver.cancel(job.job_id)).state is JobState.CANCELLED
+
+
+async def test_an_error_inside_the_block_comes_out_as_itself(url: str, pg_schema: str) -> None:
+    with pytest.raises(KeyError):
+        async with open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+        ):
+            raise KeyError("the application's own")
+
+
 async def test_killed_pool_connections_fail_one_operation_and_lose_nothing(
     url: str, pg_schema: str
 ) -> None:

@@ -69,8 +69,10 @@ async def open_postgres_driver(
 
     ``migrate=True`` applies pending migrations first (else an unmigrated schema is refused
     with the fix). ``loop`` is a trio-asyncio loop to run on; by default the one the caller
-    already runs in, else one the driver opens for its own lifetime. ``drop_schema_on_close``
-    is for tests."""
+    already runs in, else one the driver opens for its own lifetime. ``pool_size`` bounds the
+    connections operations use at once; the LISTEN connection is one more. An application's
+    own connection passed as ``connection=`` must live on the same loop (``driver.loop``).
+    ``drop_schema_on_close`` is for tests."""
     statements = load_statements(schema)
     with sole_error():
         async with (

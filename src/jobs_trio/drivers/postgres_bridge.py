@@ -44,7 +44,15 @@ class Bridge:
     async def run(self, op: Operation[T], *, what: str, transaction: bool = False) -> T:
         """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once."""
         async with self._pool.checkout() as conn:
-            return await self._cross(self._on_pooled, conn, op, transaction, what=what)
+            try:
+                return await self._cross(self._on_pooled, conn, op, transaction, what=what)
+            except DriverError:
+                # The database failed this operation in a way we did not plan for (a lost
+                # connection, an error mid-protocol): whatever state that left the connection
+                # in, the next operation gets a fresh one instead. Domain errors (JobNotFound,
+                # InvalidTransition) are not DriverErrors and keep the connection.
+                conn.terminate()
+                raise
 
     async def run_on(self, connection: Connection, op: Operation[T], *, what: str) -> T:
         """Run ``op`` on the caller's own connection, inside a savepoint when the caller has a
