@@ -276,7 +276,7 @@ async def test_connection_must_be_an_asyncpg_connection(url: str, pg_schema: str
     async with open_postgres_driver(
         url, schema=pg_schema, migrate=True, drop_schema_on_close=True
     ) as driver:
-        with pytest.raises(DriverError, match="asyncpg connection"):
+        with pytest.raises(ConfigError, match="asyncpg connection"):
             await driver.enqueue([new_job()], connection=object())
 
 

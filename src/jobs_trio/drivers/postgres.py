@@ -320,11 +320,8 @@ class PostgresDriver:
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
-        answered: list[JobId] = []
-        for s in settlements:
-            if s.lease.job_id in applied and s.lease.job_id not in answered:
-                answered.append(s.lease.job_id)
-        return answered
+        # In the caller's order, each id once, as the memory driver answers.
+        return list(dict.fromkeys(s.lease.job_id for s in settlements if s.lease.job_id in applied))
 
     # --- operators ---
 

@@ -60,7 +60,7 @@ class Bridge:
         import asyncpg
 
         if not isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
-            raise DriverError(
+            raise ConfigError(
                 f"connection= must be an asyncpg connection, not {type(connection).__name__}",
                 fix="pass the asyncpg connection your transaction runs on, opened on the same "
                 "trio-asyncio loop as the driver",
