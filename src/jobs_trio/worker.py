@@ -175,6 +175,7 @@ class Worker:
         settler = Settler(self.driver)
         if self._lifecycle is not None:
             self._lifecycle.register(self)
+        torn_down = False
         try:
             async with trio.open_nursery() as service:
                 await service.start(settler.run)
@@ -199,11 +200,16 @@ class Worker:
                             for queue in self.queues:
                                 claimers.start_soon(self._claim_loop, queue)
                     await self._teardown(settler)
+                    torn_down = True
                     # Past here only when every run has ended; a run that ignores its
                     # cancellation keeps this nursery open (the lifecycle ends the process).
                     service.cancel_scope.cancel()
         finally:
-            self._finish_teardown()
+            # Only a run that failed before its teardown finishes it here: once torn down,
+            # the worker may already have been started again, and that run's state is not
+            # this one's to reset.
+            if not torn_down:
+                self._finish_teardown()
 
     async def _teardown(self, settler: Settler) -> None:
         self._state = DRAINING_STATE
@@ -228,8 +234,6 @@ class Worker:
         self._finish_teardown()
 
     def _finish_teardown(self) -> None:
-        if self._state == STOPPED:
-            return
         # Fresh drain and budget: a signalled drain stays signalled and a spent budget stays
         # spent, so a restarted worker would hand every job a scope born cancelled.
         self._drain = Drain()
