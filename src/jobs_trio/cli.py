@@ -1,0 +1,426 @@
+# `jobs-trio`: parses a command, runs it against the database a URL names, and turns every
+# user mistake into `error [CODE]: cause` + `  fix: ...` and exit status 2, never a traceback.
+# Apart from cli_render.py (how things look) and find_registry.py (importing the user's code).
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn
+
+import trio
+
+from . import cli_render as render
+from .driver import Driver
+from .errors import ConfigError, JobNotFound, JobsError, PayloadNotSerialisable
+from .find_registry import load_registry
+from .lifecycle import open_lifecycle
+from .open_driver import open_driver
+from .records import Enqueued, JobState, NewJob
+from .registry import JobDefinition, Registry
+from .worker import open_worker
+
+ENV_DB = "JOBS_TRIO_DB"
+USAGE_ERROR = 2  # argparse's own status for a bad command line; user mistakes share it
+INTERRUPTED_BY_USER = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: ``jobs-trio COMMAND ...``. Answers the exit status (setuptools'
+    wrapper passes it to ``sys.exit``); tests call it in-process with a list of arguments."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, or argparse's own usage error (already printed)
+        return stop.code if isinstance(stop.code, int) else USAGE_ERROR
+    command: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return command(args)
+    except BrokenPipeError:
+        # `jobs-trio list | head`: the reader has all it wanted. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise the same error again at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        # Only reachable outside `worker`, whose lifecycle turns SIGINT into a drain.
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED_BY_USER
+    except BaseException as exc:
+        error = user_error(exc)
+        if error is None:
+            raise  # a bug in jobs_trio or in the user's job code: the traceback is the report
+        return report(error)
+
+
+def report(error: JobsError) -> int:
+    print(f"error [{error.code}]: {error.cause}", file=sys.stderr)
+    if error.fix:
+        print(f"  fix: {error.fix}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def user_error(exc: BaseException) -> JobsError | None:
+    """The JobsError to report, also when it arrives wrapped by a nursery (the worker command
+    opens several); None when anything but JobsErrors is in the group."""
+    if isinstance(exc, JobsError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [user_error(inner) for inner in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None
+
+
+# The command line.
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jobs-trio",
+        description="Durable background jobs for Trio: run workers, enqueue and inspect jobs.",
+        epilog=f"Every command but demo takes --db URL, or reads it from ${ENV_DB}.",
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument(
+        "--db",
+        metavar="URL",
+        help=f"sqlite:///jobs.db, postgresql://user@host/db or memory:// (default: ${ENV_DB})",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    def command(
+        name: str, run: Callable[[argparse.Namespace], int], text: str, *parents: Any
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=text, description=text, parents=[db, *parents])
+        sub.set_defaults(run=run)
+        return sub
+
+    worker = command(
+        "worker",
+        _worker,
+        "Run the jobs of a registry until SIGTERM/SIGINT, then drain: running jobs are"
+        " interrupted (their attempts handed back) and the process exits 0.",
+    )
+    worker.add_argument("app", metavar="MODULE[:ATTR]", help="where the jobs_trio.Registry is")
+    worker.add_argument(
+        "--queue",
+        action="append",
+        metavar="Q",
+        help="a queue to claim from (repeatable; default: every queue the registry declares)",
+    )
+    worker.add_argument("--concurrency", type=_count, default=10, metavar="N", help="per queue")
+    worker.add_argument(
+        "--grace", type=_seconds, default=25.0, metavar="S", help="drain budget (default 25)"
+    )
+    worker.add_argument(
+        "--lease",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="S",
+        help="how long a claim holds a job without renewal (default 30)",
+    )
+
+    enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")
+    enqueue.add_argument("name", metavar="NAME")
+    enqueue.add_argument("--payload", metavar="JSON", help="the job's payload (default: null)")
+    enqueue.add_argument(
+        "--delay", type=_seconds, metavar="S", help="run no sooner than S from now"
+    )
+    enqueue.add_argument("--key", metavar="K", help="unique key: one live job per key")
+    enqueue.add_argument("--priority", type=int, metavar="P", help="lower runs sooner")
+    enqueue.add_argument("--queue", metavar="Q", help='default: "default", or as --app declares')
+    enqueue.add_argument("--attempts", type=_count, metavar="N", help="default: 3, or as declared")
+    enqueue.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        help="check NAME against this registry and use its declared queue and attempts",
+    )
+
+    show = command(
+        "show", on_driver(_show), "Show one job, its timings and its step records.", as_json
+    )
+    show.add_argument("id", metavar="ID")
+
+    listing = command("list", on_driver(_list), "List jobs, newest first.", as_json)
+    listing.add_argument("--state", choices=render.STATE_ORDER, metavar="S")
+    listing.add_argument("--queue", metavar="Q")
+    listing.add_argument("--limit", type=_count, default=100, metavar="N", help="default 100")
+
+    retry = command(
+        "retry", on_driver(_retry), "Put a dead, cancelled or parked job back to ready.", as_json
+    )
+    retry.add_argument("id", metavar="ID")
+    cancel = command(
+        "cancel",
+        on_driver(_cancel),
+        "Cancel a job (a running one stops at its next renewal).",
+        as_json,
+    )
+    cancel.add_argument("id", metavar="ID")
+
+    command(
+        "stats",
+        on_driver(_stats),
+        "Per queue: jobs by state, due, oldest ready age, dead.",
+        as_json,
+    )
+
+    migrate = command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
+    migrate.add_argument("--schema", default="jobs_trio", metavar="S", help="default jobs_trio")
+
+    demo = commands.add_parser(
+        "demo",
+        help="A few seconds' tour on ./jobs-demo.db: retries, a dead letter, a drain.",
+        description="Run a mixed batch through two in-process workers on a fresh demo database,"
+        " then print every job's outcome. Ignores $" + ENV_DB + ": the demo deletes its file.",
+    )
+    demo.add_argument("--db", default="sqlite:///jobs-demo.db", metavar="URL")
+    demo.add_argument("--verbose", action="store_true", help="also print the workers' log lines")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def database_url(args: argparse.Namespace) -> str:
+    url: str | None = args.db or os.environ.get(ENV_DB)
+    if not url:
+        raise ConfigError(
+            "no database URL was given",
+            fix=f"pass --db URL or set {ENV_DB} (e.g. --db sqlite:///jobs.db)",
+        )
+    return url
+
+
+def _print_json(value: object) -> None:
+    print(render.dumps(value))
+
+
+# Commands. Each checks what it can before opening the database: a mistake writes nothing.
+
+
+def _worker(args: argparse.Namespace) -> int:
+    url = database_url(args)
+    registry = load_registry(args.app)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return trio.run(_run_worker, url, registry, args)
+
+
+async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) -> int:
+    # The driver outlives the lifecycle: the drain's settlements (interrupted attempts handed
+    # back) are written before the connection closes. When a body ignores its cancellation past
+    # the grace period, the lifecycle ends the process itself with ABANDONED_EXIT_CODE (70).
+    async with (
+        open_driver(url) as driver,
+        open_lifecycle(grace=args.grace) as lifecycle,
+        open_worker(
+            driver,
+            registry,
+            queues=args.queue,
+            concurrency=args.concurrency,
+            lease=args.lease,
+            lifecycle=lifecycle,
+        ),
+    ):
+        await trio.sleep_forever()  # ended by the lifecycle once the drain is done
+    return 0
+
+
+def _enqueue(args: argparse.Namespace) -> int:
+    url = database_url(args)
+    definition = _definition(args)
+    job = definition.new_job(
+        _payload(args.payload, args.name), delay=args.delay, priority=args.priority, key=args.key
+    )
+    answer = trio.run(_write_one, url, job)
+    print(answer.job_id)
+    if not answer.created:
+        print(
+            f"note: a live job already holds key {args.key!r}; that job's id is printed",
+            file=sys.stderr,
+        )
+    return 0
+
+
+async def _write_one(url: str, job: NewJob) -> Enqueued:
+    async with open_driver(url) as driver:
+        [answer] = await driver.enqueue([job])
+        return answer
+
+
+def _definition(args: argparse.Namespace) -> JobDefinition:
+    """The declared job with ``--app`` (its queue and attempts apply), else an ad-hoc one whose
+    name, queue and attempts the Registry checks as it would a declaration."""
+    if args.app is None:
+        declare = Registry().job(
+            args.name, queue=args.queue or "default", attempts=args.attempts or 3
+        )
+        return declare(_never_run)
+    definition = load_registry(args.app).require(args.name)
+    for flag, given, declared in (
+        ("--queue", args.queue, definition.queue),
+        ("--attempts", args.attempts, definition.attempts),
+    ):
+        if given is not None and given != declared:
+            raise ConfigError(
+                f"{flag} {given!r} differs from the {declared!r} job {args.name!r} is declared"
+                f" with in {args.app}",
+                fix=f"drop {flag}: with --app the declaration decides (workers claim its queue)",
+            )
+    return definition
+
+
+def _never_run(ctx: object, payload: object) -> NoReturn:
+    raise AssertionError("the CLI only enqueues; a worker runs the declared body")
+
+
+def _payload(text: str | None, name: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PayloadNotSerialisable(
+            job=name,
+            field="--payload",
+            cause=f"not valid JSON: {exc}",
+            fix="""quote it for the shell, e.g. --payload '{"to": "a@b.c"}'""",
+        ) from exc
+
+
+DriverCommand = Callable[[Driver, argparse.Namespace], Awaitable[None]]
+
+
+def on_driver(command: DriverCommand) -> Callable[[argparse.Namespace], int]:
+    """A command that needs nothing but an open driver: the URL is checked before Trio starts."""
+
+    def run(args: argparse.Namespace) -> int:
+        url = database_url(args)
+
+        async def opened() -> None:
+            async with open_driver(url) as driver:
+                await command(driver, args)
+
+        trio.run(opened)
+        return 0
+
+    return run
+
+
+async def _show(driver: Driver, args: argparse.Namespace) -> None:
+    record = await driver.get(args.id)
+    if record is None:
+        raise JobNotFound(f"no job with id {args.id!r}", fix="check the id with `jobs-trio list`")
+    steps = await driver.load_steps(args.id)
+    if args.json:
+        _print_json(render.job_json(record, steps))
+    else:
+        print(render.job_text(record, steps, driver.now()))
+
+
+async def _list(driver: Driver, args: argparse.Namespace) -> None:
+    state = JobState(args.state) if args.state else None
+    records = await driver.list_jobs(state=state, queue=args.queue, limit=args.limit)
+    if args.json:
+        _print_json([record.to_json() for record in records])
+        return
+    print(render.jobs_table(records, driver.now()) if records else "no jobs")
+    if len(records) == args.limit:
+        print(f"(the newest {args.limit}; --limit N for more)", file=sys.stderr)
+
+
+async def _retry(driver: Driver, args: argparse.Namespace) -> None:
+    record = await driver.retry(args.id)
+    if args.json:
+        _print_json(record.to_json())
+    else:
+        print(f"{record.id}: {record.state}, attempts reset ({render.attempts(record)})")
+
+
+async def _cancel(driver: Driver, args: argparse.Namespace) -> None:
+    record = await driver.cancel(args.id)
+    if args.json:
+        _print_json(record.to_json())
+    elif record.state is JobState.RUNNING:
+        print(
+            f"{record.id}: running; cancel requested (its worker stops the run at its next"
+            " lease renewal)"
+        )
+    else:
+        print(f"{record.id}: {record.state}")
+
+
+async def _stats(driver: Driver, args: argparse.Namespace) -> None:
+    queues = await driver.stats()
+    if args.json:
+        _print_json(render.stats_json(queues))
+    else:
+        print(render.stats_table(queues) if queues else "no jobs")
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    url = database_url(args)
+
+    async def migrate() -> None:
+        if url.startswith(("postgresql://", "postgres://")):
+            from .drivers.postgres import migrate
+
+            applied = await migrate(url, schema=args.schema)
+            done = ", ".join(map(str, applied))
+            print(f"schema {args.schema!r}: " + (f"applied {done}" if applied else "up to date"))
+            return
+        # Opening checks the URL and the file (a foreign or newer file is refused) and, for
+        # SQLite, creates or upgrades the schema: that is all a migration would do.
+        async with open_driver(url):
+            pass
+        print(f"nothing to migrate on {url}: its schema is created and upgraded when it is opened")
+
+    trio.run(migrate)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return trio.run(run_demo, args.db, args.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

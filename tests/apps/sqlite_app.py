@@ -1,0 +1,37 @@
+# The jobs that tests/test_processes_sqlite.py runs in real `jobs-trio worker` processes.
+# Apart from the test because each worker process imports it by name, as a user's app would be.
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import trio
+
+import jobs_trio
+
+registry = jobs_trio.Registry()
+
+
+@registry.job("app.record", queue="bulk", attempts=3)
+async def record(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
+    # One write(2) of one line on an O_APPEND file: atomic on a local file system, so lines
+    # from three processes never interleave, and a job run twice shows up twice.
+    fd = os.open(payload["seen"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{ctx.job_id} {ctx.worker_id}\n".encode())
+    finally:
+        os.close(fd)
+
+
+async def _attempt_of(attempt: int) -> int:
+    return attempt
+
+
+@registry.job("app.hang", queue="hang", attempts=3, timeout=120)
+async def hang(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str, int]:
+    # The step record tells the test the body is running (its first attempt recorded it);
+    # only the first attempt then hangs, so whoever claims the job next finishes it at once.
+    await ctx.step.run("entered", _attempt_of, ctx.attempt)
+    if ctx.attempt == 1:
+        await trio.sleep(payload["seconds"])
+    return {"attempt": ctx.attempt}
