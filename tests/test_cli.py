@@ -456,3 +456,22 @@ def test_the_demo_leaves_a_file_that_is_not_its_own_alone(
     err = cli.fails("demo", "--db", db, code="X_CONFIG")
     assert "holds 1 job(s) that are not the demo's" in err
     assert (tmp_path / "jobs.db").read_bytes() == before
+
+
+@pytest.mark.postgres
+def test_migrate_on_postgresql_applies_the_migrations_once(
+    cli: Cli, postgres_url: str, pg_schema: str
+) -> None:
+    try:
+        first = cli.ok("migrate", "--db", postgres_url, "--schema", pg_schema)
+        assert re.fullmatch(rf"schema '{pg_schema}': applied 1(, \d+)*\n", first)
+        again = cli.ok("migrate", "--db", postgres_url, "--schema", pg_schema)
+        assert again == f"schema '{pg_schema}': up to date\n"
+    finally:
+
+        async def drop() -> None:
+            options = {"schema": pg_schema, "migrate": True, "drop_schema_on_close": True}
+            async with open_driver(postgres_url, **options):
+                pass
+
+        trio.run(drop)
