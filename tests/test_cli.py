@@ -448,6 +448,11 @@ def test_the_demo_shows_every_outcome(cli: Cli, tmp_path: Path) -> None:
     assert [row[:3] for row in demo_rows(again)] == [row[:3] for row in rows]
 
 
+def test_the_demo_runs_on_memory_too(cli: Cli) -> None:
+    out = cli.ok("demo", "--db", "memory://")
+    assert len(demo_rows(out)) == 8 and "unexpected" not in out
+
+
 def test_the_demo_leaves_a_file_that_is_not_its_own_alone(
     cli: Cli, db: str, tmp_path: Path
 ) -> None:

@@ -229,11 +229,12 @@ async def run_demo(url: str = "sqlite:///jobs-demo.db", verbose: bool = False) -
     surprises = _surprises(records)
     for line in surprises or _story(records):
         print(line, file=out)
-    print(
-        f"\nLook closer: jobs-trio show {ids[-1]} --db {url}\n"
-        f"             jobs-trio list --db {url}   |   jobs-trio stats --db {url}",
-        file=out,
-    )
+    if not url.startswith("memory://"):  # a memory store is gone once the demo returns
+        print(
+            f"\nLook closer: jobs-trio show {ids[-1]} --db {url}\n"
+            f"             jobs-trio list --db {url}   |   jobs-trio stats --db {url}",
+            file=out,
+        )
     return 1 if surprises else 0
 
 
@@ -381,6 +382,6 @@ def _story(records: list[JobRecord]) -> list[str]:
         "demo.flaky failed once, waited out its backoff and completed on attempt 2.",
         "demo.doomed failed all 3 attempts and was dead-lettered: kept, and re-runnable with"
         " `jobs-trio retry ID`.",
-        "demo.long was interrupted by worker-1's drain (SIGTERM) and completed on worker-2;"
-        " attempts 1: the drained attempt was handed back, not counted.",
+        "demo.long was interrupted by worker-1's drain (the shutdown a SIGTERM starts) and"
+        " completed on worker-2; attempts 1: the drained attempt was handed back, not counted.",
     ]
