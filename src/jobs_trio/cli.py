@@ -289,10 +289,9 @@ def _definition(args: argparse.Namespace) -> JobDefinition:
     """The declared job with ``--app`` (its queue and attempts apply), else an ad-hoc one whose
     name, queue and attempts the Registry checks as it would a declaration."""
     if args.app is None:
-        declare = Registry().job(
-            args.name, queue=args.queue or "default", attempts=args.attempts or 3
-        )
-        return declare(_never_run)
+        queue = "default" if args.queue is None else args.queue  # "" is refused, not defaulted
+        attempts = 3 if args.attempts is None else args.attempts
+        return Registry().job(args.name, queue=queue, attempts=attempts)(_never_run)
     definition = load_registry(args.app).require(args.name)
     for flag, given, declared in (
         ("--queue", args.queue, definition.queue),
