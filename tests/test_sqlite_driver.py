@@ -211,9 +211,8 @@ async def test_a_cancel_that_lands_between_statements_still_rolls_back(tmp_path:
 
 async def test_a_cancel_before_the_thread_starts_runs_nothing(tmp_path: Path) -> None:
     async with open_sqlite_driver(url_of(tmp_path / "jobs.db")) as driver:
-        # Take the only thread slot, so the call is cancelled while it waits for one.
-        limiter = trio.to_thread.current_default_thread_limiter()
-        limiter.total_tokens = 1
+        # Take the driver's one thread token, so the call is cancelled while it waits for it.
+        limiter = driver._threads
         await limiter.acquire()
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
@@ -227,6 +226,23 @@ async def test_a_cancel_before_the_thread_starts_runs_nothing(tmp_path: Path) ->
 
 
 # Several connections on one file, as several worker processes would hold.
+
+
+async def test_calls_still_run_when_abandoned_threads_hold_every_default_token(
+    tmp_path: Path,
+) -> None:
+    # What a worker looks like after its drain abandoned sync job bodies that never return.
+    limiter = trio.to_thread.current_default_thread_limiter()
+    async with open_sqlite_driver(url_of(tmp_path / "jobs.db")) as driver:
+        bodies = [object() for _ in range(int(limiter.total_tokens))]
+        for body in bodies:
+            await limiter.acquire_on_behalf_of(body)
+        try:
+            with trio.fail_after(10):
+                await assert_usable(driver)
+        finally:
+            for body in bodies:
+                limiter.release_on_behalf_of(body)
 
 
 async def test_two_connections_claiming_at_once_never_share_a_job(tmp_path: Path) -> None:

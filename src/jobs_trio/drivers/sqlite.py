@@ -383,6 +383,10 @@ class SqliteDriver:
         # One connection: one call on it at a time. Trio's lock is FIFO, so calls run in the
         # order they were made.
         self._lock = trio.Lock()
+        # The driver's own thread token, not Trio's default limiter: abandoned sync job bodies
+        # keep their tokens until they return, and enough of them would otherwise leave no
+        # thread for the settle and the close a drain depends on. One is all the lock allows.
+        self._threads = trio.CapacityLimiter(1)
         self._lot = trio.lowlevel.ParkingLot()
         # Bumped by every wake-up, so a waiter that looked at the file while a write of this
         # driver was landing does not then sleep through that write's wake-up.
@@ -441,7 +445,14 @@ class SqliteDriver:
         call: _Call[T] = _Call()
         try:
             return await trio.to_thread.run_sync(
-                _in_thread, self._conn, call, work, self.now(), mode, abandon_on_cancel=True
+                _in_thread,
+                self._conn,
+                call,
+                work,
+                self.now(),
+                mode,
+                abandon_on_cancel=True,
+                limiter=self._threads,
             )
         except trio.Cancelled:
             if not call.abandon():
@@ -918,7 +929,7 @@ class SqliteDriver:
         # call in flight (if any) has let go of it.
         with trio.CancelScope(shield=True):
             async with self._lock:
-                await trio.to_thread.run_sync(self._conn.close)
+                await trio.to_thread.run_sync(self._conn.close, limiter=self._threads)
 
 
 @contextlib.asynccontextmanager
