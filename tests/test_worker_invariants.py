@@ -196,7 +196,7 @@ async def test_8_restart_after_a_drain_gets_a_fresh_drain_and_budget(
 
     @registry.job("step", timeout=None)
     async def step(ctx: object, payload: int) -> int:
-        await trio.sleep(1)
+        await trio.sleep(payload)
         return payload
 
     driver = trio_driver()
@@ -206,14 +206,19 @@ async def test_8_restart_after_a_drain_gets_a_fresh_drain_and_budget(
         first = await step.enqueue(driver, 1)
         await trio.testing.wait_all_tasks_blocked()
         w.accept("SIGTERM")
-        w.bind(trio.current_time())  # budget spent
+        w.bind(trio.current_time() + 1)
         await w.stop()
         assert (await record(driver, first)).state is JobState.READY
+        await trio.sleep(2)  # the old budget's deadline is now in the past
         await nursery.start(w.run)  # the same worker again
-        await trio.sleep(5)
-        assert (await record(driver, first)).state is JobState.COMPLETED
+        second = await step.enqueue(driver, 10)
+        await trio.testing.wait_all_tasks_blocked()
+        # Born-cancelled runs (a reused drain) would be interrupted at once; a reused budget
+        # would abandon the 10 s job at this manual stop instead of waiting for it.
         await w.stop()
-    assert w.stats().outcomes["completed"] == 1 and w.stats().interrupted == 1
+    assert (await record(driver, first)).state is JobState.COMPLETED
+    assert (await record(driver, second)).state is JobState.COMPLETED
+    assert w.stats().outcomes["completed"] == 2 and w.stats().interrupted == 1
 
 
 async def test_10_two_enqueues_with_one_live_key_yield_one_job() -> None:

@@ -2,7 +2,7 @@
 # Apart because SIGTERM reaches every running job through here, synchronously, before any wait.
 from __future__ import annotations
 
-from .records import JobId
+from .records import ClaimToken
 from .run_scope import DRAINING, RunScope
 
 
@@ -11,18 +11,20 @@ class Drain:
     must never reuse it (every job it claimed would start cancelled)."""
 
     def __init__(self) -> None:
-        self._held: dict[JobId, RunScope] = {}
+        # Keyed by claim token, not job id: a worker can hold two runs of one job (its own
+        # lapsed lease re-claimed), and the older one must still be renewed (to learn it is
+        # lost) and still be reached by a drain.
+        self._held: dict[ClaimToken, RunScope] = {}
         self.reason: str | None = None
 
     def hold(self, run: RunScope) -> None:
-        self._held[run.job_id] = run
+        self._held[run.claim.token] = run
         if self.reason is not None:
             # A claim that was in flight when the drain was signalled: it must not run on.
             run.cancel(self.reason)
 
     def release(self, run: RunScope) -> None:
-        if self._held.get(run.job_id) is run:
-            del self._held[run.job_id]
+        self._held.pop(run.claim.token, None)
 
     def signal(self, reason: str = DRAINING) -> int:
         """Cancel every held run with ``reason``; answer how many were told."""

@@ -131,6 +131,10 @@ class Worker:
 
     def bind(self, deadline: float) -> None:
         """Bound the teardown's waits by ``deadline`` (Trio clock); only ever tightens."""
+        if self._state == STOPPED:
+            # A stopped worker's budget is the NEXT run's: a bind meant for a shutdown that
+            # already ended must not pre-spend it.
+            return
         self._budget.bind(deadline)
 
     async def close(self) -> Sequence[str]:
@@ -240,9 +244,9 @@ class Worker:
         self._budget = Budget()
         self._claiming = trio.CancelScope()
         self._settler = None
+        # Still registered with its lifecycle: a shutdown that began this teardown asks
+        # close() afterwards what was abandoned, and a stopped worker ignores accept and bind.
         self._state = STOPPED
-        if self._lifecycle is not None:
-            self._lifecycle.unregister(self)
         log_event("jobs.worker.stopped", worker=self.worker_id, abandoned=len(self._abandoned))
         done, self._teardown_done = self._teardown_done, trio.Event()
         done.set()
@@ -312,6 +316,11 @@ class Worker:
         return run
 
     async def _run_claim(self, claim: Claim, run: RunScope, report: Any) -> None:
+        # Counted as the lifecycle's in-flight work, so a shutdown's wait covers the jobs too.
+        with self._lifecycle.track() if self._lifecycle else contextlib.nullcontext():
+            await self._run_tracked(claim, run, report)
+
+    async def _run_tracked(self, claim: Claim, run: RunScope, report: Any) -> None:
         drain = self._drain
         try:
             definition = self.registry.get(claim.name)

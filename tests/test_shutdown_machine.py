@@ -1,0 +1,264 @@
+# A Hypothesis state machine over every ordering of enqueue, start, run, clock, manual stop,
+# shutdown signals and restart, checking DESIGN's invariants 1 and 4-8 after every step.
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import trio
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import jobs_trio.worker as worker_module
+from jobs_trio import Registry
+from jobs_trio.attempt import Outcome
+from jobs_trio.backoff import Backoff
+from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.lifecycle import Lifecycle
+from jobs_trio.records import JobState, Retry
+from jobs_trio.run_scope import DRAINING, RunScope
+
+from .guest_trio import GuestTrio
+from .worker_helpers import fresh_metrics
+
+KINDS = ("quick", "long", "raises", "deaf_thread")
+TIMEOUT = 50.0
+LEASE = 30.0
+
+
+def declare_jobs(registry: Registry, release: threading.Event) -> None:
+    @registry.job("quick", timeout=TIMEOUT)
+    async def quick(ctx: object, payload: int) -> int:
+        await trio.sleep(1)
+        return payload
+
+    @registry.job("long", timeout=TIMEOUT)
+    async def long(ctx: object, payload: int) -> None:
+        try:
+            await trio.sleep(1000)
+        finally:
+            # Unwinding takes a while: a drain can land after the timeout fired.
+            with trio.CancelScope(shield=True):
+                await trio.sleep(5)
+
+    @registry.job("raises", timeout=TIMEOUT, attempts=2, backoff=Backoff(base=1, jitter=0))
+    async def raises(ctx: object, payload: int) -> None:
+        await trio.sleep(0.5)
+        raise ValueError("boom")
+
+    @registry.job("deaf_thread", timeout=TIMEOUT)
+    def deaf_thread(ctx: object, payload: int) -> None:
+        release.wait(120)  # never polls its cancel; abandoned at it
+
+
+class CheckingDriver(MemoryDriver):
+    """Remembers each claim's attempt count before it, and compares it with the count after an
+    interrupted settlement of that claim applied."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+        self.before_claim: dict[str, int] = {}  # token -> attempts before the claim
+        self.handed_back: list[tuple[str, int, int]] = []  # (job, before claim, after settle)
+
+    async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        for c in claims:
+            self.before_claim[c.token] = c.attempt - 1
+        return claims
+
+    async def settle(self, settlements: Any) -> Any:
+        applied = await super().settle(settlements)
+        for s in settlements:
+            if isinstance(s, Retry) and not s.counts_as_attempt and s.lease.job_id in applied:
+                after = self._jobs[s.lease.job_id].attempts
+                self.handed_back.append((s.lease.job_id, self.before_claim[s.lease.token], after))
+        return applied
+
+
+class ShutdownMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.trio = GuestTrio()
+        self.driver = CheckingDriver()
+        registry = Registry()
+        declare_jobs(registry, self.release)
+        self.worker = worker_module.Worker(
+            self.driver, registry, concurrency=4, lease=LEASE, poll_interval=1.0,
+            metrics=fresh_metrics(), stats_interval=None,
+        )
+        self.enqueued: list[str] = []
+        self.lifecycle = Lifecycle(grace=25)
+        self.signalled = False
+        self.abandoned: list[str] = []
+        self.generation = 0  # one per worker.run
+        self.binds: list[float] = []  # deadlines bound in this generation
+        self.drained_at: float | None = None  # first drain signal in this generation
+        self.verdicts: list[tuple[Outcome, RunScope, int, float | None, float]] = []
+        self.failures: list[str] = []
+        self._real_run_attempt = worker_module.run_attempt
+        worker_module.run_attempt = self._recording_run_attempt
+
+    async def _recording_run_attempt(
+        self, claim: Any, definition: Any, run: RunScope, ctx: Any, worker_id: str
+    ) -> Outcome:
+        generation, started = self.generation, trio.current_time()
+        outcome = await self._real_run_attempt(claim, definition, run, ctx, worker_id)
+        self.verdicts.append((outcome, run, generation, self.drained_at, started))
+        return outcome
+
+    def teardown(self) -> None:
+        try:
+            self.release.set()
+            self.trio.close()
+        finally:
+            worker_module.run_attempt = self._real_run_attempt
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(kind=st.sampled_from(KINDS))
+    def enqueue(self, kind: str) -> None:
+        job = self.worker.registry.require(kind)
+        self.enqueued.append(self.trio.call(job.enqueue, self.driver, len(self.enqueued)))
+
+    @precondition(lambda self: self.worker.state == "stopped")
+    @rule(grace=st.sampled_from([0.0, 5.0, 25.0, 100.0]))
+    def start(self, grace: float) -> None:
+        """The first start, and every restart after a stop, under a lifecycle of ``grace``."""
+        self.generation += 1
+        self.binds = []
+        self.drained_at = None
+        self.lifecycle = Lifecycle(grace=grace, on_abandoned=self.abandoned.extend)
+        self.signalled = False
+        self.worker._lifecycle = self.lifecycle
+        self.trio.call(self.trio.nursery.start, self.worker.run)  # type: ignore[union-attr]
+
+    @rule()
+    def let_run(self) -> None:
+        self.trio.settle()
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 5.0, 11.0, 31.0, 60.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.trio.advance(seconds)
+
+    @precondition(lambda self: self.worker.state in ("idle", "running"))
+    @rule()
+    def manual_stop(self) -> None:
+        self.trio.spawn(self.worker.stop)
+
+    def _signal(self, lifecycle: Lifecycle, bind_at: float) -> None:
+        self.binds.append(bind_at)
+        if self.drained_at is None:
+            self.drained_at = self.trio.clock.current_time()
+        self.trio.spawn(lifecycle.shutdown, "SIGTERM")
+
+    @precondition(lambda self: self.worker.state != "stopped" and not self.signalled)
+    @rule()
+    def shutdown_signal(self) -> None:
+        self.signalled = True
+        self._signal(self.lifecycle, self.trio.clock.current_time() + self.lifecycle.grace)
+
+    @precondition(lambda self: self.worker.state != "stopped" and self.signalled)
+    @rule()
+    def second_signal(self) -> None:
+        """Cuts the budget to zero."""
+        self._signal(self.lifecycle, self.trio.clock.current_time())
+
+    @precondition(lambda self: self.worker.state != "stopped")
+    @rule(grace=st.sampled_from([0.0, 25.0, 100.0]))
+    def another_lifecycle_shuts_down(self, grace: float) -> None:
+        """A second lifecycle the worker is registered with (an embedding framework's own)
+        shuts down too, with its own grace: earliest wins, whichever bound first."""
+        other = Lifecycle(grace=grace, on_abandoned=self.abandoned.extend)
+        other.register(self.worker)
+        self._signal(other, self.trio.clock.current_time() + grace)
+
+    # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def nothing_enqueued_is_lost(self) -> None:  # 1
+        for job_id in self.enqueued:
+            record = self.driver._jobs.get(job_id)
+            assert record is not None, f"job {job_id} vanished"
+            if record.state is JobState.RUNNING:
+                assert record.lease_until is not None, f"{job_id} running with no lease"
+            else:
+                assert record.state in (JobState.READY, JobState.COMPLETED, JobState.DEAD), record
+
+    @invariant()
+    def the_first_reason_wins(self) -> None:  # 4
+        for outcome, run, _, drained_at, started in self.verdicts:
+            deadline = run.cancel_scope.deadline
+            if run.reason == DRAINING:
+                assert drained_at is not None
+                assert deadline > drained_at, (
+                    f"{outcome.name} {outcome.job_id}: its deadline {deadline} passed before the "
+                    f"drain at {drained_at}, yet it reads as drained"
+                )
+
+    @invariant()
+    def a_drain_reaches_every_held_run_at_once(self) -> None:  # 5
+        if self.drained_at is not None and self.worker.state != "stopped":
+            for run in self.worker._drain.held:
+                assert run.reason is not None, (
+                    f"job {run.job_id} ({run.claim.name}) still runs uncancelled after the "
+                    f"shutdown at {self.drained_at}"
+                )
+
+    @invariant()
+    def interrupted_attempts_are_handed_back(self) -> None:  # 5
+        for outcome, run, generation, drained_at, _ in self.verdicts:
+            if outcome.kind == "interrupted":
+                assert drained_at is not None, (
+                    f"{outcome.name} {outcome.job_id} was interrupted in generation "
+                    f"{generation}, where no shutdown was signalled"
+                )
+                assert isinstance(outcome.settlement, Retry)
+                assert not outcome.settlement.counts_as_attempt
+                assert outcome.settlement.delay == 0
+            if run.reason == DRAINING:
+                assert outcome.kind == "interrupted", outcome
+
+    @invariant()
+    def every_interrupted_attempt_left_its_attempt_count_unchanged(self) -> None:
+        for job_id, before, after in self.driver.handed_back:
+            assert after == before, f"job {job_id}: {before} attempts before, {after} after"
+
+    @invariant()
+    def a_shut_down_worker_reaches_stopped_by_its_budget(self) -> None:  # 6
+        if self.binds and self.worker.state != "stopped":
+            # Past the budget, plus the teardown's own settle at the deadline.
+            assert self.trio.clock.current_time() <= min(self.binds), (
+                f"worker still {self.worker.state} at {self.trio.clock.current_time()}, "
+                f"past its budget {min(self.binds)}"
+            )
+
+    @invariant()
+    def the_budget_only_tightens(self) -> None:  # 7
+        if self.worker.state == "stopped":
+            assert self.worker._budget.deadline == math.inf  # fresh for the next run (8)
+            return
+        expected = min(self.binds) if self.binds else math.inf
+        assert self.worker._budget.deadline == expected, (
+            f"budget {self.worker._budget.deadline}, binds {self.binds}"
+        )
+
+    @invariant()
+    def a_restarted_worker_has_a_fresh_drain(self) -> None:  # 8
+        if self.worker.state in ("idle", "running") and self.drained_at is None:
+            assert self.worker._drain.reason is None
+
+
+ShutdownMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# The machine runs Trio itself, in guest mode: a plain (sync) test case.
+class TestShutdownMachine(ShutdownMachine.TestCase):  # type: ignore[misc]
+    pass
