@@ -43,7 +43,9 @@ class GuestTrio:
         while not done():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError("the guest Trio run did not settle (a hang in the code under test)")
+                raise TimeoutError(
+                    "the guest Trio run did not settle (a hang in the code under test)"
+                )
             try:
                 callback = self._callbacks.get(timeout=left)
             except queue.Empty:

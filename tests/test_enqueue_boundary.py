@@ -78,7 +78,7 @@ async def test_delay_run_at_and_priority_reach_the_driver() -> None:
     now = driver.now()
     a = await driver.get(await t.enqueue(driver, delay=30))
     assert a is not None and a.run_at == pytest.approx(now + 30) and a.priority == 3
-    when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=90)
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=90)
     b = await driver.get(await t.enqueue(driver, run_at=when, priority=-2))
     assert b is not None and b.run_at == pytest.approx(driver.now() + 90, abs=1)
     assert b.priority == -2

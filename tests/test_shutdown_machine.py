@@ -86,8 +86,13 @@ class ShutdownMachine(RuleBasedStateMachine):
         registry = Registry()
         declare_jobs(registry, self.release)
         self.worker = worker_module.Worker(
-            self.driver, registry, concurrency=4, lease=LEASE, poll_interval=1.0,
-            metrics=fresh_metrics(), stats_interval=None,
+            self.driver,
+            registry,
+            concurrency=4,
+            lease=LEASE,
+            poll_interval=1.0,
+            metrics=fresh_metrics(),
+            stats_interval=None,
         )
         self.enqueued: list[str] = []
         self.lifecycle = Lifecycle(grace=25)
@@ -189,7 +194,7 @@ class ShutdownMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_first_reason_wins(self) -> None:  # 4
-        for outcome, run, _, drained_at, started in self.verdicts:
+        for outcome, run, _, drained_at, _started in self.verdicts:
             deadline = run.cancel_scope.deadline
             if run.reason == DRAINING:
                 assert drained_at is not None

@@ -159,7 +159,7 @@ async def test_a_drained_body_that_raises_its_own_error_is_still_interrupted() -
         try:
             await trio.sleep_forever()
         finally:
-            raise ConnectionError("child killed")  # noqa: B012
+            raise ConnectionError("child killed")
 
     driver = trio_driver()
     job_id = await ssh.enqueue(driver)
