@@ -18,6 +18,7 @@ from .errors import (
     TerminalError,
     UnknownJob,
 )
+from .events import send_event
 from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import open_driver
 from .records import JobRecord, JobState
@@ -51,4 +52,5 @@ __all__ = [
     "open_driver",
     "open_lifecycle",
     "open_worker",
+    "send_event",
 ]

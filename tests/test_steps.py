@@ -1,0 +1,268 @@
+# Durable steps on the worker: recorded once and replayed, sleeps and event waits that suspend
+# the job without costing an attempt, ceilings, and fencing once a run was cancelled.
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+import pytest
+import trio
+import trio.testing
+
+import jobs_trio
+from jobs_trio import EventTimedOut, Registry, send_event
+from jobs_trio.records import JobState, StepStatus
+
+from .worker_helpers import record, trio_driver, worker
+
+
+async def test_a_recorded_step_is_not_run_again_after_a_sleep(autojump_clock: object) -> None:
+    registry = Registry()
+    calls: Counter[str] = Counter()
+
+    def charge(amount: int) -> dict[str, int]:  # sync: runs in a thread
+        calls["charge"] += 1
+        return {"charged": amount}
+
+    async def email() -> str:
+        calls["email"] += 1
+        return "sent"
+
+    @registry.job("order", timeout=None)
+    async def order(ctx: jobs_trio.JobContext, payload: dict[str, int]) -> list[object]:
+        receipt = await ctx.step.run("charge", charge, payload["amount"])
+        await ctx.step.sleep("cool-off", 3600)
+        sent = await ctx.step.run("email", email)
+        return [receipt, sent]
+
+    driver = trio_driver()
+    job_id = await order.enqueue(driver, {"amount": 42})
+    w = worker(driver, registry)
+    [first] = await w.tick()
+    assert first.kind == "suspended"
+    r = await record(driver, job_id)
+    assert r.state is JobState.SUSPENDED and r.attempts == 0
+    assert await w.tick() == []  # not before its time
+    await trio.sleep(3600)
+    [second] = await w.tick()
+    assert second.kind == "completed"
+    done = await record(driver, job_id)
+    assert done.result == '[{"charged":42},"sent"]' and done.attempts == 1
+    assert calls == {"charge": 1, "email": 1}
+    steps = {s.name: s for s in await driver.load_steps(job_id)}
+    assert steps["charge"].result == '{"charged":42}'
+    assert steps["cool-off"].status is StepStatus.DONE
+    assert steps["cool-off"].finished_at == pytest.approx(3600)
+
+
+async def test_a_step_name_used_twice_is_a_clear_terminal_error() -> None:
+    registry = Registry()
+
+    @registry.job("dup", attempts=5)
+    async def dup(ctx: jobs_trio.JobContext, payload: None) -> None:
+        for _ in range(2):
+            await ctx.step.run("send", lambda: 1)
+
+    driver = trio_driver()
+    job_id = await dup.enqueue(driver)
+    [outcome] = await worker(driver, registry).tick()
+    assert outcome.kind == "dead-lettered"
+    r = await record(driver, job_id)
+    assert "X_STEP" in (r.last_error or "") and "'send' is used twice" in (r.last_error or "")
+
+
+async def test_an_unserialisable_step_result_names_the_step() -> None:
+    registry = Registry()
+
+    @registry.job("bad", attempts=5)
+    async def bad(ctx: jobs_trio.JobContext, payload: None) -> None:
+        await ctx.step.run("fetch", lambda: {"when": object()})
+
+    driver = trio_driver()
+    job_id = await bad.enqueue(driver)
+    [outcome] = await worker(driver, registry).tick()
+    assert outcome.kind == "dead-lettered"
+    error = (await record(driver, job_id)).last_error or ""
+    assert "step 'fetch'" in error and "object is not JSON-serialisable" in error
+    assert await driver.load_steps(job_id) == []
+
+
+async def test_wait_for_event_resumes_on_a_matching_event(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("ship", timeout=None)
+    async def ship(ctx: jobs_trio.JobContext, payload: str) -> object:
+        return await ctx.step.wait_for_event("shipped", "order.shipped", match=payload)
+
+    driver = trio_driver()
+    job_id = await ship.enqueue(driver, "order-7")
+    w = worker(driver, registry)
+    assert [o.kind for o in await w.tick()] == ["suspended"]
+    await send_event(driver, "order.shipped", {"carrier": "x"}, key="order-8")  # not ours
+    assert [o.kind for o in await w.tick()] == ["suspended"]  # woken, looked, slept again
+    await send_event(driver, "order.shipped", {"carrier": "dhl"}, key="order-7")
+    assert (await record(driver, job_id)).state is JobState.READY
+    [done] = await w.tick()
+    assert done.kind == "completed"
+    assert (await record(driver, job_id)).result == '{"carrier":"dhl"}'
+
+
+async def test_wait_for_event_times_out_into_an_error_the_job_can_catch(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+
+    @registry.job("ship", timeout=None, event_poll=30)
+    async def ship(ctx: jobs_trio.JobContext, payload: None) -> str:
+        try:
+            await ctx.step.wait_for_event("shipped", "order.shipped", timeout=100)
+        except EventTimedOut:
+            return "gave up"
+        return "shipped"
+
+    driver = trio_driver()
+    job_id = await ship.enqueue(driver)
+    w = worker(driver, registry)
+    await w.tick()
+    # event_poll is the ceiling on how long a waiting job sleeps between looks.
+    assert (await record(driver, job_id)).run_at == pytest.approx(trio.current_time() + 30)
+    for _ in range(3):
+        await trio.sleep(30)
+        assert [o.kind for o in await w.tick()] == ["suspended"]
+    await trio.sleep(10)
+    [done] = await w.tick()
+    assert done.kind == "completed" and (await record(driver, job_id)).result == '"gave up"'
+
+
+async def test_events_sent_before_the_wait_count_only_when_asked(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("early", timeout=None)
+    async def early(ctx: jobs_trio.JobContext, payload: bool) -> object:
+        return await ctx.step.wait_for_event("w", "ready", include_earlier=payload)
+
+    driver = trio_driver()
+    await send_event(driver, "ready", 1)
+    await trio.sleep(1)
+    eager = await early.enqueue(driver, True)
+    strict = await early.enqueue(driver, False)
+    outcomes = {o.job_id: o.kind for o in await worker(driver, registry).tick()}
+    assert outcomes == {eager: "completed", strict: "suspended"}
+
+
+async def test_step_timeout_bounds_one_step(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("slowstep", step_timeout=5, timeout=None, attempts=1)
+    async def slowstep(ctx: jobs_trio.JobContext, payload: None) -> None:
+        async def crawl() -> None:
+            await trio.sleep(60)
+
+        await ctx.step.run("crawl", crawl)
+
+    driver = trio_driver()
+    job_id = await slowstep.enqueue(driver)
+    [outcome] = await worker(driver, registry).tick()
+    assert outcome.kind == "dead-lettered"
+    assert "TooSlowError" in ((await record(driver, job_id)).last_error or "")
+    assert trio.current_time() == pytest.approx(5)
+
+
+async def test_a_step_finished_after_the_drain_is_not_recorded(autojump_clock: object) -> None:
+    registry = Registry()
+    in_step = trio.Event()
+
+    @registry.job("stubborn", timeout=None)
+    async def stubborn(ctx: jobs_trio.JobContext, payload: None) -> None:
+        async def charge() -> str:
+            with trio.CancelScope(shield=True):  # finishes whatever it is told
+                in_step.set()
+                await trio.sleep(5)
+            return "charged"
+
+        await ctx.step.run("charge", charge)
+
+    driver = trio_driver()
+    job_id = await stubborn.enqueue(driver)
+    w = worker(driver, registry)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await in_step.wait()
+        w.accept("SIGTERM")
+        await w.stop()
+    assert await driver.load_steps(job_id) == []  # the write was refused (X_ABORTED)
+    r = await record(driver, job_id)
+    assert r.state is JobState.READY and r.attempts == 0
+    assert "X_ABORTED" in (r.last_error or "")
+
+
+async def test_a_sync_body_that_finishes_after_it_was_abandoned_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = Registry()
+    release, finished = threading.Event(), threading.Event()
+
+    @registry.job("late", timeout=0.05)
+    def late(ctx: jobs_trio.JobContext, payload: None) -> str:
+        release.wait(10)
+        finished.set()
+        return "too late"
+
+    driver = trio_driver()
+    job_id = await late.enqueue(driver)
+    with caplog.at_level(logging.WARNING, logger="jobs_trio"):
+        [outcome] = await worker(driver, registry).tick()
+        assert outcome.kind == "retried"
+        release.set()
+        await trio.to_thread.run_sync(finished.wait, 10)
+        with trio.fail_after(10):
+            while not any(r.event == "jobs.timeout.abandoned" for r in caplog.records):  # type: ignore[attr-defined]
+                await trio.sleep(0.01)
+    r = await record(driver, job_id)
+    assert r.state is JobState.READY and r.result is None and "JOB_TIMEOUT" in (r.last_error or "")
+
+
+async def test_a_drain_mid_step_replays_the_recorded_steps_on_the_next_worker(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+    ran: Counter[str] = Counter()
+
+    @registry.job("three", timeout=None)
+    async def three(ctx: jobs_trio.JobContext, payload: None) -> int:
+        total = 0
+        for n in (1, 2, 3):
+
+            async def work(n: int = n) -> int:
+                ran[f"step{n}"] += 1
+                await trio.sleep(10)
+                return n
+
+            total += await ctx.step.run(f"step{n}", work)
+        return total
+
+    driver = trio_driver()
+    job_id = await three.enqueue(driver)
+    first = worker(driver, registry)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.run)
+        await trio.sleep(25)  # steps 1 and 2 done, step 3 under way
+        first.accept("SIGTERM")
+        await first.stop()
+    assert (await record(driver, job_id)).attempts == 0
+    second = worker(driver, registry)
+    [outcome] = await second.tick()
+    assert outcome.kind == "completed"
+    assert (await record(driver, job_id)).result == "6"
+    assert ran == {"step1": 1, "step2": 1, "step3": 2}
+
+
+async def test_send_event_checks_its_input_at_the_boundary() -> None:
+    driver = trio_driver()
+    with pytest.raises(jobs_trio.ConfigError):
+        await send_event(driver, "", {})
+    with pytest.raises(jobs_trio.PayloadNotSerialisable) as caught:
+        await send_event(driver, "shipped", {"at": object()})
+    assert caught.value.field == "payload.at"
+    assert await driver.find_event("shipped", key=None, since=None) is None
