@@ -3,99 +3,22 @@
 # SIGTERM drains (interrupted, attempt handed back, exit 0). The jobs are tests/apps/sqlite_app.
 from __future__ import annotations
 
-import shutil
+import functools
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
-from jobs_trio.driver import Driver
 from jobs_trio.open_driver import open_driver
-from jobs_trio.records import JobRecord, JobState
+from jobs_trio.records import JobState
 from tests.apps.sqlite_app import registry
+from tests.process_helpers import record, started, until, worker_processes
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.sqlite_app"
-# The installed console script when there is one (what a user runs), else the same main().
-_SCRIPT = shutil.which("jobs-trio", path=str(Path(sys.executable).parent))
-JOBS_TRIO = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "jobs_trio.cli"]
-POLL = 0.1
-
-
-class WorkerProcess:
-    """One `jobs-trio worker` process, its stderr kept in a file for the failure message."""
-
-    def __init__(self, process: trio.Process, log: Path) -> None:
-        self.process = process
-        self.log = log
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    async def exit_code(self, within: float) -> int:
-        with trio.fail_after(within):
-            return await self.process.wait()
-
-
-@asynccontextmanager
-async def workers(
-    tmp_path: Path, url: str, count: int, *options: str
-) -> AsyncIterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    first = len(list(tmp_path.glob("worker-*.log")))
-    try:
-        for n in range(first, first + count):
-            log = tmp_path / f"worker-{n}.log"
-            with log.open("wb") as stderr:
-                process = await trio.lowlevel.open_process(
-                    [*JOBS_TRIO, "worker", APP, "--db", url, *options],
-                    cwd=ROOT,  # where `tests.apps.sqlite_app` is importable from
-                    stdin=subprocess.DEVNULL,
-                    stderr=stderr,
-                )
-            started.append(WorkerProcess(process, log))
-        yield started
-    finally:
-        # A failed test must not leave workers behind.
-        for worker in started:
-            if worker.process.returncode is None:
-                worker.process.kill()
-        with trio.CancelScope(shield=True):
-            for worker in started:
-                await worker.process.wait()
-
-
-async def until(what: str, within: float, check: Callable[[], Awaitable[bool]]) -> None:
-    """Poll ``check`` until it answers True, or fail saying ``what``: the other side is another
-    process, so there is no event to wait on, only a deadline."""
-    with trio.move_on_after(within):
-        while not await check():
-            await trio.sleep(POLL)
-        return
-    pytest.fail(f"waited {within} s for: {what}")
-
-
-async def started(processes: Sequence[WorkerProcess], within: float = 20.0) -> None:
-    async def all_logged() -> bool:
-        return all("jobs.worker.started" in p.output() for p in processes)
-
-    await until("every worker process to log jobs.worker.started", within, all_logged)
-
-
-async def record(driver: Driver, job_id: str) -> JobRecord:
-    found = await driver.get(job_id)
-    assert found is not None
-    return found
+workers = functools.partial(worker_processes, APP)
 
 
 async def test_three_processes_run_3000_jobs_each_exactly_once(tmp_path: Path) -> None:

@@ -1,0 +1,93 @@
+# Real `jobs-trio worker` processes for the end-to-end tests (SQLite and PostgreSQL alike): start
+# them with their stderr in a file, poll another process's effects under a deadline, and never
+# leave one behind. Apart because both tests/test_processes_*.py files drive processes this way.
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from jobs_trio.driver import Driver
+from jobs_trio.records import JobRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+# The installed console script when there is one (what a user runs), else the same main().
+_SCRIPT = shutil.which("jobs-trio", path=str(Path(sys.executable).parent))
+JOBS_TRIO = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "jobs_trio.cli"]
+POLL = 0.1
+
+
+class WorkerProcess:
+    """One `jobs-trio worker` process, its stderr kept in a file for the failure message."""
+
+    def __init__(self, process: trio.Process, log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def exit_code(self, within: float) -> int:
+        with trio.fail_after(within):
+            return await self.process.wait()
+
+
+@asynccontextmanager
+async def worker_processes(
+    app: str, tmp_path: Path, url: str, count: int, *options: str
+) -> AsyncIterator[list[WorkerProcess]]:
+    """``count`` processes of ``jobs-trio worker APP --db URL OPTIONS...``, killed on the way
+    out if still running (a failed test must not leave workers behind)."""
+    started: list[WorkerProcess] = []
+    first = len(list(tmp_path.glob("worker-*.log")))
+    try:
+        for n in range(first, first + count):
+            log = tmp_path / f"worker-{n}.log"
+            with log.open("wb") as stderr:
+                process = await trio.lowlevel.open_process(
+                    [*JOBS_TRIO, "worker", app, "--db", url, *options],
+                    cwd=ROOT,  # where `tests.apps.*` is importable from
+                    stdin=subprocess.DEVNULL,
+                    stderr=stderr,
+                )
+            started.append(WorkerProcess(process, log))
+        yield started
+    finally:
+        for worker in started:
+            if worker.process.returncode is None:
+                worker.process.kill()
+        with trio.CancelScope(shield=True):
+            for worker in started:
+                await worker.process.wait()
+
+
+async def until(what: str, within: float, check: Callable[[], Awaitable[bool]]) -> None:
+    """Poll ``check`` until it answers True, or fail saying ``what``: the other side is another
+    process, so there is no event to wait on, only a deadline."""
+    with trio.move_on_after(within):
+        while not await check():
+            await trio.sleep(POLL)
+        return
+    pytest.fail(f"waited {within} s for: {what}")
+
+
+async def started(processes: Sequence[WorkerProcess], within: float = 20.0) -> None:
+    async def all_logged() -> bool:
+        return all("jobs.worker.started" in p.output() for p in processes)
+
+    await until("every worker process to log jobs.worker.started", within, all_logged)
+
+
+async def record(driver: Driver, job_id: str) -> JobRecord:
+    found = await driver.get(job_id)
+    assert found is not None
+    return found
