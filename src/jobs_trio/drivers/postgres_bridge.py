@@ -147,6 +147,19 @@ class Bridge:
                 fix="retry the operation: the pool replaces dead connections on its own; if it "
                 "keeps failing, check that the server is up and reachable",
             )
+        if isinstance(exc, asyncpg.InternalClientError):
+            # asyncpg's protocol is stuck in a state it cannot leave. Seen when the server kills
+            # an IDLE pooled connection: asyncpg reads the "terminating connection" error before
+            # the close, so the pool still sees it open, and the next statement on it fails with
+            # "cannot switch to state 12; another operation (2) is in progress". A DriverError
+            # makes run() drop the connection and the caller retry, as for any lost connection.
+            return DriverError(
+                f"the connection to PostgreSQL at {self._where} became unusable during {what}: "
+                f"{type(exc).__name__}: {exc}",
+                fix="retry the operation: the pool replaces the connection on its own; if it "
+                "keeps failing, check that the server is up and the connections are not being "
+                "killed",
+            )
         if isinstance(exc, asyncpg.InterfaceError):
             return DriverError(
                 f"asyncpg refused {what}: {exc}",
