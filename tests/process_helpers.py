@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from jobs_trio.driver import Driver
-from jobs_trio.records import JobRecord
+from jobs_trio.records import JobRecord, JobState
 
 ROOT = Path(__file__).resolve().parent.parent
 # The installed console script when there is one (what a user runs), else the same main().
@@ -91,3 +91,13 @@ async def record(driver: Driver, job_id: str) -> JobRecord:
     found = await driver.get(job_id)
     assert found is not None
     return found
+
+
+async def assert_drained(driver: Driver, job_id: str, worker: WorkerProcess) -> None:
+    """``worker`` drained ``job_id`` on SIGTERM: logged, ready again at once, no attempt spent."""
+    log = worker.output()
+    assert "jobs.worker.drain-signalled" in log and "jobs.attempt.interrupted" in log
+    drained = await record(driver, job_id)
+    assert (drained.state, drained.attempts) == (JobState.READY, 0)
+    assert drained.last_error is not None and "interrupted" in drained.last_error
+    assert drained.run_at <= driver.now()  # claimable at once by another worker

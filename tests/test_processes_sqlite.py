@@ -13,7 +13,7 @@ import trio
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import JobState
 from tests.apps.sqlite_app import registry
-from tests.process_helpers import record, started, until, worker_processes
+from tests.process_helpers import assert_drained, record, started, until, worker_processes
 
 pytestmark = pytest.mark.slow
 
@@ -102,9 +102,4 @@ async def test_sigterm_interrupts_a_running_job_without_costing_an_attempt(
             assert code == 0, worker.output()
         # The body hears the drain at once; nothing waits out the grace period.
         assert took < grace / 4, f"exit took {took:.1f} s"
-        log = worker.output()
-        assert "jobs.worker.drain-signalled" in log and "jobs.attempt.interrupted" in log
-        drained = await record(driver, job_id)
-        assert (drained.state, drained.attempts) == (JobState.READY, 0)
-        assert drained.last_error is not None and "interrupted" in drained.last_error
-        assert drained.run_at <= driver.now()  # claimable at once by another worker
+        await assert_drained(driver, job_id, worker)
