@@ -22,7 +22,6 @@ from jobs_trio.driver import Driver
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import JobState
 from tests.apps.postgres_app import registry
-from tests.conftest import require_postgres
 from tests.process_helpers import (
     WorkerProcess,
     assert_drained,
@@ -42,10 +41,9 @@ DRIVER_BACKENDS = "jobs_trio:%"
 
 
 @asynccontextmanager
-async def fresh_database() -> AsyncIterator[str]:
-    """The URL of a new database holding a freshly migrated jobs_trio schema; the database
-    (schema and all) is dropped on the way out, whatever happened, its sessions with it."""
-    server = require_postgres()
+async def fresh_database(server: str) -> AsyncIterator[str]:
+    """The URL of a new database on ``server`` holding a freshly migrated jobs_trio schema; the
+    database (schema and all) is dropped on the way out, whatever happened, with its sessions."""
     name = f"jt_{uuid.uuid4().hex[:12]}"
     async with open_admin(server) as admin:
         await admin.execute(f'CREATE DATABASE "{name}"')
@@ -133,11 +131,13 @@ async def stop(processes: list[WorkerProcess], within: float = 15.0) -> None:
         assert await proc.exit_code(within=within) == 0, proc.output()
 
 
-async def test_four_processes_run_10000_jobs_each_exactly_once(tmp_path: Path) -> None:
+async def test_four_processes_run_10000_jobs_each_exactly_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
     seen = tmp_path / "seen.txt"
     count = 10_000
     async with (
-        fresh_database() as url,
+        fresh_database(postgres_url) as url,
         workers(tmp_path, url, 4, "--concurrency", "50") as procs,
     ):
         await started(procs)
@@ -162,10 +162,10 @@ async def test_four_processes_run_10000_jobs_each_exactly_once(tmp_path: Path) -
 
 
 async def test_sigterm_interrupts_a_running_job_and_another_process_finishes_it(
-    tmp_path: Path,
+    tmp_path: Path, postgres_url: str
 ) -> None:
     grace = 25.0
-    async with fresh_database() as url, open_driver(url) as driver:
+    async with fresh_database(postgres_url) as url, open_driver(url) as driver:
         job_id = await registry.require("app.hang").enqueue(driver, {"seconds": 60})
 
         async with workers(tmp_path, url, 1, "--grace", str(grace)) as [first]:
@@ -190,10 +190,10 @@ async def test_sigterm_interrupts_a_running_job_and_another_process_finishes_it(
 
 
 async def test_a_sigkilled_workers_job_is_claimed_after_its_lease_and_the_attempt_counts(
-    tmp_path: Path,
+    tmp_path: Path, postgres_url: str
 ) -> None:
     lease = 2.0
-    async with fresh_database() as url, open_driver(url) as driver:
+    async with fresh_database(postgres_url) as url, open_driver(url) as driver:
         job_id = await registry.require("app.hang").enqueue(driver, {"seconds": 60})
 
         async with workers(tmp_path, url, 1, "--lease", str(lease)) as [first]:
@@ -216,11 +216,13 @@ async def test_a_sigkilled_workers_job_is_claimed_after_its_lease_and_the_attemp
         assert done.result is not None and json.loads(done.result) == {"attempt": 2}
 
 
-async def test_connections_killed_under_a_running_worker_lose_no_job(tmp_path: Path) -> None:
+async def test_connections_killed_under_a_running_worker_lose_no_job(
+    tmp_path: Path, postgres_url: str
+) -> None:
     seen = tmp_path / "seen.txt"
     count = 2_000
     kill_at = (400, 1_100)  # completed runs before each kill: mid-stream, well apart
-    async with fresh_database() as url:
+    async with fresh_database(postgres_url) as url:
         async with open_driver(url) as driver:
             # 2,000 jobs of 50 ms at concurrency 20: a stream of at least 5 s to disturb.
             ids = await registry.require("app.record").enqueue_many(
