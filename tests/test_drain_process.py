@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,45 +12,31 @@ from jobs_trio.open_driver import open_driver
 from jobs_trio.records import JobState
 from tests.apps.drain_app import build_report
 
+from .app_process import app_process, wait_until
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_sigterm_interrupts_an_awaiting_job_and_the_process_exits_at_once(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'app.db'}"
+    log = tmp_path / "app.log"
     async with open_driver(url) as driver:
         job_id = await build_report.enqueue(driver, {"month": 11})
-    log = tmp_path / "app.log"
-    with log.open("wb") as stderr:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "tests.apps.drain_app", url],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    try:
-        async with open_driver(url) as driver:
-            # Another process: no event to wait on, only its row, polled under a deadline.
-            with trio.fail_after(20):
-                while True:
-                    record = await driver.get(job_id)
-                    assert record is not None
-                    if record.state is JobState.RUNNING:
-                        break
-                    await trio.sleep(0.05)
+
+        async def running() -> bool:
+            record = await driver.get(job_id)
+            return record is not None and record.state is JobState.RUNNING
+
+        async with app_process(log, "tests.apps.drain_app", url) as process:
+            await wait_until("the job to start", 20, running)
             sent = trio.current_time()
             process.send_signal(signal.SIGTERM)
             with trio.fail_after(20):
                 code = await process.wait()
             took = trio.current_time() - sent
-            after = await driver.get(job_id)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.CancelScope(shield=True):
-                await process.wait()
+        after = await driver.get(job_id)
     output = log.read_text(errors="replace")
     assert code == 0, output
     assert took < 5, f"exit took {took:.2f}s of a 25s grace\n{output}"

@@ -29,6 +29,9 @@ def counted(metrics: Metrics, outcome: str, job: str, queue: str = "default") ->
 def worker(driver: MemoryDriver, registry: Any, **kw: Any) -> Worker:
     kw.setdefault("metrics", fresh_metrics())
     kw.setdefault("stats_interval", None)
+    # The memory driver wakes a waiting worker on every change and at every due time, so the
+    # poll is only a fallback; a short one makes mock days cost millions of idle wake-ups.
+    kw.setdefault("poll_interval", 600.0)
     return Worker(driver, registry, **kw)
 
 
