@@ -480,3 +480,31 @@ def test_migrate_on_postgresql_applies_the_migrations_once(
                 pass
 
         trio.run(drop)
+
+
+def test_schema_reaches_every_command_on_postgresql(
+    cli: Cli, postgres_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    try:
+        cli.ok("migrate", "--db", postgres_url, "--schema", pg_schema)
+        job_id = cli.ok("enqueue", "app.greet", "--db", postgres_url, "--schema", pg_schema).strip()
+        monkeypatch.setenv("JOBS_TRIO_SCHEMA", pg_schema)
+        shown = json.loads(cli.ok("show", job_id, "--db", postgres_url, "--json"))
+        assert shown["id"] == job_id and shown["state"] == "ready"
+        monkeypatch.delenv("JOBS_TRIO_SCHEMA")
+        # The default schema does not hold it (and is not migrated here).
+        status, _, err = cli("show", job_id, "--db", postgres_url)
+        assert status == 2 and "error [" in err
+    finally:
+
+        async def drop() -> None:
+            options = {"schema": pg_schema, "migrate": True, "drop_schema_on_close": True}
+            async with open_driver(postgres_url, **options):
+                pass
+
+        trio.run(drop)
+
+
+def test_schema_on_sqlite_is_refused(cli: Cli, db: str) -> None:
+    err = cli.fails("list", "--db", db, "--schema", "other", code="X_CONFIG")
+    assert "only PostgreSQL has schemas" in err

@@ -26,6 +26,7 @@ from .registry import JobDefinition, Registry
 from .worker import open_worker
 
 ENV_DB = "JOBS_TRIO_DB"
+ENV_SCHEMA = "JOBS_TRIO_SCHEMA"
 USAGE_ERROR = 2  # argparse's own status for a bad command line; user mistakes share it
 INTERRUPTED_BY_USER = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
@@ -92,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="URL",
         help=f"sqlite:///jobs.db, postgresql://user@host/db or memory:// (default: ${ENV_DB})",
+    )
+    db.add_argument(
+        "--schema",
+        metavar="S",
+        help=f"PostgreSQL schema holding the jobs (default: ${ENV_SCHEMA}, else jobs_trio)",
     )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -173,8 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         as_json,
     )
 
-    migrate = command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
-    migrate.add_argument("--schema", default="jobs_trio", metavar="S", help="default jobs_trio")
+    command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
 
     demo = commands.add_parser(
         "demo",
@@ -225,6 +230,21 @@ def database_url(args: argparse.Namespace) -> str:
     return url
 
 
+def driver_options(args: argparse.Namespace, url: str) -> dict[str, str]:
+    """``--schema`` (or its variable) for a PostgreSQL URL; refused elsewhere rather than
+    silently ignored, since it would point at jobs that are not there."""
+    schema: str | None = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
+    if schema is None:
+        return {}
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            f"--schema {schema!r} was given for {url.split(':', 1)[0]}: "
+            "only PostgreSQL has schemas",
+            fix=f"drop --schema (and unset {ENV_SCHEMA}) for this database",
+        )
+    return {"schema": schema}
+
+
 def _print_json(value: object) -> None:
     print(render.dumps(value))
 
@@ -248,7 +268,7 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
     # back) are written before the connection closes. When a body ignores its cancellation past
     # the grace period, the lifecycle ends the process itself with ABANDONED_EXIT_CODE (70).
     async with (
-        open_driver(url) as driver,
+        open_driver(url, **driver_options(args, url)) as driver,
         open_lifecycle(grace=args.grace) as lifecycle,
         open_worker(
             driver,
@@ -269,7 +289,7 @@ def _enqueue(args: argparse.Namespace) -> int:
     job = definition.new_job(
         _payload(args.payload, args.name), delay=args.delay, priority=args.priority, key=args.key
     )
-    answer = trio.run(_write_one, url, job)
+    answer = trio.run(_write_one, url, driver_options(args, url), job)
     print(answer.job_id)
     if not answer.created:
         print(
@@ -279,8 +299,8 @@ def _enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _write_one(url: str, job: NewJob) -> Enqueued:
-    async with open_driver(url) as driver:
+async def _write_one(url: str, options: dict[str, str], job: NewJob) -> Enqueued:
+    async with open_driver(url, **options) as driver:
         [answer] = await driver.enqueue([job])
         return answer
 
@@ -334,7 +354,7 @@ def on_driver(command: DriverCommand) -> Callable[[argparse.Namespace], int]:
         url = database_url(args)
 
         async def opened() -> None:
-            async with open_driver(url) as driver:
+            async with open_driver(url, **driver_options(args, url)) as driver:
                 await command(driver, args)
 
         trio.run(opened)
@@ -401,13 +421,14 @@ def _migrate(args: argparse.Namespace) -> int:
         if url.startswith(("postgresql://", "postgres://")):
             from .drivers.postgres import migrate
 
-            applied = await migrate(url, schema=args.schema)
+            schema = driver_options(args, url).get("schema", "jobs_trio")
+            applied = await migrate(url, schema=schema)
             done = ", ".join(map(str, applied))
-            print(f"schema {args.schema!r}: " + (f"applied {done}" if applied else "up to date"))
+            print(f"schema {schema!r}: " + (f"applied {done}" if applied else "up to date"))
             return
         # Opening checks the URL and the file (a foreign or newer file is refused) and, for
         # SQLite, creates or upgrades the schema: that is all a migration would do.
-        async with open_driver(url):
+        async with open_driver(url, **driver_options(args, url)):
             pass
         print(f"nothing to migrate on {url}: its schema is created and upgraded when it is opened")
 
