@@ -86,6 +86,15 @@ def record_of(db: str, job_id: str) -> JobRecord:
     return found
 
 
+def drop_schema(url: str, schema: str) -> None:
+    async def drop() -> None:
+        options = {"schema": schema, "migrate": True, "drop_schema_on_close": True}
+        async with open_driver(url, **options):
+            pass
+
+    trio.run(drop)
+
+
 # Enqueue, show, list.
 
 
@@ -473,13 +482,7 @@ def test_migrate_on_postgresql_applies_the_migrations_once(
         again = cli.ok("migrate", "--db", postgres_url, "--schema", pg_schema)
         assert again == f"schema '{pg_schema}': up to date\n"
     finally:
-
-        async def drop() -> None:
-            options = {"schema": pg_schema, "migrate": True, "drop_schema_on_close": True}
-            async with open_driver(postgres_url, **options):
-                pass
-
-        trio.run(drop)
+        drop_schema(postgres_url, pg_schema)
 
 
 def test_schema_reaches_every_command_on_postgresql(
@@ -496,13 +499,7 @@ def test_schema_reaches_every_command_on_postgresql(
         status, _, err = cli("show", job_id, "--db", postgres_url)
         assert status == 2 and "error [" in err
     finally:
-
-        async def drop() -> None:
-            options = {"schema": pg_schema, "migrate": True, "drop_schema_on_close": True}
-            async with open_driver(postgres_url, **options):
-                pass
-
-        trio.run(drop)
+        drop_schema(postgres_url, pg_schema)
 
 
 def test_schema_on_sqlite_is_refused(cli: Cli, db: str) -> None:
