@@ -1,0 +1,64 @@
+# Metrics: jobs_total counts only ok / failed / dead, and the queue gauges follow stats().
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from jobs_trio import Registry
+from jobs_trio.records import DeadLetter
+
+from .worker_helpers import counted, fresh_metrics, trio_driver, worker
+
+
+def gauge(metrics: object, name: str, **labels: str) -> float:
+    return float(getattr(metrics, name).labels(**labels)._value.get())
+
+
+async def test_the_worker_publishes_queue_depth_oldest_ready_and_dead(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+
+    @registry.job("later", queue="mail")
+    async def later(ctx: object, payload: None) -> None: ...
+
+    driver = trio_driver()
+    await later.enqueue_many(driver, [None, None, None], delay=100)
+    await later.enqueue(driver)
+    [claim] = await driver.claim(["mail"], 1, lease=30, worker_id="x")
+    await driver.settle([DeadLetter(claim.lease, "gone")])
+    await later.enqueue(driver)
+    await trio.sleep(7)
+    metrics = fresh_metrics()
+    # Claims nothing (no queue of its own with due work), observes every 5 s.
+    w = worker(driver, registry, queues=["other"], metrics=metrics, stats_interval=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        await w.stop()
+    assert gauge(metrics, "queue_depth", queue="mail", state="ready") == 4
+    assert gauge(metrics, "queue_dead_jobs", queue="mail") == 1
+    assert gauge(metrics, "queue_oldest_ready_seconds", queue="mail") == 7
+
+
+async def test_interrupted_and_parked_attempts_are_not_counted_as_failures() -> None:
+    registry = Registry()
+    started = trio.Event()
+
+    @registry.job("long")
+    async def long(ctx: object, payload: None) -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    driver = trio_driver()
+    await long.enqueue(driver)
+    metrics = fresh_metrics()
+    w = worker(driver, registry, metrics=metrics)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await started.wait()
+        w.accept("SIGTERM")
+        await w.stop()
+    assert w.stats().interrupted == 1
+    for outcome in ("ok", "failed", "dead"):
+        assert counted(metrics, outcome, "long") == 0
