@@ -25,5 +25,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    session.install("-e", ".[postgres]")
-    session.run("python", "bench/run.py", *session.posargs)
+    """The side-by-side benchmark (bench/run.py; default `all`, which writes bench/RESULTS.md).
+    The peers are installed HERE only, never as dependencies of jobs_trio: pgqueuer, and
+    procrastinate with psycopg[binary] (its PsycopgConnector needs a libpq; the binary wheel
+    brings one). Needs PostgreSQL at $BENCH_PG (default postgres@127.0.0.1:5432)."""
+    session.install("-e", ".[postgres]", "pgqueuer", "procrastinate", "psycopg[binary]")
+    session.run("python", "bench/run.py", *(session.posargs or ["all"]))

@@ -1,0 +1,75 @@
+# What every library adapter shares: its command line, and the marks its job handler writes.
+# Apart so the three adapters differ only in how each library enqueues and runs a worker.
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+JOB = "bench.job"  # the one job name every library registers
+QUEUE = "bench"  # the queue it goes to, where a library has queues
+
+
+class Marks:
+    """What a handler tells the orchestrator, as lines appended to a file (one write(2) each,
+    O_APPEND). ``noop`` writes one line, at the first job's start (wall clock: the end of the
+    run is read from the database's own timestamps). ``latency`` writes ``i monotonic`` per
+    job; ``sleep`` writes ``start monotonic`` per attempt. CLOCK_MONOTONIC is system-wide on
+    Linux, so the orchestrator compares it with its own."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.kind = kind
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._first_seen = False
+
+    def started(self, payload: dict[str, Any]) -> float:
+        """Call at the handler's first line; answers how long the job should sleep (0: none)."""
+        if self.kind == "noop":
+            if not self._first_seen:
+                self._first_seen = True
+                os.write(self._fd, f"first {time.time()!r}\n".encode())
+            return 0.0
+        if self.kind == "latency":
+            os.write(self._fd, f"{payload['i']} {time.monotonic()!r}\n".encode())
+            return 0.0
+        os.write(self._fd, f"start {time.monotonic()!r}\n".encode())
+        return float(payload.get("sleep", 0.0))
+
+
+def ready() -> None:
+    """The worker is up (start-up done): the orchestrator starts its clocks after this line."""
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+
+def emit(result: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="one library's side of bench/run.py")
+    sub = parser.add_subparsers(dest="command", required=True)
+    enqueue = sub.add_parser("enqueue", help="enqueue N jobs in one batch")
+    enqueue.add_argument("--db", required=True)
+    enqueue.add_argument("--n", type=int, required=True)
+    enqueue.add_argument("--sleep", type=float, default=0.0, help="each job awaits this long")
+    enqueue.add_argument("--install", action="store_true", help="install the schema first")
+    worker = sub.add_parser("worker", help="run one worker until SIGTERM")
+    worker.add_argument("--db", required=True)
+    worker.add_argument("--concurrency", type=int, required=True)
+    worker.add_argument("--kind", choices=("noop", "latency", "sleep"), required=True)
+    worker.add_argument("--mark", required=True)
+    latency = sub.add_parser("latency", help="enqueue N jobs one at a time, GAP apart")
+    latency.add_argument("--db", required=True)
+    latency.add_argument("--n", type=int, required=True)
+    latency.add_argument("--gap", type=float, required=True)
+    return parser.parse_args(argv)
+
+
+def dispatch(args: argparse.Namespace, commands: dict[str, Callable[[argparse.Namespace], Any]]):
+    return commands[args.command](args)

@@ -1,0 +1,74 @@
+# jobs_trio's side of the benchmark: enqueue_many for the batch, a worker as `jobs-trio worker`
+# runs one (driver, lifecycle, worker; SIGTERM drains). Run by bench/run.py as a subprocess.
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+import trio
+from common import JOB, QUEUE, Marks, dispatch, emit, parse, ready
+
+import jobs_trio
+
+registry = jobs_trio.Registry()
+_marks: Marks | None = None
+
+
+@registry.job(JOB, queue=QUEUE)  # every option at its default
+async def handler(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
+    assert _marks is not None
+    seconds = _marks.started(payload)
+    if seconds:
+        await trio.sleep(seconds)
+
+
+def _options(url: str, install: bool) -> dict[str, Any]:
+    # SQLite prepares its file on every open; PostgreSQL migrates when asked.
+    return {"migrate": True} if install and url.startswith("postgres") else {}
+
+
+async def _enqueue(args: argparse.Namespace) -> None:
+    payloads = [{"sleep": args.sleep} if args.sleep else {} for _ in range(args.n)]
+    async with jobs_trio.open_driver(args.db, **_options(args.db, args.install)) as driver:
+        started = time.perf_counter()
+        if payloads:
+            await handler.enqueue_many(driver, payloads)
+        seconds = time.perf_counter() - started
+    emit({"seconds": seconds})
+
+
+async def _worker(args: argparse.Namespace) -> None:
+    global _marks
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # as the CLI does
+    _marks = Marks(args.mark, args.kind)
+    # As `jobs-trio worker` runs one (cli._run_worker), with every default but concurrency.
+    async with (
+        jobs_trio.open_driver(args.db) as driver,
+        jobs_trio.open_lifecycle(grace=25) as lifecycle,
+        jobs_trio.open_worker(driver, registry, concurrency=args.concurrency, lifecycle=lifecycle),
+    ):
+        ready()
+        await trio.sleep_forever()
+
+
+async def _latency(args: argparse.Namespace) -> None:
+    returned = []
+    async with jobs_trio.open_driver(args.db) as driver:
+        for i in range(args.n):
+            await handler.enqueue(driver, {"i": i})
+            returned.append(time.monotonic())
+            await trio.sleep(args.gap)
+    emit({"returned": returned})
+
+
+def main() -> None:
+    args = parse()
+    commands = {"enqueue": _enqueue, "worker": _worker, "latency": _latency}
+    dispatch(args, {name: (lambda a, f=f: trio.run(f, a)) for name, f in commands.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+# Procrastinate's side of the benchmark, as its docs run it: an App on a PsycopgConnector,
+# `batch_defer_async` for the batch, `defer_async` for single jobs, and a worker by
+# `run_worker_async(concurrency=...)` (SIGTERM: waits for running jobs; with the default
+# shutdown_graceful_timeout=None, for as long as they take). Run by bench/run.py as a
+# subprocess, in the bench environment only.
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import procrastinate
+from common import JOB, QUEUE, Marks, dispatch, emit, parse, ready
+
+_marks: Marks | None = None
+
+
+def _app(url: str) -> procrastinate.App:
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name=JOB, queue=QUEUE)
+    async def handler(**payload: Any) -> None:
+        assert _marks is not None
+        seconds = _marks.started(payload)
+        if seconds:
+            await asyncio.sleep(seconds)
+
+    return app
+
+
+async def _enqueue(args: argparse.Namespace) -> None:
+    app = _app(args.db)
+    async with app.open_async():
+        if args.install:
+            await app.schema_manager.apply_schema_async()
+        task = app.tasks[JOB]
+        payload = {"sleep": args.sleep} if args.sleep else {}
+        started = time.perf_counter()
+        if args.n:
+            await task.batch_defer_async(*[payload] * args.n)
+        seconds = time.perf_counter() - started
+    emit({"seconds": seconds})
+
+
+async def _worker(args: argparse.Namespace) -> None:
+    global _marks
+    _marks = Marks(args.mark, args.kind)
+    app = _app(args.db)
+    async with app.open_async():
+        ready()
+        await app.run_worker_async(queues=[QUEUE], concurrency=args.concurrency)
+
+
+async def _latency(args: argparse.Namespace) -> None:
+    app = _app(args.db)
+    returned = []
+    async with app.open_async():
+        task = app.tasks[JOB]
+        for i in range(args.n):
+            await task.defer_async(i=i)
+            returned.append(time.monotonic())
+            await asyncio.sleep(args.gap)
+    emit({"returned": returned})
+
+
+def main() -> None:
+    commands = {"enqueue": _enqueue, "worker": _worker, "latency": _latency}
+    dispatch(parse(), {name: (lambda a, f=f: asyncio.run(f(a))) for name, f in commands.items()})
+
+
+if __name__ == "__main__":
+    main()

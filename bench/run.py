@@ -1,0 +1,705 @@
+# The benchmark's orchestrator: fresh databases, worker processes, clocks, and the table.
+# Apart from the lib_*.py adapters so it never imports a job library: each library runs in
+# processes of its own (trio-asyncio changes asyncio for a whole process, STACK-NOTES).
+"""Side-by-side benchmark of jobs_trio, PgQueuer and Procrastinate on one machine.
+
+    python bench/run.py throughput --lib jobs_trio --concurrency 10
+    python bench/run.py latency --lib pgqueuer
+    python bench/run.py all              # every workload, every library, interleaved, 3 reps
+
+Each run gets a fresh database (bench_<lib>_<n>, dropped after, also on failure), one worker
+process per library, start-up excluded: processing is timed from the first handler start (the
+handler's own clock) to the last completion the database recorded."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import importlib.metadata
+import itertools
+import json
+import os
+import platform
+import shlex
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+import asyncpg
+
+HERE = Path(__file__).resolve().parent
+LIBS = ("jobs_trio", "pgqueuer", "procrastinate")
+ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PREFIX = "bench_"
+
+# SQL each library's tables answer (the adapters hold them; run.py never imports a library).
+DONE_SQL = {
+    "jobs_trio": (
+        "SELECT count(*) FILTER (WHERE state = 'completed'),"
+        " max(updated_at) FILTER (WHERE state = 'completed') FROM jobs_trio.jobs"
+    ),
+    "pgqueuer": (
+        "SELECT count(*), extract(epoch FROM max(created))::float8 FROM pgqueuer_log"
+        " WHERE status = 'successful'"
+    ),
+    "procrastinate": (
+        "SELECT (SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'),"
+        " (SELECT extract(epoch FROM max(at))::float8 FROM procrastinate_events"
+        "  WHERE type = 'succeeded')"
+    ),
+}
+DONE_SQLITE = "SELECT count(*), max(updated_at) FROM jobs WHERE state = 'completed'"
+JOB_SQL = {
+    "jobs_trio": "SELECT state, attempts FROM jobs_trio.jobs",
+    "pgqueuer": (
+        "SELECT coalesce((SELECT status::text FROM pgqueuer LIMIT 1),"
+        " (SELECT 'gone, logged ' || status::text FROM pgqueuer_log ORDER BY id DESC LIMIT 1)),"
+        " (SELECT attempts FROM pgqueuer LIMIT 1)"
+    ),
+    "procrastinate": "SELECT status::text, attempts FROM procrastinate_jobs",
+}
+# A job in one of these states will not run again: no second worker is waited for.
+FINISHED = ("completed", "succeeded", "gone, logged successful")
+
+
+class Sizes:
+    jobs = 20_000  # throughput: jobs enqueued in one batch
+    latency_jobs = 200
+    latency_gap = 0.03  # s between single enqueues: the worker is idle at each
+    sleep = 30.0  # drain/rescue: the job awaits this long
+    signal_after = 1.0  # s after the job started
+    drain_exit_bound = 40.0  # a peer that waits out its 30 s job still fits
+    rerun_bound = 30.0  # drain: second worker ready → job started
+    rescue_bound = 45.0  # rescue: SIGKILL → job started on the second worker
+    throughput_bound = 300.0
+    # Processing is timed over the whole batch or, for a library too slow to finish it on the
+    # run's time budget, over the first WINDOW seconds of the same deep queue (said in the table).
+    window = 15.0
+
+
+class BenchError(Exception):
+    pass
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+class Proc:
+    """A bounded child process: stdout read by line, stderr to a log file, always reaped."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path, what: str) -> None:
+        self.proc = proc
+        self.log = log
+        self.what = what
+
+    @classmethod
+    async def start(cls, lib: str, args: list[str], workdir: Path, what: str) -> Proc:
+        log = workdir / f"{what}.{time.monotonic_ns()}.log"
+        with open(log, "wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(HERE / f"lib_{lib}.py"),
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                cwd=str(HERE),
+                start_new_session=True,  # our Ctrl-C is ours; we stop the children ourselves
+            )
+        return cls(proc, log, what)
+
+    async def line(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        except TimeoutError:
+            raise BenchError(f"{self.what}: no output within {timeout} s{self.tail()}") from None
+        if not raw:
+            await self.wait(5)
+            raise BenchError(f"{self.what} exited ({self.proc.returncode}){self.tail()}")
+        return raw.decode().strip()
+
+    async def result(self, timeout: float) -> dict[str, Any]:
+        answer: dict[str, Any] = json.loads(await self.line(timeout))
+        await self.wait(10)
+        return answer
+
+    async def wait(self, timeout: float) -> bool:
+        """True when it exited within ``timeout``."""
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def signal(self, signum: int) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        self.signal(signal.SIGTERM)
+        if not await self.wait(grace):
+            self.signal(signal.SIGKILL)
+            await self.wait(10)
+
+    def tail(self) -> str:
+        try:
+            text = self.log.read_text(errors="replace").strip().splitlines()[-8:]
+        except OSError:
+            return ""
+        return ("\n    " + "\n    ".join(text)) if text else ""
+
+
+@contextlib.asynccontextmanager
+async def running(proc: Proc, *, grace: float = 10.0) -> AsyncIterator[Proc]:
+    try:
+        yield proc
+    finally:
+        await proc.stop(grace)
+
+
+async def run_once(lib: str, args: list[str], workdir: Path, what: str, timeout: float) -> Any:
+    proc = await Proc.start(lib, args, workdir, what)
+    async with running(proc, grace=1.0):
+        return await proc.result(timeout)
+
+
+async def start_worker(lib: str, url: str, conc: int, kind: str, mark: Path, workdir: Path) -> Proc:
+    args = ["worker", "--db", url, "--concurrency", str(conc), "--kind", kind]
+    proc = await Proc.start(lib, [*args, "--mark", str(mark)], workdir, f"{lib}-worker")
+    try:
+        if await proc.line(60) != "ready":
+            raise BenchError(f"{lib} worker did not say ready{proc.tail()}")
+    except BaseException:
+        await proc.stop(1.0)
+        raise
+    return proc
+
+
+def read_marks(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+async def wait_for(check: Callable[[], Any], timeout: float, every: float = 0.005) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(every)
+
+
+# --- databases ---------------------------------------------------------------------------
+
+_counter = itertools.count(1)
+
+
+def db_url(name: str) -> str:
+    parsed = urlparse(ADMIN_URL)
+    return urlunparse(parsed._replace(path=f"/{name}"))
+
+
+async def admin(sql: str) -> None:
+    conn = await asyncpg.connect(ADMIN_URL, timeout=10)
+    try:
+        await asyncio.wait_for(conn.execute(sql), 60)
+    finally:
+        await conn.close()
+
+
+async def drop_leftovers() -> None:
+    """Databases a killed earlier run could not drop (only ours: bench_<lib>_<n>)."""
+    conn = await asyncpg.connect(ADMIN_URL, timeout=10)
+    try:
+        names = [
+            r["datname"]
+            for r in await conn.fetch(
+                "SELECT datname FROM pg_database WHERE datname ~ $1",
+                f"^{PREFIX}({'|'.join(LIBS)})_[0-9]+$",
+            )
+        ]
+    finally:
+        await conn.close()
+    for name in names:
+        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.asynccontextmanager
+async def fresh_db(lib: str) -> AsyncIterator[str]:
+    name = f"{PREFIX}{lib}_{next(_counter)}"
+    await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield db_url(name)
+    finally:
+        # Shielded from our own cancellation: a Ctrl-C must still drop it.
+        await asyncio.shield(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def query_row(url: str, sql: str) -> tuple[Any, ...]:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        row = await asyncio.wait_for(conn.fetchrow(sql), 30)
+    finally:
+        await conn.close()
+    return tuple(row) if row is not None else ()
+
+
+# --- workloads ---------------------------------------------------------------------------
+
+Result = dict[str, Any]
+
+
+async def _process(
+    lib: str, url: str, conc: int, workdir: Path, done: Callable[[], Awaitable[tuple[int, Any]]]
+) -> Result:
+    """Enqueue ``Sizes.jobs`` in one batch, then time one worker processing them."""
+    enq = await run_once(
+        lib,
+        ["enqueue", "--install", "--db", url, "--n", str(Sizes.jobs)],
+        workdir,
+        f"{lib}-enqueue",
+        300,
+    )
+    mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
+    worker = await start_worker(lib, url, conc, "noop", mark, workdir)
+    async with running(worker):
+        deadline = time.monotonic() + Sizes.throughput_bound
+        window_ends = None
+        while True:
+            count, last = await done()
+            if count >= Sizes.jobs:
+                break
+            marks = read_marks(mark)
+            if marks and window_ends is None:
+                # The window starts at the first handler start (start-up excluded).
+                window_ends = time.monotonic() + Sizes.window - (time.time() - _first(marks))
+            if window_ends is not None and time.monotonic() > window_ends and count:
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"{lib}: {count}/{Sizes.jobs} done in {Sizes.throughput_bound} s")
+            if worker.proc.returncode is not None:
+                raise BenchError(f"{lib} worker died ({worker.proc.returncode}){worker.tail()}")
+            await asyncio.sleep(0.1)
+    first = _first(read_marks(mark))
+    return {
+        "enqueue_jps": Sizes.jobs / enq["seconds"],
+        "process_jps": count / (float(last) - first),
+        "processed": count,
+    }
+
+
+def _first(marks: list[str]) -> float:
+    return float(marks[0].split()[1])
+
+
+async def throughput(lib: str, conc: int, workdir: Path) -> Result:
+    async with fresh_db(lib) as url:
+
+        async def done() -> tuple[int, Any]:
+            row = await query_row(url, DONE_SQL[lib])
+            return int(row[0]), row[1]
+
+        return await _process(lib, url, conc, workdir, done)
+
+
+async def sqlite_throughput(lib: str, conc: int, workdir: Path) -> Result:
+    assert lib == "jobs_trio"
+    path = workdir / f"sqlite-{next(_counter)}.db"
+    url = f"sqlite:///{path}"
+
+    async def done() -> tuple[int, Any]:
+        def read() -> tuple[int, Any]:
+            with contextlib.closing(sqlite3.connect(path, timeout=10)) as conn:
+                count, last = conn.execute(DONE_SQLITE).fetchone()
+                return int(count), last
+
+        return await asyncio.to_thread(read)
+
+    try:
+        return await _process(lib, url, conc, workdir, done)
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+
+
+async def latency(lib: str, conc: int, workdir: Path) -> Result:
+    async with fresh_db(lib) as url:
+        await run_once(
+            lib, ["enqueue", "--install", "--db", url, "--n", "0"], workdir, f"{lib}-schema", 120
+        )
+        mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
+        worker = await start_worker(lib, url, conc, "latency", mark, workdir)
+        async with running(worker):
+            await asyncio.sleep(0.5)  # idle
+            n, gap = Sizes.latency_jobs, Sizes.latency_gap
+            args = ["latency", "--db", url, "--n", str(n), "--gap", str(gap)]
+            answer = await run_once(lib, args, workdir, f"{lib}-latency", 120)
+            await wait_for(lambda: len(read_marks(mark)) >= n, 10)
+        started = {int(i): float(t) for i, t in (line.split() for line in read_marks(mark))}
+        returned = answer["returned"]
+        missing = [i for i in range(n) if i not in started]
+        if missing:
+            raise BenchError(f"{lib}: {len(missing)} of {n} latency jobs never started")
+        ms = sorted((started[i] - returned[i]) * 1000 for i in range(n))
+        return {"p50_ms": _quantile(ms, 0.50), "p99_ms": _quantile(ms, 0.99)}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def _starts(mark: Path) -> list[float]:
+    return [float(line.split()[1]) for line in read_marks(mark) if line.startswith("start")]
+
+
+async def _one_sleeping_job(lib: str, url: str, workdir: Path) -> tuple[Proc, Path, float]:
+    """Worker 1 up, the sleeping job enqueued and started; answers when it started."""
+    await run_once(
+        lib, ["enqueue", "--install", "--db", url, "--n", "0"], workdir, f"{lib}-schema", 120
+    )
+    mark = workdir / f"{lib}-{time.monotonic_ns()}-1.marks"
+    worker = await start_worker(lib, url, 10, "sleep", mark, workdir)
+    try:
+        args = ["enqueue", "--db", url, "--n", "1", "--sleep", str(Sizes.sleep)]
+        await run_once(lib, args, workdir, f"{lib}-enqueue", 60)
+        starts = await wait_for(lambda: _starts(mark), 30)
+        if not starts:
+            raise BenchError(f"{lib}: the sleeping job never started{worker.tail()}")
+    except BaseException:
+        await worker.stop(1.0)
+        raise
+    return worker, mark, starts[0]
+
+
+async def _signal_when_due(worker: Proc, started: float, signum: int) -> float:
+    """Send ``signum`` ``Sizes.signal_after`` seconds after the job started; answer when."""
+    await asyncio.sleep(max(0.0, started + Sizes.signal_after - time.monotonic()))
+    sent = time.monotonic()
+    worker.signal(signum)
+    return sent
+
+
+async def drain(lib: str, conc: int, workdir: Path) -> Result:
+    async with fresh_db(lib) as url:
+        worker, _, started = await _one_sleeping_job(lib, url, workdir)
+        async with running(worker, grace=0.0):
+            sent = await _signal_when_due(worker, started, signal.SIGTERM)
+            exited = await worker.wait(Sizes.drain_exit_bound)
+            exit_s = time.monotonic() - sent if exited else None
+        state, attempts = (await query_row(url, JOB_SQL[lib]) + (None, None))[:2]
+        rerun_s: float | None = None
+        if state not in FINISHED:
+            mark2 = workdir / f"{lib}-{time.monotonic_ns()}-2.marks"
+            second = await start_worker(lib, url, 10, "sleep", mark2, workdir)
+            async with running(second, grace=0.0):
+                up = time.monotonic()
+                starts = await wait_for(lambda: _starts(mark2), Sizes.rerun_bound)
+                rerun_s = starts[0] - up if starts else None
+                second.signal(signal.SIGKILL)
+        return {
+            "exit_s": exit_s,
+            "state": str(state),
+            "attempts": attempts,
+            "rerun_s": rerun_s,
+            "finished": state in FINISHED,
+        }
+
+
+async def rescue(lib: str, conc: int, workdir: Path) -> Result:
+    async with fresh_db(lib) as url:
+        worker, _, started = await _one_sleeping_job(lib, url, workdir)
+        async with running(worker, grace=0.0):
+            killed = await _signal_when_due(worker, started, signal.SIGKILL)
+            await worker.wait(10)
+        mark2 = workdir / f"{lib}-{time.monotonic_ns()}-2.marks"
+        second = await start_worker(lib, url, 10, "sleep", mark2, workdir)
+        async with running(second, grace=0.0):
+            budget = Sizes.rescue_bound - (time.monotonic() - killed)
+            starts = await wait_for(lambda: _starts(mark2), budget, every=0.02)
+            second.signal(signal.SIGKILL)
+        return {"rescue_s": starts[0] - killed if starts else None}
+
+
+WORKLOADS: dict[str, Callable[[str, int, Path], Awaitable[Result]]] = {
+    "throughput": throughput,
+    "latency": latency,
+    "drain": drain,
+    "rescue": rescue,
+    "sqlite": sqlite_throughput,
+}
+
+
+def cells(workload: str, concurrencies: list[int]) -> list[tuple[str, int]]:
+    if workload == "throughput":
+        return [("throughput", c) for c in concurrencies]
+    if workload == "sqlite":
+        return [("sqlite", 10)]
+    return [(workload, 10)]
+
+
+# --- reporting ---------------------------------------------------------------------------
+
+# (cell label, metric, unit, higher is better)
+METRICS = {
+    "throughput": [
+        ("process_jps", "jobs/s processed", True),
+        ("enqueue_jps", "jobs/s enqueued (one batch)", True),
+    ],
+    "sqlite": [
+        ("process_jps", "jobs/s processed", True),
+        ("enqueue_jps", "jobs/s enqueued (one batch)", True),
+    ],
+    "latency": [("p50_ms", "enqueue→start p50, ms", False), ("p99_ms", "p99, ms", False)],
+    "drain": [
+        ("exit_s", "SIGTERM→exit, s", False),
+        ("rerun_s", "2nd worker ready→job runs, s", False),
+    ],
+    "rescue": [("rescue_s", "SIGKILL→job runs on 2nd worker, s", False)],
+}
+BOUNDS = {
+    "exit_s": Sizes.drain_exit_bound,
+    "rerun_s": Sizes.rerun_bound,
+    "rescue_s": Sizes.rescue_bound,
+}
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def summarise(values: list[Any], key: str) -> tuple[float | None, str]:
+    """(median, 'median (min–max)') over the repetitions; a bound that was hit reads '>B'."""
+    numbers = [v for v in values if isinstance(v, int | float)]
+    hit = len(values) - len(numbers)
+    if not values:
+        return None, "—"
+    if not numbers:
+        return None, f">{_fmt(BOUNDS[key])}" if key in BOUNDS else "failed"
+    med = statistics.median(numbers)
+    text = (
+        _fmt(med)
+        if len(numbers) == 1
+        else f"{_fmt(med)} ({_fmt(min(numbers))}–{_fmt(max(numbers))})"
+    )
+    if hit:
+        text += f", {hit}× >{_fmt(BOUNDS[key])}" if key in BOUNDS else f", {hit} failed"
+    return med, text
+
+
+def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) -> str:
+    peers = [lib for lib in libs if lib != "jobs_trio"]
+    head = ["workload", "metric", *libs]
+    if "jobs_trio" in libs:
+        head += [f"jobs_trio / {p}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for workload, conc in sorted({(w, c) for w, c, _ in results}, key=_cell_order):
+        label = f"throughput c={conc}" if workload == "throughput" else workload
+        if workload == "sqlite":
+            label = f"SQLite c={conc}"
+        for key, metric, _ in METRICS[workload]:
+            meds: dict[str, float | None] = {}
+            row = [label, metric]
+            for lib in libs:
+                runs = results.get((workload, conc, lib), [])
+                meds[lib], text = summarise([r.get(key) for r in runs if "error" not in r], key)
+                if key == "process_jps" and any(r.get("processed", 0) < Sizes.jobs for r in runs):
+                    text += " ‡"
+                errors = sum(1 for r in runs if "error" in r)
+                row.append(text + (f" ({errors} failed)" if errors else "") if runs else "—")
+            if "jobs_trio" in libs:
+                for peer in peers:
+                    a, b = meds.get("jobs_trio"), meds.get(peer)
+                    row.append(f"{a / b:.2f}×" if a is not None and b else "—")
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append(
+        f"‡ did not finish the {Sizes.jobs:,} jobs within the {Sizes.window:.0f} s window: the"
+        " rate is over the jobs completed in the window, on the same deep queue."
+    )
+    drains = {k: v for k, v in results.items() if k[0] == "drain"}
+    if drains:
+        lines.append("")
+        lines.append("Drain, the job after the first worker exited (each repetition):")
+        lines.append("")
+        for (_, _, lib), runs in sorted(drains.items(), key=lambda kv: libs.index(kv[0][2])):
+            seen = ", ".join(
+                f"{r.get('state')} / attempts {r.get('attempts')}" if "error" not in r else "failed"
+                for r in runs
+            )
+            lines.append(f"- {lib}: {seen}")
+    return "\n".join(lines)
+
+
+def _cell_order(cell: tuple[str, int]) -> tuple[int, int]:
+    order = ["throughput", "latency", "drain", "rescue", "sqlite"]
+    return order.index(cell[0]), cell[1]
+
+
+def machine() -> str:
+    mem = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = []
+    for dist in (
+        "jobs-trio",
+        "pgqueuer",
+        "procrastinate",
+        "trio",
+        "trio-asyncio",
+        "asyncpg",
+        "psycopg",
+    ):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions.append(f"{dist} {importlib.metadata.version(dist)}")
+    pg = "?"
+    with contextlib.suppress(Exception):
+        pg = asyncio.run(_pg_version())
+    return "\n".join(
+        [
+            f"- CPU: {os.cpu_count()} cores (nproc), {cpu}",
+            f"- memory: {mem}",
+            f"- PostgreSQL: {pg} on {urlparse(ADMIN_URL).hostname} (same machine)",
+            f"- Python: {platform.python_version()} ({platform.platform()})",
+            f"- libraries: {', '.join(versions)}",
+        ]
+    )
+
+
+async def _pg_version() -> str:
+    row = await query_row(ADMIN_URL, "SHOW server_version")
+    return str(row[0])
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="jobs-trio-bench-") as path:
+        yield Path(path)
+
+
+async def run(args: argparse.Namespace) -> dict[tuple[str, int, str], list[Result]]:
+    await drop_leftovers()
+    workloads = (
+        ["throughput", "latency", "drain", "rescue", "sqlite"]
+        if args.workload == "all"
+        else [args.workload]
+    )
+    plan = [cell for w in workloads for cell in cells(w, args.concurrency)]
+    results: dict[tuple[str, int, str], list[Result]] = defaultdict(list)
+    began = time.monotonic()
+    with _workdir() as workdir:
+        for rep in range(1, args.reps + 1):
+            for workload, conc in plan:
+                libs = ["jobs_trio"] if workload == "sqlite" else args.lib
+                for lib in libs:  # A B C, A B C, ...: drift in the machine hits all alike
+                    t0 = time.monotonic()
+                    try:
+                        result = await WORKLOADS[workload](lib, conc, workdir)
+                    except BenchError as exc:
+                        result = {"error": str(exc)}
+                    results[(workload, conc, lib)].append(result)
+                    shown = ", ".join(
+                        f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in result.items()
+                    )
+                    print(
+                        f"[{time.monotonic() - began:6.0f}s] rep {rep} {workload:<10} c={conc:<3}"
+                        f" {lib:<14} {shown}  ({time.monotonic() - t0:.1f}s)",
+                        flush=True,
+                    )
+    return results
+
+
+RESULTS_BEGIN = "<!-- figures:begin (written by bench/run.py all) -->"
+RESULTS_END = "<!-- figures:end -->"
+
+
+def write_results(path: Path, command: str, figures: str, minutes: float) -> None:
+    block = "\n".join(
+        [
+            RESULTS_BEGIN,
+            f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {minutes:.1f} min,"
+            f" command: `{command}`",
+            "",
+            machine(),
+            "",
+            figures,
+            RESULTS_END,
+        ]
+    )
+    old = path.read_text() if path.exists() else ""
+    if RESULTS_BEGIN in old and RESULTS_END in old:
+        before, rest = old.split(RESULTS_BEGIN, 1)
+        after = rest.split(RESULTS_END, 1)[1]
+        text = before + block + after
+    else:
+        text = "# Benchmark results\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workload", choices=[*WORKLOADS, "all"])
+    parser.add_argument("--lib", action="append", choices=LIBS, help="repeatable (default: all)")
+    parser.add_argument(
+        "--concurrency", action="append", type=int, help="throughput (default 1 10 50)"
+    )
+    parser.add_argument("--reps", type=int, help="repetitions (default 3 for all, else 1)")
+    parser.add_argument("--jobs", type=int, default=Sizes.jobs, help="throughput batch size")
+    parser.add_argument("--results", type=Path, help="write the table here (all: bench/RESULTS.md)")
+    args = parser.parse_args(argv)
+    args.lib = args.lib or list(LIBS)
+    args.concurrency = args.concurrency or [1, 10, 50]
+    args.reps = args.reps or (3 if args.workload == "all" else 1)
+    Sizes.jobs = args.jobs
+    if args.workload == "all" and args.results is None:
+        args.results = HERE / "RESULTS.md"
+    command = "python bench/run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    began = time.monotonic()
+    results = asyncio.run(run(args))
+    figures = table(results, args.lib)
+    print()
+    print(figures)
+    errors = [(k, r["error"]) for k, runs in results.items() for r in runs if "error" in r]
+    for (workload, conc, lib), error in errors:
+        print(f"\n{workload} c={conc} {lib} failed: {error}", file=sys.stderr)
+    if args.results:
+        write_results(args.results, command, figures, (time.monotonic() - began) / 60)
+        print(f"\nwritten to {args.results}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
