@@ -40,16 +40,33 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 -- Due jobs and lapsed leases, best first, skipping rows another claimer holds. A lapsed job
 -- with no attempts left is not claimed: it is returned flagged `exhausted` (locked, but not
 -- yet changed) so the caller can dead-letter it with its message.
+-- Each queue's due jobs are read in claim order straight off jobs_waiting and stop after
+-- $3 rows (one OR over both kinds of candidate made PostgreSQL read and sort EVERY waiting
+-- row: 35 ms a claim with 20,000 queued). The driver runs it with enable_sort off, so that
+-- without fresh statistics (a batch just enqueued) the planner still walks that index.
 WITH candidates AS MATERIALIZED (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = ANY($2::text[])
-      AND (
-          (state IN ('ready', 'suspended') AND run_at <= $1)
-          OR (state = 'running' AND lease_until <= $1 AND attempts < max_attempts)
-      )
-    ORDER BY priority, run_at, id
+    SELECT c.id FROM (
+        SELECT w.id, w.priority, w.run_at
+        FROM unnest($2::text[]) AS q(name)
+        CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM {schema}.jobs
+            WHERE queue = q.name AND state IN ('ready', 'suspended') AND run_at <= $1
+            ORDER BY priority, run_at, id
+            LIMIT $3
+            FOR UPDATE SKIP LOCKED
+        ) AS w
+        UNION ALL
+        SELECT l.id, l.priority, l.run_at FROM (
+            SELECT id, priority, run_at FROM {schema}.jobs
+            WHERE queue = ANY($2::text[])
+              AND state = 'running' AND lease_until <= $1 AND attempts < max_attempts
+            ORDER BY priority, run_at, id
+            LIMIT $3
+            FOR UPDATE SKIP LOCKED
+        ) AS l
+    ) AS c
+    ORDER BY c.priority, c.run_at, c.id
     LIMIT $3
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET state = 'running',
