@@ -36,6 +36,13 @@ class Settler:
     async def settle(self, settlement: Settlement) -> bool:
         """True when the write applied; False when the claim was no longer current, or the
         settler had already closed (the run was abandoned at the budget)."""
+        pending = self.hand_in(settlement)
+        return await self.confirmed(pending)
+
+    def hand_in(self, settlement: Settlement) -> _Pending | None:
+        """Queue ``settlement`` for the next batch, synchronously: once handed in it is
+        written before the settler finishes, even if the caller stops waiting. None when the
+        settler had already closed (nothing will be written)."""
         if self._closed:
             log_event(
                 "jobs.timeout.abandoned",
@@ -43,9 +50,16 @@ class Settler:
                 job_id=settlement.lease.job_id,
                 why="finished after its worker's teardown gave up on it; nothing written",
             )
-            return False
+            return None
         pending = _Pending(settlement)
         self._send.send_nowait(pending)
+        return pending
+
+    async def confirmed(self, pending: _Pending | None) -> bool:
+        """Wait until ``pending`` (from ``hand_in``) is written; answer whether it applied."""
+        if pending is None:
+            await trio.lowlevel.checkpoint()
+            return False
         await pending.done.wait()
         return pending.applied
 

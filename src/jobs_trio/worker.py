@@ -23,7 +23,7 @@ from .errors import ConfigError, DriverError
 from .lease_renewal import renew_leases
 from .logs import log_event
 from .metrics import Metrics, default_metrics
-from .records import Claim, Settlement
+from .records import Claim
 from .registry import Registry
 from .run_scope import DRAINING, RunScope
 from .settler import Settler
@@ -322,6 +322,7 @@ class Worker:
 
     async def _run_tracked(self, claim: Claim, run: RunScope, report: Any) -> None:
         drain = self._drain
+        slot_held = True
         try:
             definition = self.registry.get(claim.name)
             if definition is None:
@@ -332,24 +333,35 @@ class Worker:
                 outcome = await run_attempt(claim, definition, run, ctx, self.worker_id)
             # Done running: the lease is no longer renewed and a drain no longer reaches it.
             drain.release(run)
+            settler = self._settler
+            if outcome.settlement is not None and settler is not None:
+                # Handed in synchronously, so the settler writes it before it finishes (the
+                # teardown waits for that); the slot is free for the next claim meanwhile, and
+                # claims overlap the settles instead of waiting for each batch to commit.
+                pending = settler.hand_in(outcome.settlement)
+                self._record(claim, outcome, report)
+                slot_held = self._free_slot(claim.queue)
+                await settler.confirmed(pending)
+                return
             if outcome.settlement is not None:
-                await self._settle(outcome.settlement)
-            self._record(claim, outcome)
-            if report is not None:
-                report(outcome)
+                await self.driver.settle([outcome.settlement])  # tick(): no settler running
+            self._record(claim, outcome, report)
         finally:
             drain.release(run)
-            self._in_flight[claim.queue] -= 1
-            if self._state == RUNNING and sum(self._in_flight.values()) == 0:
-                self._state = IDLE
-            self._slot_freed.unpark_all()
+            if slot_held:
+                self._free_slot(claim.queue)
 
-    async def _settle(self, settlement: Settlement) -> bool:
-        if self._settler is not None:
-            return await self._settler.settle(settlement)
-        return bool(await self.driver.settle([settlement]))
+    def _free_slot(self, queue: str) -> bool:
+        """Give back a run's slot (answers False: no longer held)."""
+        self._in_flight[queue] -= 1
+        if self._state == RUNNING and sum(self._in_flight.values()) == 0:
+            self._state = IDLE
+        self._slot_freed.unpark_all()
+        return False
 
-    def _record(self, claim: Claim, outcome: Outcome) -> None:
+    def _record(self, claim: Claim, outcome: Outcome, report: Any) -> None:
+        if report is not None:
+            report(outcome)
         self._outcomes[outcome.kind] += 1
         self._metrics.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
         level = logging.DEBUG if outcome.kind == "completed" else logging.INFO
