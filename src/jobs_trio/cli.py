@@ -23,7 +23,7 @@ from .lifecycle import open_lifecycle
 from .open_driver import open_driver
 from .records import Enqueued, JobState, NewJob
 from .registry import JobDefinition, Registry
-from .worker import open_worker
+from .worker import DEFAULT_LEASE, open_worker
 
 ENV_DB = "JOBS_TRIO_DB"
 ENV_SCHEMA = "JOBS_TRIO_SCHEMA"
@@ -129,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--lease",
         type=_positive_seconds,
-        default=30.0,
+        default=DEFAULT_LEASE,
         metavar="S",
-        help="how long a claim holds a job without renewal (default 30)",
+        help=f"how long a claim holds a job without renewal (default {DEFAULT_LEASE:g})",
     )
 
     enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")

@@ -32,6 +32,12 @@ from .steps import Steps
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
 
+# How long a claim holds a job without renewal: after a worker dies (kill -9, OOM, a lost
+# machine) its jobs are claimable again within this long. 8 s keeps that rescue under 10 s
+# even when the death comes just after a renewal; renewals every lease / 3 (~2.7 s) leave
+# two missed renewals of slack before a live worker loses its jobs.
+DEFAULT_LEASE = 8.0
+
 IDLE = "idle"  # started, nothing in flight
 RUNNING = "running"  # started, jobs in flight
 DRAINING_STATE = "draining"  # a teardown is in progress
@@ -68,7 +74,7 @@ class Worker:
         *,
         queues: Sequence[str] | None = None,
         concurrency: int | Mapping[str, int] = 10,
-        lease: float = 30.0,
+        lease: float = DEFAULT_LEASE,
         renew_interval: float | None = None,
         poll_interval: float = 1.0,
         worker_id: str | None = None,
