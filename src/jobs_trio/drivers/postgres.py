@@ -236,21 +236,13 @@ class PostgresDriver:
         wanted = list(dict.fromkeys(queues))
 
         async def take(conn: Connection) -> list[Claim]:
-            # Local to this transaction: the claim's plan must walk the claim-order index even
-            # when the statistics do not yet know the queue is deep (see the claim's SQL). The
-            # cost that switching sorts off adds would then trip JIT compilation (~0.8 s); and a
-            # generic plan spares the ~1 ms of planning this statement costs each time.
-            await conn.execute(
-                "SET LOCAL enable_sort = off; SET LOCAL jit = off;"
-                " SET LOCAL plan_cache_mode = force_generic_plan"
-            )
             rows = await conn.fetch(
                 sql["claim"], now, wanted, limit, float(lease), worker_id, LAPSED_ERROR
             )
             exhausted = [row for row in rows if row["exhausted"]]
             if exhausted:
                 # Attempts are counted at claim, so a job that keeps killing its worker ends
-                # here instead of looping forever (same transaction as the claim).
+                # here instead of looping forever.
                 await conn.execute(
                     sql["bury_lapsed"],
                     now,
@@ -272,7 +264,7 @@ class PostgresDriver:
                 if not row["exhausted"]
             ]
 
-        claims: list[Claim] = await self.bridge.run(take, what="claim", transaction=True)
+        claims: list[Claim] = await self.bridge.run(take, what="claim")
         return claims
 
     async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:

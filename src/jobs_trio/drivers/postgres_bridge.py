@@ -24,6 +24,14 @@ Operation = Callable[[Connection], Awaitable[T]]
 CLEANUP_SECONDS = 5.0
 CONNECT_SECONDS = 10.0
 
+# Session settings of the driver's own pooled connections (never an application's connection).
+# The claim must walk its claim-order index even when the statistics do not yet know a queue
+# is deep (a batch just enqueued): with sorts off the planner never sorts every waiting row
+# instead (35 ms a claim at 20,000 queued). Every statement here is a short one on indexes, so
+# JIT only ever costs (the disable cost alone trips it: 0.8 s a claim), and generic plans spare
+# the ~1 ms of planning a claim costs each time. As session settings they cost no round trip.
+POOL_SETTINGS = {"enable_sort": "off", "jit": "off", "plan_cache_mode": "force_generic_plan"}
+
 
 class Bridge:
     """The asyncio side of the PostgreSQL driver, seen from Trio.
@@ -75,7 +83,10 @@ class Bridge:
             return await asyncpg.connect(
                 self.url,
                 timeout=CONNECT_SECONDS,
-                server_settings={"application_name": f"{self.application_name}:{purpose}"},
+                server_settings={
+                    "application_name": f"{self.application_name}:{purpose}",
+                    **(POOL_SETTINGS if purpose == "pool" else {}),
+                },
             )
 
         return await self._cross(connect, what=f"connecting ({purpose})")

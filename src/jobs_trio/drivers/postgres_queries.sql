@@ -42,8 +42,9 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 -- yet changed) so the caller can dead-letter it with its message.
 -- Each queue's due jobs are read in claim order straight off jobs_waiting and stop after
 -- $3 rows (one OR over both kinds of candidate made PostgreSQL read and sort EVERY waiting
--- row: 35 ms a claim with 20,000 queued). The driver runs it with enable_sort off, so that
--- without fresh statistics (a batch just enqueued) the planner still walks that index.
+-- row: 35 ms a claim with 20,000 queued). The driver's connections run with enable_sort off
+-- (postgres_bridge.POOL_SETTINGS), so that without fresh statistics (a batch just enqueued)
+-- the planner still walks that index.
 WITH candidates AS MATERIALIZED (
     SELECT c.id FROM (
         SELECT w.id, w.priority, w.run_at
