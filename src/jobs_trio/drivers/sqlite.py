@@ -598,11 +598,15 @@ class SqliteDriver:
             # Per queue and state, each read stops after `limit` rows in claim order (the
             # jobs_claim index); lapsed leases are few (at most the running jobs). The merge
             # is Python's sort, so the order is the memory driver's to the letter.
+            # INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches run_at)
+            # and sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued,
+            # against 0.04 ms reading jobs_claim in order.
             candidates: list[Any] = []
             for queue in wanted:
                 for state in ("ready", "suspended"):
                     candidates += conn.execute(
-                        "SELECT priority, run_at, id, state, attempts, max_attempts FROM jobs"
+                        "SELECT priority, run_at, id, state, attempts, max_attempts"
+                        " FROM jobs INDEXED BY jobs_claim"
                         " WHERE queue = ? AND state = ? AND run_at <= ?"
                         " ORDER BY priority, run_at, id LIMIT ?",
                         (queue, state, now, max(limit, 0)),
