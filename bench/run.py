@@ -522,7 +522,12 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
             row = [label, metric]
             for lib in libs:
                 runs = results.get((workload, conc, lib), [])
-                meds[lib], text = summarise([r.get(key) for r in runs if "error" not in r], key)
+                ok = [r for r in runs if "error" not in r]
+                if key == "rerun_s" and ok and all(r.get("finished") for r in ok):
+                    # Its job finished during the first worker's shutdown: nothing to run again.
+                    meds[lib], text = None, "n/a (job completed during the drain)"
+                else:
+                    meds[lib], text = summarise([r.get(key) for r in ok], key)
                 if key == "process_jps" and any(r.get("processed", 0) < Sizes.jobs for r in runs):
                     text += " ‡"
                 errors = sum(1 for r in runs if "error" in r)
@@ -530,7 +535,7 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
             if "jobs_trio" in libs:
                 for peer in peers:
                     a, b = meds.get("jobs_trio"), meds.get(peer)
-                    row.append(f"{a / b:.2f}×" if a is not None and b else "—")
+                    row.append(_ratio(a, b))
             lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append(
@@ -549,6 +554,13 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
             )
             lines.append(f"- {lib}: {seen}")
     return "\n".join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or not b:
+        return "—"
+    r = a / b
+    return f"{r:.2f}×" if r >= 0.1 else f"{r:.4f}×"
 
 
 def _cell_order(cell: tuple[str, int]) -> tuple[int, int]:
@@ -697,7 +709,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{workload} c={conc} {lib} failed: {error}", file=sys.stderr)
     if args.results:
         write_results(args.results, command, figures, (time.monotonic() - began) / 60)
-        print(f"\nwritten to {args.results}")
+        raw = args.results.with_suffix(".json")
+        raw.write_text(
+            json.dumps(
+                [
+                    {"workload": w, "concurrency": c, "lib": lib, "runs": runs}
+                    for (w, c, lib), runs in results.items()
+                ],
+                indent=1,
+            )
+        )
+        print(f"\nwritten to {args.results} (every run's figures: {raw})")
     return 1 if errors else 0
 
 
