@@ -1,9 +1,10 @@
 # One long-lived Trio run on a MockClock, driven step by step from synchronous code (Hypothesis
-# rules), in Trio's guest mode: the host pumps Trio's callbacks until each step has settled.
+# rules), in Trio's guest mode on a host thread of its own. Own thread: a run that fails to close
+# (a hang in the code under test) cannot poison the next example, whose run starts on a new one.
 from __future__ import annotations
 
 import queue
-import time
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,6 +12,7 @@ import trio
 import trio.testing
 
 T = TypeVar("T")
+SETTLE_TIMEOUT = 30.0  # real seconds: only a hang in the code under test gets near it
 
 
 class GuestTrio:
@@ -18,57 +20,56 @@ class GuestTrio:
         self.clock = trio.testing.MockClock()  # rate 0, no autojump: time moves when told
         self._callbacks: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._outcome: Any = None
+        self._finished = threading.Event()
+        self._ready = threading.Event()
         self.nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
+        self._host = threading.Thread(target=self._host_loop, daemon=True)
+        self._host.start()
+        if not self._ready.wait(SETTLE_TIMEOUT):
+            raise TimeoutError("the guest Trio run did not start")
+
+    def _host_loop(self) -> None:
         trio.lowlevel.start_guest_run(
             self._main,
             run_sync_soon_threadsafe=self._callbacks.put,
-            done_callback=self._finished,
+            done_callback=self._done,
             clock=self.clock,
             host_uses_signal_set_wakeup_fd=False,
         )
-        self._pump_until(lambda: self.nursery is not None)
+        while not self._finished.is_set():
+            self._callbacks.get()()
 
     async def _main(self) -> None:
         async with trio.open_nursery() as nursery:
             self._token = trio.lowlevel.current_trio_token()
             self.nursery = nursery
+            self._ready.set()
             await trio.sleep_forever()
 
-    def _finished(self, outcome: Any) -> None:
+    def _done(self, outcome: Any) -> None:
         self._outcome = outcome
-
-    def _pump_until(self, done: Callable[[], bool], timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    "the guest Trio run did not settle (a hang in the code under test)"
-                )
-            try:
-                callback = self._callbacks.get(timeout=left)
-            except queue.Empty:
-                continue
-            callback()
+        self._finished.set()
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn(*args)`` as a task of the guest run, wait for it, then until every task is
         blocked again; answer its result (or raise its error)."""
         box: dict[str, Any] = {}
+        settled = threading.Event()
 
         async def task() -> None:
             try:
                 box["value"] = await fn(*args)
-            except BaseException as exc:  # handed to the host below
+            except BaseException as exc:  # handed to the caller below
                 box["error"] = exc
             await trio.testing.wait_all_tasks_blocked()
-            box["done"] = True
+            settled.set()
 
         assert self._token is not None and self.nursery is not None
         nursery = self.nursery
         self._token.run_sync_soon(lambda: nursery.start_soon(task))
-        self._pump_until(lambda: "done" in box)
+        if not settled.wait(SETTLE_TIMEOUT):
+            raise TimeoutError("the guest Trio run did not settle (a hang in the code under test)")
         if "error" in box:
             raise box["error"]
         return box.get("value")  # type: ignore[no-any-return]
@@ -99,5 +100,6 @@ class GuestTrio:
             nursery.cancel_scope.cancel()
 
         self._token.run_sync_soon(cancel_with_time_running)
-        self._pump_until(lambda: self._outcome is not None)
+        if not self._finished.wait(SETTLE_TIMEOUT):
+            raise TimeoutError("the guest Trio run did not end when cancelled")
         self._outcome.unwrap()
