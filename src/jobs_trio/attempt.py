@@ -12,6 +12,7 @@ import trio
 
 from .errors import JobsError, JobTimeout
 from .logs import log_event
+from .operator_transitions import OPERATOR_CANCEL_ERROR
 from .records import (
     CancelJob,
     Claim,
@@ -135,7 +136,7 @@ def _verdict(
     if reason == LEASE_LOST:
         return Outcome(claim.job_id, claim.name, LOST, None, "lease lost", seconds)
     if reason == CANCELLED:
-        why = "cancelled by an operator"
+        why = OPERATOR_CANCEL_ERROR
         return Outcome(
             claim.job_id, claim.name, CANCELLED_OUTCOME, CancelJob(lease, why), why, seconds
         )

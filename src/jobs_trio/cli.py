@@ -17,10 +17,11 @@ import trio
 
 from . import cli_render as render
 from .driver import Driver
-from .errors import ConfigError, JobNotFound, JobsError, PayloadNotSerialisable
+from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
 from .lifecycle import open_lifecycle
 from .open_driver import open_driver
+from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
 from .registry import JobDefinition, Registry
 from .worker import DEFAULT_LEASE, open_worker
@@ -364,9 +365,7 @@ def on_driver(command: DriverCommand) -> Callable[[argparse.Namespace], int]:
 
 
 async def _show(driver: Driver, args: argparse.Namespace) -> None:
-    record = await driver.get(args.id)
-    if record is None:
-        raise JobNotFound(f"no job with id {args.id!r}", fix="check the id with `jobs-trio list`")
+    record = found(await driver.get(args.id), args.id)
     steps = await driver.load_steps(args.id)
     if args.json:
         _print_json(render.job_json(record, steps))

@@ -33,12 +33,25 @@ class Metrics:
         self.queue_dead_jobs = Gauge(
             "queue_dead_jobs", "Dead-lettered jobs kept", ["queue"], registry=registry
         )
+        # labels() takes a lock and builds a key on every call: once per (queue, job, outcome)
+        # here, instead of twice per finished attempt on the worker's hot path.
+        self._finished: dict[tuple[str, str, str], tuple[Counter | None, Histogram]] = {}
 
     def attempt_finished(self, queue: str, job: str, outcome: str, seconds: float) -> None:
-        label = COUNTED_OUTCOMES.get(outcome)
-        if label is not None:
-            self.jobs_total.labels(queue=queue, job=job, outcome=label).inc()
-        self.run_seconds.labels(queue=queue, job=job).observe(seconds)
+        children = self._finished.get((queue, job, outcome))
+        if children is None:
+            label = COUNTED_OUTCOMES.get(outcome)
+            counter = (
+                None
+                if label is None
+                else self.jobs_total.labels(queue=queue, job=job, outcome=label)
+            )
+            children = (counter, self.run_seconds.labels(queue=queue, job=job))
+            self._finished[(queue, job, outcome)] = children
+        counter, histogram = children
+        if counter is not None:
+            counter.inc()
+        histogram.observe(seconds)
 
     def queues_observed(self, stats: Sequence[QueueStats]) -> None:
         for q in stats:

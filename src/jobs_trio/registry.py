@@ -47,8 +47,11 @@ class JobDefinition:
     step_timeout: float | None = None
     event_poll: float = 60.0
 
-    @property
-    def is_async(self) -> bool:
+    # Decided once at declaration: the worker asks for every attempt.
+    is_async: bool = attrs.field(init=False)
+
+    @is_async.default
+    def _is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
     def is_terminal(self, error: BaseException) -> bool:

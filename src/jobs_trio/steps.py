@@ -167,14 +167,12 @@ class Steps:
                 wake_at=now + timeout if timeout is not None else None,
                 event=event,
                 match=match,
-                result=json.dumps({"include_earlier": include_earlier}),
             )
             await self._save(record)
         if record.status is StepStatus.DONE:
             return _event_result(name, record)
-        since = (
-            None if json.loads(record.result or "{}").get("include_earlier") else record.started_at
-        )
+        # The body passes the same arguments on every replay: nothing about them is stored.
+        since = None if include_earlier else record.started_at
         found = await self._driver.find_event(event, key=match, since=since)
         if found is not None:
             text = json.dumps({"payload": json.loads(found.payload), "event_id": found.id})

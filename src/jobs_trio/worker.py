@@ -24,7 +24,7 @@ from .lease_renewal import renew_leases
 from .logs import log_event
 from .metrics import Metrics, default_metrics
 from .records import Claim
-from .registry import Registry
+from .registry import JobDefinition, Registry
 from .run_scope import DRAINING, RunScope
 from .settler import Settler
 from .steps import Steps
@@ -276,8 +276,7 @@ class Worker:
                     [queue], self._limits[queue], lease=self.lease, worker_id=self.worker_id
                 )
                 for claim in claims:
-                    run = self._hold(claim)
-                    nursery.start_soon(self._run_claim, claim, run, outcomes.append)
+                    nursery.start_soon(self._run_claim, claim, *self._hold(claim), outcomes.append)
         return outcomes
 
     # -- claiming and running --------------------------------------------------------------
@@ -304,14 +303,15 @@ class Worker:
                 continue
             assert self._runs is not None
             for claim in claims:
-                run = self._hold(claim)
-                self._runs.start_soon(self._run_claim, claim, run, None)
+                self._runs.start_soon(self._run_claim, claim, *self._hold(claim), None)
             if len(claims) < free:
                 await self.driver.wait_for_work([queue], timeout=self.poll_interval)
             else:
                 await trio.lowlevel.checkpoint()
 
-    def _hold(self, claim: Claim) -> RunScope:
+    def _hold(self, claim: Claim) -> tuple[RunScope, JobDefinition | None]:
+        """Count the claim against its queue's slots and hold its run scope in the drain, at
+        once: a drain signalled before the run's task starts must still reach it."""
         definition = self.registry.get(claim.name)
         run = RunScope(claim, definition.timeout if definition else None)
         run.lease_deadline = trio.current_time() + self.lease
@@ -319,18 +319,21 @@ class Worker:
         if self._state == IDLE:
             self._state = RUNNING
         self._drain.hold(run)
-        return run
+        return run, definition
 
-    async def _run_claim(self, claim: Claim, run: RunScope, report: Any) -> None:
+    async def _run_claim(
+        self, claim: Claim, run: RunScope, definition: JobDefinition | None, report: Any
+    ) -> None:
         # Counted as the lifecycle's in-flight work, so a shutdown's wait covers the jobs too.
         with self._lifecycle.track() if self._lifecycle else contextlib.nullcontext():
-            await self._run_tracked(claim, run, report)
+            await self._run_tracked(claim, run, definition, report)
 
-    async def _run_tracked(self, claim: Claim, run: RunScope, report: Any) -> None:
+    async def _run_tracked(
+        self, claim: Claim, run: RunScope, definition: JobDefinition | None, report: Any
+    ) -> None:
         drain = self._drain
         slot_held = True
         try:
-            definition = self.registry.get(claim.name)
             if definition is None:
                 outcome = parked(claim, sorted(d.name for d in self.registry))
             else:

@@ -10,7 +10,14 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from ..errors import ConfigError, InvalidTransition, JobNotFound
+from ..errors import ConfigError
+from ..operator_transitions import (
+    OPERATOR_CANCEL_ERROR,
+    cancel_flags_only,
+    check_retry,
+    found,
+    key_held,
+)
 from ..records import (
     LIVE_STATES,
     CancelJob,
@@ -273,32 +280,16 @@ class MemoryDriver:
         found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return found[:limit]
 
-    def _get_or_raise(self, job_id: JobId) -> JobRecord:
-        record = self._jobs.get(job_id)
-        if record is None:
-            raise JobNotFound(
-                f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`"
-            )
-        return record
-
     async def retry(self, job_id: JobId) -> JobRecord:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        record = self._get_or_raise(job_id)
-        if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
-            raise InvalidTransition(
-                f"job {job_id} is {record.state.value}; "
-                "only dead, cancelled or parked jobs can be retried",
-                fix="wait for it to finish, or cancel it first",
-            )
+        record = found(self._jobs.get(job_id), job_id)
+        check_retry(record)
         if record.key is not None and any(
             r.key == record.key and r.state in LIVE_STATES and r.id != job_id
             for r in self._jobs.values()
         ):
-            raise InvalidTransition(
-                f"job {job_id}'s key {record.key!r} is held by another live job",
-                fix="let that job finish or cancel it, then retry this one",
-            )
+            raise key_held(job_id, record.key)
         updated = self._put(
             record, state=JobState.READY, run_at=self.now(), attempts=0, cancel_requested=False
         )
@@ -308,17 +299,10 @@ class MemoryDriver:
     async def cancel(self, job_id: JobId) -> JobRecord:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        record = self._get_or_raise(job_id)
-        if record.state is JobState.RUNNING:
+        record = found(self._jobs.get(job_id), job_id)
+        if cancel_flags_only(record):
             return self._put(record, cancel_requested=True)
-        if record.state in (JobState.READY, JobState.SUSPENDED, JobState.PARKED):
-            return self._put(
-                record, state=JobState.CANCELLED, last_error="cancelled by an operator"
-            )
-        raise InvalidTransition(
-            f"job {job_id} is {record.state.value} and can no longer be cancelled",
-            fix="nothing to do: it has finished",
-        )
+        return self._put(record, state=JobState.CANCELLED, last_error=OPERATOR_CANCEL_ERROR)
 
     async def stats(self) -> Sequence[QueueStats]:
         await trio.lowlevel.checkpoint()

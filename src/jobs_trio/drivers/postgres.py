@@ -13,7 +13,14 @@ from typing import Any
 
 import trio
 
-from ..errors import ConfigError, DriverError, InvalidTransition, JobNotFound
+from ..errors import ConfigError, DriverError
+from ..operator_transitions import (
+    OPERATOR_CANCEL_ERROR,
+    cancel_flags_only,
+    check_retry,
+    found,
+    key_held,
+)
 from ..records import (
     CancelJob,
     Claim,
@@ -46,7 +53,6 @@ __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
 
 log = logging.getLogger("jobs_trio.drivers.postgres")
 
-OPERATOR_CANCEL_ERROR = "cancelled by an operator"
 
 # How often a unique-key enqueue looks again when the live job holding its key finished between
 # the insert (which saw it) and the lookup (which did not). Each round makes progress unless
@@ -356,22 +362,17 @@ class PostgresDriver:
 
         async def rerun(conn: Connection) -> Any:
             record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
-            if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
-                raise InvalidTransition(
-                    f"job {job_id} is {record.state.value}; only dead, cancelled or parked jobs "
-                    "can be retried",
-                    fix="wait for it to finish, or cancel it first",
-                )
+            check_retry(record)
             if record.key is not None and await conn.fetchval(
                 sql["key_held_elsewhere"], record.key, job_id
             ):
-                raise _key_held(job_id, record.key)
+                raise key_held(job_id, record.key)
             try:
                 row = await conn.fetchrow(sql["retry_job"], now, job_id)
             except Exception as exc:
                 # The index caught a key taken after our look: same answer as the look.
                 if getattr(exc, "sqlstate", None) == "23505":
-                    raise _key_held(job_id, record.key) from exc
+                    raise key_held(job_id, record.key) from exc
                 raise
             await conn.execute(sql["notify"], sql.channel, [record.queue])
             return row
@@ -385,14 +386,9 @@ class PostgresDriver:
 
         async def stop(conn: Connection) -> Any:
             record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
-            if record.state is JobState.RUNNING:
+            if cancel_flags_only(record):
                 return await conn.fetchrow(sql["request_cancel"], now, job_id)
-            if record.state in (JobState.READY, JobState.SUSPENDED, JobState.PARKED):
-                return await conn.fetchrow(sql["cancel_job"], now, job_id, OPERATOR_CANCEL_ERROR)
-            raise InvalidTransition(
-                f"job {job_id} is {record.state.value} and can no longer be cancelled",
-                fix="nothing to do: it has finished",
-            )
+            return await conn.fetchrow(sql["cancel_job"], now, job_id, OPERATOR_CANCEL_ERROR)
 
         return _record(await self.bridge.run(stop, what="cancel", transaction=True))
 
@@ -611,13 +607,4 @@ def _record(row: Any) -> JobRecord:
 
 
 def _record_or_raise(row: Any, job_id: JobId) -> JobRecord:
-    if row is None:
-        raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
-    return _record(row)
-
-
-def _key_held(job_id: JobId, key: str | None) -> InvalidTransition:
-    return InvalidTransition(
-        f"job {job_id}'s key {key!r} is held by another live job",
-        fix="let that job finish or cancel it, then retry this one",
-    )
+    return _record(found(row, job_id))

@@ -20,9 +20,14 @@ import trio
 from ..errors import (
     ConfigError,
     DriverError,
-    InvalidTransition,
-    JobNotFound,
     SchemaVersionError,
+)
+from ..operator_transitions import (
+    OPERATOR_CANCEL_ERROR,
+    cancel_flags_only,
+    check_retry,
+    found,
+    key_held,
 )
 from ..records import (
     CancelJob,
@@ -314,9 +319,7 @@ def _event(row: Any) -> EventRecord:
 
 def _job_or_raise(conn: sqlite3.Connection, job_id: JobId) -> JobRecord:
     row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    if row is None:
-        raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
-    return _job(row)
+    return _job(found(row, job_id))
 
 
 def _refuse_a_connection(connection: object | None, doing: str) -> None:
@@ -769,12 +772,7 @@ class SqliteDriver:
     async def retry(self, job_id: JobId) -> JobRecord:
         def work(conn: sqlite3.Connection, now: float) -> JobRecord:
             record = _job_or_raise(conn, job_id)
-            if record.state not in (JobState.DEAD, JobState.CANCELLED, JobState.PARKED):
-                raise InvalidTransition(
-                    f"job {job_id} is {record.state.value}; only dead, cancelled or parked"
-                    " jobs can be retried",
-                    fix="wait for it to finish, or cancel it first",
-                )
+            check_retry(record)
             if (
                 record.key is not None
                 and conn.execute(
@@ -782,10 +780,7 @@ class SqliteDriver:
                     (record.key, job_id),
                 ).fetchone()
             ):
-                raise InvalidTransition(
-                    f"job {job_id}'s key {record.key!r} is held by another live job",
-                    fix="let that job finish or cancel it, then retry this one",
-                )
+                raise key_held(job_id, record.key)
             conn.execute(
                 "UPDATE jobs SET state = 'ready', run_at = ?, attempts = 0,"
                 " cancel_requested = 0, updated_at = ? WHERE id = ?",
@@ -801,19 +796,11 @@ class SqliteDriver:
         def work(conn: sqlite3.Connection, now: float) -> JobRecord:
             record = _job_or_raise(conn, job_id)
             values: tuple[object, ...]
-            if record.state is JobState.RUNNING:
+            if cancel_flags_only(record):
                 # Its worker hears it at the next renewal and cancels the run.
                 changes, values = "cancel_requested = 1", ()
-            elif record.state in (JobState.READY, JobState.SUSPENDED, JobState.PARKED):
-                changes, values = (
-                    "state = 'cancelled', last_error = ?",
-                    ("cancelled by an operator",),
-                )
             else:
-                raise InvalidTransition(
-                    f"job {job_id} is {record.state.value} and can no longer be cancelled",
-                    fix="nothing to do: it has finished",
-                )
+                changes, values = "state = 'cancelled', last_error = ?", (OPERATOR_CANCEL_ERROR,)
             conn.execute(
                 f"UPDATE jobs SET {changes}, updated_at = ? WHERE id = ?", (*values, now, job_id)
             )

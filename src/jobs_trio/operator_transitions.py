@@ -1,0 +1,51 @@
+# An operator's transitions (retry, cancel): which states allow them, and the errors when they
+# do not. Apart so every driver refuses the same things in the same words.
+from __future__ import annotations
+
+from typing import TypeVar
+
+from .errors import InvalidTransition, JobNotFound
+from .records import JobId, JobRecord, JobState
+
+T = TypeVar("T")
+
+RETRYABLE_STATES = frozenset({JobState.DEAD, JobState.CANCELLED, JobState.PARKED})
+# Cancelled at once; a running job is only flagged (its worker stops it at the next renewal).
+CANCELLABLE_STATES = frozenset({JobState.READY, JobState.SUSPENDED, JobState.PARKED})
+OPERATOR_CANCEL_ERROR = "cancelled by an operator"
+
+
+def found(record: T | None, job_id: JobId) -> T:
+    """``record`` (a job, or a driver's row of one), or ``JobNotFound``."""
+    if record is None:
+        raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
+    return record
+
+
+def check_retry(record: JobRecord) -> None:
+    if record.state not in RETRYABLE_STATES:
+        raise InvalidTransition(
+            f"job {record.id} is {record.state.value}; "
+            "only dead, cancelled or parked jobs can be retried",
+            fix="wait for it to finish, or cancel it first",
+        )
+
+
+def key_held(job_id: JobId, key: str | None) -> InvalidTransition:
+    return InvalidTransition(
+        f"job {job_id}'s key {key!r} is held by another live job",
+        fix="let that job finish or cancel it, then retry this one",
+    )
+
+
+def cancel_flags_only(record: JobRecord) -> bool:
+    """True: the job is running, so the cancel is a request; False: cancel it now. Raises for
+    a job that has finished."""
+    if record.state is JobState.RUNNING:
+        return True
+    if record.state in CANCELLABLE_STATES:
+        return False
+    raise InvalidTransition(
+        f"job {record.id} is {record.state.value} and can no longer be cancelled",
+        fix="nothing to do: it has finished",
+    )
