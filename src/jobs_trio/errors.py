@@ -101,6 +101,16 @@ class DriverError(JobsError):
     retryable = True
 
 
+class WriteRefused(DriverError):
+    """The database answered, and refused THIS write for what it holds (text it cannot store,
+    a value past a limit, a constraint): sending it again fails the same way. Apart from a
+    plain DriverError ("unreachable, try again") so one poison write is isolated, never
+    retried forever in front of every other."""
+
+    code = "X_REFUSED"
+    retryable = False
+
+
 class TerminalError(JobsError):
     """Raise from a job body to dead-letter the job at once, whatever attempts are left."""
 

@@ -1,41 +1,67 @@
-# Lease renewal: every held run's lease extended in ONE driver call per interval; a run whose
-# lease is gone is cancelled `lease-lost`. Apart because it is the only path a lost lease takes.
+# Lease renewal and its watchdog: every held run's lease extended in ONE driver call per interval,
+# and each run cancelled `lease-lost` once its lease runs out on the worker's own clock without a
+# renewal. Apart because it is the only path a lost lease takes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 
 from .drain import Drain
 from .driver import Driver
-from .errors import DriverError
+from .errors import JobsError
 from .logs import log_event
 from .run_scope import CANCELLED, LEASE_LOST, RunScope
 
 
+def lease_margin(lease: float) -> float:
+    """How long before its lease runs out a run that could not renew is stopped: its body
+    needs a moment to unwind, and the next worker may claim the job the instant the lease
+    lapses. A quarter of the lease, at most 2 s (8 s leases: stopped 6 s after the last
+    renewal was sent)."""
+    return min(lease / 4, 2.0)
+
+
+def expire_lapsed(runs: Sequence[RunScope], now: float, margin: float) -> None:
+    """Cancel every run whose lease, as this worker last saw it renewed, is about to run out:
+    whether the renewals failed or hang, another worker may claim the job at the lapse, and
+    two copies of one job must never run at once."""
+    for run in runs:
+        if now >= run.lease_deadline - margin and run.reason is None and not run.settling:
+            log_event(
+                "jobs.lease.expired",
+                logging.WARNING,
+                job_id=run.job_id,
+                job=run.claim.name,
+                why="no renewal reached the database before the lease ran out",
+            )
+            run.cancel(LEASE_LOST)
+
+
 async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None:
-    """One renewal round for ``runs``: extend, or cancel the ones lost or operator-cancelled."""
+    """One renewal round for ``runs``: extend, or cancel the ones lost or operator-cancelled.
+    Answers are keyed by claim token: a worker can hold an older run of a job beside a newer
+    one (its own lapsed lease re-claimed), and only the newer one's lease is still held."""
     if not runs:
         return
     sent_at = trio.current_time()
     try:
         result = await driver.renew([r.claim.lease for r in runs], lease=lease)
-    except DriverError as exc:
+    except JobsError as exc:
+        # The watchdog stops each run at its own deadline; nothing more to do here than say so.
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
-        now = trio.current_time()
-        for run in runs:
-            # Past our own view of the lease another worker may already have claimed the
-            # job: stop rather than run two copies at once.
-            if now >= run.lease_deadline:
-                run.cancel(LEASE_LOST)
         return
     for run in runs:
-        if run.job_id not in result.held:
-            log_event("jobs.lease.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name)
+        if run.claim.token not in result.held:
+            if run.reason is None:
+                log_event("jobs.lease.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name)
             run.cancel(LEASE_LOST)
         else:
+            # From when the renewal was SENT: the database set its lease at some moment after
+            # that, so this deadline is never later than the database's.
             run.lease_deadline = sent_at + lease
-            if run.job_id in result.cancel_requested:
+            if run.claim.token in result.cancel_requested:
                 run.cancel(CANCELLED)
 
 
@@ -47,7 +73,27 @@ async def renew_leases(
     interval: float,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Renew every ``interval``; between renewals, wake at the earliest lease cutoff of a held
+    run. A renewal that hangs (a row lock, a stalled server) is abandoned at that cutoff, so a
+    hung database can delay the watchdog by nothing."""
+    margin = lease_margin(lease)
     task_status.started()
+    next_round = trio.current_time() + interval
     while True:
-        await trio.sleep(interval)
-        await renew_held(driver, drain.held, lease)
+        now = trio.current_time()
+        # A run held after this point gets a lease from its claim, so its cutoff is never
+        # before now + lease - margin: waking by then is enough to catch it.
+        wake = min([next_round, now + lease - margin, *_cutoffs(drain.held, margin)])
+        await trio.sleep_until(wake)
+        expire_lapsed(drain.held, trio.current_time(), margin)
+        if trio.current_time() >= next_round:
+            next_round = trio.current_time() + interval
+            # Every held run, cancelled ones too: a body still unwinding, or a settlement not
+            # yet written, keeps its lease until it is done, or another worker takes the job.
+            with trio.move_on_at(min([next_round, *_cutoffs(drain.held, margin)])):
+                await renew_held(driver, drain.held, lease)
+            expire_lapsed(drain.held, trio.current_time(), margin)
+
+
+def _cutoffs(runs: Sequence[RunScope], margin: float) -> list[float]:
+    return [r.lease_deadline - margin for r in runs if r.reason is None and not r.settling]

@@ -85,8 +85,10 @@ class Claim:
 
 @attrs.frozen
 class RenewResult:
-    held: frozenset[JobId]  # leases still ours, now extended
-    cancel_requested: frozenset[JobId] = frozenset()  # an operator asked these to stop
+    # Keyed by claim token, not job id: one worker can hold an older run of a job beside a
+    # newer one, and only the newer one's lease is still held.
+    held: frozenset[ClaimToken]  # leases still ours, now extended
+    cancel_requested: frozenset[ClaimToken] = frozenset()  # an operator asked these to stop
 
 
 # Settlements: how one attempt ends, written fenced by its lease.

@@ -27,6 +27,9 @@ class RunScope:
         # passes with the database unreachable, the run is cancelled as lost rather than
         # racing the worker that may claim it next.
         self.lease_deadline = math.inf
+        # The body has ended and its settlement waits to be written: still renewed (a slow
+        # database must not turn a finished job into a lapsed one), no longer stopped.
+        self.settling = False
 
     @property
     def job_id(self) -> str:

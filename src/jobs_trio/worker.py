@@ -120,6 +120,7 @@ class Worker:
         self._runs: trio.Nursery | None = None
         self._slot_freed = trio.lowlevel.ParkingLot()
         self._abandoned: tuple[str, ...] = ()
+        self._settle_peak = 0  # the most settlements that waited at once in the last run
 
     # -- what a lifecycle calls ------------------------------------------------------------
 
@@ -182,7 +183,9 @@ class Worker:
             )
         self._state = IDLE
         self._abandoned = ()
-        settler = Settler(self.driver)
+        # Bounded by the worker's concurrency: at most one batch of finished work per slot
+        # waits for the database before the claiming stops (see _claim_loop).
+        settler = Settler(self.driver, capacity=sum(self._limits.values()))
         if self._lifecycle is not None:
             self._lifecycle.register(self)
         torn_down = False
@@ -223,14 +226,39 @@ class Worker:
 
     async def _teardown(self, settler: Settler) -> None:
         self._state = DRAINING_STATE
+        # Runs AND their settlements under one budget: a finished body whose result is not
+        # yet written is as much in flight as one still running.
         with self._budget.scope:
             await self._all_runs_ended()
             settler.close()
             await settler.finished.wait()
         if self._budget.scope.cancelled_caught:
-            stuck = self._drain.held
-            self._abandoned = tuple(r.job_id for r in stuck)
-            for run in stuck:
+            self._abandoned = self._report_abandoned(settler)
+            settler.close()
+        self._finish_teardown()
+
+    def _report_abandoned(self, settler: Settler) -> tuple[str, ...]:
+        """Name every job the budget ran out on: a body still running, or a finished one whose
+        settlement is still unwritten. Each is logged and counted, so the process exits
+        non-zero rather than drop a result silently."""
+        unwritten = {s.lease.token: s for s in settler.unwritten()}
+        abandoned: list[str] = []
+        for run in self._drain.held:
+            abandoned.append(run.job_id)
+            settlement = unwritten.pop(run.claim.token, None)
+            if run.settling:
+                log_event(
+                    "jobs.worker.settle-abandoned",
+                    logging.ERROR,
+                    worker=self.worker_id,
+                    job_id=run.job_id,
+                    job=run.claim.name,
+                    outcome=type(settlement).__name__ if settlement else "unknown",
+                    fix="the database did not take this attempt's settlement within the grace"
+                    " period; its lease lapses and it runs again elsewhere (at-least-once)."
+                    " Check the database, or raise grace",
+                )
+            else:
                 log_event(
                     "jobs.worker.drain-abandoned",
                     logging.ERROR,
@@ -240,8 +268,16 @@ class Worker:
                     fix="the body ignores cancellation (swallows Cancelled or shields itself); "
                     "its lease lapses and it runs again elsewhere. Make it await, or raise grace",
                 )
-            settler.close()
-        self._finish_teardown()
+        for settlement in unwritten.values():  # handed in by a run no longer held (tick())
+            abandoned.append(settlement.lease.job_id)
+            log_event(
+                "jobs.worker.settle-abandoned",
+                logging.ERROR,
+                worker=self.worker_id,
+                job_id=settlement.lease.job_id,
+                outcome=type(settlement).__name__,
+            )
+        return tuple(abandoned)
 
     def _finish_teardown(self) -> None:
         # Fresh drain and budget: a signalled drain stays signalled and a spent budget stays
@@ -249,11 +285,18 @@ class Worker:
         self._drain = Drain()
         self._budget = Budget()
         self._claiming = trio.CancelScope()
+        if self._settler is not None:
+            self._settle_peak = self._settler.peak
         self._settler = None
         # Still registered with its lifecycle: a shutdown that began this teardown asks
         # close() afterwards what was abandoned, and a stopped worker ignores accept and bind.
         self._state = STOPPED
-        log_event("jobs.worker.stopped", worker=self.worker_id, abandoned=len(self._abandoned))
+        log_event(
+            "jobs.worker.stopped",
+            worker=self.worker_id,
+            abandoned=len(self._abandoned),
+            settle_peak=self._settle_peak,
+        )
         done, self._teardown_done = self._teardown_done, trio.Event()
         done.set()
 
@@ -287,6 +330,11 @@ class Worker:
             free = limit - self._in_flight[queue]
             if free <= 0:
                 await self._slot_freed.park()
+                continue
+            if self._settler is not None and self._settler.waiting >= self._settler.capacity:
+                # Backpressure: the database is not keeping up with the settlements; claiming
+                # more would only pile finished work up in memory.
+                await self._settler.room()
                 continue
             try:
                 # Shielded: a claim that committed must reach its runs, or its jobs would sit
@@ -340,13 +388,14 @@ class Worker:
                 steps = Steps(self.driver, claim.lease, definition, run)
                 ctx = JobContext(claim, run, steps, self.worker_id)
                 outcome = await run_attempt(claim, definition, run, ctx, self.worker_id)
-            # Done running: the lease is no longer renewed and a drain no longer reaches it.
-            drain.release(run)
             settler = self._settler
             if outcome.settlement is not None and settler is not None:
-                # Handed in synchronously, so the settler writes it before it finishes (the
-                # teardown waits for that); the slot is free for the next claim meanwhile, and
-                # claims overlap the settles instead of waiting for each batch to commit.
+                # Still held (its lease renewed) until the write commits: a slow database must
+                # not turn a finished job into a lapsed one. Handed in synchronously, so the
+                # settler writes it before it finishes (the teardown waits for that); the slot
+                # is free for the next claim meanwhile, and claims overlap the settles instead
+                # of waiting for each batch to commit (the settler's capacity bounds that).
+                run.settling = True
                 pending = settler.hand_in(outcome.settlement)
                 self._record(claim, outcome, report)
                 slot_held = self._free_slot(claim.queue)

@@ -23,7 +23,7 @@ async def test_cancel_a_running_job_is_reported_at_renewal(driver: Driver) -> No
     record = await driver.cancel(job_id)
     assert record.state is JobState.RUNNING and record.cancel_requested
     result = await driver.renew([claim.lease], lease=30)
-    assert result.held == {job_id} and result.cancel_requested == {job_id}
+    assert result.held == {claim.token} and result.cancel_requested == {claim.token}
 
 
 async def test_cancel_a_finished_job_is_refused(driver: Driver) -> None:

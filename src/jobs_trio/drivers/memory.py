@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WriteRefused
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -22,6 +22,7 @@ from ..records import (
     LIVE_STATES,
     CancelJob,
     Claim,
+    ClaimToken,
     Complete,
     DeadLetter,
     Enqueued,
@@ -40,6 +41,25 @@ from ..records import (
     Suspend,
     new_token,
 )
+
+
+def _refuse_unstorable(settlement: Settlement) -> None:
+    for value in attrs.astuple(settlement, recurse=False):
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise WriteRefused(
+                f"memory driver refused a {type(settlement).__name__}: {exc}",
+                fix="store text without lone surrogates",
+            ) from exc
+        if "\x00" in value:
+            raise WriteRefused(
+                f"memory driver refused a {type(settlement).__name__}: text with a NUL character",
+                fix="store text without NUL characters (PostgreSQL refuses them too)",
+            )
+
 
 LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
 
@@ -202,22 +222,26 @@ class MemoryDriver:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
-        held: set[JobId] = set()
-        cancel: set[JobId] = set()
+        held: set[ClaimToken] = set()
+        cancel: set[ClaimToken] = set()
         for one in leases:
             record = self._current(one)
             if record is None:
                 continue
             self._put(record, lease_until=now + lease)
-            held.add(one.job_id)
+            held.add(one.token)
             if record.cancel_requested:
-                cancel.add(one.job_id)
+                cancel.add(one.token)
         return RenewResult(held=frozenset(held), cancel_requested=frozenset(cancel))
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
+        # Refused as PostgreSQL and SQLite refuse it, before anything applies: on every driver
+        # a batch is all or nothing, which is what lets the settler split a refused one.
+        for s in settlements:
+            _refuse_unstorable(s)
         applied: list[JobId] = []
         for s in settlements:
             record = self._current(s.lease)

@@ -294,8 +294,8 @@ class PostgresDriver:
 
         rows = await self.bridge.run(extend, what="renew")
         return RenewResult(
-            held=frozenset(row["id"] for row in rows),
-            cancel_requested=frozenset(row["id"] for row in rows if row["cancel_requested"]),
+            held=frozenset(row["token"] for row in rows),
+            cancel_requested=frozenset(row["token"] for row in rows if row["cancel_requested"]),
         )
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:

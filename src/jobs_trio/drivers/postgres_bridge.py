@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import trio
 
-from ..errors import ConfigError, DriverError, JobsError
+from ..errors import ConfigError, DriverError, JobsError, WriteRefused
 from .postgres_pool import Connection, Pool
 
 T = TypeVar("T")
@@ -23,6 +23,13 @@ Operation = Callable[[Connection], Awaitable[T]]
 # connection into a worker that cannot stop.
 CLEANUP_SECONDS = 5.0
 CONNECT_SECONDS = 10.0
+
+# SQLSTATE classes in which the server refuses the statement for the values it carries: data
+# exceptions (22: a NUL or invalid byte, a number out of range), integrity (23: a constraint),
+# program limits (54: a value too large) and RAISE from a trigger (P0001). Sent again, the same
+# write fails the same way, so it is isolated rather than retried.
+REFUSED_CLASSES = ("22", "23", "54")
+REFUSED_STATES = ("P0001",)
 
 # Session settings of the driver's own pooled connections (never an application's connection).
 # The claim must walk its claim-order index even when the statistics do not yet know a queue
@@ -54,6 +61,8 @@ class Bridge:
         async with self._pool.checkout() as conn:
             try:
                 return await self._cross(self._on_pooled, conn, op, transaction, what=what)
+            except WriteRefused:
+                raise  # the server answered and rolled back: the connection is sound
             except DriverError:
                 # The database failed this operation in a way we did not plan for (a lost
                 # connection, an error mid-protocol): whatever state that left the connection
@@ -132,14 +141,27 @@ class Bridge:
         except JobsError:
             raise
         except Exception as exc:
-            translated = self._translate(exc, what)
-            if translated is None:
-                raise
-            raise translated from exc
+            raise self._translate(exc, what) from exc
 
-    def _translate(self, exc: Exception, what: str) -> DriverError | None:
+    def _translate(self, exc: Exception, what: str) -> DriverError:
         import asyncpg
 
+        if isinstance(exc, asyncpg.exceptions.DataError | UnicodeError | OverflowError):
+            # Refused on this side, while encoding the arguments (a lone surrogate, an int
+            # past int8): nothing reached the server and the connection is fine.
+            return WriteRefused(
+                f"PostgreSQL driver could not send {what}: {type(exc).__name__}: {exc}",
+                fix="the value cannot be stored: check the text and numbers this write carries",
+            )
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        if isinstance(exc, asyncpg.PostgresError) and (
+            sqlstate[:2] in REFUSED_CLASSES or sqlstate in REFUSED_STATES
+        ):
+            return WriteRefused(
+                f"PostgreSQL refused {what}: [{sqlstate}] {exc}",
+                fix="the value cannot be stored as it is: check the text and numbers this "
+                "write carries (a NUL byte, an invalid character, a value past a limit)",
+            )
         if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
             return DriverError(
                 f"PostgreSQL cancelled {what} at {self._where}: {exc}",
@@ -190,7 +212,13 @@ class Bridge:
                 fix="retry the operation; if it fails the same way, the database may have been "
                 "changed by hand: run `jobs-trio migrate` and check the server's log",
             )
-        return None
+        # Anything else asyncpg raised leaves its connection in a state nobody planned for: a
+        # DriverError makes run() drop that connection instead of handing it to the next call.
+        return DriverError(
+            f"unexpected error from PostgreSQL at {self._where} during {what}: "
+            f"{type(exc).__name__}: {exc}",
+            fix="retry the operation; if it keeps failing, report it with the server's log",
+        )
 
     # --- the asyncio side: each runs inside ONE crossing ---
 

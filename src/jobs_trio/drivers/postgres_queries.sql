@@ -121,7 +121,7 @@ UPDATE {schema}.jobs AS j
 SET lease_until = $1::float8 + $2::float8, updated_at = $1
 FROM held AS h
 WHERE j.id = h.id
-RETURNING j.id, j.cancel_requested;
+RETURNING j.token, j.cancel_requested;
 
 -- name: lock_for_settle
 -- A batch of several kinds runs one statement per kind in one transaction: lock all its rows in

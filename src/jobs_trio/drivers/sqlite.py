@@ -21,6 +21,7 @@ from ..errors import (
     ConfigError,
     DriverError,
     SchemaVersionError,
+    WriteRefused,
 )
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -271,6 +272,18 @@ def _in_thread(
     return result.unwrap()
 
 
+# What SQLite (or its Python binding, while binding the arguments) raises for the VALUES of a
+# write: a lone surrogate, an int past 64 bits, a string or blob past SQLITE_LIMIT_LENGTH,
+# a constraint (NOT NULL for a NaN, a trigger's RAISE).
+_REFUSED: Final = (
+    UnicodeError,
+    OverflowError,
+    sqlite3.DataError,
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+)
+
+
 def _is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
     return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -427,6 +440,14 @@ class SqliteDriver:
                 self._check_open()  # aclose() may have run while this call waited its turn
                 try:
                     return await self._run_in_thread(work, mode)
+                except _REFUSED as exc:
+                    # Rolled back already (_run_transaction): the file is as it was, and the
+                    # same values would be refused again, so this is not worth a retry.
+                    raise WriteRefused(
+                        f"SQLite refused a write to {self.path!r}: {type(exc).__name__}: {exc}",
+                        fix="the value cannot be stored as it is: check the text and numbers"
+                        " this write carries (a lone surrogate, a value past a limit)",
+                    ) from exc
                 except sqlite3.Error as exc:
                     if not _is_busy(exc):
                         raise self._driver_error(exc) from exc
@@ -678,7 +699,7 @@ class SqliteDriver:
                 " WHERE state = 'running' AND (id, token) IN"
                 " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
                 "  FROM json_each(?))"
-                " RETURNING id, cancel_requested",
+                " RETURNING token, cancel_requested",
                 (now + lease, now, pairs),
             ).fetchall()
             return RenewResult(
