@@ -101,6 +101,14 @@ class DriverError(JobsError):
     retryable = True
 
 
+class ValueRefused(JobsError):
+    """The database refused a value it cannot store (a NUL in text, an integer past its
+    column's range): unlike a DriverError, the same call fails the same way every time."""
+
+    code = "X_VALUE"
+    retryable = False
+
+
 class TerminalError(JobsError):
     """Raise from a job body to dead-letter the job at once, whatever attempts are left."""
 

@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 
 import trio
 
-from ..errors import ConfigError, DriverError, JobsError
+from ..errors import ConfigError, DriverError, JobsError, ValueRefused
+from ..redaction import redact_url
 from .postgres_pool import Connection, Pool
 
 T = TypeVar("T")
@@ -46,8 +47,7 @@ class Bridge:
         self.loop = loop
         self.application_name = application_name
         self._pool = Pool(self._open_pooled, pool_size)
-        parsed = urlparse(url)
-        self._where = f"{parsed.hostname or 'localhost'}:{parsed.port or 5432}"
+        self._where = _where(url)
 
     async def run(self, op: Operation[T], *, what: str, transaction: bool = False) -> T:
         """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once."""
@@ -137,8 +137,34 @@ class Bridge:
                 raise
             raise translated from exc
 
-    def _translate(self, exc: Exception, what: str) -> DriverError | None:
+    def _translate(self, exc: Exception, what: str) -> JobsError | None:
         import asyncpg
+
+        # Refusals first: each fails the same way however often it is tried, so none may say
+        # "retry" (nor "run jobs-trio migrate", which cannot create a database).
+        if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+            return ConfigError(
+                f"PostgreSQL at {self._where} has no such database: {exc}",
+                fix="create it (CREATE DATABASE, or `createdb`), then run `jobs-trio migrate"
+                " --db URL` once; or correct the database name in the URL",
+            )
+        if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+            return ConfigError(  # 28000 (no such role, pg_hba.conf) and 28P01 (password)
+                f"PostgreSQL at {self._where} refused the login: {exc}",
+                fix="check the user and password in the URL, and the server's pg_hba.conf"
+                " entry for this host",
+            )
+        if isinstance(exc, asyncpg.exceptions.DataError):  # SQLSTATE class 22
+            return ValueRefused(
+                f"PostgreSQL refused a value during {what}: [{exc.sqlstate}] {exc}",
+                fix="change the value: PostgreSQL stores no NUL character in text, and"
+                " integers only from -2147483648 to 2147483647; retrying fails the same way",
+            )
+        if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+            return ConfigError(
+                f"asyncpg cannot use the URL {redact_url(self.url)!r}: {exc}",
+                fix="correct the URL's options (see asyncpg.connect's dsn parameter)",
+            )
 
         if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
             return DriverError(
@@ -305,3 +331,18 @@ async def _open_pool(
 
 async def _nothing(conn: Connection) -> None:
     pass
+
+
+def _where(url: str) -> str:
+    """``host:port`` for messages (never the whole URL: it may hold a password), once the
+    URL's port is known to be one; urllib raises a bare ValueError for ``:99999``."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"the PostgreSQL URL {redact_url(url)!r} has a bad port: {exc}",
+            fix="write the port as a number from 1 to 65535 (PostgreSQL listens on 5432"
+            " unless told otherwise), e.g. postgresql://user@host:5432/db",
+        ) from exc
+    return f"{parsed.hostname or 'localhost'}:{port or 5432}"
