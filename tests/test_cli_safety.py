@@ -147,9 +147,7 @@ def read_only(path: Path) -> Iterator[None]:
         subprocess.run([chattr, "-i", path], check=True)
 
 
-def test_a_read_only_file_can_be_read_and_a_write_is_not_worth_retrying(
-    cli: Cli, db: str
-) -> None:
+def test_a_read_only_file_can_be_read_and_a_write_is_not_worth_retrying(cli: Cli, db: str) -> None:
     job_id = enqueue(cli, db, "x")
     with read_only(path_of(db)):
         err = cli.fails("enqueue", "y", "--db", db, code="X_CONFIG")
