@@ -101,7 +101,9 @@ def test_the_bytes_a_real_process_prints_are_escaped(tmp_path: Path) -> None:
 # Read-only commands open the database read-only: they never create, migrate or write it.
 
 
-@pytest.mark.parametrize("argv", [["list"], ["stats"], ["show", "1a22"]])
+@pytest.mark.parametrize(
+    "argv", [["list"], ["stats"], ["show", "1a22"], ["retry", "1a22"], ["cancel", "1a22"]]
+)
 def test_a_mistyped_path_is_no_database_and_nothing_is_created(
     cli: Cli, tmp_path: Path, argv: list[str]
 ) -> None:

@@ -313,13 +313,15 @@ def database_url(args: argparse.Namespace, *, one_shot: bool = True) -> str:
 
 
 def driver_options(
-    args: argparse.Namespace, url: str, *, read_only: bool = False
+    args: argparse.Namespace, url: str, *, existing: bool = False, read_only: bool = False
 ) -> dict[str, Any]:
     """``--schema`` (or its variable) for a PostgreSQL URL; refused elsewhere rather than
-    silently ignored, since it would point at jobs that are not there. ``read_only`` opens a
-    SQLite file without creating or migrating it (PostgreSQL never does either unless asked
-    to migrate)."""
-    options: dict[str, Any] = {"read_only": True} if read_only and _is_sqlite(url) else {}
+    silently ignored, since it would point at jobs that are not there. On SQLite, ``existing``
+    refuses to create a missing file and ``read_only`` also opens it without migrating or
+    writing it (PostgreSQL creates nothing on open, and migrates only when asked)."""
+    options: dict[str, Any] = {}
+    if _is_sqlite(url):
+        options = {"create": not existing, "read_only": read_only}
     schema: str | None = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
     if schema is None:
         return options
@@ -449,12 +451,13 @@ DriverCommand = Callable[[Driver, argparse.Namespace], Awaitable[None]]
 def on_driver(
     command: DriverCommand, *, read_only: bool = False
 ) -> Callable[[argparse.Namespace], int]:
-    """A command that needs nothing but an open driver: the URL is checked before Trio starts.
-    A ``read_only`` one opens the database read-only: it never creates, migrates or writes."""
+    """A command on jobs that must already exist: it never creates a database (a mistyped
+    path is "no database at PATH"), and a ``read_only`` one opens it read-only, never
+    migrating or writing it. The URL is checked before Trio starts."""
 
     def run(args: argparse.Namespace) -> int:
         url = database_url(args)
-        options = driver_options(args, url, read_only=read_only)
+        options = driver_options(args, url, existing=True, read_only=read_only)
 
         async def opened() -> None:
             async with open_driver(url, **options) as driver:
@@ -491,20 +494,22 @@ async def _retry(driver: Driver, args: argparse.Namespace) -> None:
     if args.json:
         _print_json(record.to_json())
     else:
-        print(f"{record.id}: {record.state}, attempts reset ({render.attempts(record)})")
+        shown = render.visible(record.id)
+        print(f"{shown}: {record.state}, attempts reset ({render.attempts(record)})")
 
 
 async def _cancel(driver: Driver, args: argparse.Namespace) -> None:
     record = await driver.cancel(args.id)
+    shown = render.visible(record.id)
     if args.json:
         _print_json(record.to_json())
     elif record.state is JobState.RUNNING:
         print(
-            f"{record.id}: running; cancel requested (its worker stops the run at its next"
-            " lease renewal)"
+            f"{shown}: running; cancel requested (its worker stops the run at its next lease"
+            " renewal)"
         )
     else:
-        print(f"{record.id}: {record.state}")
+        print(f"{shown}: {record.state}")
 
 
 async def _stats(driver: Driver, args: argparse.Namespace) -> None:

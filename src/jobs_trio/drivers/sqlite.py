@@ -170,8 +170,8 @@ def _refuse_a_file_that_is_not_sqlite(path: str) -> None:
         )
 
 
-def _connect(path: str, busy_timeout: float, read_only: bool) -> sqlite3.Connection:
-    if read_only:
+def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> sqlite3.Connection:
+    if read_only or not create:
         _refuse_a_missing_file(path)
     _refuse_a_file_that_is_not_sqlite(path)
     if not read_only:
@@ -199,8 +199,9 @@ def _connect(path: str, busy_timeout: float, read_only: bool) -> sqlite3.Connect
 
 
 def _refuse_a_missing_file(path: str) -> None:
-    """A read-only open of a path that is not there is a mistyped path: creating (and
-    migrating) an empty database there would answer "no jobs" about the wrong file."""
+    """An open that must find a database (read-only, or create=False) at a path that is not
+    there was given a mistyped path: creating (and migrating) an empty database there would
+    answer "no jobs", or "no job with id ...", about the wrong file."""
     if not os.path.exists(path):
         raise ConfigError(
             f"no database at {path!r}",
@@ -1001,13 +1002,15 @@ async def open_sqlite_driver(
     poll_interval: float = POLL_INTERVAL,
     synchronous: str = "FULL",
     read_only: bool = False,
+    create: bool = True,
 ) -> AsyncIterator[SqliteDriver]:
     """Open ``sqlite:///jobs.db``: create or upgrade the schema, switch to WAL, and close the
     connection on the way out. A new file is created readable by its owner only (0600).
 
     ``read_only=True`` creates, upgrades and changes nothing: a missing file is "no database
     at PATH", a file at an older schema version is refused, and every write is refused by
-    SQLite itself (`ConfigError`, never a retry).
+    SQLite itself (`ConfigError`, never a retry). ``create=False`` opens to write, but only a
+    file that is already there (an operator's retry or cancel of a job that must exist).
 
     ``busy_timeout`` is how long a call waits for another connection's write lock before a few
     last tries and then `DriverError`. ``synchronous`` is FULL (a committed job survives a power
@@ -1025,7 +1028,7 @@ async def open_sqlite_driver(
             f"synchronous={synchronous!r} is not a SQLite synchronous level",
             fix="use one of " + ", ".join(_SYNCHRONOUS),
         )
-    conn = await trio.to_thread.run_sync(_connect, path, busy_timeout, read_only)
+    conn = await trio.to_thread.run_sync(_connect, path, busy_timeout, read_only, create)
     driver = SqliteDriver(
         conn,
         url=url,
