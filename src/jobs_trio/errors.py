@@ -101,9 +101,11 @@ class DriverError(JobsError):
     retryable = True
 
 
-class ValueRefused(JobsError):
+class ValueRefused(DriverError):
     """The database refused a value it cannot store (a NUL in text, an integer past its
-    column's range): unlike a DriverError, the same call fails the same way every time."""
+    column's range): the same call fails the same way every time, so it is not retryable.
+    A DriverError still, so that code catching the database's failures catches it too; tell
+    the two apart by ``retryable`` (or this class), not by ``except`` order."""
 
     code = "X_VALUE"
     retryable = False
