@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import attrs
 
-from .boundary import check_seconds
+from .boundary import check_seconds, shown
 from .errors import InvalidArgument
 
 
@@ -37,7 +37,7 @@ class Backoff:
             if number is None or not math.isfinite(number) or not low <= number <= high:
                 raise InvalidArgument(
                     f"Backoff {name}",
-                    f"{value!r:.80} is not a finite number from {low:g} to {high:g}",
+                    f"{shown(value)} is not a finite number from {low:g} to {high:g}",
                     fix="use base >= 0, factor >= 1, cap >= 0 and 0 <= jitter <= 1",
                 )
 

@@ -49,6 +49,18 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # -- text ---------------------------------------------------------------------------------
 
 
+def shown(value: object) -> str:
+    """``value`` for an error message: short, and never raising — repr() of an int past 4,300
+    digits raises ValueError, and a user's __repr__ may raise anything."""
+    if isinstance(value, int) and value.bit_length() > 100:
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -63,13 +75,13 @@ def check_name(value: object, *, argument: str, max_chars: int = MAX_NAME_CHARS)
     if not isinstance(value, str) or not value or len(value) > max_chars:
         raise InvalidArgument(
             argument,
-            f"{value!r:.80} is not a non-empty str of at most {max_chars} characters",
+            f"{shown(value)} is not a non-empty str of at most {max_chars} characters",
             fix=f"name it with a short str, e.g. 'emails.send' (1 to {max_chars} characters)",
         )
     if not value.isprintable():
         raise InvalidArgument(
             argument,
-            f"{value!r:.80} holds a control, format or unencodable character",
+            f"{shown(value)} holds a control, format or unencodable character",
             fix="use printable characters only: a name is shown in logs, metrics and the CLI",
         )
     return value
@@ -81,13 +93,13 @@ def check_key(value: object, *, argument: str, max_chars: int = MAX_KEY_CHARS) -
     if not isinstance(value, str) or not value or len(value) > max_chars:
         raise InvalidArgument(
             argument,
-            f"{value!r:.80} is not a non-empty str of at most {max_chars} characters",
+            f"{shown(value)} is not a non-empty str of at most {max_chars} characters",
             fix="pass a short str such as 'welcome:42'",
         )
     if "\x00" in value or not _encodable(value):
         raise InvalidArgument(
             argument,
-            f"{value!r:.80} holds a NUL or a lone surrogate, which not every driver can store",
+            f"{shown(value)} holds a NUL or a lone surrogate, which not every driver can store",
             fix="build the key from ids or hex/base64 text, not from raw bytes",
         )
     return value
@@ -119,12 +131,11 @@ def storable_text(text: object, max_chars: int = MAX_ERROR_CHARS) -> str:
 def check_int(value: object, *, argument: str, low: int = INT4_MIN, high: int = INT4_MAX) -> int:
     """An int (not a bool) in ``low..high``."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidArgument(argument, f"{value!r:.80} is not an int", fix="pass an int")
+        raise InvalidArgument(argument, f"{shown(value)} is not an int", fix="pass an int")
     if not low <= value <= high:
-        shown = f"{value}" if abs(value) < 10**30 else f"an int of {value.bit_length()} bits"
         raise InvalidArgument(
             argument,
-            f"{shown} is outside {low}..{high}, the range every driver stores",
+            f"{shown(value)} is outside {low}..{high}, the range every driver stores",
             fix=f"pass an int from {low} to {high}",
         )
     return value
@@ -146,7 +157,7 @@ def check_seconds(value: object, *, argument: str, high: float = MAX_SECONDS) ->
     if number is None or number < 0 or number > high:
         raise InvalidArgument(
             argument,
-            f"{value!r:.80} is not a number of seconds from 0 to {high:.0f}",
+            f"{shown(value)} is not a number of seconds from 0 to {high:.0f}",
             fix=f"pass a finite number of seconds, 0 <= {argument} <= {high:.0f}",
         )
     return number
@@ -159,7 +170,7 @@ def seconds_until(value: object, *, argument: str, now: float) -> float:
         if value.tzinfo is None:
             raise InvalidArgument(
                 argument,
-                f"{value!r} has no time zone",
+                f"{shown(value)} has no time zone",
                 fix="pass an aware datetime, e.g. datetime.now(timezone.utc) + timedelta(...)",
             )
         number: float | None = value.timestamp()
@@ -168,7 +179,7 @@ def seconds_until(value: object, *, argument: str, now: float) -> float:
     if number is None or number - now > MAX_SECONDS:
         raise InvalidArgument(
             argument,
-            f"{value!r:.80} is not a time within {MAX_SECONDS:.0f} seconds from now",
+            f"{shown(value)} is not a time within {MAX_SECONDS:.0f} seconds from now",
             fix="pass an aware datetime or finite epoch seconds, at most 100 years ahead",
         )
     return max(0.0, number - now)
@@ -214,7 +225,7 @@ def _first_offender(value: object, path: str) -> tuple[str, str] | None:
                 children: list[tuple[object, str, int]] = []
                 for key, child in item.items():
                     if not isinstance(key, str):
-                        return (where, f"key {key!r:.80} is a {type(key).__name__}, not a str")
+                        return (where, f"key {shown(key)} is a {type(key).__name__}, not a str")
                     children.append((child, f"{where}.{key}", depth + 1))
             else:
                 children = [(c, f"{where}[{i}]", depth + 1) for i, c in enumerate(item)]
