@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from jobs_trio import Backoff, JobsError, Registry
-from jobs_trio.attempt import ResultNotStorable, _result_json, describe, run_attempt
+from jobs_trio import Backoff, JobsError, Registry, ResultNotStorable
+from jobs_trio.attempt import _result_json, describe, run_attempt
 from jobs_trio.boundary import INT4_MAX, MAX_ERROR_CHARS, MAX_SECONDS, storable_text
 from jobs_trio.errors import InvalidArgument
 from jobs_trio.records import Claim, JobState, NewJob, Retry, new_job_id

@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from .boundary import dump_json, storable_text
-from .errors import JobsError, JobTimeout
+from .errors import JobsError, JobTimeout, ResultNotStorable
 from .logs import log_event
 from .operator_transitions import OPERATOR_CANCEL_ERROR
 from .records import (
@@ -190,14 +190,6 @@ def _verdict(
         )
     delay = definition.backoff.delay(claim.attempt)
     return Outcome(claim.job_id, claim.name, RETRIED, Retry(lease, delay, why), why, seconds)
-
-
-class ResultNotStorable(JobsError):
-    """A body returned a value no driver can store; the attempt fails with this, nothing of
-    the result is written. Not retried: the same body returns the same kind of value."""
-
-    code = "X_RESULT"
-    retryable = False
 
 
 def _result_json(result: Any, definition: JobDefinition) -> str:

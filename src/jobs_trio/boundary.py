@@ -236,7 +236,12 @@ def _first_offender(value: object, path: str) -> tuple[str, str] | None:
 
 
 def dump_json(
-    value: object, *, job: str, what: str = "payload", max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    value: object,
+    *,
+    job: str,
+    what: str = "payload",
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    too_large_fix: str | None = None,
 ) -> str:
     """``value`` as compact JSON text every driver stores, or ``PayloadNotSerialisable`` naming
     the field, or ``TooLarge`` naming the size. Nothing is written either way: callers check
@@ -249,5 +254,5 @@ def dump_json(
         raise PayloadNotSerialisable(job=job, field=field, cause=cause, fix=_JSON_FIX)
     text = _ENCODER.encode(value)
     if len(text) > max_bytes:  # ASCII (ensure_ascii): characters are bytes
-        raise TooLarge(job=job, what=what, size=len(text), limit=max_bytes)
+        raise TooLarge(job=job, what=what, size=len(text), limit=max_bytes, fix=too_large_fix)
     return text

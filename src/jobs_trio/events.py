@@ -22,5 +22,10 @@ async def send_event(
     check_name(name, argument="event name")
     if key is not None:
         check_key(key, argument="event key")
-    text = dump_json(payload, job=f"event {name}", what="payload")
+    text = dump_json(
+        payload,
+        job=f"event {name}",
+        what="payload",
+        too_large_fix="send a small event (an id or a storage key), not the data itself",
+    )
     return await driver.send_event(name, text, key=key, connection=connection)
