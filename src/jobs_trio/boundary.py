@@ -202,9 +202,43 @@ def check_limit(value: object, *, argument: str) -> int:
 # -- JSON documents ---------------------------------------------------------------------------
 
 
-def _first_offender(value: object, path: str) -> tuple[str, str] | None:
-    """The first value the encoder would refuse or a driver could not round-trip, and where.
+def _storable(value: object) -> bool:
+    """Whether ``value`` is a JSON document every driver round-trips: the fast walk, run on
+    every payload and result; only a refused one is walked again, slowly, to name the field.
     A loop over an explicit stack, not recursion: the nesting it measures is the user's."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        kind = type(item)
+        if kind is str or item is None or kind is bool:
+            continue
+        if kind is dict or isinstance(item, dict):
+            if depth >= MAX_JSON_DEPTH:
+                return False
+            for key, child in item.items():  # type: ignore[attr-defined]
+                if type(key) is not str and not isinstance(key, str):
+                    return False
+                push((child, depth + 1))
+        elif kind is list or isinstance(item, list | tuple):
+            if depth >= MAX_JSON_DEPTH:
+                return False
+            for child in item:  # type: ignore[attr-defined]
+                push((child, depth + 1))
+        elif isinstance(item, int):
+            if not -_INT_BOUND < item < _INT_BOUND:
+                return False
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif not isinstance(item, str):
+            return False
+    return True
+
+
+def _first_offender(value: object, path: str) -> tuple[str, str] | None:
+    """The first value (in document order) the encoder would refuse or a driver could not
+    round-trip, and where: the slow walk, for the error message."""
     stack: list[tuple[object, str, int]] = [(value, path, 0)]
     while stack:
         item, where, depth = stack.pop()
@@ -229,7 +263,7 @@ def _first_offender(value: object, path: str) -> tuple[str, str] | None:
                     children.append((child, f"{where}.{key}", depth + 1))
             else:
                 children = [(c, f"{where}[{i}]", depth + 1) for i, c in enumerate(item)]
-            stack.extend(reversed(children))  # reported in document order
+            stack.extend(reversed(children))
             continue
         return (where, f"a {type(item).__name__} is not JSON-serialisable")
     return None
@@ -248,9 +282,8 @@ def dump_json(
     before any driver call."""
     if value is None:
         return "null"  # most results: no walk, no encoder
-    found = _first_offender(value, what)
-    if found is not None:
-        field, cause = found
+    if not _storable(value):
+        field, cause = _first_offender(value, what) or (what, "not a JSON document")
         raise PayloadNotSerialisable(job=job, field=field, cause=cause, fix=_JSON_FIX)
     text = _ENCODER.encode(value)
     if len(text) > max_bytes:  # ASCII (ensure_ascii): characters are bytes
