@@ -1,5 +1,5 @@
 # `jobs-trio`: parses a command, runs it against the database a URL names, and turns every
-# user mistake into `error [CODE]: cause` + `  fix: ...` and exit status 2, never a traceback.
+# error into one line, `error [CODE]: cause — fix: ...`, and exit status 2, never a traceback.
 # Apart from cli_render.py (how things look) and find_registry.py (importing the user's code).
 from __future__ import annotations
 
@@ -23,23 +23,35 @@ from .lifecycle import open_lifecycle
 from .open_driver import open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
+from .redaction import redact_url
 from .registry import JobDefinition, Registry
 from .worker import DEFAULT_LEASE, open_worker
 
 ENV_DB = "JOBS_TRIO_DB"
 ENV_SCHEMA = "JOBS_TRIO_SCHEMA"
+ENV_TRACEBACK = "JOBS_TRIO_TRACEBACK"  # set to 1: an unexpected error prints its traceback
 USAGE_ERROR = 2  # argparse's own status for a bad command line; user mistakes share it
 INTERRUPTED_BY_USER = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
+# The whole numbers a command line may give (priority, attempts, limits): PostgreSQL's
+# `integer`, the narrowest driver column, so that what the CLI accepts on SQLite is not refused
+# on PostgreSQL (and 10**23, which no driver stores, is a usage error instead of an
+# OverflowError from deep inside the SQLite module).
+INT_RANGE = (-(2**31), 2**31 - 1)
+# The longest --delay: a job due a century from now is a mistake (epoch seconds where a
+# delay was meant), and `--delay 1e308` made a job whose run-at no calendar can show.
+MAX_DELAY_DAYS = 36_525
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: ``jobs-trio COMMAND ...``. Answers the exit status (setuptools'
     wrapper passes it to ``sys.exit``); tests call it in-process with a list of arguments."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as stop:  # --help, or argparse's own usage error (already printed)
+        args = build_parser().parse_args(_text_only(sys.argv[1:] if argv is None else argv))
+    except SystemExit as stop:  # --help or --version: printed, and not an error
         return stop.code if isinstance(stop.code, int) else USAGE_ERROR
+    except JobsError as usage:  # a bad command line (see _Parser.error)
+        return report(usage)
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
@@ -53,18 +65,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Only reachable outside `worker`, whose lifecycle turns SIGINT into a drain.
         print("interrupted", file=sys.stderr)
         return INTERRUPTED_BY_USER
-    except BaseException as exc:
+    except Exception as exc:
         error = user_error(exc)
         if error is None:
-            raise  # a bug in jobs_trio or in the user's job code: the traceback is the report
+            if os.environ.get(ENV_TRACEBACK):
+                raise  # asked for: the traceback is the report
+            error = unexpected(exc)
         return report(error)
 
 
 def report(error: JobsError) -> int:
-    print(f"error [{error.code}]: {error.cause}", file=sys.stderr)
+    """One line on stderr. Causes quote what a user typed or a database stored (an id, a
+    name, a server's message), so they are made visible like any other output."""
+    line = f"error [{error.code}]: {render.visible(error.cause)}"
     if error.fix:
-        print(f"  fix: {error.fix}", file=sys.stderr)
+        line += f" — fix: {render.visible(error.fix)}"
+    print(line, file=sys.stderr)
     return USAGE_ERROR
+
+
+def unexpected(exc: BaseException) -> JobsError:
+    """An error nobody planned for, as one line that says how to see the rest."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # the nurseries a command opens add nothing to the story
+    return JobsError(
+        f"unexpected {type(exc).__name__}: {exc}",
+        fix=f"this is a bug in jobs_trio or in the code it ran: rerun with {ENV_TRACEBACK}=1"
+        " to print the traceback, and report it",
+        code="X_UNEXPECTED",
+    )
+
+
+def _text_only(argv: Sequence[str]) -> list[str]:
+    """Arguments as text every database can store. Bytes that are not UTF-8 reach Python as
+    lone surrogates (PEP 383), which no driver can encode: refused here, naming the argument,
+    rather than as a UnicodeEncodeError halfway through a write."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(
+                f"the argument {arg!r} is not valid UTF-8 text",
+                fix="pass names, keys and payloads as UTF-8 (check the terminal's and the"
+                " script's encoding)",
+            ) from exc
+    return list(argv)
 
 
 def user_error(exc: BaseException) -> JobsError | None:
@@ -82,14 +127,22 @@ def user_error(exc: BaseException) -> JobsError | None:
 # The command line.
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors raised as JobsErrors: reported in the one-line form of
+    every other error (cause and fix) instead of a usage block and a bare message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise JobsError(f"{self.prog}: {message}", fix=f"see `{self.prog} --help`", code="X_USAGE")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jobs-trio",
         description="Durable background jobs for Trio: run workers, enqueue and inspect jobs.",
         epilog=f"Every command but demo takes --db URL, or reads it from ${ENV_DB}.",
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
-    db = argparse.ArgumentParser(add_help=False)
+    db = _Parser(add_help=False)
     db.add_argument(
         "--db",
         metavar="URL",
@@ -100,14 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"PostgreSQL schema holding the jobs (default: ${ENV_SCHEMA}, else jobs_trio)",
     )
-    as_json = argparse.ArgumentParser(add_help=False)
+    as_json = _Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     def command(
         name: str, run: Callable[[argparse.Namespace], int], text: str, *parents: Any
     ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text, description=text, parents=[db, *parents])
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, command=name)
         return sub
 
     worker = command(
@@ -138,11 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")
     enqueue.add_argument("name", metavar="NAME")
     enqueue.add_argument("--payload", metavar="JSON", help="the job's payload (default: null)")
-    enqueue.add_argument(
-        "--delay", type=_seconds, metavar="S", help="run no sooner than S from now"
-    )
+    enqueue.add_argument("--delay", type=_delay, metavar="S", help="run no sooner than S from now")
     enqueue.add_argument("--key", metavar="K", help="unique key: one live job per key")
-    enqueue.add_argument("--priority", type=int, metavar="P", help="lower runs sooner")
+    enqueue.add_argument("--priority", type=_priority, metavar="P", help="lower runs sooner")
     enqueue.add_argument("--queue", metavar="Q", help='default: "default", or as --app declares')
     enqueue.add_argument("--attempts", type=_count, metavar="N", help="default: 3, or as declared")
     enqueue.add_argument(
@@ -152,11 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     show = command(
-        "show", on_driver(_show), "Show one job, its timings and its step records.", as_json
+        "show",
+        on_driver(_show, read_only=True),
+        "Show one job, its timings and its step records.",
+        as_json,
     )
     show.add_argument("id", metavar="ID")
 
-    listing = command("list", on_driver(_list), "List jobs, newest first.", as_json)
+    listing = command("list", on_driver(_list, read_only=True), "List jobs, newest first.", as_json)
     listing.add_argument("--state", choices=render.STATE_ORDER, metavar="S")
     listing.add_argument("--queue", metavar="Q")
     listing.add_argument("--limit", type=_count, default=100, metavar="N", help="default 100")
@@ -175,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command(
         "stats",
-        on_driver(_stats),
+        on_driver(_stats, read_only=True),
         "Per queue: jobs by state, due, oldest ready age, dead.",
         as_json,
     )
@@ -194,14 +248,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _count(text: str) -> int:
+def _whole(text: str, low: int, high: int) -> int:
     try:
         value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    except ValueError:  # not a number, or more digits than int() reads
+        value = low - 1
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
     return value
+
+
+def _count(text: str) -> int:
+    return _whole(text, 1, INT_RANGE[1])
+
+
+def _priority(text: str) -> int:
+    return _whole(text, *INT_RANGE)
 
 
 def _seconds(text: str) -> float:
@@ -214,6 +276,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _delay(text: str) -> float:
+    value = _seconds(text)
+    if value > MAX_DELAY_DAYS * 86400:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is more than {MAX_DELAY_DAYS} days of seconds: a job that far off is a"
+            " mistake (a timestamp where a delay was meant?)"
+        )
+    return value
+
+
 def _positive_seconds(text: str) -> float:
     value = _seconds(text)
     if value == 0:
@@ -221,29 +293,49 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def database_url(args: argparse.Namespace) -> str:
+def database_url(args: argparse.Namespace, *, one_shot: bool = True) -> str:
+    """The database to open. A ``one_shot`` command (all but the worker) refuses memory://:
+    its store begins and ends with the command, so an enqueue there printed an id for a job
+    that was already gone, and a list answered "no jobs" about nothing."""
     url: str | None = args.db or os.environ.get(ENV_DB)
     if not url:
         raise ConfigError(
             "no database URL was given",
             fix=f"pass --db URL or set {ENV_DB} (e.g. --db sqlite:///jobs.db)",
         )
+    if one_shot and url.startswith("memory://"):
+        raise ConfigError(
+            f"memory:// lasts only as long as the process, and `jobs-trio {args.command}`"
+            " ends when it is done: nothing it wrote or read would outlive it",
+            fix="pass a database that outlives the command, e.g. --db sqlite:///jobs.db",
+        )
     return url
 
 
-def driver_options(args: argparse.Namespace, url: str) -> dict[str, str]:
+def driver_options(
+    args: argparse.Namespace, url: str, *, existing: bool = False, read_only: bool = False
+) -> dict[str, Any]:
     """``--schema`` (or its variable) for a PostgreSQL URL; refused elsewhere rather than
-    silently ignored, since it would point at jobs that are not there."""
+    silently ignored, since it would point at jobs that are not there. On SQLite, ``existing``
+    refuses to create a missing file and ``read_only`` also opens it without migrating or
+    writing it (PostgreSQL creates nothing on open, and migrates only when asked)."""
+    options: dict[str, Any] = {}
+    if _is_sqlite(url):
+        options = {"create": not existing, "read_only": read_only}
     schema: str | None = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
     if schema is None:
-        return {}
+        return options
     if not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
             f"--schema {schema!r} was given for {url.split(':', 1)[0]}: "
             "only PostgreSQL has schemas",
             fix=f"drop --schema (and unset {ENV_SCHEMA}) for this database",
         )
-    return {"schema": schema}
+    return {**options, "schema": schema}
+
+
+def _is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite:")
 
 
 def _print_json(value: object) -> None:
@@ -254,7 +346,7 @@ def _print_json(value: object) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    url = database_url(args)
+    url = database_url(args, one_shot=False)
     registry = load_registry(args.app)
     logging.basicConfig(
         level=logging.INFO,
@@ -343,19 +435,32 @@ def _payload(text: str | None, name: str) -> Any:
             cause=f"not valid JSON: {exc}",
             fix="""quote it for the shell, e.g. --payload '{"to": "a@b.c"}'""",
         ) from exc
+    except RecursionError as exc:
+        # Python's JSON parser recurses once per level of nesting.
+        raise PayloadNotSerialisable(
+            job=name,
+            field="--payload",
+            cause="nested deeper than the JSON parser can read",
+            fix="flatten the payload: a few levels of objects and arrays are plenty",
+        ) from exc
 
 
 DriverCommand = Callable[[Driver, argparse.Namespace], Awaitable[None]]
 
 
-def on_driver(command: DriverCommand) -> Callable[[argparse.Namespace], int]:
-    """A command that needs nothing but an open driver: the URL is checked before Trio starts."""
+def on_driver(
+    command: DriverCommand, *, read_only: bool = False
+) -> Callable[[argparse.Namespace], int]:
+    """A command on jobs that must already exist: it never creates a database (a mistyped
+    path is "no database at PATH"), and a ``read_only`` one opens it read-only, never
+    migrating or writing it. The URL is checked before Trio starts."""
 
     def run(args: argparse.Namespace) -> int:
         url = database_url(args)
+        options = driver_options(args, url, existing=True, read_only=read_only)
 
         async def opened() -> None:
-            async with open_driver(url, **driver_options(args, url)) as driver:
+            async with open_driver(url, **options) as driver:
                 await command(driver, args)
 
         trio.run(opened)
@@ -389,20 +494,22 @@ async def _retry(driver: Driver, args: argparse.Namespace) -> None:
     if args.json:
         _print_json(record.to_json())
     else:
-        print(f"{record.id}: {record.state}, attempts reset ({render.attempts(record)})")
+        shown = render.visible(record.id)
+        print(f"{shown}: {record.state}, attempts reset ({render.attempts(record)})")
 
 
 async def _cancel(driver: Driver, args: argparse.Namespace) -> None:
     record = await driver.cancel(args.id)
+    shown = render.visible(record.id)
     if args.json:
         _print_json(record.to_json())
     elif record.state is JobState.RUNNING:
         print(
-            f"{record.id}: running; cancel requested (its worker stops the run at its next"
-            " lease renewal)"
+            f"{shown}: running; cancel requested (its worker stops the run at its next lease"
+            " renewal)"
         )
     else:
-        print(f"{record.id}: {record.state}")
+        print(f"{shown}: {record.state}")
 
 
 async def _stats(driver: Driver, args: argparse.Namespace) -> None:
@@ -429,7 +536,10 @@ def _migrate(args: argparse.Namespace) -> int:
         # SQLite, creates or upgrades the schema: that is all a migration would do.
         async with open_driver(url, **driver_options(args, url)):
             pass
-        print(f"nothing to migrate on {url}: its schema is created and upgraded when it is opened")
+        print(
+            f"nothing to migrate on {redact_url(url)}:"
+            " its schema is created and upgraded when it is opened"
+        )
 
     trio.run(migrate)
     return 0

@@ -1,6 +1,6 @@
-# How the CLI shows jobs, steps and queues: aligned tables, ISO times with ages, and JSON.
-# Apart from cli.py so that the commands read as "fetch, then render", and so the demo's final
-# table looks exactly like `jobs-trio list`.
+# How the CLI shows jobs, steps and queues: aligned tables, ISO times with ages, and JSON; every
+# stored text made visible (escapes) before it reaches a terminal. Apart from cli.py so that the
+# commands read as "fetch, then render", and so the demo's final table looks like `jobs-trio list`.
 from __future__ import annotations
 
 import datetime as dt
@@ -13,10 +13,39 @@ from .records import JobRecord, JobState, QueueStats, StepRecord
 # The states a queue's depth is shown in, in the order a job usually moves through them.
 STATE_ORDER = tuple(state.value for state in JobState)
 
+# A duration this long is shown in years: days would print a number hundreds of digits long
+# for a job enqueued with an absurd delay.
+_YEAR = 365.25 * 86400
+
+
+def visible(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide shown as an escape.
+
+    Names, queues, keys, errors and results are written by code and people the operator does
+    not control: an ESC in a job name could recolour the screen, retitle the window (OSC 0),
+    plant a hidden link (OSC 8) or forge a line with a newline. What `str.isprintable` calls
+    unprintable (C0 and C1 controls, DEL, format characters such as the bidi overrides, line
+    separators, lone surrogates) becomes ``\\x1b``, ``\\u202e``, ...; the rest is kept, so
+    ordinary text in any language reads as it was written. `--json` is the exact form.
+    """
+    if text.isprintable():
+        return text  # the common case costs one C-level scan
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """Columns padded to their widest cell; the last one is not padded (no trailing blanks)."""
-    body = [list(map(str, row)) for row in rows]
+    """Columns padded to their widest cell; the last one is not padded (no trailing blanks).
+    Every cell is made `visible` here, so no caller can forget to."""
+    body = [[visible(str(cell)) for cell in row] for row in rows]
     widths = [max([len(h), *(len(row[i]) for row in body)]) for i, h in enumerate(headers)]
     lines = []
     for row in [list(headers), *body]:
@@ -26,10 +55,11 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def short(text: str | None, width: int = 60) -> str:
-    """One line of at most ``width`` characters: errors carry newlines and long reprs."""
+    """One visible line of at most ``width`` characters: errors carry newlines and long reprs.
+    Escaped before it is cut, so the width counts what is shown."""
     if not text:
         return "-"
-    line = " ".join(text.split())
+    line = visible(" ".join(text.split()))
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -46,13 +76,20 @@ def duration(seconds: float) -> str:
     hours, minutes = divmod(minutes, 60)
     if hours < 24:
         return f"{hours}h{minutes:02d}m"
+    if seconds >= 1000 * 86400:
+        return f"{seconds / _YEAR:.3g}y"
     days, hours = divmod(hours, 24)
     return f"{days}d{hours:02d}h"
 
 
 def iso(when: float) -> str:
-    """UTC with milliseconds: the stored times are epoch seconds on the driver's clock."""
-    moment = dt.datetime.fromtimestamp(when, dt.UTC)
+    """UTC with milliseconds: the stored times are epoch seconds on the driver's clock. A time
+    no calendar date can show (a job enqueued through the library with delay=1e308) is shown
+    as its epoch seconds rather than crashing `show` and `list`."""
+    try:
+        moment = dt.datetime.fromtimestamp(when, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"epoch {when:.6g}s (beyond the calendar)"
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -106,7 +143,7 @@ def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
     fields.append(("last error", record.last_error or "-"))
     fields.append(("result", short(record.result, 200) if record.result is not None else "-"))
     width = max(len(label) for label, _ in fields)
-    lines = [f"{label.ljust(width)}  {value}" for label, value in fields]
+    lines = [f"{label.ljust(width)}  {visible(value)}" for label, value in fields]
     lines.append("")
     lines.append(f"steps ({len(steps)})" + (":" if steps else ": none recorded"))
     if steps:

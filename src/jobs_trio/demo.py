@@ -9,6 +9,7 @@ import os
 import pathlib
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
@@ -18,11 +19,13 @@ from . import cli_render as render
 from .backoff import Backoff
 from .context import JobContext
 from .driver import Driver
+from .drivers.sqlite import sqlite_path
 from .errors import ConfigError, JobsError
 from .lifecycle import open_lifecycle
 from .logs import logger
 from .open_driver import open_driver
 from .records import JobId, JobRecord, JobState
+from .redaction import redact_url
 from .registry import Registry
 from .worker import open_worker
 
@@ -160,53 +163,99 @@ def _narrating(say: Callable[[str], None], verbose: bool) -> Iterator[None]:
         logger.propagate = saved[1]
 
 
-# The file.
+# The file. The demo deletes its database before each run, and `--db` may point anywhere:
+# it deletes only a file carrying the marker it writes into each file it creates (the table
+# MARKER, naming the file's device and inode), never judging by the names of the jobs inside.
+
+MARKER = "jobs_trio_demo_marker"
 
 
 def _start_fresh(url: str, say: Callable[[str], None]) -> None:
-    """Delete the previous demo file, and only a demo file: `--db` may point anywhere."""
+    """Delete the previous demo file, and only one this demo made; then make a new one."""
     if url.startswith("memory://"):
         return
     if not url.startswith("sqlite:"):
         raise ConfigError(
-            f"the demo runs on SQLite or memory://, not on {url!r}",
+            f"the demo runs on SQLite or memory://, not on {redact_url(url)!r}",
             fix="run it as `jobs-trio demo` (./jobs-demo.db) or --db memory://",
         )
-    from .drivers.sqlite import sqlite_path
-
     path = sqlite_path(url)
-    if not os.path.exists(path):
-        return
-    _refuse_unless_demo(path)
-    for suffix in ("", "-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path + suffix)
-    say(f"removed the previous demo database {path} (each run starts fresh)")
+    if os.path.exists(path):
+        _refuse_unless_made_here(path)
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path + suffix)
+        say(f"removed the previous demo database {path} (each run starts fresh)")
+    _create(path)
 
 
-def _refuse_unless_demo(path: str) -> None:
+def _create(path: str) -> None:
+    """Create the file, or refuse: O_EXCL makes "this run created it" a fact, not a guess,
+    also when another process put a file there since the look above. Owner-only, as the
+    SQLite driver creates its files."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise _not_ours(path, "it appeared while the demo started") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"the demo cannot create {path!r}: {exc}",
+            fix="pass --db sqlite:///a/writable/folder/jobs-demo.db",
+        ) from exc
+
+
+def _mark(path: str) -> None:
+    """Write the marker into the file `_create` made, once the driver has made it a jobs_trio
+    database (it refuses a file holding tables it does not know) and before any job exists."""
+    where = os.stat(path)
+    with contextlib.closing(sqlite3.connect(path, timeout=PATIENCE)) as conn, conn:
+        conn.execute(f"CREATE TABLE {MARKER} (device INTEGER, inode INTEGER, created_at REAL)")
+        conn.execute(
+            f"INSERT INTO {MARKER} VALUES (?, ?, ?)", (where.st_dev, where.st_ino, time.time())
+        )
+
+
+def _refuse_unless_made_here(path: str) -> None:
     from .drivers.sqlite import APPLICATION_ID
 
+    where = os.stat(path)
     why = None
     try:
         uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
             if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
                 why = "it is not a jobs_trio database"
+            elif not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MARKER,)
+            ).fetchone():
+                why = "the demo did not create it (it carries no demo marker)"
+            elif not conn.execute(
+                f"SELECT 1 FROM {MARKER} WHERE device = ? AND inode = ?",
+                (where.st_dev, where.st_ino),
+            ).fetchone():
+                why = "it is a copy of a demo database, not the file the demo created"
             else:
+                # Exact names (`=` compares bytes): anything enqueued into the file since,
+                # by anyone, is kept rather than deleted with the demo's own jobs.
+                names = sorted(EXPECTED)
                 (others,) = conn.execute(
-                    "SELECT count(*) FROM jobs WHERE name NOT LIKE 'demo.%'"
+                    f"SELECT count(*) FROM jobs WHERE name NOT IN ({', '.join('?' * len(names))})",
+                    names,
                 ).fetchone()
                 if others:
                     why = f"it holds {others} job(s) that are not the demo's"
     except sqlite3.Error as exc:
         why = f"it cannot be read as SQLite ({exc})"
     if why is not None:
-        raise ConfigError(
-            f"{path!r} exists and {why}; the demo deletes its database before each run, so it"
-            " left this one untouched",
-            fix="pass --db sqlite:///another-demo.db, or move that file away",
-        )
+        raise _not_ours(path, why)
+
+
+def _not_ours(path: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"{path!r} exists and {why}; the demo deletes its database before each run, so it"
+        " left this one untouched",
+        fix="pass --db sqlite:///another-demo.db, or move that file away",
+    )
 
 
 # The run.
@@ -219,6 +268,8 @@ async def run_demo(url: str = "sqlite:///jobs-demo.db", verbose: bool = False) -
     registry = demo_registry()
     with _narrating(say, verbose):
         async with open_driver(url) as driver:
+            if not url.startswith("memory://"):
+                await trio.to_thread.run_sync(_mark, sqlite_path(url))
             ids = await _enqueue_batch(driver, registry, say)
             await _first_worker(driver, registry, ids, say)
             await _second_worker(driver, registry, ids, say)

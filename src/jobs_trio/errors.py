@@ -33,6 +33,45 @@ class ConfigError(JobsError):
     retryable = False
 
 
+class InvalidArgument(ConfigError):
+    """An argument refused at the input boundary (``jobs_trio.boundary``), before any write."""
+
+    code = "X_ARGUMENT"
+
+    def __init__(self, argument: str, cause: str, *, fix: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: {cause}", fix=fix)
+
+
+class TooLarge(JobsError):
+    """A payload, result or step result over its size limit; nothing was written."""
+
+    code = "X_TOO_LARGE"
+    retryable = False
+
+    def __init__(
+        self, *, job: str, what: str, size: int, limit: int, fix: str | None = None
+    ) -> None:
+        self.job = job
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"job {job!r}: {what} of {size:,} bytes exceeds the limit of {limit:,} bytes",
+            fix=fix
+            or "store large data elsewhere and pass its key, or raise the limit: "
+            "Registry(max_payload_bytes=, max_result_bytes=) or the same on @registry.job",
+        )
+
+
+class ResultNotStorable(JobsError):
+    """A job body returned a value no driver can store; the attempt fails with this, nothing of
+    the result is written. Not retried: the same body returns the same kind of value."""
+
+    code = "X_RESULT"
+    retryable = False
+
+
 class UnknownJob(JobsError):
     code = "X_UNKNOWN_JOB"
     retryable = False
@@ -101,13 +140,16 @@ class DriverError(JobsError):
     retryable = True
 
 
-class WriteRefused(DriverError):
-    """The database answered, and refused THIS write for what it holds (text it cannot store,
-    a value past a limit, a constraint): sending it again fails the same way. Apart from a
-    plain DriverError ("unreachable, try again") so one poison write is isolated, never
-    retried forever in front of every other."""
+class ValueRefused(DriverError):
+    """The database answered, and refused THIS write for the values it carries (a NUL in
+    text, an integer past its column's range, a value past a limit, a constraint): the same
+    call fails the same way every time, so it is not retryable. Apart from a plain
+    DriverError ("unreachable, try again") so one poison settlement is split out of its batch,
+    never retried forever in front of every other.
+    A DriverError still, so that code catching the database's failures catches it too; tell
+    the two apart by ``retryable`` (or this class), not by ``except`` order."""
 
-    code = "X_REFUSED"
+    code = "X_VALUE"
     retryable = False
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .boundary import check_key, check_name, dump_json
 from .driver import Driver
-from .errors import ConfigError
-from .payload import dump_json
 
 
 async def send_event(
@@ -20,11 +19,13 @@ async def send_event(
     """Store event ``name`` (matched by jobs waiting on it, and on ``key`` when they asked) and
     wake the jobs suspended on it; answer its id. With ``connection`` (PostgreSQL), the event
     is written in the caller's transaction: rolled back, nobody sees it."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(
-            f"event name {name!r} is not a non-empty str", fix="name it, e.g. 'shipped'"
-        )
-    if key is not None and (not isinstance(key, str) or not key):
-        raise ConfigError(f"event key {key!r} is not a non-empty str", fix="pass a str key or none")
-    text = dump_json(payload, job=f"event {name}", what="payload")
+    check_name(name, argument="event name")
+    if key is not None:
+        check_key(key, argument="event key")
+    text = dump_json(
+        payload,
+        job=f"event {name}",
+        what="payload",
+        too_large_fix="send a small event (an id or a storage key), not the data itself",
+    )
     return await driver.send_event(name, text, key=key, connection=connection)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .driver import Driver
 from .errors import ConfigError
+from .redaction import redact_url
 
 SCHEMES = ("memory://", "sqlite:///", "postgresql://", "postgres://")
 
@@ -36,10 +37,16 @@ def _opener_for(url: str) -> Callable[..., contextlib.AbstractAsyncContextManage
         from .drivers.postgres import open_postgres_driver
 
         return open_postgres_driver
-    raise ConfigError(
-        f"unsupported database URL {url!r}",
-        fix="use one of " + ", ".join(SCHEMES) + " (e.g. sqlite:///jobs.db)",
-    )
+    scheme = url.partition("://")[0]
+    if scheme.startswith(("postgresql+", "postgres+")):
+        # SQLAlchemy's way of naming a driver; asyncpg reads only the plain scheme.
+        return _refuse(url, fix=f"write it as postgresql://{url.partition('://')[2]}")
+    return _refuse(url, fix="use one of " + ", ".join(SCHEMES) + " (e.g. sqlite:///jobs.db)")
+
+
+def _refuse(url: str, *, fix: str) -> NoReturn:
+    # The URL may carry a password, and this message reaches terminals and logs.
+    raise ConfigError(f"unsupported database URL {redact_url(url)!r}", fix=redact_url(fix))
 
 
 @contextlib.asynccontextmanager

@@ -5,15 +5,24 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from .backoff import Backoff
+from .boundary import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    INT4_MAX,
+    check_int,
+    check_key,
+    check_limit,
+    check_name,
+    delay_from,
+    dump_json,
+)
 from .errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
-from .payload import dump_json
 from .records import JobId, NewJob, new_job_id
 
 if TYPE_CHECKING:
@@ -46,6 +55,8 @@ class JobDefinition:
     terminal: tuple[type[BaseException] | str, ...] = ()  # error types or codes that dead-letter
     step_timeout: float | None = None
     event_poll: float = 60.0
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES  # also each step's result
 
     # Decided once at declaration: the worker asks for every attempt.
     is_async: bool = attrs.field(init=False)
@@ -80,11 +91,13 @@ class JobDefinition:
             job_id=new_job_id(),
             name=self.name,
             queue=self.queue,
-            payload=dump_json(payload, job=self.name),
+            payload=dump_json(payload, job=self.name, max_bytes=self.max_payload_bytes),
             max_attempts=self.attempts,
-            priority=self.priority if priority is None else _check_priority(priority),
-            delay=_delay_from(delay, run_at),
-            key=_check_key(key),
+            priority=self.priority
+            if priority is None
+            else check_int(priority, argument="priority"),
+            delay=delay_from(delay, run_at),
+            key=None if key is None else check_key(key, argument="key"),
         )
 
     async def enqueue(
@@ -126,51 +139,20 @@ class JobDefinition:
         return [a.job_id for a in answers]
 
 
-def _check_priority(priority: int) -> int:
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ConfigError(
-            f"priority={priority!r} is not an int", fix="pass an int (lower runs sooner)"
-        )
-    return priority
-
-
-def _check_key(key: str | None) -> str | None:
-    if key is not None and (not isinstance(key, str) or not key or len(key) > 512):
-        raise ConfigError(
-            f"key={key!r} is not a non-empty str of at most 512 characters",
-            fix="pass a short str such as 'welcome:42', or no key",
-        )
-    return key
-
-
-def _delay_from(delay: float | None, run_at: RunAt | None) -> float:
-    if delay is not None and run_at is not None:
-        raise ConfigError("both delay= and run_at= were given", fix="pass one of them")
-    if run_at is not None:
-        if isinstance(run_at, dt.datetime):
-            if run_at.tzinfo is None:
-                raise ConfigError(
-                    f"run_at={run_at!r} has no time zone",
-                    fix="pass an aware datetime, e.g. datetime.now(timezone.utc) + timedelta(...)",
-                )
-            return max(0.0, run_at.timestamp() - time.time())
-        if isinstance(run_at, int | float) and math.isfinite(run_at):
-            return max(0.0, float(run_at) - time.time())
-        raise ConfigError(
-            f"run_at={run_at!r} is not a time", fix="pass an aware datetime or epoch seconds"
-        )
-    if delay is None:
-        return 0.0
-    if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
-        raise ConfigError(f"delay={delay!r} is not a number of seconds >= 0", fix="pass delay >= 0")
-    return float(delay)
-
-
 class Registry:
     """The jobs an application declares; a worker runs the ones its registry knows."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    ) -> None:
+        """``max_payload_bytes`` / ``max_result_bytes``: the size limits (of the JSON text) of
+        every job declared here that does not set its own; see docs/limits.md."""
         self._jobs: dict[str, JobDefinition] = {}
+        self.max_payload_bytes = check_limit(max_payload_bytes, argument="max_payload_bytes")
+        self.max_result_bytes = check_limit(max_result_bytes, argument="max_result_bytes")
 
     def job(
         self,
@@ -184,27 +166,33 @@ class Registry:
         terminal: Sequence[type[BaseException] | str] = (),
         step_timeout: float | None = None,
         event_poll: float = 60.0,
+        max_payload_bytes: int | None = None,
+        max_result_bytes: int | None = None,
     ) -> Callable[[JobFunction], JobDefinition]:
-        """Declare a job: ``@registry.job("emails.send", queue="emails", attempts=5)``."""
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise ConfigError(
-                f"job name {name!r} is not a non-empty str", fix="name it like 'emails.send'"
-            )
+        """Declare a job: ``@registry.job("emails.send", queue="emails", attempts=5)``.
+        ``max_payload_bytes`` / ``max_result_bytes`` default to the registry's."""
+        check_name(name, argument="job name")
         if name in self._jobs:
             raise DuplicateJobName(
                 f"job name {name!r} is already declared (by {self._jobs[name].fn.__qualname__})",
                 fix="give each job its own name; a worker picks the body by name",
             )
-        if not isinstance(queue, str) or not queue:
-            raise ConfigError(
-                f"queue {queue!r} is not a non-empty str", fix="name the queue, e.g. 'emails'"
-            )
-        if not isinstance(attempts, int) or attempts < 1:
-            raise ConfigError(f"attempts={attempts!r} for job {name!r}", fix="give attempts >= 1")
+        check_name(queue, argument="queue")
+        check_int(attempts, argument="attempts", low=1, high=INT4_MAX)
         _positive("timeout", timeout)
         _positive("step_timeout", step_timeout)
         _positive("event_poll", event_poll, allow_none=False)
-        _check_priority(priority)
+        check_int(priority, argument="priority")
+        payload_limit = (
+            self.max_payload_bytes
+            if max_payload_bytes is None
+            else check_limit(max_payload_bytes, argument="max_payload_bytes")
+        )
+        result_limit = (
+            self.max_result_bytes
+            if max_result_bytes is None
+            else check_limit(max_result_bytes, argument="max_result_bytes")
+        )
 
         def declare(fn: JobFunction) -> JobDefinition:
             if not callable(fn):
@@ -220,6 +208,8 @@ class Registry:
                 terminal=tuple(terminal),
                 step_timeout=step_timeout,
                 event_poll=event_poll,
+                max_payload_bytes=payload_limit,
+                max_result_bytes=result_limit,
             )
             self._jobs[name] = definition
             return definition

@@ -9,8 +9,9 @@ import math
 import attrs
 import trio
 
+from .boundary import storable_text
 from .driver import Driver
-from .errors import JobsError, WriteRefused
+from .errors import JobsError, ValueRefused
 from .logs import log_event
 from .records import (
     CancelJob,
@@ -146,7 +147,7 @@ class Settler:
         while True:
             try:
                 applied = set(await self._driver.settle([p.settlement for p in batch]))
-            except WriteRefused as exc:
+            except ValueRefused as exc:
                 await self._isolate(batch, exc)
                 return
             except JobsError as exc:
@@ -210,11 +211,11 @@ class Settler:
 
 def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> Settlement | None:
     """What to write instead of a settlement the database refused (``refusals`` times so far):
-    first the same ending with its text made plain ASCII — a result cannot be made storable
+    first the same ending with its text made storable — a result cannot be made storable
     without changing it, so a refused result dead-letters the job with the refusal as its
     error — then a fixed ASCII dead-letter, then nothing."""
     lease = settlement.lease
-    said = _ascii(refusal, _REFUSAL_CHARS)
+    said = storable_text(refusal, _REFUSAL_CHARS)
     if refusals == 1:
         match settlement:
             case Complete():
@@ -224,13 +225,13 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
                     " returned: make its result smaller or plainer, then retry the job",
                 )
             case Retry(delay=delay, error=error, counts_as_attempt=counts):
-                return Retry(lease, delay, _ascii(error), counts_as_attempt=counts)
+                return Retry(lease, delay, storable_text(error), counts_as_attempt=counts)
             case DeadLetter(error=error):
-                return DeadLetter(lease, _ascii(error))
+                return DeadLetter(lease, storable_text(error))
             case CancelJob(error=error):
-                return CancelJob(lease, _ascii(error))
+                return CancelJob(lease, storable_text(error))
             case Park(reason=reason):
-                return Park(lease, _ascii(reason))
+                return Park(lease, storable_text(reason))
             case Suspend():
                 return DeadLetter(
                     lease, f"[X_REFUSED] the job's suspension could not be stored ({said})"
@@ -238,10 +239,3 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
     if refusals <= 2:
         return DeadLetter(lease, LAST_RESORT_ERROR)
     return None
-
-
-def _ascii(text: str, limit: int = 4000) -> str:
-    # backslashreplace turns lone surrogates and every non-ASCII character into escapes no
-    # driver can refuse; NUL is ASCII, so it is escaped by hand.
-    plain = text.encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")
-    return plain if len(plain) <= limit else plain[: limit - 15] + "...[truncated]"

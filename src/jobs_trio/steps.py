@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .boundary import check_key, check_name, check_seconds, dump_json, seconds_until
 from .errors import Aborted, JobsError, PayloadNotSerialisable, StepError
-from .payload import dump_json
 from .records import Lease, StepRecord, StepStatus
 
 if TYPE_CHECKING:
@@ -57,8 +57,7 @@ class Steps:
         return self._records
 
     def _use(self, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise StepError(f"step name {name!r} is not a non-empty str", fix="name every step")
+        check_name(name, argument="step name")
         if name in self._used:
             raise StepError(
                 f"step {name!r} is used twice in one run of job {self._definition.name!r}",
@@ -100,7 +99,12 @@ class Steps:
                 result = await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
         self.ran.append(name)
         try:
-            text = dump_json(result, job=self._definition.name, what=f"step[{name!r}] result")
+            text = dump_json(
+                result,
+                job=self._definition.name,
+                what=f"step[{name!r}] result",
+                max_bytes=self._definition.max_result_bytes,
+            )
         except PayloadNotSerialisable as exc:
             raise StepError(
                 f"step {name!r} of job {self._definition.name!r} returned a value that cannot "
@@ -114,21 +118,25 @@ class Steps:
 
     async def sleep(self, name: str, seconds: float) -> None:
         """Suspend the job for ``seconds`` from the first time this step is reached."""
+        # Checked before anything is written: a NaN wake-up is never claimed again on
+        # PostgreSQL and fails SQLite's NOT NULL, blocking the settle.
+        duration = check_seconds(seconds, argument=f"step.sleep({name!r}) seconds")
         self._use(name)
         record = (await self._load()).get(name)
         if record is None:
             now = self._driver.now()
-            record = StepRecord(name, StepStatus.SLEEPING, now, wake_at=now + float(seconds))
+            record = StepRecord(name, StepStatus.SLEEPING, now, wake_at=now + duration)
             await self._save(record)
         await self._sleep_or_suspend(record)
 
     async def sleep_until(self, name: str, when: dt.datetime | float) -> None:
         """Suspend the job until ``when`` (an aware datetime, or seconds on the driver's clock)."""
+        now = self._driver.now()
+        wait = seconds_until(when, argument=f"step.sleep_until({name!r}) when", now=now)
         self._use(name)
         record = (await self._load()).get(name)
         if record is None:
-            wake_at = when.timestamp() if isinstance(when, dt.datetime) else float(when)
-            record = StepRecord(name, StepStatus.SLEEPING, self._driver.now(), wake_at=wake_at)
+            record = StepRecord(name, StepStatus.SLEEPING, now, wake_at=now + wait)
             await self._save(record)
         await self._sleep_or_suspend(record)
 
@@ -156,6 +164,11 @@ class Steps:
         """Suspend until an event named ``event`` (with key ``match``, when given) is sent, and
         return its payload; raise ``EventTimedOut`` once ``timeout`` seconds have passed since
         the wait began. Events sent before the wait began count only with ``include_earlier``."""
+        check_name(event, argument=f"wait_for_event({name!r}) event")
+        if match is not None:
+            check_key(match, argument=f"wait_for_event({name!r}) match")
+        if timeout is not None:
+            timeout = check_seconds(timeout, argument=f"wait_for_event({name!r}) timeout")
         self._use(name)
         record = (await self._load()).get(name)
         now = self._driver.now()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from ..errors import ConfigError, WriteRefused
+from ..errors import ConfigError, ValueRefused
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -50,12 +50,12 @@ def _refuse_unstorable(settlement: Settlement) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise WriteRefused(
+            raise ValueRefused(
                 f"memory driver refused a {type(settlement).__name__}: {exc}",
                 fix="store text without lone surrogates",
             ) from exc
         if "\x00" in value:
-            raise WriteRefused(
+            raise ValueRefused(
                 f"memory driver refused a {type(settlement).__name__}: text with a NUL character",
                 fix="store text without NUL characters (PostgreSQL refuses them too)",
             )

@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 
 import trio
 
-from ..errors import ConfigError, DriverError, JobsError, WriteRefused
+from ..errors import ConfigError, DriverError, JobsError, ValueRefused
+from ..redaction import redact_url
 from .postgres_pool import Connection, Pool
 
 T = TypeVar("T")
@@ -53,15 +54,14 @@ class Bridge:
         self.loop = loop
         self.application_name = application_name
         self._pool = Pool(self._open_pooled, pool_size)
-        parsed = urlparse(url)
-        self._where = f"{parsed.hostname or 'localhost'}:{parsed.port or 5432}"
+        self._where = _where(url)
 
     async def run(self, op: Operation[T], *, what: str, transaction: bool = False) -> T:
         """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once."""
         async with self._pool.checkout() as conn:
             try:
                 return await self._cross(self._on_pooled, conn, op, transaction, what=what)
-            except WriteRefused:
+            except ValueRefused:
                 raise  # the server answered and rolled back: the connection is sound
             except DriverError:
                 # The database failed this operation in a way we did not plan for (a lost
@@ -143,24 +143,44 @@ class Bridge:
         except Exception as exc:
             raise self._translate(exc, what) from exc
 
-    def _translate(self, exc: Exception, what: str) -> DriverError:
+    def _translate(self, exc: Exception, what: str) -> JobsError:
         import asyncpg
+        from asyncpg.exceptions._base import DataError as ArgumentError
 
-        if isinstance(exc, asyncpg.exceptions.DataError | UnicodeError | OverflowError):
+        # Refusals first: each fails the same way however often it is tried, so none may say
+        # "retry" (nor "run jobs-trio migrate", which cannot create a database).
+        if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+            return ConfigError(
+                f"PostgreSQL at {self._where} has no such database: {exc}",
+                fix="create it (CREATE DATABASE, or `createdb`), then run `jobs-trio migrate"
+                " --db URL` once; or correct the database name in the URL",
+            )
+        if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+            return ConfigError(  # 28000 (no such role, pg_hba.conf) and 28P01 (password)
+                f"PostgreSQL at {self._where} refused the login: {exc}",
+                fix="check the user and password in the URL, and the server's pg_hba.conf"
+                " entry for this host",
+            )
+        if isinstance(exc, ArgumentError | UnicodeError | OverflowError):
             # Refused on this side, while encoding the arguments (a lone surrogate, an int
             # past int8): nothing reached the server and the connection is fine.
-            return WriteRefused(
+            return ValueRefused(
                 f"PostgreSQL driver could not send {what}: {type(exc).__name__}: {exc}",
-                fix="the value cannot be stored: check the text and numbers this write carries",
+                fix="change the value: it cannot be stored as it is; retrying fails the same way",
             )
         sqlstate = getattr(exc, "sqlstate", None) or ""
         if isinstance(exc, asyncpg.PostgresError) and (
             sqlstate[:2] in REFUSED_CLASSES or sqlstate in REFUSED_STATES
         ):
-            return WriteRefused(
-                f"PostgreSQL refused {what}: [{sqlstate}] {exc}",
-                fix="the value cannot be stored as it is: check the text and numbers this "
-                "write carries (a NUL byte, an invalid character, a value past a limit)",
+            return ValueRefused(
+                f"PostgreSQL refused a value during {what}: [{sqlstate}] {exc}",
+                fix="change the value: PostgreSQL stores no NUL character in text, and"
+                " integers only from -2147483648 to 2147483647; retrying fails the same way",
+            )
+        if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+            return ConfigError(
+                f"asyncpg cannot use the URL {redact_url(self.url)!r}: {exc}",
+                fix="correct the URL's options (see asyncpg.connect's dsn parameter)",
             )
         if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
             return DriverError(
@@ -333,3 +353,18 @@ async def _open_pool(
 
 async def _nothing(conn: Connection) -> None:
     pass
+
+
+def _where(url: str) -> str:
+    """``host:port`` for messages (never the whole URL: it may hold a password), once the
+    URL's port is known to be one; urllib raises a bare ValueError for ``:99999``."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"the PostgreSQL URL {redact_url(url)!r} has a bad port: {exc}",
+            fix="write the port as a number from 1 to 65535 (PostgreSQL listens on 5432"
+            " unless told otherwise), e.g. postgresql://user@host:5432/db",
+        ) from exc
+    return f"{parsed.hostname or 'localhost'}:{port or 5432}"

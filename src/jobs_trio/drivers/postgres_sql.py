@@ -12,7 +12,9 @@ import attrs
 
 from ..errors import ConfigError
 
-SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# Matched with fullmatch: `$` also matches before a trailing newline, and "jobs\n" must not
+# pass for a plain identifier.
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 # The columns a JobRecord is built from. The token is deliberately absent: a record is what
 # operators read, and a fencing token must never leak into `show` output.
@@ -30,7 +32,7 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 def check_schema_name(schema: object) -> str:
     """``schema`` if it is a plain lower-case identifier; a ConfigError otherwise."""
-    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
+    if not isinstance(schema, str) or not SCHEMA_NAME.fullmatch(schema):
         raise ConfigError(
             f"schema name {schema!r} is not a plain identifier",
             fix="use lower-case letters, digits and underscores, starting with a letter or "

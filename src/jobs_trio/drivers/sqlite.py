@@ -7,6 +7,8 @@ import contextlib
 import importlib.resources
 import json
 import math
+import os
+import pathlib
 import random
 import sqlite3
 import threading
@@ -21,7 +23,7 @@ from ..errors import (
     ConfigError,
     DriverError,
     SchemaVersionError,
-    WriteRefused,
+    ValueRefused,
 )
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -169,11 +171,16 @@ def _refuse_a_file_that_is_not_sqlite(path: str) -> None:
         )
 
 
-def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> sqlite3.Connection:
+    if read_only or not create:
+        _refuse_a_missing_file(path)
     _refuse_a_file_that_is_not_sqlite(path)
+    if not read_only:
+        _create_for_owner_only(path)
     try:
         conn = sqlite3.connect(
-            path,
+            # mode=ro: SQLite itself refuses every write, and never creates the file.
+            pathlib.Path(path).absolute().as_uri() + "?mode=ro" if read_only else path,
             timeout=min(busy_timeout, _BUSY_SLICE),
             # isolation_level=None: the module issues no BEGIN of its own; every transaction
             # here is an explicit BEGIN / BEGIN IMMEDIATE in `_run_transaction`.
@@ -182,13 +189,39 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
             # but not always the same thread.
             check_same_thread=False,
             cached_statements=256,
+            uri=read_only,
         )
     except sqlite3.Error as exc:
         raise ConfigError(
             f"cannot open the SQLite database {path!r}: {exc}",
-            fix="check that the folder exists and is writable",
+            fix="check that the folder exists and is writable by this user",
         ) from exc
     return conn
+
+
+def _refuse_a_missing_file(path: str) -> None:
+    """An open that must find a database (read-only, or create=False) at a path that is not
+    there was given a mistyped path: creating (and migrating) an empty database there would
+    answer "no jobs", or "no job with id ...", about the wrong file."""
+    if not os.path.exists(path):
+        raise ConfigError(
+            f"no database at {path!r}",
+            fix=f"check the path (a relative one starts from {os.getcwd()!r}); a new database"
+            " is created only by opening it to write (`jobs-trio migrate`, `enqueue`, a worker)",
+        )
+
+
+def _create_for_owner_only(path: str) -> None:
+    """Create a new database file readable and writable by its owner alone (0600): the jobs'
+    payloads, results and errors are the application's data. SQLite itself would create it
+    0644, and gives the -wal and -shm files it adds later the database file's own mode."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return  # an existing file keeps the mode its owner gave it
+    except OSError:
+        return  # the folder is missing or not writable: sqlite3.connect says so just after
+    os.close(fd)
 
 
 # The thread side of one call.
@@ -287,6 +320,11 @@ _REFUSED: Final = (
 def _is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
     return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+# Errors no retry can cure: a read-only file or folder (or a connection opened read-only), no
+# permission, a file that cannot be opened.
+_CANNOT_WRITE: Final = (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN)
 
 
 def _not_a_database(exc: sqlite3.Error) -> bool:
@@ -443,7 +481,7 @@ class SqliteDriver:
                 except _REFUSED as exc:
                     # Rolled back already (_run_transaction): the file is as it was, and the
                     # same values would be refused again, so this is not worth a retry.
-                    raise WriteRefused(
+                    raise ValueRefused(
                         f"SQLite refused a write to {self.path!r}: {type(exc).__name__}: {exc}",
                         fix="the value cannot be stored as it is: check the text and numbers"
                         " this write carries (a lone surrogate, a value past a limit)",
@@ -495,10 +533,19 @@ class SqliteDriver:
             raise
 
     def _driver_error(self, exc: sqlite3.Error) -> Exception:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
         if _not_a_database(exc):
             return ConfigError(
                 f"{self.path!r} is not a usable SQLite database ({exc})",
                 fix="point the URL at a new file, or restore this one from a backup",
+            )
+        if code in _CANNOT_WRITE:
+            # Trying again changes nothing: the file, its folder or this connection is
+            # read-only, and stays so until someone changes it.
+            return ConfigError(
+                f"cannot write to the SQLite database {self.path!r}: {exc}",
+                fix="make the file and its folder writable by this user (SQLite writes -wal"
+                " and -shm files beside it); show, list and stats need only to read it",
             )
         return DriverError(
             f"SQLite failed on {self.path!r}: {exc}",
@@ -507,7 +554,11 @@ class SqliteDriver:
 
     # Opening.
 
-    async def _prepare(self) -> None:
+    async def _prepare(self, read_only: bool) -> None:
+        if read_only:
+            # Checked, never changed: a read-only open leaves the file exactly as it was.
+            await self._transact(self._check_current, mode="read")
+            return
         await self._transact(self._migrate, mode="write")
         await self._transact(self._use_wal, mode="bare")
         # Even this reads the file: it comes after the check that the file is ours.
@@ -516,7 +567,8 @@ class SqliteDriver:
             mode="bare",
         )
 
-    def _migrate(self, conn: sqlite3.Connection, now: float) -> None:
+    def _check_schema(self, conn: sqlite3.Connection) -> tuple[int, int]:
+        """The file's (application_id, user_version), once it is known to be ours or new."""
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if app_id != APPLICATION_ID:
@@ -543,6 +595,24 @@ class SqliteDriver:
                 fix="upgrade jobs_trio here to the release that wrote the file, or use"
                 " another file",
             )
+        return app_id, version
+
+    def _check_current(self, conn: sqlite3.Connection, now: float) -> None:
+        _, version = self._check_schema(conn)
+        if version == 0:
+            raise ConfigError(
+                f"{self.path!r} is an empty SQLite file, not a jobs_trio database yet",
+                fix="check the path; `jobs-trio migrate --db URL` makes it one",
+            )
+        if version < SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.path!r} has jobs_trio schema version {version}, older than the"
+                f" {SCHEMA_VERSION} this jobs_trio reads; a read-only open does not upgrade it",
+                fix="run `jobs-trio migrate --db URL` once to upgrade it",
+            )
+
+    def _migrate(self, conn: sqlite3.Connection, now: float) -> None:
+        app_id, version = self._check_schema(conn)
         for number, statements in MIGRATIONS:
             if number > version:
                 for statement in statements:
@@ -952,9 +1022,16 @@ async def open_sqlite_driver(
     busy_timeout: float = 5.0,
     poll_interval: float = POLL_INTERVAL,
     synchronous: str = "FULL",
+    read_only: bool = False,
+    create: bool = True,
 ) -> AsyncIterator[SqliteDriver]:
     """Open ``sqlite:///jobs.db``: create or upgrade the schema, switch to WAL, and close the
-    connection on the way out.
+    connection on the way out. A new file is created readable by its owner only (0600).
+
+    ``read_only=True`` creates, upgrades and changes nothing: a missing file is "no database
+    at PATH", a file at an older schema version is refused, and every write is refused by
+    SQLite itself (`ConfigError`, never a retry). ``create=False`` opens to write, but only a
+    file that is already there (an operator's retry or cancel of a job that must exist).
 
     ``busy_timeout`` is how long a call waits for another connection's write lock before a few
     last tries and then `DriverError`. ``synchronous`` is FULL (a committed job survives a power
@@ -972,7 +1049,7 @@ async def open_sqlite_driver(
             f"synchronous={synchronous!r} is not a SQLite synchronous level",
             fix="use one of " + ", ".join(_SYNCHRONOUS),
         )
-    conn = await trio.to_thread.run_sync(_connect, path, busy_timeout)
+    conn = await trio.to_thread.run_sync(_connect, path, busy_timeout, read_only, create)
     driver = SqliteDriver(
         conn,
         url=url,
@@ -983,7 +1060,7 @@ async def open_sqlite_driver(
         synchronous=synchronous.upper(),
     )
     try:
-        await driver._prepare()
+        await driver._prepare(read_only)
         yield driver
     finally:
         await driver.aclose()
