@@ -1,0 +1,276 @@
+# DESIGN's settle path, on the memory driver and Trio's mock clock: a lease held until the write
+# commits, a refused settlement split out of its batch, bounded settlements waiting, the
+# teardown naming what it could not write, and a run stopped at its lease when renewals hang.
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from jobs_trio import Registry
+from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.errors import DriverError, ValueRefused
+from jobs_trio.lease_renewal import lease_margin
+from jobs_trio.lifecycle import Lifecycle
+from jobs_trio.records import Complete, JobState, Lease, RenewResult, Settlement
+from jobs_trio.settler import LAST_RESORT_ERROR, Settler
+
+from .worker_helpers import record, worker
+
+
+class FaultyDriver(MemoryDriver):
+    """A memory driver on Trio's clock whose settles and renewals can be made to stall (wait
+    for an event) or to refuse chosen jobs' settlements, as a real database would."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+        self.settles_open = trio.Event()
+        self.settles_open.set()
+        self.renewals_open = trio.Event()
+        self.renewals_open.set()
+        self.refuse: set[str] = set()  # job ids whose settlements the "database" refuses
+        self.settle_calls: list[int] = []  # batch sizes, in call order
+        self.claimed = 0
+
+    async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        self.claimed += len(claims)
+        return claims
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+        await self.settles_open.wait()
+        self.settle_calls.append(len(settlements))
+        refused = [s for s in settlements if s.lease.job_id in self.refuse]
+        if any(isinstance(s, Complete) for s in refused):
+            raise ValueRefused("the test database refuses this result", fix="none")
+        return await super().settle(settlements)
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        await self.renewals_open.wait()
+        return await super().renew(leases, lease=lease)
+
+
+async def test_a_refused_settlement_fails_its_own_job_and_no_other(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("answer", attempts=1)
+    async def answer(ctx: object, payload: int) -> int:
+        await trio.sleep(1)
+        return payload
+
+    driver = FaultyDriver()
+    ids = await answer.enqueue_many(driver, list(range(12)))
+    poison = ids[5]
+    driver.refuse.add(poison)
+    w = worker(driver, registry, concurrency=12)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(5)
+        await w.stop()
+    for job_id in ids:
+        r = await record(driver, job_id)
+        if job_id == poison:
+            assert r.state is JobState.DEAD and r.result is None
+            assert r.last_error is not None and "result could not be stored" in r.last_error
+            assert "the test database refuses this result" in r.last_error
+        else:
+            assert (r.state, r.attempts, r.result) == (
+                JobState.COMPLETED,
+                1,
+                str(ids.index(job_id)),
+            )
+    # One batch of 12 refused, then halves until the poison stood alone: a handful of calls,
+    # not a retry loop.
+    assert driver.settle_calls[0] == 12 and len(driver.settle_calls) < 12
+
+
+async def test_a_settlement_refused_in_every_form_is_reported_not_retried_forever(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    class RefusesEverything(FaultyDriver):
+        async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+            self.settle_calls.append(len(settlements))
+            raise ValueRefused("refused whatever it is", fix="none")
+
+    driver = RefusesEverything()
+    settler = Settler(driver)
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w") or [None]
+    assert claim is None  # nothing enqueued yet
+    await x.enqueue(driver)
+    [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w")
+    caplog.set_level(logging.ERROR, logger="jobs_trio")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        applied = await settler.settle(Complete(claim.lease, "1"))
+        settler.close()
+    assert applied is False
+    # The result, its dead-letter, the plain-ASCII dead-letter: three tries, then given up.
+    assert driver.settle_calls == [1, 1, 1]
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events.count("jobs.settle.refused") == 3 and "jobs.settle.lost" in events
+    assert LAST_RESORT_ERROR.isascii()
+
+
+async def test_a_lease_is_renewed_until_the_settlement_is_written(autojump_clock: object) -> None:
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.job("once", attempts=3)
+    async def once(ctx: Any, payload: None) -> None:
+        ran.append(ctx.attempt)
+
+    driver = FaultyDriver()
+    job_id = await once.enqueue(driver)
+    driver.settles_open = trio.Event()  # the database takes no write for a while
+    w = worker(driver, registry, lease=6, concurrency=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(60)  # ten leases long: a lapse would let the same worker run it again
+        assert ran == [1]
+        r = await record(driver, job_id)
+        assert r.state is JobState.RUNNING and r.lease_until is not None
+        assert r.lease_until > trio.current_time()  # still renewed
+        driver.settles_open.set()
+        await w.stop()
+    r = await record(driver, job_id)
+    assert (r.state, r.attempts) == (JobState.COMPLETED, 1) and ran == [1]
+
+
+async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+
+    @registry.job("quick")
+    async def quick(ctx: object, payload: int) -> None:
+        await trio.sleep(0.01)
+
+    driver = FaultyDriver()
+    await quick.enqueue_many(driver, list(range(500)))
+    driver.settles_open = trio.Event()
+    w = worker(driver, registry, concurrency=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(10)  # the database stalls for 10 s while bodies keep finishing
+        settler = w._settler
+        assert settler is not None
+        assert settler.waiting == settler.capacity == 4
+        # Claimed: the settlements waiting, plus one claim's worth of slots that could not
+        # hand theirs in yet; nothing more, however long the stall.
+        assert driver.claimed <= settler.capacity + 4
+        driver.settles_open.set()
+        await trio.sleep(30)
+        await w.stop()
+    assert settler.peak <= settler.capacity
+    done = [r for r in await driver.list_jobs(limit=1000) if r.state is JobState.COMPLETED]
+    assert len(done) == 500
+
+
+async def test_the_teardown_names_a_settlement_it_could_not_write(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = Registry()
+
+    @registry.job("finished")
+    async def finished(ctx: object, payload: None) -> str:
+        return "done"
+
+    driver = FaultyDriver()
+    job_id = await finished.enqueue(driver)
+    driver.settles_open = trio.Event()
+    abandoned: list[Sequence[str]] = []
+    lifecycle = Lifecycle(grace=2, on_abandoned=abandoned.append)
+    w = worker(driver, registry, lifecycle=lifecycle)
+    caplog.set_level(logging.ERROR, logger="jobs_trio")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(1)  # the body returned; its settlement waits on the stalled database
+        started = trio.current_time()
+        await lifecycle.shutdown("SIGTERM")
+        assert trio.current_time() - started <= 2 + 1
+    assert abandoned == [[job_id]]
+    [line] = [
+        r for r in caplog.records if getattr(r, "event", None) == "jobs.worker.settle-abandoned"
+    ]
+    assert line.fields["job_id"] == job_id and line.fields["outcome"] == "Complete"  # type: ignore[attr-defined]
+    assert (await record(driver, job_id)).state is JobState.RUNNING  # its lease will lapse
+
+
+async def test_a_settlement_written_inside_the_grace_is_not_abandoned(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+
+    @registry.job("finished")
+    async def finished(ctx: object, payload: None) -> str:
+        return "done"
+
+    driver = FaultyDriver()
+    job_id = await finished.enqueue(driver)
+    driver.settles_open = trio.Event()
+    abandoned: list[Sequence[str]] = []
+    lifecycle = Lifecycle(grace=2, on_abandoned=abandoned.append)
+    w = worker(driver, registry, lifecycle=lifecycle)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(1)
+
+        async def database_back_soon() -> None:
+            await trio.sleep(1)
+            driver.settles_open.set()
+
+        nursery.start_soon(database_back_soon)
+        await lifecycle.shutdown("SIGTERM")
+    assert abandoned == []
+    r = await record(driver, job_id)
+    assert (r.state, r.result) == (JobState.COMPLETED, '"done"')
+
+
+@pytest.mark.parametrize("renewals", ["hang", "fail"])
+async def test_a_run_is_stopped_at_its_lease_when_renewals_hang_or_fail(
+    autojump_clock: object, renewals: str
+) -> None:
+    registry = Registry()
+    started_at: list[float] = []
+    stopped_at: list[float] = []
+
+    @registry.job("long", timeout=None, attempts=100)
+    async def long(ctx: object, payload: None) -> None:
+        started_at.append(trio.current_time())
+        try:
+            await trio.sleep(1000)
+        finally:
+            stopped_at.append(trio.current_time())
+
+    class Unrenewable(FaultyDriver):
+        async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+            if renewals == "fail":
+                raise DriverError("database unreachable", fix="none")
+            await trio.sleep_forever()  # a row lock, a stalled server
+            raise AssertionError
+
+    driver = Unrenewable()
+    job_id = await long.enqueue(driver)
+    w = worker(driver, registry, lease=8)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(20)
+        assert stopped_at, "the run outlived its lease"
+        await w.stop()
+    # Stopped before the lease ran out on the worker's clock: the next worker may claim the
+    # job the moment it does, and the two must not overlap. (Here the next claim is this
+    # worker's own, once the lease lapsed in the database: at-least-once, never two at once.)
+    assert stopped_at[0] <= 8 - lease_margin(8) + 0.01
+    for stop, next_start in zip(stopped_at, started_at[1:], strict=False):
+        assert stop < next_start
+    assert w.stats().outcomes["lost"] == len(stopped_at) >= 1
+    assert (await record(driver, job_id)).attempts == len(started_at)
