@@ -44,8 +44,12 @@ from ..records import (
 LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
 
 
+# `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
+LAPSED_OUT_OF_ATTEMPTS = LAPSED_ERROR + "; no attempts left after {attempts}"
+
+
 def lapsed_out_of_attempts(attempts: int) -> str:
-    return f"{LAPSED_ERROR}; no attempts left after {attempts}"
+    return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
 
 
 class MemoryDriver:

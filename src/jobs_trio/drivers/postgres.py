@@ -42,7 +42,7 @@ from ..records import (
     StepStatus,
     Suspend,
 )
-from .memory import LAPSED_ERROR, lapsed_out_of_attempts
+from .memory import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
@@ -242,19 +242,17 @@ class PostgresDriver:
         wanted = list(dict.fromkeys(queues))
 
         async def take(conn: Connection) -> list[Claim]:
+            # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             rows = await conn.fetch(
-                sql["claim"], now, wanted, limit, float(lease), worker_id, LAPSED_ERROR
+                sql["claim"],
+                now,
+                wanted,
+                limit,
+                float(lease),
+                worker_id,
+                LAPSED_ERROR,
+                LAPSED_OUT_OF_ATTEMPTS,
             )
-            exhausted = [row for row in rows if row["exhausted"]]
-            if exhausted:
-                # Attempts are counted at claim, so a job that keeps killing its worker ends
-                # here instead of looping forever.
-                await conn.execute(
-                    sql["bury_lapsed"],
-                    now,
-                    [row["id"] for row in exhausted],
-                    [lapsed_out_of_attempts(row["attempts"]) for row in exhausted],
-                )
             return [
                 Claim(
                     job_id=row["id"],
@@ -267,7 +265,6 @@ class PostgresDriver:
                     lease_until=row["lease_until"],
                 )
                 for row in rows
-                if not row["exhausted"]
             ]
 
         claims: list[Claim] = await self.bridge.run(take, what="claim")
