@@ -620,17 +620,16 @@ class SqliteDriver:
                     (queue, now),
                 ).fetchall()
             candidates.sort(key=lambda row: (row[0], row[1], row[2]))
-            taken: list[str] = []
-            dead: list[tuple[str, float, str]] = []
-            for _, _, job_id, state, attempts, max_attempts in candidates:
-                if len(taken) >= limit:
-                    break
-                if state == "running" and attempts >= max_attempts:
-                    # Attempts are counted at claim, so a job that keeps killing its worker
-                    # ends here instead of looping forever.
-                    dead.append((lapsed_out_of_attempts(attempts), now, job_id))
-                    continue
-                taken.append(job_id)
+            # Attempts are counted at claim, so a job that keeps killing its worker ends here
+            # instead of looping forever. Up to `limit` of them per claim, apart from the
+            # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
+            exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
+            dead = [
+                (lapsed_out_of_attempts(attempts), now, job_id)
+                for _, _, job_id, _, attempts, _ in exhausted[: max(limit, 0)]
+            ]
+            skipped = {row[2] for row in exhausted}
+            taken = [row[2] for row in candidates if row[2] not in skipped][: max(limit, 0)]
             conn.executemany(
                 "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
                 " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
