@@ -45,7 +45,7 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 -- Every read is an index walk that stops after $3 rows, whatever the depth:
 -- * each queue's due jobs are read in claim order straight off jobs_waiting (one OR over both
 --   kinds of candidate made PostgreSQL read and sort EVERY waiting row: 35 ms a claim with
---   20,000 queued). The pool runs with enable_sort off (postgres_pool.SESSION_SETTINGS): with
+--   20,000 queued). The pool runs with enable_sort off (postgres_pool.PLANNER_SETTINGS): with
 --   statistics that do not know yet that a queue is deep, sorting looks as cheap as the walk.
 -- * the rows are then changed by primary key through `id = ANY(ARRAY(...))`. Joined to the
 --   candidates instead (`UPDATE ... FROM candidates`), a generic plan guesses LIMIT $3 at a
@@ -299,6 +299,11 @@ SELECT id, name, key, payload, created_at FROM {schema}.events
 WHERE name = $1 AND ($2::text IS NULL OR key = $2) AND ($3::float8 IS NULL OR created_at >= $3)
 ORDER BY id
 LIMIT 1;
+
+-- name: unbounded_waits
+-- For the migrating transaction only (SET LOCAL): the pool's statement and lock timeouts do not
+-- apply to a schema change.
+SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;
 
 -- name: migration_lock
 -- Held to the end of the migrating transaction: concurrent `jobs-trio migrate` runs queue up
