@@ -130,6 +130,12 @@ async def completed(url: str) -> tuple[int, float]:
     return int(count), float(last or 0.0)
 
 
+def _python_path() -> str:
+    """The repository root (for `bench.deep_backlog:registry`) after any PYTHONPATH given, so
+    another checkout's src can be measured the same way."""
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE.parent)) if p)
+
+
 async def measure(
     url: str, n: int, concurrency: int, warmup: float, window: float, workdir: Path
 ) -> Any:
@@ -145,7 +151,7 @@ async def measure(
         "--concurrency",
         str(concurrency),
         cwd=str(HERE.parent),
-        env={**os.environ, "DEEP_BACKLOG_MARK": str(mark), "PYTHONPATH": str(HERE.parent)},
+        env={**os.environ, "DEEP_BACKLOG_MARK": str(mark), "PYTHONPATH": _python_path()},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=log,
         start_new_session=True,
@@ -194,7 +200,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"{args.db}: enqueueing {args.n:,} jobs ({load()})", flush=True)
             spent = await enqueue(url, args.n, workdir)
             print(f"  enqueued in {spent:.1f} s ({args.n / spent:,.0f} jobs/s)", flush=True)
-            await analyze(url)
+            if args.analyze:
+                await analyze(url)
             result = await measure(url, args.n, args.concurrency, args.warmup, args.window, workdir)
             steady = result["steady"]
             print(
@@ -216,6 +223,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--warmup", type=float, default=5.0, help="s after the first start")
     parser.add_argument("--window", type=float, default=30.0, help="s counted")
+    parser.add_argument(
+        "--no-analyze", dest="analyze", action="store_false", help="skip (VACUUM) ANALYZE"
+    )
     args = parser.parse_args(argv)
     if args.n < 1 or args.concurrency < 1 or args.window <= 0 or args.warmup < 0:
         parser.error("--n and --concurrency must be positive, --window > 0, --warmup >= 0")
