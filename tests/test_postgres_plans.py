@@ -82,12 +82,23 @@ def scans_of(plan: dict[str, Any], table: str) -> Iterator[dict[str, Any]]:
         yield from scans_of(child, table)
 
 
+# Partial indexes whose rows are the jobs in flight (running, lapsed or not): bounded by the
+# fleet's concurrency, not by the backlog, so walking one whole is fine (a custom plan may hash
+# the running rows against a settle batch instead of probing the primary key per row).
+IN_FLIGHT_INDEXES = {"jobs_leased"}
+
+
 def unbounded(node: dict[str, Any]) -> bool:
-    """A read whose cost grows with the table: a sequential scan, or an index walked whole
-    (no index condition: with sorts off, the planner walked the primary key to get id order)."""
+    """A read whose cost grows with the table: a sequential scan, or an index over waiting or
+    finished rows walked whole (no index condition: with sorts off, the planner walked the
+    primary key to get id order)."""
     if node["Node Type"] == "Seq Scan":
         return True
-    return node["Node Type"] in ("Index Scan", "Index Only Scan") and "Index Cond" not in node
+    return (
+        node["Node Type"] in ("Index Scan", "Index Only Scan")
+        and "Index Cond" not in node
+        and node.get("Index Name") not in IN_FLIGHT_INDEXES
+    )
 
 
 async def _seed(driver: PostgresDriver) -> None:
@@ -172,4 +183,4 @@ async def test_every_hot_path_statement_reads_a_deep_table_by_index(pg_schema: s
                             f"{name} ({mode}, enable_sort={sort or 'as the pool sets it'}): "
                             f"{node['Node Type']} using {node.get('Index Name', '-')}"
                         )
-        assert unbounded_reads == []
+        assert not unbounded_reads, "\n".join(unbounded_reads)

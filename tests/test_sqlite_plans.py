@@ -69,4 +69,5 @@ async def test_every_hot_path_statement_reads_a_deep_file_by_index(
         await driver.enqueue([new_job(key="k")])
         driver._conn.set_trace_callback(None)
     assert len(statements) > 10
-    assert _unbounded_reads(path, statements) == []
+    unbounded = _unbounded_reads(path, statements)
+    assert not unbounded, "\n".join(unbounded)
