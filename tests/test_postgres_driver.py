@@ -575,6 +575,7 @@ async def test_pooled_connections_bound_every_wait(
         ("", {"lock_timeout": float("nan")}, "lock_timeout=nan"),
         ("", {"statement_timeout": -1}, "statement_timeout=-1"),
         ("", {"lock_timeout": "2s"}, "lock_timeout='2s'"),
+        ("?statement_timeout=30d", {}, "statement_timeout='30d'"),
     ],
 )
 async def test_bad_timeouts_are_refused_before_connecting(

@@ -18,13 +18,16 @@ from ..errors import ConfigError
 Connection = Any  # asyncpg is untyped
 
 # Every statement of a pooled connection has bounded waits (issue 9): a row lock held elsewhere
-# (an operator's open transaction, a stuck session) fails the statement after LOCK_TIMEOUT
+# (an operator's open transaction, a stuck session) fails the statement after the lock timeout
 # instead of hanging it, so a renewal that meets one fails well inside the lease (8 s, renewed
-# every 2.7 s) and the worker's own clock decides what happens to the run. STATEMENT_TIMEOUT
+# every 2.7 s) and the worker's own clock decides what happens to the run. The statement timeout
 # bounds everything else; the longest statement of a working fleet is an enqueue of 100,000
 # jobs (~2 s). Both in seconds; 0 turns a bound off. Migrations lift both for their transaction.
 DEFAULT_STATEMENT_TIMEOUT = 30.0
 DEFAULT_LOCK_TIMEOUT = 2.0
+_DEFAULTS = {"statement_timeout": DEFAULT_STATEMENT_TIMEOUT, "lock_timeout": DEFAULT_LOCK_TIMEOUT}
+# PostgreSQL keeps these as whole milliseconds in a 32-bit integer.
+_MAX_SECONDS = (2**31 - 1) / 1000
 
 # The rest of the session. Generic plans spare the ~1 ms of planning a claim costs each time,
 # and every hot-path statement is shaped so that its generic plan reads by index (see
@@ -35,7 +38,6 @@ DEFAULT_LOCK_TIMEOUT = 2.0
 # no round trip.
 PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off", "plan_cache_mode": "force_generic_plan"}
 
-_TIMEOUT_KEYS = ("statement_timeout", "lock_timeout")
 # PostgreSQL's own spelling of a duration, as a URL query gives it: milliseconds unless a unit.
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d)?\s*$")
 _UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -49,36 +51,33 @@ def session_settings(
     units, milliseconds by default), else the default."""
     from_url = parse_qs(urlsplit(url).query)
     chosen = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
-    defaults = {
-        "statement_timeout": DEFAULT_STATEMENT_TIMEOUT,
-        "lock_timeout": DEFAULT_LOCK_TIMEOUT,
-    }
     settings = dict(PLANNER_SETTINGS)
-    for key in _TIMEOUT_KEYS:
+    for key, default in _DEFAULTS.items():
         value = chosen[key]
-        if value is None and key in from_url:
-            seconds = _url_duration(key, from_url[key][-1])
-        elif value is None:
-            seconds = defaults[key]
+        if value is not None:
+            seconds = _checked_seconds(key, value, f"{key}={value!r}")
+        elif key in from_url:
+            text = from_url[key][-1]
+            seconds = _checked_seconds(key, _url_duration(key, text), f"{key}={text!r}")
         else:
-            seconds = _checked_seconds(key, value)
+            seconds = default
         # Whole milliseconds, at least 1 unless off: PostgreSQL rounds a smaller value to 0,
         # which would turn the bound off.
         settings[key] = "0" if seconds == 0 else f"{max(1, round(seconds * 1000))}ms"
     return settings
 
 
-def _checked_seconds(key: str, value: object) -> float:
+def _checked_seconds(key: str, value: object, given: str) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value <= _MAX_SECONDS
     ):
         raise ConfigError(
-            f"{key}={value!r} is not a number of seconds",
-            fix=f"pass {key} as seconds, 0 or more (0 turns the bound off; the default is "
-            f"{DEFAULT_STATEMENT_TIMEOUT if key == 'statement_timeout' else DEFAULT_LOCK_TIMEOUT})",
+            f"{given} is not a number of seconds PostgreSQL can take",
+            fix=f"pass {key} in seconds, from 0 (no bound) to {_MAX_SECONDS:,.0f}; the default "
+            f"is {_DEFAULTS[key]}",
         )
     return float(value)
 
