@@ -272,6 +272,21 @@ async def test_enqueue_on_the_applications_transaction(
         assert await driver.find_event("paid", key="order-1", since=None) is not None
 
 
+async def test_a_keyed_enqueue_that_fails_part_way_commits_none_of_its_batch(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A keyed batch is several statements (the insert, then the lookup of who holds the keys it
+    # skipped). The lookup made to fail: the insert before it must not stay committed.
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        [holder] = await driver.enqueue([new_job(key="taken")])
+        monkeypatch.setitem(driver._sql.by_name, "live_key_holders", "SELECT 1 / 0, $1::text[]")
+        with pytest.raises(DriverError, match="division by zero"):
+            await driver.enqueue([new_job(key="fresh"), new_job(key="taken"), new_job()])
+        assert [r.id for r in await driver.list_jobs()] == [holder.job_id]
+
+
 async def test_connection_must_be_an_asyncpg_connection(url: str, pg_schema: str) -> None:
     async with open_postgres_driver(
         url, schema=pg_schema, migrate=True, drop_schema_on_close=True
@@ -518,3 +533,80 @@ async def test_racing_enqueues_of_one_key_yield_one_job(url: str, pg_schema: str
         assert sum(a.created for a in answers) == 1
         assert len({a.job_id for a in answers}) == 1
         assert len(await driver.list_jobs()) == 1
+
+
+# --- bounded waits ---
+
+
+async def _session_timeouts(driver: PostgresDriver) -> tuple[str, str]:
+    async def read(conn: Any) -> tuple[str, str]:
+        return (
+            await conn.fetchval("SHOW statement_timeout"),
+            await conn.fetchval("SHOW lock_timeout"),
+        )
+
+    result: tuple[str, str] = await driver.bridge.run(read, what="reading the session")
+    return result
+
+
+@pytest.mark.parametrize(
+    ("query", "options", "expected"),
+    [
+        ("", {}, ("30s", "2s")),
+        ("?statement_timeout=10s&lock_timeout=250", {}, ("10s", "250ms")),
+        ("?statement_timeout=10s&lock_timeout=250", {"lock_timeout": 0.5}, ("10s", "500ms")),
+        ("", {"statement_timeout": 0, "lock_timeout": 1}, ("0", "1s")),
+    ],
+)
+async def test_pooled_connections_bound_every_wait(
+    url: str, pg_schema: str, query: str, options: dict[str, float], expected: tuple[str, str]
+) -> None:
+    async with open_postgres_driver(
+        url + query, schema=pg_schema, migrate=True, drop_schema_on_close=True, **options
+    ) as driver:
+        assert await _session_timeouts(driver) == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "options", "named"),
+    [
+        ("?lock_timeout=soon", {}, "lock_timeout='soon'"),
+        ("?statement_timeout=-1s", {}, "statement_timeout='-1s'"),
+        ("", {"lock_timeout": float("nan")}, "lock_timeout=nan"),
+        ("", {"statement_timeout": -1}, "statement_timeout=-1"),
+        ("", {"lock_timeout": "2s"}, "lock_timeout='2s'"),
+        ("?statement_timeout=30d", {}, "statement_timeout='30d'"),
+    ],
+)
+async def test_bad_timeouts_are_refused_before_connecting(
+    query: str, options: dict[str, Any], named: str
+) -> None:
+    # Port 1: nothing listens there, so only a check made before connecting can answer.
+    with pytest.raises(ConfigError, match=named):
+        async with open_postgres_driver("postgresql://postgres@127.0.0.1:1/x" + query, **options):
+            pass
+
+
+async def test_a_renewal_that_meets_a_row_lock_fails_within_the_lock_timeout(
+    url: str, pg_schema: str
+) -> None:
+    # An operator's open `SELECT ... FOR UPDATE` on a running job's row: the renewal must fail
+    # within the bound (the worker then judges its lease on its own clock), never hang.
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, lock_timeout=0.3
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+        [job] = await driver.enqueue([new_job()])
+        [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w1")
+        await admin.execute("BEGIN")
+        await admin.execute(
+            f'SELECT 1 FROM "{pg_schema}".jobs WHERE id = $1 FOR UPDATE', job.job_id
+        )
+        with trio.fail_after(10):  # without a lock_timeout this waits for the admin forever
+            with pytest.raises(DriverError, match="lock"):
+                await driver.renew([claim.lease], lease=30)
+        await admin.execute("ROLLBACK")
+        renewed = await driver.renew([claim.lease], lease=30)
+        assert renewed.held == {job.job_id}

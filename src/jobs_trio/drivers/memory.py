@@ -64,8 +64,17 @@ def _refuse_unstorable(settlement: Settlement) -> None:
 LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
 
 
+# `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
+LAPSED_OUT_OF_ATTEMPTS = LAPSED_ERROR + "; no attempts left after {attempts}"
+
+
 def lapsed_out_of_attempts(attempts: int) -> str:
-    return f"{LAPSED_ERROR}; no attempts left after {attempts}"
+    return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
+
+
+def _out_of_attempts(record: JobRecord) -> bool:
+    """A lapsed job whose attempts are used up: dead-lettered by a claim, never run again."""
+    return record.state is JobState.RUNNING and record.attempts >= record.max_attempts
 
 
 class MemoryDriver:
@@ -163,14 +172,18 @@ class MemoryDriver:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
+        claimable = self._claimable(queues, now)
+        # Attempts are counted at claim, so a job that keeps killing its worker ends here
+        # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
+        # taken: bounded work, and the rest stay lapsed (due at once) for the next claim.
+        exhausted = [r for r in claimable if _out_of_attempts(r)]
+        for record in exhausted[: max(limit, 0)]:
+            self._dead_from_lapse(record)
         claims: list[Claim] = []
-        for record in self._claimable(queues, now):
+        for record in claimable:
             if len(claims) >= limit:
                 break
-            if record.state is JobState.RUNNING and record.attempts >= record.max_attempts:
-                # Attempts are counted at claim, so a job that keeps killing its worker ends
-                # here instead of looping forever.
-                self._dead_from_lapse(record)
+            if _out_of_attempts(record):
                 continue
             token = new_token()
             last_error = record.last_error

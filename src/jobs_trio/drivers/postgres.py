@@ -42,11 +42,11 @@ from ..records import (
     StepStatus,
     Suspend,
 )
-from .memory import LAPSED_ERROR, lapsed_out_of_attempts
+from .memory import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
-from .postgres_pool import Connection
+from .postgres_pool import Connection, session_settings
 from .postgres_sql import Statements, load_statements
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
@@ -70,6 +70,8 @@ async def open_postgres_driver(
     pool_size: int = 10,
     loop: Any = None,
     drop_schema_on_close: bool = False,
+    statement_timeout: float | None = None,
+    lock_timeout: float | None = None,
 ) -> AsyncIterator[PostgresDriver]:
     """A driver on ``schema`` for as long as the block runs.
 
@@ -78,12 +80,19 @@ async def open_postgres_driver(
     already runs in, else one the driver opens for its own lifetime. ``pool_size`` bounds the
     connections operations use at once; the LISTEN connection is one more. An application's
     own connection passed as ``connection=`` must live on the same loop (``driver.loop``).
-    ``drop_schema_on_close`` is for tests."""
+    ``statement_timeout`` and ``lock_timeout`` (seconds; else the URL's
+    ``?statement_timeout=30s&lock_timeout=2s``, else those defaults; 0 turns one off) bound every
+    statement the driver's own connections run. ``drop_schema_on_close`` is for tests."""
     statements = load_statements(schema)
+    session = session_settings(url, statement_timeout=statement_timeout, lock_timeout=lock_timeout)
     with sole_error():
         async with (
             open_bridge(
-                url, loop=loop, pool_size=pool_size, application_name=f"jobs_trio:{schema}"
+                url,
+                loop=loop,
+                pool_size=pool_size,
+                application_name=f"jobs_trio:{schema}",
+                session=session,
             ) as bridge,
             _open_on(bridge, statements, clock, migrate, drop_schema_on_close) as driver,
         ):
@@ -222,9 +231,15 @@ class PostgresDriver:
                 )
             return [answers[i] for i in range(len(jobs))]
 
-        # No transaction of our own: the common case is one statement (insert and notify), and
-        # a key's holder is looked up after it, on a fresh snapshot that can see it.
-        result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
+        # Without keys this is one statement (insert and notify), atomic on its own. With keys,
+        # the holders are looked up after the insert (each statement of a READ COMMITTED
+        # transaction gets a fresh snapshot that can see a holder committed meanwhile) and the
+        # insert may be tried again: one transaction, so a failure part-way commits none of it.
+        if connection is not None:
+            result: list[Enqueued] = await self.bridge.run_on(connection, write, what="enqueue")
+        else:
+            keyed = any(job.key is not None for job in jobs)
+            result = await self.bridge.run(write, what="enqueue", transaction=keyed)
         return result
 
     # --- claim, renew, settle ---
@@ -242,19 +257,17 @@ class PostgresDriver:
         wanted = list(dict.fromkeys(queues))
 
         async def take(conn: Connection) -> list[Claim]:
+            # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             rows = await conn.fetch(
-                sql["claim"], now, wanted, limit, float(lease), worker_id, LAPSED_ERROR
+                sql["claim"],
+                now,
+                wanted,
+                limit,
+                float(lease),
+                worker_id,
+                LAPSED_ERROR,
+                LAPSED_OUT_OF_ATTEMPTS,
             )
-            exhausted = [row for row in rows if row["exhausted"]]
-            if exhausted:
-                # Attempts are counted at claim, so a job that keeps killing its worker ends
-                # here instead of looping forever.
-                await conn.execute(
-                    sql["bury_lapsed"],
-                    now,
-                    [row["id"] for row in exhausted],
-                    [lapsed_out_of_attempts(row["attempts"]) for row in exhausted],
-                )
             return [
                 Claim(
                     job_id=row["id"],
@@ -267,7 +280,6 @@ class PostgresDriver:
                     lease_until=row["lease_until"],
                 )
                 for row in rows
-                if not row["exhausted"]
             ]
 
         claims: list[Claim] = await self.bridge.run(take, what="claim")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
 
@@ -13,7 +13,7 @@ import trio
 
 from ..errors import ConfigError, DriverError, JobsError, ValueRefused
 from ..redaction import redact_url
-from .postgres_pool import Connection, Pool
+from .postgres_pool import Connection, Pool, session_settings
 
 T = TypeVar("T")
 
@@ -32,15 +32,6 @@ CONNECT_SECONDS = 10.0
 REFUSED_CLASSES = ("22", "23", "54")
 REFUSED_STATES = ("P0001",)
 
-# Session settings of the driver's own pooled connections (never an application's connection).
-# The claim must walk its claim-order index even when the statistics do not yet know a queue
-# is deep (a batch just enqueued): with sorts off the planner never sorts every waiting row
-# instead (35 ms a claim at 20,000 queued). Every statement here is a short one on indexes, so
-# JIT only ever costs (the disable cost alone trips it: 0.8 s a claim), and generic plans spare
-# the ~1 ms of planning a claim costs each time. As session settings they cost no round trip.
-POOL_SETTINGS = {"enable_sort": "off", "jit": "off", "plan_cache_mode": "force_generic_plan"}
-
-
 class Bridge:
     """The asyncio side of the PostgreSQL driver, seen from Trio.
 
@@ -49,10 +40,20 @@ class Bridge:
     a caller: a Trio cancel landing inside one crossed piecemeal leaves a transaction open and
     aborted (STACK-NOTES), so a transaction begins and ends inside the one coroutine."""
 
-    def __init__(self, url: str, loop: Any, pool_size: int, application_name: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        loop: Any,
+        pool_size: int,
+        application_name: str,
+        session: Mapping[str, str],
+    ) -> None:
         self.url = url
         self.loop = loop
         self.application_name = application_name
+        # The server settings of our own pooled connections (postgres_pool.session_settings),
+        # never of an application's connection nor of the LISTEN one, which waits on purpose.
+        self.session = dict(session)
         self._pool = Pool(self._open_pooled, pool_size)
         self._where = _where(url)
 
@@ -94,7 +95,7 @@ class Bridge:
                 timeout=CONNECT_SECONDS,
                 server_settings={
                     "application_name": f"{self.application_name}:{purpose}",
-                    **(POOL_SETTINGS if purpose == "pool" else {}),
+                    **(self.session if purpose == "pool" else {}),
                 },
             )
 
@@ -311,7 +312,12 @@ def sole_error() -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def open_bridge(
-    url: str, *, loop: Any = None, pool_size: int, application_name: str
+    url: str,
+    *,
+    loop: Any = None,
+    pool_size: int,
+    application_name: str,
+    session: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Bridge]:
     """A bridge on ``loop``, else on the trio-asyncio loop the caller already runs in, else on
     a loop of its own for as long as the bridge is open."""
@@ -324,24 +330,26 @@ async def open_bridge(
             f"pool_size must be a positive whole number, not {pool_size!r}",
             fix="pass pool_size=10 (or the number of operations you run at once)",
         )
+    if session is None:
+        session = session_settings(url)
     if loop is None:
         loop = trio_asyncio.current_loop.get()
     if loop is not None:
-        async with _open_pool(url, loop, pool_size, application_name) as bridge:
+        async with _open_pool(url, loop, pool_size, application_name, session) as bridge:
             yield bridge
         return
     async with (
         trio_asyncio.open_loop() as own_loop,
-        _open_pool(url, own_loop, pool_size, application_name) as bridge,
+        _open_pool(url, own_loop, pool_size, application_name, session) as bridge,
     ):
         yield bridge
 
 
 @contextlib.asynccontextmanager
 async def _open_pool(
-    url: str, loop: Any, pool_size: int, application_name: str
+    url: str, loop: Any, pool_size: int, application_name: str, session: Mapping[str, str]
 ) -> AsyncIterator[Bridge]:
-    bridge = Bridge(url, loop, pool_size, application_name)
+    bridge = Bridge(url, loop, pool_size, application_name, session)
     try:
         # One connection now, so a server that cannot be reached fails the open, not the
         # first operation.

@@ -24,6 +24,10 @@ async def migrate(url: str, *, schema: str = "jobs_trio") -> list[int]:
 
 async def apply_migrations(bridge: Bridge, sql: Statements) -> list[int]:
     async def apply(conn: Connection) -> list[int]:
+        # A second migrator waits on the lock as long as the first takes, and an index built
+        # over a deep table takes what it takes: the pool's bounds are lifted here, for this
+        # transaction only.
+        await conn.execute(sql["unbounded_waits"])
         # The lock first, for the whole transaction: a second migrator waits here, then finds
         # every version recorded and applies nothing.
         await conn.execute(sql["migration_lock"], sql.migration_lock_key)

@@ -37,14 +37,20 @@ WHERE key = ANY($1::text[]) AND state IN ('ready', 'running', 'suspended', 'park
 SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 
 -- name: claim
--- Due jobs and lapsed leases, best first, skipping rows another claimer holds. A lapsed job
--- with no attempts left is not claimed: it is returned flagged `exhausted` (locked, but not
--- yet changed) so the caller can dead-letter it with its message.
--- Each queue's due jobs are read in claim order straight off jobs_waiting and stop after
--- $3 rows (one OR over both kinds of candidate made PostgreSQL read and sort EVERY waiting
--- row: 35 ms a claim with 20,000 queued). The driver's connections run with enable_sort off
--- (postgres_bridge.POOL_SETTINGS), so that without fresh statistics (a batch just enqueued)
--- the planner still walks that index.
+-- Due jobs and lapsed leases, best first, skipping rows another claimer holds; in the same
+-- statement, lapsed jobs with no attempts left are dead-lettered, so a claim that commits has
+-- buried them too and one that fails has done neither (never a committed claim whose caller
+-- lost its answer to a failed second statement). At most $3 of those per claim, best first:
+-- bounded work; the rest stay lapsed, due at once, for the next claim.
+-- Every read is an index walk that stops after $3 rows, whatever the depth:
+-- * each queue's due jobs are read in claim order straight off jobs_waiting (one OR over both
+--   kinds of candidate made PostgreSQL read and sort EVERY waiting row: 35 ms a claim with
+--   20,000 queued). The pool runs with enable_sort off (postgres_pool.PLANNER_SETTINGS): with
+--   statistics that do not know yet that a queue is deep, sorting looks as cheap as the walk.
+-- * the rows are then changed by primary key through `id = ANY(ARRAY(...))`. Joined to the
+--   candidates instead (`UPDATE ... FROM candidates`), a generic plan guesses LIMIT $3 at a
+--   tenth of the waiting rows and hash-joins them over a sequential scan of the whole table:
+--   340 ms a claim with 1,000,000 waiting. An array can only be probed through the index.
 WITH candidates AS MATERIALIZED (
     SELECT c.id FROM (
         SELECT w.id, w.priority, w.run_at
@@ -79,48 +85,45 @@ WITH candidates AS MATERIALIZED (
         last_error = CASE WHEN j.state = 'running' THEN $6 ELSE j.last_error END,
         wait_event = NULL,
         updated_at = $1
-    FROM candidates AS c
-    WHERE j.id = c.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidates))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
               j.lease_until, j.priority, j.run_at
 ), exhausted AS MATERIALIZED (
-    SELECT id, attempts, priority, run_at FROM {schema}.jobs
+    SELECT id FROM {schema}.jobs
     WHERE queue = ANY($2::text[])
       AND state = 'running' AND lease_until <= $1 AND attempts >= max_attempts
+    ORDER BY priority, run_at, id
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
+), buried AS (
+    -- Attempts are counted at claim, so a job that keeps killing its worker ends here instead
+    -- of looping forever. $7 is the error, `{attempts}` standing for the count.
+    UPDATE {schema}.jobs AS j
+    SET state = 'dead', token = NULL, lease_until = NULL, worker_id = NULL,
+        last_error = replace($7, '{attempts}', j.attempts::text), updated_at = $1
+    WHERE j.id = ANY (ARRAY(SELECT id FROM exhausted))
+    RETURNING j.id
 )
-SELECT false AS exhausted, id, token, name, queue, payload, attempts, max_attempts,
-       lease_until, priority, run_at
+-- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
+SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until
 FROM claimed
-UNION ALL
-SELECT true, id, NULL, NULL, NULL, NULL, attempts, NULL, NULL, priority, run_at
-FROM exhausted
 ORDER BY priority, run_at, id;
-
--- name: bury_lapsed
--- Dead-letter lapsed jobs that used up their attempts; the conditions are checked again
--- because the claim that found them has committed and let go of its locks.
-UPDATE {schema}.jobs AS j
-SET state = 'dead', token = NULL, lease_until = NULL, worker_id = NULL,
-    last_error = d.error, updated_at = $1
-FROM unnest($2::text[], $3::text[]) AS d(id, error)
-WHERE j.id = d.id
-  AND j.state = 'running' AND j.lease_until <= $1 AND j.attempts >= j.max_attempts;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two
--- statements locking the same rows in different orders would deadlock.
+-- statements locking the same rows in different orders would deadlock. The rows are found by
+-- `id = ANY($3)`, probes of the primary key that come out in id order; joined to the unnest
+-- instead, with sorts off the planner walked the WHOLE primary key to get that order.
 WITH held AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs AS j
-    JOIN unnest($3::text[], $4::text[]) AS l(id, token) ON j.id = l.id AND j.token = l.token
-    WHERE j.state = 'running'
+    WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
+      AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($3::text[], $4::text[]) AS l(id, token))
     ORDER BY j.id
     FOR UPDATE OF j
 )
 UPDATE {schema}.jobs AS j
 SET lease_until = $1::float8 + $2::float8, updated_at = $1
-FROM held AS h
-WHERE j.id = h.id
+WHERE j.id = ANY (ARRAY(SELECT id FROM held))
 RETURNING j.token, j.cancel_requested;
 
 -- name: lock_for_settle
@@ -239,12 +242,20 @@ ORDER BY queue;
 
 -- name: next_due
 -- The earliest moment a job in these queues may become claimable: a run-at, or a lease that
--- will lapse. least() skips NULLs; NULL overall means nothing is coming.
+-- will lapse. least() skips NULLs; NULL overall means nothing is coming. One index probe per
+-- queue and kind (LIMIT 1 on (queue, run_at) and (queue, lease_until)): min() over
+-- `queue = ANY(...)` read every waiting row of those queues instead.
 SELECT least(
-    (SELECT min(run_at) FROM {schema}.jobs
-     WHERE queue = ANY($1::text[]) AND state IN ('ready', 'suspended')),
-    (SELECT min(lease_until) FROM {schema}.jobs
-     WHERE queue = ANY($1::text[]) AND state = 'running')
+    (SELECT min(w.run_at) FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
+        SELECT run_at FROM {schema}.jobs
+        WHERE queue = q.name AND state IN ('ready', 'suspended')
+        ORDER BY run_at LIMIT 1
+    ) AS w),
+    (SELECT min(l.lease_until) FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
+        SELECT lease_until FROM {schema}.jobs
+        WHERE queue = q.name AND state = 'running'
+        ORDER BY lease_until LIMIT 1
+    ) AS l)
 );
 
 -- name: load_steps
@@ -288,6 +299,11 @@ SELECT id, name, key, payload, created_at FROM {schema}.events
 WHERE name = $1 AND ($2::text IS NULL OR key = $2) AND ($3::float8 IS NULL OR created_at >= $3)
 ORDER BY id
 LIMIT 1;
+
+-- name: unbounded_waits
+-- For the migrating transaction only (SET LOCAL): the pool's statement and lock timeouts do not
+-- apply to a schema change.
+SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;
 
 -- name: migration_lock
 -- Held to the end of the migrating transaction: concurrent `jobs-trio migrate` runs queue up
