@@ -32,6 +32,7 @@ CONNECT_SECONDS = 10.0
 REFUSED_CLASSES = ("22", "23", "54")
 REFUSED_STATES = ("P0001",)
 
+
 class Bridge:
     """The asyncio side of the PostgreSQL driver, seen from Trio.
 
