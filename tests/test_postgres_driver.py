@@ -609,4 +609,4 @@ async def test_a_renewal_that_meets_a_row_lock_fails_within_the_lock_timeout(
                 await driver.renew([claim.lease], lease=30)
         await admin.execute("ROLLBACK")
         renewed = await driver.renew([claim.lease], lease=30)
-        assert renewed.held == {job.job_id}
+        assert renewed.held == {claim.token}
