@@ -107,10 +107,10 @@ class ShutdownMachine(RuleBasedStateMachine):
         worker_module.run_attempt = self._recording_run_attempt
 
     async def _recording_run_attempt(
-        self, claim: Any, definition: Any, run: RunScope, ctx: Any, worker_id: str
+        self, claim: Any, definition: Any, run: RunScope, ctx: Any, worker_id: str, threads: Any
     ) -> Outcome:
         generation, started = self.generation, trio.current_time()
-        outcome = await self._real_run_attempt(claim, definition, run, ctx, worker_id)
+        outcome = await self._real_run_attempt(claim, definition, run, ctx, worker_id, threads)
         self.verdicts.append((outcome, run, generation, self.drained_at, started))
         return outcome
 
