@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import socket
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from .records import Claim, QueueStats
 from .registry import JobDefinition, Registry
 from .run_scope import RunScope
 from .settler import Settler
+from .single_error import unwrap_single_error
 from .steps import Steps
 from .thread_slots import ThreadSlots
 
@@ -474,19 +476,54 @@ def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict
 
 
 @contextlib.asynccontextmanager
-async def open_worker(driver: Driver, registry: Registry, **options: Any) -> AsyncIterator[Worker]:
+async def open_worker(
+    driver: Driver,
+    registry: Registry,
+    *,
+    lifecycle: Lifecycle | None = None,
+    drain_on_shutdown: bool = True,
+    grace: float = 25.0,
+    **options: Any,
+) -> AsyncIterator[Worker]:
     """Run a worker for the duration of the block. Leaving normally stops it (waits for the
     jobs in flight); leaving by an exception or a cancel interrupts them (their attempts are
-    handed back) and waits at most ``exit_grace`` seconds."""
-    worker = Worker(driver, registry, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        try:
-            yield worker
-        except BaseException:
-            worker.accept("exit")
-            worker.bind(trio.current_time() + worker.exit_grace)
-            with trio.CancelScope(shield=True):
+    handed back) and waits at most ``exit_grace`` seconds.
+
+    Draining is on by default: given no ``lifecycle``, a worker opened in the main thread opens
+    one of its own (``grace`` seconds), so SIGTERM and SIGINT drain it and then end the block.
+    ``drain_on_shutdown=False`` opts out (the caller drives its own teardown)."""
+    worker = Worker(driver, registry, lifecycle=lifecycle, **options)
+    with unwrap_single_error():
+        async with contextlib.AsyncExitStack() as stack:
+            if lifecycle is None and drain_on_shutdown:
+                worker._lifecycle = await _own_lifecycle(stack, worker, grace)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                try:
+                    yield worker
+                except BaseException:
+                    worker.accept("exit")
+                    worker.bind(trio.current_time() + worker.exit_grace)
+                    with trio.CancelScope(shield=True):
+                        await worker.stop()
+                    raise
                 await worker.stop()
-            raise
-        await worker.stop()
+
+
+async def _own_lifecycle(
+    stack: contextlib.AsyncExitStack, worker: Worker, grace: float
+) -> Lifecycle | None:
+    from .lifecycle import open_lifecycle
+
+    if threading.current_thread() is not threading.main_thread():
+        # Signals reach only the main thread's Trio run: no drain is possible from here.
+        log_event(
+            "jobs.worker.no-drain",
+            worker=worker.worker_id,
+            why="not in the main thread, so no signal can reach this worker",
+            fix="pass lifecycle= from the main thread's open_lifecycle(), or "
+            "drain_on_shutdown=False to silence this",
+        )
+        return None
+    log_event("jobs.worker.lifecycle-opened", worker=worker.worker_id, grace=grace)
+    return await stack.enter_async_context(open_lifecycle(grace=grace))
