@@ -158,7 +158,8 @@ async def test_with_the_database_stalled_the_process_is_gone_within_its_grace(
         await registry.require("drain.wait").enqueue(driver, {"marks": str(path)})
         async with workers(tmp_path, database, 1, "--grace", str(grace)) as [worker]:
             await body_started(path)
-            async with stalled(database):
+            async with stalled(database) as stall:
+                await stall.a_claim_waits()
                 code, took = await exit_after_sigterm(worker, within=30)
     print(f"\nexit {code} {took:.2f} s after SIGTERM with the database stalled (grace {grace})")
     assert took < grace + 1.0, f"{took:.2f} s\n{worker.output()}"
@@ -173,7 +174,24 @@ class stalled:
         self._sqlite: sqlite3.Connection | None = None
         self._admin_cm: object = None
 
-    async def __aenter__(self) -> None:
+    async def a_claim_waits(self) -> None:
+        """Return once the worker's claim loop has a claim in flight, blocked on the lock."""
+        if self._sqlite is not None:
+            # SQLite shows no waiting writer: wait out the worker's poll interval (1 s), after
+            # which its next claim is blocked on the lock.
+            await trio.sleep(1.5)
+            return
+
+        async def waiting() -> bool:
+            count = await self._admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND application_name LIKE 'jobs_trio:%'"
+            )
+            return bool(count)
+
+        await until("a worker statement waiting on the stalled table", 10, waiting)
+
+    async def __aenter__(self) -> stalled:
         if self.url.startswith("sqlite:///"):
             path = self.url.removeprefix("sqlite:///")
 
@@ -183,7 +201,7 @@ class stalled:
                 return conn
 
             self._sqlite = await trio.to_thread.run_sync(lock)
-            return
+            return self
         from tests.test_postgres_driver import open_admin
 
         self._admin_cm = open_admin(self.url)
@@ -191,12 +209,18 @@ class stalled:
         self._admin = admin
         await admin.execute("BEGIN")
         await admin.execute("LOCK TABLE jobs_trio.jobs IN ACCESS EXCLUSIVE MODE")
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
         with trio.CancelScope(shield=True):
             if self._sqlite is not None:
                 conn = self._sqlite
-                await trio.to_thread.run_sync(lambda: (conn.rollback(), conn.close()))
+
+                def unlock() -> None:
+                    conn.rollback()
+                    conn.close()
+
+                await trio.to_thread.run_sync(unlock)
                 return
             await self._admin.execute("ROLLBACK")
             await self._admin_cm.__aexit__(None, None, None)  # type: ignore[attr-defined]

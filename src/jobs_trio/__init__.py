@@ -7,9 +7,11 @@ from .context import JobContext
 from .driver import Driver
 from .errors import (
     Aborted,
+    AttemptCancelled,
     ConfigError,
     DuplicateJob,
     DuplicateJobName,
+    JobDrained,
     JobNotFound,
     JobsError,
     JobTimeout,
@@ -28,6 +30,7 @@ from .worker import Worker, WorkerStats, open_worker
 
 __all__ = [
     "Aborted",
+    "AttemptCancelled",
     "Backoff",
     "ConfigError",
     "Driver",
@@ -36,6 +39,7 @@ __all__ = [
     "EventTimedOut",
     "JobContext",
     "JobDefinition",
+    "JobDrained",
     "JobNotFound",
     "JobRecord",
     "JobState",

@@ -34,6 +34,7 @@ async def finish(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str
             await trio.sleep(0.02)
         await trio.sleep(1)
     reason = ctx.cancel_reason
+    assert reason is not None  # the loop above ended on it
     mark(payload["marks"], "end", ctx)
     return {"done": True, "reason": reason.code}
 
