@@ -90,7 +90,9 @@ async def test_the_drain_reason_is_typed_and_check_cancelled_cannot_be_swallowed
     r = await record(driver, job_id)
     assert r.state is JobState.READY and r.attempts == 0
     assert r.last_error is not None
-    assert r.last_error.startswith("JobDrained: [X_DRAINING] worker 'w-7' is draining (SIGTERM)")
+    assert r.last_error.startswith(
+        "JobDrained: [X_DRAINING] interrupted: worker 'w-7' is draining (SIGTERM)"
+    )
 
 
 async def test_a_sync_body_is_waited_for_under_the_drain_and_completes() -> None:

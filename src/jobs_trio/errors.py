@@ -124,8 +124,8 @@ class JobDrained(JobsError):
         self.worker = worker
         self.signal = signal
         super().__init__(
-            f"worker {worker!r} is draining ({_what_stopped(signal)}): this attempt was "
-            "interrupted and the job handed back to the queue with its attempt uncounted",
+            f"interrupted: worker {worker!r} is draining ({_what_stopped(signal)}); the job "
+            "was handed back to the queue with its attempt uncounted",
             fix="nothing to do for this job: the next worker claims it at once. To stop within "
             "the grace period, let trio.Cancelled propagate in an async body and call "
             "ctx.check_cancelled() between units of work in a sync one",
