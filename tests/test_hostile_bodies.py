@@ -81,3 +81,27 @@ async def test_a_body_raising_anything_fails_only_its_own_job(
     again = await fine.enqueue(driver)
     assert [o.kind for o in await w.tick()] == ["completed"]
     assert (await record(driver, again)).result == '"ok"'
+
+
+async def test_a_result_too_deep_to_encode_fails_only_its_own_job() -> None:
+    registry = Registry()
+
+    @registry.job("deep", attempts=1)
+    async def deep(ctx: JobContext, payload: None) -> object:
+        nested: list[object] = []
+        for _ in range(100_000):
+            nested = [nested]
+        return nested
+
+    @registry.job("fine")
+    async def fine(ctx: JobContext, payload: None) -> str:
+        return "ok"
+
+    driver = trio_driver()
+    bad = await deep.enqueue(driver)
+    await fine.enqueue(driver)
+    w = worker(driver, registry)
+    assert sorted(o.kind for o in await w.tick()) == ["completed", "dead-lettered"]
+    r = await record(driver, bad)
+    assert r.state is JobState.DEAD
+    assert r.last_error is not None and "not JSON-serialisable (RecursionError)" in r.last_error

@@ -170,13 +170,18 @@ def _verdict(
     if ended.returned:
         # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
         # that finished its work has nothing to redo); a lost lease still fences the write.
-        text = _result_json(ended.result)
+        try:
+            text = _result_json(ended.result)
+        except Exception as exc:  # a result nested too deep for the encoder (RecursionError)
+            text, why_not = None, f" ({type(exc).__name__})"
+        else:
+            why_not = ""
         if text is not None:
             return Outcome(
                 claim.job_id, claim.name, COMPLETED, Complete(lease, text), None, seconds
             )
         error = JobsError(
-            f"job {claim.name!r} returned a value that is not JSON-serialisable",
+            f"job {claim.name!r} returned a value that is not JSON-serialisable{why_not}",
             fix="return JSON values (dict, list, str, numbers, bool, None) or nothing",
             code="X_RESULT",
         )
