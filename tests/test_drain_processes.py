@@ -74,6 +74,7 @@ async def test_a_body_that_returns_in_a_shield_after_sigterm_completes(
             code, took = await exit_after_sigterm(worker, within=15)
             assert code == 0, worker.output()
         done = await record(driver, job_id)
+    print(f"\nexit {code} {took:.2f} s after SIGTERM; the body returned 1 s after it")
     assert 1 <= took < 5, f"{took:.2f} s\n{worker.output()}"
     assert (done.state, done.attempts) == (JobState.COMPLETED, 1), worker.output()
     assert done.result is not None
@@ -98,6 +99,7 @@ async def test_a_sync_body_is_waited_for_and_runs_once_beside_the_replacement_wo
                 # The replacement had every chance to claim it while the first drained.
                 replacement.signal(signal.SIGTERM)
                 assert await replacement.exit_code(within=15) == 0, replacement.output()
+    print(f"\nexit {code} {took:.2f} s after SIGTERM; 1.5 s body, {len(marks(path, 'start'))} run")
     assert (done.state, done.attempts) == (JobState.COMPLETED, 1), first.output()
     assert len(marks(path, "start")) == 1, path.read_text()  # the body ran once
     assert took >= 1.0, "the first worker did not wait for its thread"
@@ -136,6 +138,10 @@ async def test_a_sync_body_past_the_grace_is_abandoned_and_rerun_only_after_its_
                 await replacement.exit_code(within=15)
         done = await record(driver, job_id)
     starts = marks(path, "start")
+    print(
+        f"\nexit {first.process.returncode}; second run started "
+        f"{float(starts[1][3]) - lapses_at:+.2f} s from the abandoned lease's end"
+    )
     assert [line[2] for line in starts] == [line[2] for line in starts[:1]] + [
         replacement_id(replacement)
     ], path.read_text()
