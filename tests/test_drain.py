@@ -362,3 +362,37 @@ async def test_stats_carry_the_queue_depth(autojump_clock: object) -> None:
         [mail] = w.stats().queue_depth
         assert (mail.queue, mail.depth.get("ready")) == ("mail", 1)
         await w.stop()
+
+
+async def test_a_shielded_last_step_after_the_drain_is_recorded_and_the_job_completes(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+    started = trio.Event()
+    charged: list[int] = []
+
+    async def charge(amount: int) -> str:
+        charged.append(amount)
+        return "receipt-1"
+
+    @registry.job("pay", attempts=1)
+    async def pay(ctx: JobContext, payload: None) -> str:
+        started.set()
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1)  # the drain lands here
+            receipt: str = await ctx.step.run("charge", charge, 42)
+        return receipt
+
+    driver = trio_driver()
+    job_id = await pay.enqueue(driver)
+    w = worker(driver, registry)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await started.wait()
+        w.accept("SIGTERM")
+        w.bind(trio.current_time() + 25)
+        await w.stop()
+    r = await record(driver, job_id)
+    assert (r.state, r.result, charged) == (JobState.COMPLETED, '"receipt-1"', [42])
+    [step] = await driver.load_steps(job_id)
+    assert step.name == "charge" and step.result == '"receipt-1"'
