@@ -13,6 +13,7 @@ from jobs_trio.boundary import INT4_MAX, MAX_ERROR_CHARS, MAX_SECONDS, storable_
 from jobs_trio.errors import InvalidArgument
 from jobs_trio.records import Claim, JobState, NewJob, Retry, new_job_id
 from jobs_trio.run_scope import RunScope
+from jobs_trio.thread_slots import ThreadSlots
 
 from .worker_helpers import record, trio_driver, worker
 
@@ -178,7 +179,8 @@ async def test_a_retry_forever_job_at_attempt_100_000_is_retried_after_the_cap()
         raise ValueError("again")
 
     claim = Claim(new_job_id(), "tok", "forever", "default", "null", 100_000, INT4_MAX, 0.0)
-    outcome = await run_attempt(claim, forever, RunScope(claim, None), None, "w")
+    threads = ThreadSlots(1, lambda: None)
+    outcome = await run_attempt(claim, forever, RunScope(claim, None), None, "w", threads)
     assert outcome.kind == "retried"
     assert isinstance(outcome.settlement, Retry) and outcome.settlement.delay == 600
 

@@ -2,8 +2,10 @@
 # budget to zero, a signal landing on a manual stop joins it, and real signals reach it.
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -13,7 +15,9 @@ import trio.testing
 from jobs_trio import Registry
 from jobs_trio.budget import Budget
 from jobs_trio.lifecycle import Lifecycle, open_lifecycle
+from jobs_trio.open_driver import open_driver
 from jobs_trio.records import JobState
+from jobs_trio.worker import open_worker
 
 from .worker_helpers import record, trio_driver, worker
 
@@ -153,3 +157,154 @@ def test_a_negative_grace_is_refused() -> None:
 
     with pytest.raises(ConfigError):
         Lifecycle(-1)
+
+
+class _OwnSigterm:
+    """Stands in for SIGTERM's default action (ending the test process) while a test sends it:
+    a lifecycle's receiver replaces this handler while it listens, and puts it back after."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def __enter__(self) -> _OwnSigterm:
+        self._previous = signal.signal(signal.SIGTERM, self._count)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _count(self, signum: int, frame: object) -> None:
+        self.received += 1
+
+
+async def test_open_worker_drains_on_sigterm_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    registry = Registry()
+    started = trio.Event()
+
+    @registry.job("long", attempts=1)
+    async def long(ctx: object, payload: None) -> None:
+        started.set()
+        await trio.sleep(3600)
+
+    driver = trio_driver()
+    job_id = await long.enqueue(driver)
+    with _OwnSigterm() as unhandled, trio.fail_after(10):
+        async with open_worker(driver, registry, stats_interval=None) as w:
+            await started.wait()
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep_forever()  # the drain ends the block
+    assert unhandled.received == 0
+    assert "jobs.worker.lifecycle-opened" in caplog.text
+    assert w.state == "stopped"
+    r = await record(driver, job_id)
+    assert (r.state, r.attempts) == (JobState.READY, 0)
+    assert r.last_error is not None and "(SIGTERM)" in r.last_error
+
+
+async def test_draining_can_be_opted_out_of(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    registry = Registry()
+
+    @registry.job("any")
+    async def any_job(ctx: object, payload: None) -> None:
+        pass
+
+    async with open_worker(
+        trio_driver(), registry, drain_on_shutdown=False, stats_interval=None
+    ) as w:
+        assert w._lifecycle is None
+    assert "lifecycle-opened" not in caplog.text and "no-drain" not in caplog.text
+
+
+def test_outside_the_main_thread_no_lifecycle_is_opened_and_it_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    registry = Registry()
+
+    @registry.job("any")
+    async def any_job(ctx: object, payload: None) -> None:
+        pass
+
+    seen: list[object] = []
+
+    async def main() -> None:
+        async with open_worker(trio_driver(), registry, stats_interval=None) as w:
+            seen.append(w._lifecycle)
+
+    thread = threading.Thread(target=trio.run, args=(main,))
+    thread.start()
+    thread.join(10)
+    assert seen == [None]
+    assert "jobs.worker.no-drain" in caplog.text
+
+
+async def test_a_stopped_worker_hands_its_registration_back(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("any")
+    async def any_job(ctx: object, payload: None) -> None:
+        pass
+
+    lifecycle = Lifecycle(grace=5)
+    w = worker(trio_driver(), registry, lifecycle=lifecycle)
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):  # start -> stop -> start holds one registration
+            await nursery.start(w.run)
+            assert lifecycle._hooks == [w]
+            await w.stop()
+            assert lifecycle._hooks == []
+
+
+async def test_a_shutdown_still_hears_what_a_worker_that_stopped_meanwhile_abandoned(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+    let_go = trio.Event()
+
+    @registry.job("deaf", timeout=None)
+    async def deaf(ctx: object, payload: None) -> None:
+        with trio.CancelScope(shield=True):
+            await let_go.wait()
+
+    driver = trio_driver()
+    job_id = await deaf.enqueue(driver)
+    reported: list[Sequence[str]] = []
+    lifecycle = Lifecycle(grace=5, on_abandoned=reported.append)
+    w = worker(driver, registry, lifecycle=lifecycle)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        try:
+            # The worker's teardown ends (and it unregisters) before the close phase asks it.
+            await lifecycle.shutdown("SIGTERM")
+        finally:
+            let_go.set()
+        assert reported == [[job_id]] and lifecycle._hooks == []
+
+
+async def test_single_errors_from_open_blocks_come_out_as_themselves() -> None:
+    registry = Registry()
+
+    @registry.job("any")
+    async def any_job(ctx: object, payload: None) -> None:
+        pass
+
+    class Mine(Exception):
+        pass
+
+    with pytest.raises(Mine):
+        async with open_worker(trio_driver(), registry, stats_interval=None):
+            raise Mine
+    with pytest.raises(Mine):
+        async with open_worker(
+            trio_driver(), registry, drain_on_shutdown=False, stats_interval=None
+        ):
+            raise Mine
+    with pytest.raises(Mine):
+        async with open_lifecycle(grace=1, signals=()):
+            raise Mine
+    with pytest.raises(Mine):
+        async with open_driver("memory://"):
+            raise Mine

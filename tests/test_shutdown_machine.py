@@ -1,9 +1,11 @@
 # A Hypothesis state machine over every ordering of enqueue, start, run, clock, manual stop,
-# shutdown signals and restart, checking DESIGN's invariants 1 and 4-8 after every step.
+# shutdown signals, restart, shielded bodies returning, sync bodies finishing and claims coming
+# back mid-drain, checking DESIGN's invariants 1 and 4-8 after every step.
 from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 import trio
@@ -23,12 +25,39 @@ from jobs_trio.run_scope import DRAINING, RunScope
 from .guest_trio import GuestTrio
 from .worker_helpers import fresh_metrics
 
-KINDS = ("quick", "long", "raises", "deaf_thread")
+KINDS = ("quick", "long", "raises", "deaf_thread", "shielded", "thread")
 TIMEOUT = 50.0
 LEASE = 30.0
 
 
-def declare_jobs(registry: Registry, release: threading.Event) -> None:
+class Bodies:
+    """What the bodies tell the machine: the gates rules open, which bodies are running now,
+    and which (job, attempt) returned — written from the Trio thread and from body threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.release = threading.Event()  # deaf threads: only at the end of the example
+        self.threads_finish = threading.Event()  # "thread" bodies: when a rule says
+        self.shield_opens = trio.Event()  # "shielded" bodies: when a rule says
+        self.running: dict[str, int] = {}  # job id -> bodies of it running now
+        self.returned: set[tuple[str, int]] = set()
+        self.live_threads = 0  # "thread" bodies not yet ended
+        self.live_deaf = 0  # "deaf_thread" bodies not yet ended
+
+    def started(self, ctx: Any) -> None:
+        with self.lock:
+            self.running[ctx.job_id] = self.running.get(ctx.job_id, 0) + 1
+
+    def ended(self, ctx: Any, returned: bool) -> None:
+        with self.lock:
+            self.running[ctx.job_id] -= 1
+            if returned:
+                self.returned.add((ctx.job_id, ctx.attempt))
+
+
+def declare_jobs(registry: Registry, bodies: Bodies) -> None:
+    release = bodies.release
+
     @registry.job("quick", timeout=TIMEOUT)
     async def quick(ctx: object, payload: int) -> int:
         await trio.sleep(1)
@@ -50,7 +79,39 @@ def declare_jobs(registry: Registry, release: threading.Event) -> None:
 
     @registry.job("deaf_thread", timeout=TIMEOUT)
     def deaf_thread(ctx: object, payload: int) -> None:
-        release.wait(120)  # never polls its cancel; abandoned at it
+        with bodies.lock:
+            bodies.live_deaf += 1
+        try:
+            release.wait(120)  # never polls its cancel; abandoned at its timeout or the budget
+        finally:
+            with bodies.lock:
+                bodies.live_deaf -= 1
+
+    @registry.job("shielded", timeout=TIMEOUT)
+    async def shielded(ctx: Any, payload: int) -> int:
+        bodies.started(ctx)
+        returned = False
+        try:
+            # Its last step runs in a shield: it returns whatever was asked of its scope.
+            with trio.CancelScope(shield=True), trio.move_on_after(20):
+                await bodies.shield_opens.wait()
+            returned = True
+            return payload
+        finally:
+            bodies.ended(ctx, returned)
+
+    @registry.job("thread", timeout=None)
+    def thread(ctx: Any, payload: int) -> int:
+        bodies.started(ctx)
+        with bodies.lock:
+            bodies.live_threads += 1
+        try:
+            bodies.threads_finish.wait(120)  # never polls its cancel
+        finally:
+            with bodies.lock:
+                bodies.live_threads -= 1
+            bodies.ended(ctx, not bodies.release.is_set())
+        return payload
 
 
 class CheckingDriver(MemoryDriver):
@@ -61,11 +122,21 @@ class CheckingDriver(MemoryDriver):
         super().__init__(clock=trio.current_time)
         self.before_claim: dict[str, int] = {}  # token -> attempts before the claim
         self.handed_back: list[tuple[str, int, int]] = []  # (job, before claim, after settle)
+        # Claims in flight: while `stall` is set, a claim that commits waits for `gate` before
+        # it comes back to the worker (a slow network): the window a drain can land in.
+        self.stall = False
+        self.gate = trio.Event()
+        self.returned_while_drained: list[str] = []  # tokens that came back after the drain
+        self.drained: Any = lambda: False
 
     async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
         claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
         for c in claims:
             self.before_claim[c.token] = c.attempt - 1
+        if claims and self.stall:
+            await self.gate.wait()
+            if self.drained():
+                self.returned_while_drained.extend(c.token for c in claims)
         return claims
 
     async def settle(self, settlements: Any) -> Any:
@@ -80,11 +151,11 @@ class CheckingDriver(MemoryDriver):
 class ShutdownMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.release = threading.Event()
+        self.bodies = Bodies()
         self.trio = GuestTrio()
         self.driver = CheckingDriver()
         registry = Registry()
-        declare_jobs(registry, self.release)
+        declare_jobs(registry, self.bodies)
         self.worker = worker_module.Worker(
             self.driver,
             registry,
@@ -101,22 +172,31 @@ class ShutdownMachine(RuleBasedStateMachine):
         self.generation = 0  # one per worker.run
         self.binds: list[float] = []  # deadlines bound in this generation
         self.drained_at: float | None = None  # first drain signal in this generation
+        self.drained_at_of: dict[int, float] = {}  # the same, for every generation
         self.verdicts: list[tuple[Outcome, RunScope, int, float | None, float]] = []
+        self.returned_verdicts: list[tuple[Outcome, RunScope]] = []  # bodies that returned
+        self.driver.drained = lambda: self.worker._drain.cause is not None
         self.failures: list[str] = []
         self._real_run_attempt = worker_module.run_attempt
         worker_module.run_attempt = self._recording_run_attempt
 
     async def _recording_run_attempt(
-        self, claim: Any, definition: Any, run: RunScope, ctx: Any, worker_id: str
+        self, claim: Any, definition: Any, run: RunScope, ctx: Any, worker_id: str, threads: Any
     ) -> Outcome:
         generation, started = self.generation, trio.current_time()
-        outcome = await self._real_run_attempt(claim, definition, run, ctx, worker_id)
-        self.verdicts.append((outcome, run, generation, self.drained_at, started))
+        outcome = await self._real_run_attempt(claim, definition, run, ctx, worker_id, threads)
+        # The drain of the run's own generation: a run the budget gave up on can end after
+        # the worker was started again.
+        drained_at = self.drained_at_of.get(generation)
+        self.verdicts.append((outcome, run, generation, drained_at, started))
+        if (claim.job_id, claim.attempt) in self.bodies.returned:
+            self.returned_verdicts.append((outcome, run))
         return outcome
 
     def teardown(self) -> None:
         try:
-            self.release.set()
+            self.bodies.release.set()
+            self.bodies.threads_finish.set()
             self.trio.close()
         finally:
             worker_module.run_attempt = self._real_run_attempt
@@ -157,6 +237,7 @@ class ShutdownMachine(RuleBasedStateMachine):
         self.binds.append(bind_at)
         if self.drained_at is None:
             self.drained_at = self.trio.clock.current_time()
+            self.drained_at_of[self.generation] = self.drained_at
         self.trio.spawn(lifecycle.shutdown, "SIGTERM")
 
     @precondition(lambda self: self.worker.state != "stopped" and not self.signalled)
@@ -180,7 +261,81 @@ class ShutdownMachine(RuleBasedStateMachine):
         other.register(self.worker)
         self._signal(other, self.trio.clock.current_time() + grace)
 
+    @rule()
+    def shielded_bodies_return(self) -> None:
+        """Every shielded body waiting now returns (before or after a drain)."""
+
+        async def open_gate() -> None:
+            self.bodies.shield_opens.set()
+            self.bodies.shield_opens = trio.Event()
+
+        self.trio.call(open_gate)
+
+    @rule()
+    def sync_bodies_finish(self) -> None:
+        """Every "thread" body running now returns: before the budget, or after it (then its
+        run was abandoned and the result goes nowhere)."""
+        self.bodies.threads_finish.set()
+
+        async def until_their_ends_reach_trio() -> None:
+            # A thread's end reaches Trio by run_sync_soon, after the body has returned: wait
+            # until every such thread has handed its limiter token back (only deaf ones hold
+            # one then), so the runs waiting for them are judged before the next step.
+            limiter = self.worker._threads.limiter
+            deadline = time.monotonic() + 10
+            while self.bodies.live_threads or limiter.borrowed_tokens > self.bodies.live_deaf:
+                assert time.monotonic() < deadline, "a finished thread never reached Trio"
+                await trio.to_thread.run_sync(time.sleep, 0.001)
+            self.bodies.threads_finish = threading.Event()
+
+        self.trio.call(until_their_ends_reach_trio)
+
+    async def _held_reasons(self) -> list[tuple[RunScope, str | None]]:
+        return [(run, run.reason) for run in self.worker._drain.held]
+
+    def _bodies_running(self) -> set[str]:
+        with self.bodies.lock:
+            return {job for job, n in self.bodies.running.items() if n > 0}
+
+    @rule()
+    def claims_stall(self) -> None:
+        """From now on a claim that commits takes a while to come back to the worker."""
+        self.driver.stall = True
+
+    @rule()
+    def claims_come_back(self) -> None:
+        async def open_gate() -> None:
+            self.driver.stall = False
+            self.driver.gate.set()
+            self.driver.gate = trio.Event()
+
+        self.trio.call(open_gate)
+
     # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def a_returned_body_is_completed(self) -> None:  # 5
+        for outcome, run in self.returned_verdicts:
+            # Unless it returned after the budget had given up on it: then nothing is written.
+            assert outcome.kind == "completed" or run.abandoned, outcome
+
+    @invariant()
+    def no_job_is_ready_while_its_body_runs(self) -> None:  # 5
+        for job_id in self._bodies_running():
+            record = self.driver._jobs[job_id]
+            assert record.state is not JobState.READY, (
+                f"job {job_id} is ready (claimable by another worker) while its body still "
+                f"runs in this process: {record}"
+            )
+
+    @invariant()
+    def every_claim_committed_after_a_drain_is_interrupted_and_handed_back(self) -> None:
+        by_token = {run.claim.token: outcome for outcome, run, *_ in self.verdicts}
+        for token in self.driver.returned_while_drained:
+            outcome = by_token.get(token)
+            assert outcome is not None, f"claim {token} came back after the drain, never ran"
+            assert outcome.kind == "interrupted", outcome
+            assert outcome.seconds == 0, f"its body ran: {outcome}"
 
     @invariant()
     def nothing_enqueued_is_lost(self) -> None:  # 1
@@ -206,8 +361,10 @@ class ShutdownMachine(RuleBasedStateMachine):
     @invariant()
     def a_drain_reaches_every_held_run_at_once(self) -> None:  # 5
         if self.drained_at is not None and self.worker.state != "stopped":
-            for run in self.worker._drain.held:
-                assert run.reason is not None, (
+            # Read in the guest run: a scope's deadline check needs Trio's clock.
+            reasons = self.trio.call(self._held_reasons)
+            for run, reason in reasons:
+                assert reason is not None, (
                     f"job {run.job_id} ({run.claim.name}) still runs uncancelled after the "
                     f"shutdown at {self.drained_at}"
                 )
@@ -223,8 +380,10 @@ class ShutdownMachine(RuleBasedStateMachine):
                 assert isinstance(outcome.settlement, Retry)
                 assert not outcome.settlement.counts_as_attempt
                 assert outcome.settlement.delay == 0
-            if run.reason == DRAINING:
-                assert outcome.kind == "interrupted", outcome
+            if run.reason == DRAINING and outcome.kind != "interrupted":
+                # Drained, yet not interrupted: it returned, or the budget abandoned it.
+                assert outcome.kind in ("completed", "abandoned"), outcome
+                assert outcome.kind == "completed" or run.abandoned, outcome
 
     @invariant()
     def every_interrupted_attempt_left_its_attempt_count_unchanged(self) -> None:
@@ -257,7 +416,7 @@ class ShutdownMachine(RuleBasedStateMachine):
 
 
 ShutdownMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=300,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -7,10 +7,12 @@ from .context import JobContext
 from .driver import Driver
 from .errors import (
     Aborted,
+    AttemptCancelled,
     ConfigError,
     DuplicateJob,
     DuplicateJobName,
     InvalidArgument,
+    JobDrained,
     JobNotFound,
     JobsError,
     JobTimeout,
@@ -31,6 +33,7 @@ from .worker import Worker, WorkerStats, open_worker
 
 __all__ = [
     "Aborted",
+    "AttemptCancelled",
     "Backoff",
     "ConfigError",
     "Driver",
@@ -40,6 +43,7 @@ __all__ = [
     "InvalidArgument",
     "JobContext",
     "JobDefinition",
+    "JobDrained",
     "JobNotFound",
     "JobRecord",
     "JobState",

@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from .boundary import dump_json, storable_text
-from .errors import JobsError, JobTimeout, ResultNotStorable
+from .errors import AttemptCancelled, JobsError, ResultNotStorable
 from .logs import log_event
 from .operator_transitions import OPERATOR_CANCEL_ERROR
 from .records import (
@@ -27,6 +27,7 @@ from .records import (
 from .registry import JobDefinition
 from .run_scope import CANCELLED, DRAINING, LEASE_LOST, TIMEOUT, RunScope
 from .steps import Suspension
+from .thread_slots import ThreadSlots
 
 # Outcome names, as DESIGN's table and WorkerStats spell them.
 COMPLETED = "completed"
@@ -35,6 +36,7 @@ RETRIED = "retried"
 DEAD_LETTERED = "dead-lettered"
 INTERRUPTED = "interrupted"
 LOST = "lost"
+ABANDONED = "abandoned"  # the teardown's budget ran out on it: nothing written, its lease lapses
 CANCELLED_OUTCOME = "cancelled"
 PARKED = "parked"
 OUTCOMES = (
@@ -44,6 +46,7 @@ OUTCOMES = (
     DEAD_LETTERED,
     INTERRUPTED,
     LOST,
+    ABANDONED,
     CANCELLED_OUTCOME,
     PARKED,
 )
@@ -66,7 +69,7 @@ def describe(error: BaseException) -> str:
     worker that is recording it."""
     try:
         message = str(error)
-    except Exception as exc:
+    except BaseException as exc:  # whatever a hostile __str__ raises
         message = f"<str() of this error raised {type(exc).__name__}>"
     text = f"{type(error).__name__}: {message}"
     if not isinstance(error, JobsError):
@@ -74,7 +77,7 @@ def describe(error: BaseException) -> str:
             code = getattr(error, "code", None)
             if code:
                 text = f"{code}: {text}"
-        except Exception:
+        except BaseException:
             pass  # a broken ``code`` property: the type and message still say what happened
     return storable_text(text)
 
@@ -88,34 +91,73 @@ def parked(claim: Claim, known: list[str]) -> Outcome:
 
 
 async def run_attempt(
-    claim: Claim, definition: JobDefinition, run: RunScope, ctx: Any, worker_id: str
+    claim: Claim,
+    definition: JobDefinition,
+    run: RunScope,
+    ctx: Any,
+    worker_id: str,
+    threads: ThreadSlots,
 ) -> Outcome:
-    """Run the body under ``run``'s cancel scope; the verdict is read off the scope's first
-    cancel reason, never off what the body raised: a body cut short by a drain may surface
-    any error at all, and it is still interrupted."""
+    """Run the body under ``run``'s cancel scope, then judge it: a body that RETURNED completed,
+    whatever was asked of its scope meanwhile; one that UNWOUND is judged by the scope's first
+    cancel reason, never by what it raised (a body cut short by a drain may surface any error
+    at all, and it is still interrupted)."""
     started = trio.current_time()
-    error: BaseException | None = None
-    result: Any = None
-    suspension: Suspension | None = None
+    ended = _Ended()
     try:
         payload = json.loads(claim.payload)
         with run.cancel_scope:
-            if definition.is_async:
-                result = await definition.fn(ctx, payload)
-            else:
-                result = await trio.to_thread.run_sync(
-                    _call_in_thread, definition, ctx, payload, abandon_on_cancel=True
-                )
+            # A run cancelled before its body started (a claim that committed after the drain
+            # was signalled) is handed back without running a line of it.
+            if not run.cancel_scope.cancel_called:
+                if definition.is_async:
+                    run.start_clock()
+                    ended.result = await definition.fn(ctx, payload)
+                    ended.returned = True
+                else:
+                    # Its own scope swallows the cancel that abandons the thread: "returned" is
+                    # known only in here.
+                    with run.thread_scope():
+                        ended.result = await threads.run(
+                            run, _call_in_thread, definition, ctx, payload
+                        )
+                        ended.returned = True
     except Suspension as exc:
-        suspension = exc
+        ended.suspension = exc
     except trio.Cancelled:
         # Caught here only when it was NOT our run scope's (which swallows its own): an outer
         # scope is going away, and that must propagate.
         raise
-    except Exception as exc:
-        error = exc
+    except BaseException as exc:
+        # Anything else a body raises — SystemExit, GeneratorExit, a BaseException of its own —
+        # is that job's failure, never the worker's: only its own cancellation may stop it.
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(trio.Cancelled) is not None:
+            raise
+        if isinstance(exc, GeneratorExit) and not _in_trio_run():
+            raise  # this coroutine itself is being closed (garbage-collected), not the body
+
+        ended.error = exc
     seconds = trio.current_time() - started
-    return _verdict(claim, definition, run, result, error, suspension, seconds, worker_id)
+    return _verdict(claim, definition, run, ended, seconds)
+
+
+def _in_trio_run() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+@attrs.define
+class _Ended:
+    """How a body ended: it returned (``result``), raised (``error``), suspended, or none of
+    those — it unwound with the run scope's own ``Cancelled``, or never started."""
+
+    returned: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    suspension: Suspension | None = None
 
 
 def _call_in_thread(definition: JobDefinition, ctx: Any, payload: Any) -> Any:
@@ -131,50 +173,50 @@ def _call_in_thread(definition: JobDefinition, ctx: Any, payload: Any) -> Any:
 
 
 def _verdict(
-    claim: Claim,
-    definition: JobDefinition,
-    run: RunScope,
-    result: Any,
-    error: BaseException | None,
-    suspension: Suspension | None,
-    seconds: float,
-    worker_id: str,
+    claim: Claim, definition: JobDefinition, run: RunScope, ended: _Ended, seconds: float
 ) -> Outcome:
     lease = claim.lease
-    reason = run.reason
-    if reason == DRAINING:
-        why = f"interrupted: worker {worker_id} is draining" + (
-            f" (body stopped with {describe(error)})" if error else ""
-        )
-        retry = Retry(lease, delay=0.0, error=why, counts_as_attempt=False)
-        return Outcome(claim.job_id, claim.name, INTERRUPTED, retry, why, seconds)
-    if reason == LEASE_LOST:
-        return Outcome(claim.job_id, claim.name, LOST, None, "lease lost", seconds)
-    if reason == CANCELLED:
-        why = OPERATOR_CANCEL_ERROR
-        return Outcome(
-            claim.job_id, claim.name, CANCELLED_OUTCOME, CancelJob(lease, why), why, seconds
-        )
-    if reason == TIMEOUT:
-        error = JobTimeout(
-            f"job {claim.name!r} ran past its timeout of {definition.timeout}s",
-            fix="raise the job's timeout=, or make the body finish sooner",
-        )
-    if suspension is not None and reason is None:
-        settle = Suspend(lease, delay=suspension.delay, event=suspension.event)
-        return Outcome(claim.job_id, claim.name, SUSPENDED, settle, None, seconds)
-    if error is None:
+    if run.abandoned:
+        # The teardown's budget ran out on it: nothing is written, its lease lapses and it runs
+        # again elsewhere (at-least-once). Never handed back while it may still be running.
+        why = "abandoned at the teardown's budget"
+        return Outcome(claim.job_id, claim.name, ABANDONED, None, why, seconds)
+    error = ended.error
+    if ended.returned:
+        # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
+        # that finished its work has nothing to redo); a lost lease still fences the write.
         try:
-            text = _result_json(result, definition)
-        except JobsError as exc:
+            text = _result_json(ended.result, definition)
+        except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
             error = exc
         else:
             return Outcome(
                 claim.job_id, claim.name, COMPLETED, Complete(lease, text), None, seconds
             )
-    why = describe(error)
+    else:
+        reason = run.reason
+        if reason == DRAINING:
+            why = _safe_text(run.cause)
+            if error is not None and not isinstance(error, AttemptCancelled):
+                why += f" (body stopped with {_safe_text(error)})"
+            retry = Retry(lease, delay=0.0, error=why, counts_as_attempt=False)
+            return Outcome(claim.job_id, claim.name, INTERRUPTED, retry, why, seconds)
+        if reason == LEASE_LOST:
+            return Outcome(claim.job_id, claim.name, LOST, None, "lease lost", seconds)
+        if reason == CANCELLED:
+            why = OPERATOR_CANCEL_ERROR
+            return Outcome(
+                claim.job_id, claim.name, CANCELLED_OUTCOME, CancelJob(lease, why), why, seconds
+            )
+        if reason == TIMEOUT:
+            error = run.cause
+        elif ended.suspension is not None:
+            settle = Suspend(lease, delay=ended.suspension.delay, event=ended.suspension.event)
+            return Outcome(claim.job_id, claim.name, SUSPENDED, settle, None, seconds)
+    if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
+        error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")
+    why = _safe_text(error)
     if error.__traceback__ is not None:
-        tail = "".join(traceback.format_exception(error)[-3:]).strip()
         log_event(
             "jobs.attempt.failed",
             logging.WARNING,
@@ -182,14 +224,32 @@ def _verdict(
             job=claim.name,
             attempt=claim.attempt,
             error=why,
-            traceback=tail,
+            traceback=_traceback_tail(error),
         )
-    if definition.is_terminal(error) or claim.attempt >= claim.max_attempts:
+    if _is_terminal(definition, error) or claim.attempt >= claim.max_attempts:
         return Outcome(
             claim.job_id, claim.name, DEAD_LETTERED, DeadLetter(lease, why), why, seconds
         )
     delay = definition.backoff.delay(claim.attempt)
     return Outcome(claim.job_id, claim.name, RETRIED, Retry(lease, delay, why), why, seconds)
+
+
+def _safe_text(error: BaseException | None) -> str:
+    return describe(error) if error is not None else "no reason recorded"
+
+
+def _traceback_tail(error: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(error)[-3:]).strip()
+    except BaseException as exc:
+        return f"<traceback could not be rendered: {type(exc).__name__}>"
+
+
+def _is_terminal(definition: JobDefinition, error: BaseException) -> bool:
+    try:
+        return definition.is_terminal(error)
+    except BaseException:
+        return False  # a hostile `code` attribute: judged by the attempt count alone
 
 
 def _result_json(result: Any, definition: JobDefinition) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .errors import Aborted
+from .errors import AttemptCancelled, JobsError
 from .logs import logger
 from .records import Claim
 from .run_scope import RunScope
@@ -46,17 +46,35 @@ class JobContext:
     def max_attempts(self) -> int:
         return self._claim.max_attempts
 
+    @property
+    def cancel_reason(self) -> JobsError | None:
+        """Why this attempt was told to stop, or None while it was not: ``JobDrained``
+        (``X_DRAINING``: the worker is going away, naming it and the signal), ``JobTimeout``, or
+        ``Aborted`` (a lost lease, an operator's cancel). Readable from a shielded cleanup, and
+        from a sync body's thread."""
+        if _on_trio_thread():
+            return self._run.cause
+        try:
+            trio.from_thread.check_cancelled()
+        except trio.Cancelled:
+            return self._run.cause_in_thread(thread_abandoned=True)
+        return self._run.cause_in_thread(thread_abandoned=False)
+
     def check_cancelled(self) -> None:
-        """Raise if this attempt has been told to stop (timeout, drain, lost lease, operator).
+        """Raise ``AttemptCancelled`` if this attempt has been told to stop (timeout, drain, lost
+        lease, operator) — the same type on the Trio thread and in a sync body's thread, a
+        BaseException that an ``except Exception`` does not swallow.
 
         For synchronous bodies running in a thread, the one way to stop early: call it between
         units of work. Async bodies are told at their next ``await`` anyway."""
-        try:
-            trio.lowlevel.current_task()
-        except RuntimeError:
-            # In the worker thread: Trio raises Cancelled here once the run was cancelled.
-            trio.from_thread.check_cancelled()
-            return
-        reason = self._run.reason
+        reason = self.cancel_reason
         if reason is not None:
-            raise Aborted(f"job {self.job_id} was cancelled ({reason})", fix="let it propagate")
+            raise AttemptCancelled(reason)
+
+
+def _on_trio_thread() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True

@@ -2,6 +2,7 @@
 # Apart because SIGTERM reaches every running job through here, synchronously, before any wait.
 from __future__ import annotations
 
+from .errors import JobDrained
 from .records import ClaimToken
 from .run_scope import DRAINING, RunScope
 
@@ -15,24 +16,29 @@ class Drain:
         # lapsed lease re-claimed), and the older one must still be renewed (to learn it is
         # lost) and still be reached by a drain.
         self._held: dict[ClaimToken, RunScope] = {}
-        self.reason: str | None = None
+        self.cause: JobDrained | None = None  # why it was signalled: worker and signal
+
+    @property
+    def reason(self) -> str | None:
+        return None if self.cause is None else DRAINING
 
     def hold(self, run: RunScope) -> None:
         self._held[run.claim.token] = run
-        if self.reason is not None:
-            # A claim that was in flight when the drain was signalled: it must not run on.
-            run.cancel(self.reason)
+        if self.cause is not None:
+            # A claim that committed after the drain was signalled (it was in flight): it must
+            # not run on, and it is handed back at once.
+            run.cancel(DRAINING, self.cause)
 
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)
 
-    def signal(self, reason: str = DRAINING) -> int:
-        """Cancel every held run with ``reason``; answer how many were told."""
-        if self.reason is None:
-            self.reason = reason
+    def signal(self, cause: JobDrained) -> int:
+        """Cancel every held run, the first ``cause`` kept; answer how many were told."""
+        if self.cause is None:
+            self.cause = cause
         held = list(self._held.values())
         for run in held:
-            run.cancel(reason)
+            run.cancel(DRAINING, self.cause)
         return len(held)
 
     @property

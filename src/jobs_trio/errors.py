@@ -163,3 +163,48 @@ class TerminalError(JobsError):
 class JobTimeout(JobsError):
     code = "JOB_TIMEOUT"
     retryable = True
+
+
+class JobDrained(JobsError):
+    """Why a drained attempt was cut short: the worker holding it is going away. Stored as the
+    job's ``last_error`` and readable in the body as ``ctx.cancel_reason``."""
+
+    code = "X_DRAINING"
+    retryable = True
+
+    def __init__(self, *, worker: str, signal: str) -> None:
+        self.worker = worker
+        self.signal = signal
+        super().__init__(
+            f"interrupted: worker {worker!r} is draining ({_what_stopped(signal)}); the job "
+            "was handed back to the queue with its attempt uncounted",
+            fix="nothing to do for this job: the next worker claims it at once. To stop within "
+            "the grace period, let trio.Cancelled propagate in an async body and call "
+            "ctx.check_cancelled() between units of work in a sync one",
+        )
+
+
+def _what_stopped(signal: str) -> str:
+    # The lifecycle passes a signal's name; the other reasons a worker drains are spelled out.
+    if signal.startswith("SIG"):
+        return signal
+    return {
+        "shutdown": "a programmatic shutdown",
+        "exit": "the block around open_worker was left by an exception",
+    }.get(signal, signal)
+
+
+class AttemptCancelled(BaseException):
+    """What ``ctx.check_cancelled()`` raises once the attempt was told to stop — on the Trio
+    thread and in a sync body's thread alike. A BaseException, like ``trio.Cancelled``, so that an
+    ``except Exception`` in a body cannot swallow it and run on. ``reason`` is the typed error
+    that says why: ``JobDrained`` (X_DRAINING), ``JobTimeout``, or ``Aborted`` (a lost lease, an
+    operator's cancel)."""
+
+    def __init__(self, reason: JobsError) -> None:
+        self.reason = reason
+        super().__init__(str(reason))
+
+    @property
+    def code(self) -> str:
+        return self.reason.code

@@ -15,6 +15,7 @@ import trio
 from .budget import Budget
 from .errors import ConfigError
 from .logs import log_event
+from .single_error import unwrap_single_error
 
 ABANDONED_EXIT_CODE = 70  # EX_SOFTWARE: work that ignored its cancellation was left behind
 # Hooks bound their own waits by the budget; the lifecycle waits for their answers a little
@@ -64,12 +65,17 @@ class Lifecycle:
         self.closed = trio.Event()
         self._body_scope = trio.CancelScope()
         self.reason: str | None = None
+        # The hooks this shutdown told to accept, and closes: a worker unregisters itself when
+        # its teardown ends, which may be before the close phase that asks what it abandoned.
+        self._told: list[Hook] = []
 
     def register(self, hook: Hook) -> None:
         if hook not in self._hooks:
             self._hooks.append(hook)
         if self._shutdown_started:
             # Registered during a shutdown (a worker starting late): it stops at once too.
+            if hook not in self._told:
+                self._told.append(hook)
             hook.accept(self.reason or "shutdown")
             hook.bind(self._budget.deadline)
 
@@ -101,7 +107,7 @@ class Lifecycle:
         """Tighten every wait of the shutdown to ``deadline`` (never loosens)."""
         self._budget.bind(deadline)
         self._close_budget.bind(deadline + CLOSE_MARGIN)
-        for hook in list(self._hooks):
+        for hook in list(self._hooks) + [h for h in self._told if h not in self._hooks]:
             hook.bind(deadline)
 
     async def shutdown(self, reason: str = "shutdown") -> None:
@@ -119,9 +125,10 @@ class Lifecycle:
             "jobs.lifecycle.shutdown", reason=reason, grace=self.grace, hooks=len(self._hooks)
         )
         deadline = trio.current_time() + self.grace
+        self._told = list(self._hooks)
         # accept BEFORE any wait: a running job must hear the drain while the whole budget is
         # still there for it to unwind in.
-        for hook in list(self._hooks):
+        for hook in list(self._told):
             hook.accept(reason)
         self.shorten(deadline)
         with self._budget.scope:
@@ -134,7 +141,7 @@ class Lifecycle:
 
         with self._close_budget.scope:
             async with trio.open_nursery() as nursery:
-                for hook in list(self._hooks):
+                for hook in list(self._told):
                     nursery.start_soon(close, hook)
         if abandoned:
             log_event("jobs.lifecycle.abandoned", logging.ERROR, jobs=abandoned)
@@ -168,9 +175,10 @@ async def open_lifecycle(
     this block; a second cuts the budget to zero. The block also ends, unshut, if its body
     returns first."""
     lifecycle = Lifecycle(grace, on_abandoned=on_abandoned)
-    async with trio.open_nursery() as nursery:
-        if signals:
-            await nursery.start(lifecycle._listen, tuple(signals))
-        with lifecycle._body_scope:
-            yield lifecycle
-        nursery.cancel_scope.cancel()
+    with unwrap_single_error():
+        async with trio.open_nursery() as nursery:
+            if signals:
+                await nursery.start(lifecycle._listen, tuple(signals))
+            with lifecycle._body_scope:
+                yield lifecycle
+            nursery.cancel_scope.cancel()

@@ -2,10 +2,13 @@
 # it was cancelled for. Apart because the outcome of an attempt is decided HERE, from the scope.
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import trio
 
+from .errors import Aborted, JobsError, JobTimeout
 from .records import Claim
 
 TIMEOUT = "timeout"  # the run's own deadline
@@ -20,9 +23,16 @@ class RunScope:
 
     def __init__(self, claim: Claim, timeout: float | None) -> None:
         self.claim = claim
-        deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        self.cancel_scope = trio.CancelScope(deadline=deadline)
+        self.timeout = timeout
+        # No deadline until the body starts (``start_clock``): a job's timeout is its body's
+        # time, not the time it spent waiting for a thread.
+        self.cancel_scope = trio.CancelScope()
         self._reason: str | None = None
+        self._cause: JobsError | None = None
+        # A sync body's thread is waited for under a scope of its own (``thread_scope``).
+        self._thread_scope: trio.CancelScope | None = None
+        # Set at the teardown's budget: nothing of this run is written, its lease lapses.
+        self.abandoned = False
         # The worker's own view of the lease, on the Trio clock: renewals move it; when it
         # passes with the database unreachable, the run is cancelled as lost rather than
         # racing the worker that may claim it next.
@@ -35,13 +45,53 @@ class RunScope:
     def job_id(self) -> str:
         return self.claim.job_id
 
-    def cancel(self, reason: str) -> None:
+    def start_clock(self) -> None:
+        """The body starts now: its timeout counts from here."""
+        if self.timeout is None:
+            return
+        deadline = trio.current_time() + self.timeout
+        self.cancel_scope.deadline = deadline
+        if self._thread_scope is not None and self._reason != DRAINING:
+            self._thread_scope.deadline = deadline
+
+    def cancel(self, reason: str, cause: JobsError | None = None) -> None:
         # Reading cancel_called first lets a deadline that has already passed register as
         # the first reason (Trio checks the deadline there), so a late drain cannot mask it.
         if self.cancel_scope.cancel_called:
             return
         self._reason = reason
+        self._cause = cause or self._cause_of(reason)
         self.cancel_scope.cancel(reason=reason)
+        thread = self._thread_scope
+        if thread is None:
+            return
+        if reason == DRAINING:
+            # A drain WAITS for a thread (Trio cannot stop one, and handing the job back while
+            # it runs is two runs at once): from here the budget bounds it, not its timeout.
+            thread.deadline = math.inf
+        else:
+            thread.cancel()  # abandoned: the thread runs on, its result goes nowhere
+
+    def abandon(self) -> None:
+        """The teardown's budget is spent: stop waiting for this run (a thread is left to end on
+        its own), and write nothing for it."""
+        self.abandoned = True
+        if self._thread_scope is not None:
+            self._thread_scope.cancel()
+
+    @contextlib.contextmanager
+    def thread_scope(self) -> Iterator[None]:
+        """The scope a sync body's thread is waited for under: shielded from the run scope, so
+        a drain does not abandon the thread; cancelled — the thread abandoned — by the run's
+        own deadline, a lost lease, an operator's cancel, or ``abandon``."""
+        with trio.CancelScope(shield=True) as scope:
+            self._thread_scope = scope
+            if self.abandoned or self._reason not in (None, DRAINING):
+                scope.cancel()
+            try:
+                yield
+            finally:
+                self._thread_scope = None
 
     @property
     def reason(self) -> str | None:
@@ -49,3 +99,33 @@ class RunScope:
         if not self.cancel_scope.cancel_called:
             return None
         return self._reason or TIMEOUT
+
+    @property
+    def cause(self) -> JobsError | None:
+        """The typed error that says why the run was cancelled (``X_DRAINING``, ``JOB_TIMEOUT``,
+        ``X_ABORTED``), or None while it was not. Trio thread only."""
+        reason = self.reason
+        return None if reason is None else (self._cause or self._cause_of(reason))
+
+    def cause_in_thread(self, thread_abandoned: bool) -> JobsError | None:
+        """``cause``, read from a sync body's thread, where Trio's clock cannot be read: a
+        thread abandoned with no reason recorded was abandoned at its deadline."""
+        if self._cause is not None:
+            return self._cause
+        return self._cause_of(TIMEOUT) if thread_abandoned else None
+
+    def _cause_of(self, reason: str) -> JobsError:
+        job = f"job {self.claim.name!r} ({self.claim.job_id})"
+        if reason == TIMEOUT:
+            return JobTimeout(
+                f"{job} ran past its timeout of {self.timeout}s",
+                fix="raise the job's timeout=, or make the body finish sooner",
+            )
+        if reason == LEASE_LOST:
+            return Aborted(
+                f"{job} lost its lease: another worker may hold it now",
+                fix="nothing: the worker that holds the job runs it",
+            )
+        if reason == CANCELLED:
+            return Aborted(f"{job} was cancelled by an operator", fix="nothing: it will not run")
+        return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")

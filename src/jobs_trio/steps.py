@@ -14,6 +14,7 @@ import trio
 from .boundary import check_key, check_name, check_seconds, dump_json, seconds_until
 from .errors import Aborted, JobsError, PayloadNotSerialisable, StepError
 from .records import Lease, StepRecord, StepStatus
+from .run_scope import DRAINING
 
 if TYPE_CHECKING:
     from .driver import Driver
@@ -66,9 +67,11 @@ class Steps:
         self._used.add(name)
 
     async def _save(self, record: StepRecord) -> None:
-        # After the run scope was cancelled (timeout, drain, lost lease) nothing of this run
-        # may be written: another attempt may already own the records.
-        if self._run.reason is not None:
+        # After the run scope was cancelled (timeout, lost lease, operator) nothing of this run
+        # may be written: another attempt may already own the records. A drain is not such a
+        # cancel: the run still holds its claim, and a step its shielded last part records
+        # (fenced by the token, like every write) is one the next attempt need not redo.
+        if self._run.reason not in (None, DRAINING):
             raise Aborted(
                 f"step {record.name!r} of job {self._lease.job_id}: the run was cancelled "
                 f"({self._run.reason}); its write was refused",

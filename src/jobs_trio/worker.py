@@ -7,8 +7,9 @@ import functools
 import logging
 import os
 import socket
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,15 +20,17 @@ from .budget import Budget
 from .context import JobContext
 from .drain import Drain
 from .driver import Driver
-from .errors import ConfigError, DriverError
+from .errors import ConfigError, DriverError, JobDrained
 from .lease_renewal import renew_leases
 from .logs import log_event
 from .metrics import Metrics, default_metrics
-from .records import Claim
+from .records import Claim, QueueStats
 from .registry import JobDefinition, Registry
-from .run_scope import DRAINING, RunScope
+from .run_scope import RunScope
 from .settler import Settler
+from .single_error import unwrap_single_error
 from .steps import Steps
+from .thread_slots import ThreadSlots
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
@@ -52,6 +55,8 @@ class WorkerStats:
     in_flight: int
     outcomes: Mapping[str, int]  # every outcome name, zero included
     abandoned: tuple[str, ...]  # job ids the last teardown gave up waiting for
+    # Each queue's depth as last observed (every stats_interval; empty until the first).
+    queue_depth: tuple[QueueStats, ...] = ()
 
     @property
     def interrupted(self) -> int:
@@ -114,13 +119,19 @@ class Worker:
         self._in_flight: Counter[str] = Counter()
         self._drain = Drain()
         self._budget = Budget()
-        self._claiming = trio.CancelScope()
+        # Claiming stops at once on accept/stop: every idle wait of a claim loop is cancelled,
+        # but a claim in flight is not (it may have committed): it is waited for, under the
+        # budget, and whatever it claimed is reached by the drain.
+        self._claiming_stopped = False
+        self._idle_waits: set[trio.CancelScope] = set()
         self._teardown_done = trio.Event()
         self._settler: Settler | None = None
         self._runs: trio.Nursery | None = None
         self._slot_freed = trio.lowlevel.ParkingLot()
+        self._threads = ThreadSlots(sum(self._limits.values()), self._slot_freed.unpark_all)
         self._abandoned: tuple[str, ...] = ()
         self._settle_peak = 0  # the most settlements that waited at once in the last run
+        self._queue_depth: tuple[QueueStats, ...] = ()
 
     # -- what a lifecycle calls ------------------------------------------------------------
 
@@ -131,9 +142,10 @@ class Worker:
         if self._state == STOPPED:
             return
         self._state = DRAINING_STATE
-        self._claiming.cancel()
-        log_event("jobs.worker.draining", worker=self.worker_id, reason=reason)
-        told = self._drain.signal(DRAINING)
+        self._stop_claiming(reason)
+        if self._drain.cause is not None:
+            return  # one drain, told once: a second lifecycle's accept changes nothing
+        told = self._drain.signal(JobDrained(worker=self.worker_id, signal=reason))
         log_event("jobs.worker.drain-signalled", worker=self.worker_id, runs=told, reason=reason)
 
     def bind(self, deadline: float) -> None:
@@ -156,7 +168,7 @@ class Worker:
         if self._state == STOPPED:
             return
         self._state = DRAINING_STATE
-        self._claiming.cancel()
+        self._stop_claiming("stop")
         await self._teardown_done.wait()
 
     def stats(self) -> WorkerStats:
@@ -168,6 +180,7 @@ class Worker:
             in_flight=sum(self._in_flight.values()),
             outcomes=outcomes,
             abandoned=self._abandoned,
+            queue_depth=self._queue_depth,
         )
 
     @property
@@ -208,11 +221,23 @@ class Worker:
                     self._runs = runs
                     log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
                     task_status.started()
-                    with self._claiming:
-                        async with trio.open_nursery() as claimers:
-                            for queue in self.queues:
-                                claimers.start_soon(self._claim_loop, queue)
-                    await self._teardown(settler)
+                    # The budget covers the claim loops too: the claim each has in flight when
+                    # claiming stops is waited for under it, like every other wait of the
+                    # teardown (a slow database must not hold a drain past its grace).
+                    try:
+                        with self._budget.scope:
+                            async with trio.open_nursery() as claimers:
+                                for queue in self.queues:
+                                    claimers.start_soon(self._claim_loop, queue)
+                            await self._teardown(settler)
+                    except BaseException:
+                        # Cancelled from outside, or failed: a sync body's thread is shielded
+                        # from its run scope, so stop waiting for it here, or this nursery
+                        # would wait for it forever.
+                        for run in self._drain.held:
+                            run.abandon()
+                        raise
+                    self._end_teardown(settler)
                     torn_down = True
                     # Past here only when every run has ended; a run that ignores its
                     # cancellation keeps this nursery open (the lifecycle ends the process).
@@ -225,13 +250,13 @@ class Worker:
                 self._finish_teardown()
 
     async def _teardown(self, settler: Settler) -> None:
+        """The teardown's waits, inside the budget scope, once the claim loops have ended."""
         self._state = DRAINING_STATE
-        # Runs AND their settlements under one budget: a finished body whose result is not
-        # yet written is as much in flight as one still running.
-        with self._budget.scope:
-            await self._all_runs_ended()
-            settler.close()
-            await settler.finished.wait()
+        await self._all_runs_ended()
+        settler.close()
+        await settler.finished.wait()
+
+    def _end_teardown(self, settler: Settler) -> None:
         if self._budget.scope.cancelled_caught:
             self._abandoned = self._report_abandoned(settler)
             settler.close()
@@ -258,16 +283,21 @@ class Worker:
                     " period; its lease lapses and it runs again elsewhere (at-least-once)."
                     " Check the database, or raise grace",
                 )
-            else:
-                log_event(
-                    "jobs.worker.drain-abandoned",
-                    logging.ERROR,
-                    worker=self.worker_id,
-                    job_id=run.job_id,
-                    job=run.claim.name,
-                    fix="the body ignores cancellation (swallows Cancelled or shields itself); "
-                    "its lease lapses and it runs again elsewhere. Make it await, or raise grace",
-                )
+                continue
+            # A sync body's thread stops being waited for (its slot stays taken until it
+            # really ends); nothing of this run is written.
+            run.abandon()
+            log_event(
+                "jobs.worker.drain-abandoned",
+                logging.ERROR,
+                worker=self.worker_id,
+                job_id=run.job_id,
+                job=run.claim.name,
+                fix="the body did not stop within the grace period (an async body that "
+                "swallows Cancelled or shields itself, or a sync one that does not call "
+                "ctx.check_cancelled()); its lease lapses and it runs again elsewhere. "
+                "Let it stop, or raise grace",
+            )
         for settlement in unwritten.values():  # handed in by a run no longer held (tick())
             abandoned.append(settlement.lease.job_id)
             log_event(
@@ -284,12 +314,15 @@ class Worker:
         # spent, so a restarted worker would hand every job a scope born cancelled.
         self._drain = Drain()
         self._budget = Budget()
-        self._claiming = trio.CancelScope()
+        self._claiming_stopped = False
         if self._settler is not None:
             self._settle_peak = self._settler.peak
         self._settler = None
-        # Still registered with its lifecycle: a shutdown that began this teardown asks
-        # close() afterwards what was abandoned, and a stopped worker ignores accept and bind.
+        # Handed back at stop, so start -> stop -> start holds one registration. A shutdown
+        # that began this teardown still asks close() what was abandoned: the lifecycle closes
+        # the hooks it told, not the ones registered now.
+        if self._lifecycle is not None:
+            self._lifecycle.unregister(self)
         self._state = STOPPED
         log_event(
             "jobs.worker.stopped",
@@ -315,8 +348,11 @@ class Worker:
         outcomes: list[Outcome] = []
         async with trio.open_nursery() as nursery:
             for queue in self.queues:
+                free = self._limits[queue] - self._threads.lingering(queue)
+                if free <= 0:
+                    continue
                 claims = await self.driver.claim(
-                    [queue], self._limits[queue], lease=self.lease, worker_id=self.worker_id
+                    [queue], free, lease=self.lease, worker_id=self.worker_id
                 )
                 for claim in claims:
                     nursery.start_soon(self._run_claim, claim, *self._hold(claim), outcomes.append)
@@ -326,10 +362,12 @@ class Worker:
 
     async def _claim_loop(self, queue: str) -> None:
         limit = self._limits[queue]
-        while True:
-            free = limit - self._in_flight[queue]
+        while not self._claiming_stopped:
+            # A thread abandoned at its cancel still runs: it keeps its slot until it ends.
+            free = limit - self._in_flight[queue] - self._threads.lingering(queue)
             if free <= 0:
-                await self._slot_freed.park()
+                with self._idle_wait():
+                    await self._slot_freed.park()
                 continue
             if self._settler is not None and self._settler.waiting >= self._settler.capacity:
                 # Backpressure: the database is not keeping up with the settlements; claiming
@@ -337,25 +375,51 @@ class Worker:
                 await self._settler.room()
                 continue
             try:
-                # Shielded: a claim that committed must reach its runs, or its jobs would sit
-                # claimed until their leases lapsed and cost them an attempt. A drain that
-                # arrives meanwhile still reaches them: hold() cancels them at once.
-                with trio.CancelScope(shield=True) as guard:
-                    guard.relative_deadline = max(self.lease, 30.0)
-                    claims = await self.driver.claim(
-                        [queue], free, lease=self.lease, worker_id=self.worker_id
-                    )
+                # Not cancelled when claiming stops: a claim that committed must reach its
+                # runs, or its jobs would sit claimed until their leases lapsed and cost them
+                # an attempt. The drain still reaches them: hold() cancels them at once. Only
+                # the budget (around the claim loops) cuts a claim short.
+                claims = await self.driver.claim(
+                    [queue], free, lease=self.lease, worker_id=self.worker_id
+                )
             except DriverError as exc:
                 log_event("jobs.worker.claim-failed", logging.WARNING, queue=queue, error=str(exc))
-                await trio.sleep(self.poll_interval)
+                with self._idle_wait():
+                    await trio.sleep(self.poll_interval)
                 continue
             assert self._runs is not None
             for claim in claims:
                 self._runs.start_soon(self._run_claim, claim, *self._hold(claim), None)
             if len(claims) < free:
-                await self.driver.wait_for_work([queue], timeout=self.poll_interval)
+                with self._idle_wait():
+                    await self.driver.wait_for_work([queue], timeout=self.poll_interval)
             else:
                 await trio.lowlevel.checkpoint()
+
+    @contextlib.contextmanager
+    def _idle_wait(self) -> Iterator[None]:
+        """A claim loop's wait for work or a slot: cancelled at once when claiming stops."""
+        with trio.CancelScope() as scope:
+            if self._claiming_stopped:
+                scope.cancel()
+            self._idle_waits.add(scope)
+            try:
+                yield
+            finally:
+                self._idle_waits.discard(scope)
+
+    def _stop_claiming(self, reason: str) -> None:
+        if not self._claiming_stopped:
+            # The teardown begins here, whatever began it: one line each time.
+            log_event(
+                "jobs.worker.draining",
+                worker=self.worker_id,
+                reason=reason,
+                in_flight=sum(self._in_flight.values()),
+            )
+        self._claiming_stopped = True
+        for scope in list(self._idle_waits):
+            scope.cancel()
 
     def _hold(self, claim: Claim) -> tuple[RunScope, JobDefinition | None]:
         """Count the claim against its queue's slots and hold its run scope in the drain, at
@@ -387,7 +451,9 @@ class Worker:
             else:
                 steps = Steps(self.driver, claim.lease, definition, run)
                 ctx = JobContext(claim, run, steps, self.worker_id)
-                outcome = await run_attempt(claim, definition, run, ctx, self.worker_id)
+                outcome = await run_attempt(
+                    claim, definition, run, ctx, self.worker_id, self._threads
+                )
             settler = self._settler
             if outcome.settlement is not None and settler is not None:
                 # Still held (its lease renewed) until the write commits: a slow database must
@@ -435,7 +501,9 @@ class Worker:
     async def _observe_queues(self, interval: float) -> None:
         while True:
             try:
-                self._metrics.queues_observed(await self.driver.stats())
+                observed = tuple(await self.driver.stats())
+                self._queue_depth = observed
+                self._metrics.queues_observed(observed)
             except DriverError as exc:
                 log_event("jobs.worker.stats-failed", logging.WARNING, error=str(exc))
             await trio.sleep(interval)
@@ -455,19 +523,54 @@ def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict
 
 
 @contextlib.asynccontextmanager
-async def open_worker(driver: Driver, registry: Registry, **options: Any) -> AsyncIterator[Worker]:
+async def open_worker(
+    driver: Driver,
+    registry: Registry,
+    *,
+    lifecycle: Lifecycle | None = None,
+    drain_on_shutdown: bool = True,
+    grace: float = 25.0,
+    **options: Any,
+) -> AsyncIterator[Worker]:
     """Run a worker for the duration of the block. Leaving normally stops it (waits for the
     jobs in flight); leaving by an exception or a cancel interrupts them (their attempts are
-    handed back) and waits at most ``exit_grace`` seconds."""
-    worker = Worker(driver, registry, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        try:
-            yield worker
-        except BaseException:
-            worker.accept("exit")
-            worker.bind(trio.current_time() + worker.exit_grace)
-            with trio.CancelScope(shield=True):
+    handed back) and waits at most ``exit_grace`` seconds.
+
+    Draining is on by default: given no ``lifecycle``, a worker opened in the main thread opens
+    one of its own (``grace`` seconds), so SIGTERM and SIGINT drain it and then end the block.
+    ``drain_on_shutdown=False`` opts out (the caller drives its own teardown)."""
+    worker = Worker(driver, registry, lifecycle=lifecycle, **options)
+    with unwrap_single_error():
+        async with contextlib.AsyncExitStack() as stack:
+            if lifecycle is None and drain_on_shutdown:
+                worker._lifecycle = await _own_lifecycle(stack, worker, grace)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                try:
+                    yield worker
+                except BaseException:
+                    worker.accept("exit")
+                    worker.bind(trio.current_time() + worker.exit_grace)
+                    with trio.CancelScope(shield=True):
+                        await worker.stop()
+                    raise
                 await worker.stop()
-            raise
-        await worker.stop()
+
+
+async def _own_lifecycle(
+    stack: contextlib.AsyncExitStack, worker: Worker, grace: float
+) -> Lifecycle | None:
+    from .lifecycle import open_lifecycle
+
+    if threading.current_thread() is not threading.main_thread():
+        # Signals reach only the main thread's Trio run: no drain is possible from here.
+        log_event(
+            "jobs.worker.no-drain",
+            worker=worker.worker_id,
+            why="not in the main thread, so no signal can reach this worker",
+            fix="pass lifecycle= from the main thread's open_lifecycle(), or "
+            "drain_on_shutdown=False to silence this",
+        )
+        return None
+    log_event("jobs.worker.lifecycle-opened", worker=worker.worker_id, grace=grace)
+    return await stack.enter_async_context(open_lifecycle(grace=grace))
