@@ -28,6 +28,7 @@ from .registry import JobDefinition, Registry
 from .run_scope import DRAINING, RunScope
 from .settler import Settler
 from .steps import Steps
+from .task_scheduler import TaskScheduler
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
@@ -82,6 +83,7 @@ class Worker:
         metrics: Metrics | None = None,
         stats_interval: float | None = 15.0,
         exit_grace: float = 10.0,
+        schedule_tasks: bool = True,
     ) -> None:
         self.driver = driver
         self.registry = registry
@@ -120,6 +122,10 @@ class Worker:
         self._runs: trio.Nursery | None = None
         self._slot_freed = trio.lowlevel.ParkingLot()
         self._abandoned: tuple[str, ...] = ()
+        # Cron tasks fire from every worker that runs them (off: schedule_tasks=False); the
+        # driver's compare-and-set makes each scheduled time fire once per fleet.
+        tasks = registry.tasks() if schedule_tasks else []
+        self._scheduler = TaskScheduler(driver, tasks, metrics=self._metrics) if tasks else None
 
     # -- what a lifecycle calls ------------------------------------------------------------
 
@@ -207,6 +213,10 @@ class Worker:
                     task_status.started()
                     with self._claiming:
                         async with trio.open_nursery() as claimers:
+                            # Under the claiming scope: accept() and stop() end it with the
+                            # claim loops, before the teardown's wait, so no fire lands then.
+                            if self._scheduler is not None:
+                                await claimers.start(self._scheduler.run)
                             for queue in self.queues:
                                 claimers.start_soon(self._claim_loop, queue)
                     await self._teardown(settler)
