@@ -23,6 +23,9 @@ from .tasks import FirePlan, TaskDefinition, plan_fires
 MAX_SLEEP = 60.0
 # After a failed look (the database away), the next one is this far off.
 RETRY_AFTER = 5.0
+# After a lost compare-and-set, the next look (on a fresh read) is this far off: soon, but never
+# a busy loop, even against a record the scheduler cannot move (a fire already on record).
+RELOOK_AFTER_RACE = 0.1
 
 
 class TaskScheduler:
@@ -63,9 +66,9 @@ class TaskScheduler:
             plan = plan_fires(task, handled, self.driver.now())
             if plan.advance_to is not None:
                 if not await self._advance(task, handled, plan):
-                    # Another worker moved the record since we read it: look again at once,
-                    # on a fresh read, rather than sleep on what may now be stale.
-                    return self.driver.now()
+                    # Another worker moved the record since we read it: look again soon, on
+                    # a fresh read, rather than sleep on what may now be stale.
+                    return self.driver.now() + RELOOK_AFTER_RACE
                 handled = plan.advance_to
             assert handled is not None
             soonest = min(soonest, next_fire(task.schedule, handled))
