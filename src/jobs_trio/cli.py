@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import trio
 
 from . import cli_render as render
+from .cli_tasks import add_tasks_command
 from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a queue to claim from (repeatable; default: every queue the registry declares)",
     )
     worker.add_argument("--concurrency", type=_count, default=10, metavar="N", help="per queue")
+    worker.add_argument("--no-tasks", action="store_true", help="do not fire cron tasks here")
     worker.add_argument(
         "--grace", type=_seconds, default=25.0, metavar="S", help="drain budget (default 25)"
     )
@@ -235,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
+    add_tasks_command(command, on_driver, as_json)
 
     demo = commands.add_parser(
         "demo",
@@ -370,6 +373,7 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
             concurrency=args.concurrency,
             lease=args.lease,
             lifecycle=lifecycle,
+            schedule_tasks=not args.no_tasks,
         ),
     ):
         await trio.sleep_forever()  # ended by the lifecycle once the drain is done

@@ -18,6 +18,8 @@ from .records import (
     RenewResult,
     Settlement,
     StepRecord,
+    TaskAdvance,
+    TaskMark,
 )
 
 
@@ -100,6 +102,17 @@ class Driver(Protocol):
     ) -> EventRecord | None:
         """The earliest event named ``name`` (with ``key``, when given) sent at or after
         ``since`` (any time when None)."""
+        ...
+
+    async def task_marks(self) -> Sequence[TaskMark]:
+        """Every cron task's record, by task name."""
+        ...
+
+    async def advance_task(self, advance: TaskAdvance) -> bool:
+        """Compare-and-set, in one transaction: when the task's record still says
+        ``advance.expected`` (or, with None, there is none) and no fire of the same task and
+        scheduled time is on record, move it to ``advance_to``, record each fire and enqueue its
+        job. Answers whether it applied; False wrote nothing (another worker got there first)."""
         ...
 
     async def aclose(self) -> None: ...

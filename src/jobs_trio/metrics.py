@@ -39,6 +39,15 @@ class Metrics:
         self.queue_dead_jobs = Gauge(
             "queue_dead_jobs", "Dead-lettered jobs kept", ["queue"], registry=registry
         )
+        self.tasks_fired = Counter(
+            "jobs_task_fires_total", "Cron task fires enqueued", ["task"], registry=registry
+        )
+        self.tasks_skipped = Counter(
+            "jobs_task_missed_skipped_total",
+            "Scheduled times of a cron task its missed-run policy skipped",
+            ["task"],
+            registry=registry,
+        )
         # labels() takes a lock and builds a key on every call: once per (queue, job, outcome)
         # here, instead of twice per finished attempt on the worker's hot path.
         self._finished: dict[tuple[str, str, str], tuple[Counter | None, Histogram]] = {}
@@ -60,6 +69,12 @@ class Metrics:
         if counter is not None:
             counter.inc()
         histogram.observe(seconds)
+
+    def task_fired(self, task: str) -> None:
+        self.tasks_fired.labels(task=task).inc()
+
+    def task_skipped(self, task: str, count: int) -> None:
+        self.tasks_skipped.labels(task=task).inc(count)
 
     def queues_observed(self, stats: Sequence[QueueStats]) -> None:
         for q in stats:

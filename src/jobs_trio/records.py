@@ -228,3 +228,35 @@ class EventRecord:
     key: str | None
     payload: str  # JSON text
     created_at: float
+
+
+# Cron tasks: the durable record that makes a scheduled time fire once per fleet.
+
+
+@attrs.frozen
+class TaskMark:
+    """A task's record: every scheduled time up to ``handled_until`` is done, fired or skipped
+    by the missed-run policy; only a compare-and-set moves it, and only forwards."""
+
+    task: str
+    handled_until: float
+    last_fired: float | None = None  # the scheduled time the latest fire stands for
+    last_fired_at: float | None = None  # when (driver clock) that fire was enqueued
+    last_job_id: JobId | None = None
+
+
+@attrs.frozen
+class TaskFire:
+    scheduled: float  # the scheduled time this fire stands for
+    job: NewJob
+
+
+@attrs.frozen
+class TaskAdvance:
+    """Move ``task``'s mark from ``expected`` (None: no record yet) to ``advance_to`` and enqueue
+    ``fires``, all or nothing."""
+
+    task: str
+    expected: float | None
+    advance_to: float
+    fires: tuple[TaskFire, ...] = ()

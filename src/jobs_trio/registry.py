@@ -24,6 +24,8 @@ from .boundary import (
 )
 from .errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
 from .records import JobId, NewJob, new_job_id
+from .schedule import parse_schedule
+from .tasks import Missed, TaskDefinition, check_missed
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -153,6 +155,7 @@ class Registry:
         self._jobs: dict[str, JobDefinition] = {}
         self.max_payload_bytes = check_limit(max_payload_bytes, argument="max_payload_bytes")
         self.max_result_bytes = check_limit(max_result_bytes, argument="max_result_bytes")
+        self._tasks: dict[str, TaskDefinition] = {}
 
     def job(
         self,
@@ -215,6 +218,34 @@ class Registry:
             return definition
 
         return declare
+
+    def task(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: float | dt.timedelta | None = None,
+        timezone: str = "UTC",
+        missed: Missed | str = Missed.LATEST,
+        catch_up: int = 10,
+        **job_options: Any,
+    ) -> Callable[[JobFunction], TaskDefinition]:
+        """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
+        timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per
+        fleet; ``job_options`` are ``job()``'s (queue, attempts, timeout...). See docs/tasks.md."""
+        schedule = parse_schedule(cron=cron, every=every, timezone=timezone)
+        policy = check_missed(missed, catch_up)
+        declare_job = self.job(name, **job_options)
+
+        def declare(fn: JobFunction) -> TaskDefinition:
+            task = TaskDefinition(name, declare_job(fn), schedule, policy, catch_up)
+            self._tasks[name] = task
+            return task
+
+        return declare
+
+    def tasks(self) -> list[TaskDefinition]:
+        return list(self._tasks.values())
 
     def get(self, name: str) -> JobDefinition | None:
         return self._jobs.get(name)

@@ -30,6 +30,7 @@ from .run_scope import RunScope
 from .settler import Settler
 from .single_error import unwrap_single_error
 from .steps import Steps
+from .task_scheduler import TaskScheduler
 from .thread_slots import ThreadSlots
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class Worker:
         metrics: Metrics | None = None,
         stats_interval: float | None = 15.0,
         exit_grace: float = 10.0,
+        schedule_tasks: bool = True,
     ) -> None:
         self.driver = driver
         self.registry = registry
@@ -132,6 +134,10 @@ class Worker:
         self._abandoned: tuple[str, ...] = ()
         self._settle_peak = 0  # the most settlements that waited at once in the last run
         self._queue_depth: tuple[QueueStats, ...] = ()
+        # Cron tasks fire from every worker that runs them (off: schedule_tasks=False); the
+        # driver's compare-and-set makes each scheduled time fire once per fleet.
+        tasks = registry.tasks() if schedule_tasks else []
+        self._scheduler = TaskScheduler(driver, tasks, metrics=self._metrics) if tasks else None
 
     # -- what a lifecycle calls ------------------------------------------------------------
 
@@ -227,6 +233,8 @@ class Worker:
                     try:
                         with self._budget.scope:
                             async with trio.open_nursery() as claimers:
+                                if self._scheduler is not None:
+                                    await claimers.start(self._schedule_tasks, self._scheduler)
                                 for queue in self.queues:
                                     claimers.start_soon(self._claim_loop, queue)
                             await self._teardown(settler)
@@ -372,7 +380,8 @@ class Worker:
             if self._settler is not None and self._settler.waiting >= self._settler.capacity:
                 # Backpressure: the database is not keeping up with the settlements; claiming
                 # more would only pile finished work up in memory.
-                await self._settler.room()
+                with self._idle_wait():
+                    await self._settler.room()
                 continue
             try:
                 # Not cancelled when claiming stops: a claim that committed must reach its
@@ -395,6 +404,17 @@ class Worker:
                     await self.driver.wait_for_work([queue], timeout=self.poll_interval)
             else:
                 await trio.lowlevel.checkpoint()
+
+    async def _schedule_tasks(
+        self,
+        scheduler: TaskScheduler,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        # Stopped with the claim loops, as one of their idle waits: accept() and stop() end it
+        # before the teardown's wait, so no fire lands during a drain.
+        with self._idle_wait():
+            await scheduler.run(task_status=task_status)
 
     @contextlib.contextmanager
     def _idle_wait(self) -> Iterator[None]:

@@ -39,6 +39,8 @@ from ..records import (
     Settlement,
     StepRecord,
     Suspend,
+    TaskAdvance,
+    TaskMark,
     new_token,
 )
 
@@ -60,6 +62,10 @@ def _refuse_unstorable(settlement: Settlement) -> None:
                 fix="store text without NUL characters (PostgreSQL refuses them too)",
             )
 
+
+# How many fires of each task the fire record keeps: enough to refuse a second fire of any
+# recent scheduled time; older ones are behind the task's mark, which refuses them anyway.
+FIRE_HISTORY = 100
 
 LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
 
@@ -93,6 +99,8 @@ class MemoryDriver:
         self._event_ids = itertools.count(1)
         self._lot = trio.lowlevel.ParkingLot()
         self._closed = False
+        self._task_marks: dict[str, TaskMark] = {}
+        self._task_fires: dict[str, dict[float, JobId]] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -119,7 +127,11 @@ class MemoryDriver:
                 "the memory driver has no transactions to enlist in",
                 fix="enqueue without connection=, or use the PostgreSQL driver",
             )
-        now = self.now()
+        answers = self._insert(jobs, self.now())
+        self._wake()
+        return answers
+
+    def _insert(self, jobs: Sequence[NewJob], now: float) -> list[Enqueued]:
         live_keys = {
             r.key: r.id for r in self._jobs.values() if r.key is not None and r.state in LIVE_STATES
         }
@@ -145,7 +157,6 @@ class MemoryDriver:
             if job.key is not None:
                 live_keys[job.key] = job.job_id
             answers.append(Enqueued(job.job_id, created=True))
-        self._wake()
         return answers
 
     def _claimable(self, queues: Sequence[str], now: float) -> list[JobRecord]:
@@ -431,6 +442,38 @@ class MemoryDriver:
                 continue
             return event
         return None
+
+    async def task_marks(self) -> Sequence[TaskMark]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return [self._task_marks[name] for name in sorted(self._task_marks)]
+
+    async def advance_task(self, advance: TaskAdvance) -> bool:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        mark = self._task_marks.get(advance.task)
+        if (None if mark is None else mark.handled_until) != advance.expected:
+            return False
+        fired = self._task_fires.setdefault(advance.task, {})
+        if any(f.scheduled in fired for f in advance.fires):
+            return False
+        now = self.now()
+        answers = self._insert([f.job for f in advance.fires], now)
+        for fire, answer in zip(advance.fires, answers, strict=True):
+            fired[fire.scheduled] = answer.job_id
+        for old in sorted(fired)[:-FIRE_HISTORY]:
+            del fired[old]
+        moved = mark or TaskMark(advance.task, advance.advance_to)
+        if answers:
+            moved = attrs.evolve(
+                moved,
+                last_fired=advance.fires[-1].scheduled,
+                last_fired_at=now,
+                last_job_id=answers[-1].job_id,
+            )
+        self._task_marks[advance.task] = attrs.evolve(moved, handled_until=advance.advance_to)
+        self._wake()
+        return True
 
     async def aclose(self) -> None:
         self._closed = True

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from ..errors import ConfigError, DriverError
+from ..errors import ConfigError, DriverError, JobsError
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -41,8 +41,10 @@ from ..records import (
     StepRecord,
     StepStatus,
     Suspend,
+    TaskAdvance,
+    TaskMark,
 )
-from .memory import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
+from .memory import FIRE_HISTORY, LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
@@ -52,6 +54,11 @@ from .postgres_sql import Statements, load_statements
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
 
 log = logging.getLogger("jobs_trio.drivers.postgres")
+
+
+class _FireTaken(JobsError):
+    """A fire of this task and scheduled time is already on record: roll the advance back.
+    A JobsError so the bridge hands it through as it is."""
 
 
 # How often a unique-key enqueue looks again when the live job holding its key finished between
@@ -189,23 +196,7 @@ class PostgresDriver:
             answers: dict[int, Enqueued] = {}
             pending = list(range(len(jobs)))
             for _ in range(_KEY_ROUNDS):
-                batch = [jobs[i] for i in pending]
-                created = {
-                    row["id"]
-                    for row in await conn.fetch(
-                        sql["enqueue"],
-                        now,
-                        [j.job_id for j in batch],
-                        [j.name for j in batch],
-                        [j.queue for j in batch],
-                        [j.payload for j in batch],
-                        [j.priority for j in batch],
-                        [j.max_attempts for j in batch],
-                        [float(j.delay) for j in batch],
-                        [j.key for j in batch],
-                        sql.channel,
-                    )
-                }
+                created = await _insert(conn, sql, now, [jobs[i] for i in pending])
                 for i in pending:
                     if jobs[i].job_id in created:
                         answers[i] = Enqueued(jobs[i].job_id, created=True)
@@ -547,6 +538,74 @@ class PostgresDriver:
             created_at=row["created_at"],
         )
 
+    # --- cron tasks ---
+
+    async def task_marks(self) -> Sequence[TaskMark]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["task_marks"]))
+
+        return [TaskMark(*row) for row in await self.bridge.run(read, what="task_marks")]
+
+    async def advance_task(self, advance: TaskAdvance) -> bool:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+        jobs = [f.job for f in advance.fires]
+        last = advance.fires[-1] if advance.fires else None
+
+        async def move(conn: Connection) -> bool:
+            if advance.expected is None:
+                moved = await conn.fetchval(
+                    sql["task_mark_create"], now, advance.task, advance.advance_to
+                )
+            else:
+                moved = await conn.fetchval(
+                    sql["task_mark_move"],
+                    now,
+                    advance.task,
+                    advance.advance_to,
+                    None if last is None else last.scheduled,
+                    None if last is None else last.job.job_id,
+                    advance.expected,
+                )
+            if moved is None:
+                return False
+            if not jobs:
+                return True
+            # Fire jobs carry no key, so every row is written: their ids are the NewJobs'.
+            await _insert(conn, sql, now, jobs)
+            recorded = await conn.fetch(
+                sql["task_fires_record"],
+                now,
+                advance.task,
+                [f.scheduled for f in advance.fires],
+                [j.job_id for j in jobs],
+            )
+            if len(recorded) != len(jobs):
+                raise _FireTaken(f"task {advance.task!r}: a fire time is already on record")
+            if advance.expected is None:
+                # Created and fired at once: the create left the last-fired columns empty.
+                await conn.execute(
+                    sql["task_mark_move"],
+                    now,
+                    advance.task,
+                    advance.advance_to,
+                    last.scheduled if last else None,
+                    last.job.job_id if last else None,
+                    advance.advance_to,
+                )
+            await conn.execute(sql["task_fires_prune"], advance.task, FIRE_HISTORY)
+            return True
+
+        try:
+            applied: bool = await self.bridge.run(move, what="advance_task", transaction=True)
+        except _FireTaken:
+            return False
+        return applied
+
     async def aclose(self) -> None:
         """Stop answering; the connections close when the ``async with`` that opened the
         driver ends (they belong to its scope, not to this call)."""
@@ -593,6 +652,27 @@ def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
     if kind == "park":
         return [ids, tokens, [s.reason for s in group]]
     return [ids, tokens, [s.error for s in group]]  # dead, cancel
+
+
+async def _insert(
+    conn: Connection, sql: Statements, now: float, batch: Sequence[NewJob]
+) -> set[str]:
+    """Write enqueue's rows and notify their queues; answer the ids written (a job whose key a
+    live job holds is not)."""
+    rows = await conn.fetch(
+        sql["enqueue"],
+        now,
+        [j.job_id for j in batch],
+        [j.name for j in batch],
+        [j.queue for j in batch],
+        [j.payload for j in batch],
+        [j.priority for j in batch],
+        [j.max_attempts for j in batch],
+        [float(j.delay) for j in batch],
+        [j.key for j in batch],
+        sql.channel,
+    )
+    return {row["id"] for row in rows}
 
 
 def _record(row: Any) -> JobRecord:

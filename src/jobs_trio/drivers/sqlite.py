@@ -52,8 +52,10 @@ from ..records import (
     StepRecord,
     StepStatus,
     Suspend,
+    TaskAdvance,
+    TaskMark,
 )
-from .memory import LAPSED_ERROR, lapsed_out_of_attempts
+from .memory import FIRE_HISTORY, LAPSED_ERROR, lapsed_out_of_attempts
 
 T = TypeVar("T")
 
@@ -229,6 +231,10 @@ def _create_for_owner_only(path: str) -> None:
 
 class _RolledBack(Exception):
     """The call was cancelled before its COMMIT: the transaction was rolled back instead."""
+
+
+class _FireTaken(Exception):
+    """A fire of this task and scheduled time is already on record: roll the advance back."""
 
 
 class _Call(Generic[T]):
@@ -410,6 +416,46 @@ def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
         (*values, now, s.lease.job_id, s.lease.token),
     )
     return cursor.rowcount == 1
+
+
+def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Enqueued]:
+    """Write ``jobs`` (enqueue's rows); answer each one's id, or its key holder's."""
+    # A job whose key a live job holds is skipped by the partial unique index; who
+    # holds each key is read back afterwards (also when the holder came earlier in
+    # this same batch).
+    conn.executemany(
+        "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
+        " max_attempts, run_at, created_at, updated_at, key)"
+        " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?)"
+        f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
+        [
+            (
+                job.job_id,
+                job.name,
+                job.queue,
+                job.payload,
+                job.priority,
+                job.max_attempts,
+                now + max(job.delay, 0.0),
+                now,
+                now,
+                job.key,
+            )
+            for job in jobs
+        ],
+    )
+    holders: dict[str, JobId] = {}
+    for key in {job.key for job in jobs if job.key is not None}:
+        row = conn.execute(
+            f"SELECT id FROM jobs WHERE key = ? AND state IN {_LIVE}", (key,)
+        ).fetchone()
+        holders[key] = row[0]
+    return [
+        Enqueued(job.job_id, created=True)
+        if job.key is None
+        else Enqueued(holders[job.key], created=holders[job.key] == job.job_id)
+        for job in jobs
+    ]
 
 
 class SqliteDriver:
@@ -640,46 +686,7 @@ class SqliteDriver:
     ) -> Sequence[Enqueued]:
         _refuse_a_connection(connection, "enqueue")
         jobs = list(jobs)
-
-        def work(conn: sqlite3.Connection, now: float) -> list[Enqueued]:
-            # A job whose key a live job holds is skipped by the partial unique index; who
-            # holds each key is read back afterwards (also when the holder came earlier in
-            # this same batch).
-            conn.executemany(
-                "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
-                " max_attempts, run_at, created_at, updated_at, key)"
-                " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?)"
-                f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
-                [
-                    (
-                        job.job_id,
-                        job.name,
-                        job.queue,
-                        job.payload,
-                        job.priority,
-                        job.max_attempts,
-                        now + max(job.delay, 0.0),
-                        now,
-                        now,
-                        job.key,
-                    )
-                    for job in jobs
-                ],
-            )
-            holders: dict[str, JobId] = {}
-            for key in {job.key for job in jobs if job.key is not None}:
-                row = conn.execute(
-                    f"SELECT id FROM jobs WHERE key = ? AND state IN {_LIVE}", (key,)
-                ).fetchone()
-                holders[key] = row[0]
-            return [
-                Enqueued(job.job_id, created=True)
-                if job.key is None
-                else Enqueued(holders[job.key], created=holders[job.key] == job.job_id)
-                for job in jobs
-            ]
-
-        answers = await self._transact(work)
+        answers = await self._transact(lambda conn, now: _insert_jobs(conn, jobs, now))
         self._wake()
         return answers
 
@@ -1009,6 +1016,61 @@ class SqliteDriver:
             return None if row is None else _event(row)
 
         return await self._transact(work, mode="read")
+
+    # Cron tasks.
+
+    async def task_marks(self) -> Sequence[TaskMark]:
+        def work(conn: sqlite3.Connection, now: float) -> list[TaskMark]:
+            rows = conn.execute(
+                "SELECT task, handled_until, last_fired, last_fired_at, last_job_id"
+                " FROM task_marks ORDER BY task"
+            )
+            return [TaskMark(*row) for row in rows]
+
+        return await self._transact(work, mode="read")
+
+    async def advance_task(self, advance: TaskAdvance) -> bool:
+        def work(conn: sqlite3.Connection, now: float) -> bool:
+            # BEGIN IMMEDIATE holds the file's write lock from the read on: no other process
+            # can move the mark between this compare and the set below.
+            row = conn.execute(
+                "SELECT handled_until FROM task_marks WHERE task = ?", (advance.task,)
+            ).fetchone()
+            if (None if row is None else row[0]) != advance.expected:
+                return False
+            answers = _insert_jobs(conn, [f.job for f in advance.fires], now)
+            for fire, answer in zip(advance.fires, answers, strict=True):
+                taken = conn.execute(
+                    "INSERT INTO task_fires (task, scheduled, job_id, fired_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (advance.task, fire.scheduled, answer.job_id, now),
+                )
+                if taken.rowcount != 1:
+                    raise _FireTaken  # rolls back the jobs inserted above
+            conn.execute(
+                "DELETE FROM task_fires WHERE task = ? AND scheduled < (SELECT scheduled"
+                " FROM task_fires WHERE task = ? ORDER BY scheduled DESC LIMIT 1 OFFSET ?)",
+                (advance.task, advance.task, FIRE_HISTORY - 1),
+            )
+            last = (advance.fires[-1].scheduled, now, answers[-1].job_id) if answers else None
+            conn.execute(
+                "INSERT INTO task_marks (task, handled_until, last_fired, last_fired_at,"
+                " last_job_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (task) DO UPDATE SET handled_until = excluded.handled_until,"
+                " last_fired = coalesce(excluded.last_fired, last_fired),"
+                " last_fired_at = coalesce(excluded.last_fired_at, last_fired_at),"
+                " last_job_id = coalesce(excluded.last_job_id, last_job_id),"
+                " updated_at = excluded.updated_at",
+                (advance.task, advance.advance_to, *(last or (None, None, None)), now),
+            )
+            return True
+
+        try:
+            applied = await self._transact(work)
+        except _FireTaken:
+            return False
+        self._wake()
+        return applied
 
     async def aclose(self) -> None:
         if self._closed:
