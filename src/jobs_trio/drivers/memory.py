@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
+from ..current_transaction import unwrap
 from ..errors import ConfigError, ValueRefused
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -32,6 +33,7 @@ from ..records import (
     JobState,
     Lease,
     NewJob,
+    OutboxStats,
     Park,
     QueueStats,
     RenewResult,
@@ -64,6 +66,14 @@ def _refuse_unstorable(settlement: Settlement) -> None:
 LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
 
 
+@attrs.frozen
+class _OutboxRow:
+    job: NewJob
+    run_at: float
+    created_at: float
+    claimed_until: float | None = None
+
+
 def lapsed_out_of_attempts(attempts: int) -> str:
     return f"{LAPSED_ERROR}; no attempts left after {attempts}"
 
@@ -84,6 +94,9 @@ class MemoryDriver:
         self._event_ids = itertools.count(1)
         self._lot = trio.lowlevel.ParkingLot()
         self._closed = False
+        # The outbox, oldest first (insertion order): job, when it is due, when it was written,
+        # and until when a relay holds it.
+        self._outbox: dict[JobId, _OutboxRow] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -110,6 +123,11 @@ class MemoryDriver:
                 "the memory driver has no transactions to enlist in",
                 fix="enqueue without connection=, or use the PostgreSQL driver",
             )
+        answers = self._insert(jobs)
+        self._wake()
+        return answers
+
+    def _insert(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         now = self.now()
         live_keys = {
             r.key: r.id for r in self._jobs.values() if r.key is not None and r.state in LIVE_STATES
@@ -136,7 +154,6 @@ class MemoryDriver:
             if job.key is not None:
                 live_keys[job.key] = job.job_id
             answers.append(Enqueued(job.job_id, created=True))
-        self._wake()
         return answers
 
     def _claimable(self, queues: Sequence[str], now: float) -> list[JobRecord]:
@@ -418,6 +435,63 @@ class MemoryDriver:
                 continue
             return event
         return None
+
+    # The outbox.
+
+    async def outbox_write(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if unwrap(connection)[0] is not None:
+            raise ConfigError(
+                "the memory driver has no transactions to enlist in",
+                fix="write to the outbox outside jobs_trio.transaction(), or use SQLite or"
+                " PostgreSQL for the application's database",
+            )
+        now = self.now()
+        for job in jobs:
+            self._outbox[job.job_id] = _OutboxRow(job, now + max(job.delay, 0.0), now)
+
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        taken: list[NewJob] = []
+        for job_id, row in self._outbox.items():
+            if len(taken) >= limit:
+                break
+            if row.claimed_until is not None and row.claimed_until > now:
+                continue
+            self._outbox[job_id] = attrs.evolve(row, claimed_until=now + lease)
+            taken.append(attrs.evolve(row.job, delay=max(row.run_at - now, 0.0)))
+        return taken
+
+    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return sum(self._outbox.pop(job_id, None) is not None for job_id in job_ids)
+
+    async def outbox_stats(self) -> OutboxStats:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        oldest = min((row.created_at for row in self._outbox.values()), default=None)
+        return OutboxStats(
+            pending=len(self._outbox), oldest_age=None if oldest is None else self.now() - oldest
+        )
+
+    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        # No checkpoint between the look and the write: no other task runs in between.
+        stored = {job.job_id for job in jobs if job.job_id in self._jobs}
+        written = iter(self._insert([job for job in jobs if job.job_id not in stored]))
+        answers = [
+            Enqueued(job.job_id, created=False) if job.job_id in stored else next(written)
+            for job in jobs
+        ]
+        self._wake()
+        return answers
 
     async def aclose(self) -> None:
         self._closed = True
