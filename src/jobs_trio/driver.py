@@ -115,9 +115,7 @@ class Driver(Protocol):
         once, and only if, that transaction commits. Each keeps its id, delay and key."""
         ...
 
-    async def outbox_claim(
-        self, limit: int, *, lease: float, relay_id: str
-    ) -> Sequence[NewJob]:
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
         """Take up to ``limit`` outbox rows, oldest first, for ``lease`` seconds, skipping rows
         another relay holds under a live lease; a row whose lease lapsed (its relay died) is
         taken again. Each job's ``delay`` is what remains of its delay now."""
