@@ -157,3 +157,18 @@ async def test_the_budget_cuts_a_pass_that_outlives_it_and_loses_nothing(
     await trio.sleep(60.0)
     assert await relay_of(app, store)._one_pass() == 1
     assert len(await store.list_jobs()) == 1
+
+
+async def test_accept_ends_the_wait_between_passes_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, store = drivers()
+    async with jobs_trio.open_lifecycle(grace=25, signals=()) as lifecycle:
+        relay = relay_of(app, store, lifecycle=lifecycle, poll_interval=1000)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay.run)
+            await trio.testing.wait_all_tasks_blocked()  # idle, in its 1000 s wait
+            started = trio.current_time()
+            await lifecycle.shutdown("SIGTERM")
+            assert trio.current_time() == started
+            assert relay.state == "stopped"
