@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import signal
 import subprocess
 import sys
@@ -101,7 +102,8 @@ async def test_a_thousand_orders_through_killed_and_concurrent_relays(tmp_path: 
 
         jobs = await store.list_jobs(limit=10 * ORDERS)
         assert len(jobs) == ORDERS
-        assert len({j.key for j in jobs}) == ORDERS
+        assert len({json.loads(j.payload)["order"] for j in jobs}) == ORDERS
+        assert {j.key for j in jobs if j.key} == {f"order:{n}" for n in range(0, ORDERS, 2)}
         logs = "".join(p.read_text() for p in tmp_path.glob("process-*-relay.log"))
         assert logs.count("jobs.relay.started") == 4 and "jobs.relay.moved" in logs
 
