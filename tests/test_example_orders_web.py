@@ -12,6 +12,7 @@ pytest.importorskip("hypercorn")
 pytest.importorskip("starlette")
 
 from examples.orders_web import run  # noqa: E402
+
 from jobs_trio.records import JobState  # noqa: E402
 
 
@@ -26,7 +27,9 @@ async def test_an_order_posted_over_http_gets_its_job_run(tmp_path: Path) -> Non
                 refused = await client.post("/orders", json={"item": ""})
                 assert refused.status_code == 400
                 assert (await client.get(f"/orders/{order}")).json()["item"] == "tea"
-            while (record := await driver.get(job_id)) is None or record.state != JobState.COMPLETED:
+            while (
+                record := await driver.get(job_id)
+            ) is None or record.state != JobState.COMPLETED:
                 await driver.wait_for_work(["orders"], timeout=0.1)
             assert record.result == f'{{"confirmed":{order}}}'
             assert [r.id for r in await driver.list_jobs()] == [job_id]
