@@ -137,13 +137,13 @@ async def test_migrate_is_idempotent_and_concurrent_calls_apply_once(
             async with trio.open_nursery() as nursery:
                 for _ in range(5):
                     nursery.start_soon(one)
-        every = list(range(1, load_statements(pg_schema).newest_version + 1))
-        assert sorted(results) == [[], [], [], [], every]
+        shipped = [m.version for m in load_statements(pg_schema).migrations]
+        assert sorted(results) == [[], [], [], [], shipped]
         assert await migrate(url, schema=pg_schema) == []
         versions = await admin.fetchval(
             f'SELECT array_agg(version ORDER BY version) FROM "{pg_schema}".migrations'
         )
-        assert versions == every
+        assert versions == shipped
         # A migrated schema opens without migrate=True.
         async with open_postgres_driver(url, schema=pg_schema) as driver:
             assert await driver.list_jobs() == []

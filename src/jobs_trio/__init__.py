@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .backoff import Backoff
 from .context import JobContext
+from .current_transaction import Transaction, current_transaction, transaction
 from .driver import Driver
 from .errors import (
     Aborted,
@@ -26,8 +27,10 @@ from .errors import (
 from .events import send_event
 from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import open_driver
+from .outbox import Outbox
 from .records import JobRecord, JobState
 from .registry import JobDefinition, Registry
+from .relay import Relay, open_relay
 from .steps import EventTimedOut
 from .worker import Worker, WorkerStats, open_worker
 
@@ -50,17 +53,23 @@ __all__ = [
     "JobTimeout",
     "JobsError",
     "Lifecycle",
+    "Outbox",
     "PayloadNotSerialisable",
     "Registry",
+    "Relay",
     "ResultNotStorable",
     "StepError",
     "TerminalError",
     "TooLarge",
+    "Transaction",
     "UnknownJob",
     "Worker",
     "WorkerStats",
+    "current_transaction",
     "open_driver",
     "open_lifecycle",
+    "open_relay",
     "open_worker",
     "send_event",
+    "transaction",
 ]

@@ -236,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
         as_json,
     )
 
+    command(
+        "outbox",
+        on_driver(_outbox, read_only=True),
+        "The outbox in the application's database (--db): rows pending, the relay's lag.",
+        as_json,
+    )
+
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
     add_tasks_command(command, on_driver, as_json)
 
@@ -514,6 +521,16 @@ async def _cancel(driver: Driver, args: argparse.Namespace) -> None:
         )
     else:
         print(f"{shown}: {record.state}")
+
+
+async def _outbox(driver: Driver, args: argparse.Namespace) -> None:
+    stats = await driver.outbox_stats()
+    if args.json:
+        _print_json({"pending": stats.pending, "oldest_age": stats.oldest_age})
+    elif stats.oldest_age is None:
+        print("outbox empty")
+    else:
+        print(f"{stats.pending} pending; the oldest has waited {stats.oldest_age:.1f} s")
 
 
 async def _stats(driver: Driver, args: argparse.Namespace) -> None:

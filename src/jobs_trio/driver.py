@@ -14,6 +14,7 @@ from .records import (
     JobState,
     Lease,
     NewJob,
+    OutboxStats,
     QueueStats,
     RenewResult,
     Settlement,
@@ -113,6 +114,35 @@ class Driver(Protocol):
         ``advance.expected`` (or, with None, there is none) and no fire of the same task and
         scheduled time is on record, move it to ``advance_to``, record each fire and enqueue its
         job. Answers whether it applied; False wrote nothing (another worker got there first)."""
+
+    # The outbox: jobs an application wrote in its own transaction, in its own database, for a
+    # relay to move into the job store (see relay.py). A driver opened on the application's
+    # database serves its outbox; the job store's driver takes them with ``enqueue_once``.
+
+    async def outbox_write(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> None:
+        """Store ``jobs`` in this database's outbox, inside the caller's transaction when
+        ``connection`` (or a ``jobs_trio.transaction``) is given: they exist for the relay
+        once, and only if, that transaction commits. Each keeps its id, delay and key."""
+        ...
+
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+        """Take up to ``limit`` outbox rows, oldest first, for ``lease`` seconds, skipping rows
+        another relay holds under a live lease; a row whose lease lapsed (its relay died) is
+        taken again. Each job's ``delay`` is what remains of its delay now."""
+        ...
+
+    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+        """Remove relayed rows; answer how many were still there."""
+        ...
+
+    async def outbox_stats(self) -> OutboxStats: ...
+
+    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+        """``enqueue`` for the relay: a job whose id is already stored (relayed before, by a
+        relay that died before deleting its row, or by another relay) is not written again;
+        its answer is its own id with ``created=False``. Unique keys apply as in ``enqueue``."""
         ...
 
     async def aclose(self) -> None: ...

@@ -1,4 +1,4 @@
-# Prometheus metrics: attempts by outcome, run durations, and per-queue depth from stats().
+# Prometheus metrics: attempts by outcome, run durations, queue depth, the outbox's backlog.
 # Apart so the worker only says what happened; the names and labels are decided here.
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from .attempt import PARKED  # the outcome of a name the worker's registry does not declare
-from .records import QueueStats
+from .records import OutboxStats, QueueStats
 
 # Only these reach jobs_total: interrupted, suspended, lost, parked and cancelled attempts are
 # not failures of the job, and counting them would spike `failed` on every deploy.
@@ -48,6 +48,14 @@ class Metrics:
             ["task"],
             registry=registry,
         )
+        self.outbox_pending = Gauge(
+            "outbox_pending", "Outbox rows written and not yet relayed", registry=registry
+        )
+        self.outbox_oldest_seconds = Gauge(
+            "outbox_oldest_seconds",
+            "Age of the oldest outbox row: how far the relay lags",
+            registry=registry,
+        )
         # labels() takes a lock and builds a key on every call: once per (queue, job, outcome)
         # here, instead of twice per finished attempt on the worker's hot path.
         self._finished: dict[tuple[str, str, str], tuple[Counter | None, Histogram]] = {}
@@ -82,6 +90,10 @@ class Metrics:
                 self.queue_depth.labels(queue=q.queue, state=state).set(count)
             self.queue_oldest_ready_seconds.labels(queue=q.queue).set(q.oldest_ready_age or 0.0)
             self.queue_dead_jobs.labels(queue=q.queue).set(q.dead)
+
+    def outbox_observed(self, stats: OutboxStats) -> None:
+        self.outbox_pending.set(stats.pending)
+        self.outbox_oldest_seconds.set(stats.oldest_age or 0.0)
 
 
 _default: Metrics | None = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -51,6 +52,22 @@ class NewJob:
     priority: int = 0  # lower runs sooner
     delay: float = 0.0  # seconds after the driver's now
     key: str | None = None
+
+
+def outbox_job(row: Sequence[Any], now: float) -> NewJob:
+    """An outbox row (id, name, queue, payload, priority, max_attempts, key, run_at) as the job
+    to relay: the delay is what remains of it now."""
+    job_id, name, queue, payload, priority, max_attempts, key, run_at = row
+    return NewJob(
+        job_id=job_id,
+        name=name,
+        queue=queue,
+        payload=payload,
+        max_attempts=max_attempts,
+        priority=priority,
+        delay=max(run_at - now, 0.0),
+        key=key,
+    )
 
 
 @attrs.frozen
@@ -219,6 +236,14 @@ class StepRecord:
             "event": self.event,
             "match": self.match,
         }
+
+
+@attrs.frozen
+class OutboxStats:
+    """The outbox of one database: rows written by committed transactions, not yet relayed."""
+
+    pending: int
+    oldest_age: float | None  # seconds the oldest pending row has waited: the relay's lag
 
 
 @attrs.frozen

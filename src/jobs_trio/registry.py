@@ -22,6 +22,7 @@ from .boundary import (
     delay_from,
     dump_json,
 )
+from .current_transaction import joined
 from .errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
 from .records import JobId, NewJob, new_job_id
 from .schedule import parse_schedule
@@ -30,6 +31,7 @@ from .tasks import Missed, TaskDefinition, check_missed
 if TYPE_CHECKING:
     from .context import JobContext
     from .driver import Driver
+    from .outbox import Outbox
 
 JobFunction = Callable[..., Any]
 RunAt = dt.datetime | float
@@ -104,7 +106,7 @@ class JobDefinition:
 
     async def enqueue(
         self,
-        driver: Driver,
+        driver: Driver | Outbox,
         payload: Any = None,
         *,
         delay: float | None = None,
@@ -115,16 +117,18 @@ class JobDefinition:
         connection: object | None = None,
     ) -> JobId:
         """Write one job; answer its id. With a ``key`` a live job already holds, answer that
-        job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``)."""
+        job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``). Inside a
+        ``jobs_trio.transaction(...)`` block the write joins that transaction; ``driver`` may
+        be an ``Outbox`` (docs/transactions.md)."""
         job = self.new_job(payload, delay=delay, run_at=run_at, priority=priority, key=key)
-        [answer] = await driver.enqueue([job], connection=connection)
+        [answer] = await driver.enqueue([job], connection=joined(connection))
         if not answer.created and on_duplicate == "raise":
             raise DuplicateJob(job=self.name, key=key or "", existing_id=answer.job_id)
         return answer.job_id
 
     async def enqueue_many(
         self,
-        driver: Driver,
+        driver: Driver | Outbox,
         payloads: Iterable[Any],
         *,
         delay: float | None = None,
@@ -137,7 +141,7 @@ class JobDefinition:
         jobs = [self.new_job(p, delay=delay, run_at=run_at, priority=priority) for p in payloads]
         if not jobs:
             return []
-        answers = await driver.enqueue(jobs, connection=connection)
+        answers = await driver.enqueue(jobs, connection=joined(connection))
         return [a.job_id for a in answers]
 
 

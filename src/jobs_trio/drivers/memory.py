@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
+from ..current_transaction import unwrap
 from ..errors import ConfigError, ValueRefused
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -32,6 +33,7 @@ from ..records import (
     JobState,
     Lease,
     NewJob,
+    OutboxStats,
     Park,
     QueueStats,
     RenewResult,
@@ -74,6 +76,14 @@ LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (
 LAPSED_OUT_OF_ATTEMPTS = LAPSED_ERROR + "; no attempts left after {attempts}"
 
 
+@attrs.frozen
+class _OutboxRow:
+    job: NewJob
+    run_at: float
+    created_at: float
+    claimed_until: float | None = None
+
+
 def lapsed_out_of_attempts(attempts: int) -> str:
     return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
 
@@ -101,6 +111,9 @@ class MemoryDriver:
         self._closed = False
         self._task_marks: dict[str, TaskMark] = {}
         self._task_fires: dict[str, dict[float, JobId]] = {}
+        # The outbox, oldest first (insertion order): job, when it is due, when it was written,
+        # and until when a relay holds it.
+        self._outbox: dict[JobId, _OutboxRow] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -474,6 +487,63 @@ class MemoryDriver:
         self._task_marks[advance.task] = attrs.evolve(moved, handled_until=advance.advance_to)
         self._wake()
         return True
+
+    # The outbox.
+
+    async def outbox_write(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if unwrap(connection)[0] is not None:
+            raise ConfigError(
+                "the memory driver has no transactions to enlist in",
+                fix="write to the outbox outside jobs_trio.transaction(), or use SQLite or"
+                " PostgreSQL for the application's database",
+            )
+        now = self.now()
+        for job in jobs:
+            self._outbox[job.job_id] = _OutboxRow(job, now + max(job.delay, 0.0), now)
+
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        taken: list[NewJob] = []
+        for job_id, row in self._outbox.items():
+            if len(taken) >= limit:
+                break
+            if row.claimed_until is not None and row.claimed_until > now:
+                continue
+            self._outbox[job_id] = attrs.evolve(row, claimed_until=now + lease)
+            taken.append(attrs.evolve(row.job, delay=max(row.run_at - now, 0.0)))
+        return taken
+
+    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return sum(self._outbox.pop(job_id, None) is not None for job_id in job_ids)
+
+    async def outbox_stats(self) -> OutboxStats:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        oldest = min((row.created_at for row in self._outbox.values()), default=None)
+        return OutboxStats(
+            pending=len(self._outbox), oldest_age=None if oldest is None else self.now() - oldest
+        )
+
+    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        # No checkpoint between the look and the write: no other task runs in between.
+        stored = {job.job_id for job in jobs if job.job_id in self._jobs}
+        written = iter(self._insert([job for job in jobs if job.job_id not in stored], self.now()))
+        answers = [
+            Enqueued(job.job_id, created=False) if job.job_id in stored else next(written)
+            for job in jobs
+        ]
+        self._wake()
+        return answers
 
     async def aclose(self) -> None:
         self._closed = True

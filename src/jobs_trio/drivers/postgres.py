@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from ..current_transaction import unwrap
 from ..errors import ConfigError, DriverError, JobsError
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -33,6 +34,7 @@ from ..records import (
     JobState,
     Lease,
     NewJob,
+    OutboxStats,
     Park,
     QueueStats,
     RenewResult,
@@ -43,6 +45,7 @@ from ..records import (
     Suspend,
     TaskAdvance,
     TaskMark,
+    outbox_job,
 )
 from .memory import FIRE_HISTORY, LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
@@ -175,9 +178,10 @@ class PostgresDriver:
     async def _run_here_or_on(
         self, connection: object | None, op: Callable[[Connection], Any], *, what: str
     ) -> Any:
-        if connection is None:
+        conn, _ = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
+        if conn is None:
             return await self.bridge.run(op, what=what)
-        return await self.bridge.run_on(connection, op, what=what)
+        return await self.bridge.run_on(conn, op, what=what)
 
     # --- enqueue ---
 
@@ -226,8 +230,9 @@ class PostgresDriver:
         # the holders are looked up after the insert (each statement of a READ COMMITTED
         # transaction gets a fresh snapshot that can see a holder committed meanwhile) and the
         # insert may be tried again: one transaction, so a failure part-way commits none of it.
-        if connection is not None:
-            result: list[Enqueued] = await self.bridge.run_on(connection, write, what="enqueue")
+        caller, _ = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
+        if caller is not None:
+            result: list[Enqueued] = await self.bridge.run_on(caller, write, what="enqueue")
         else:
             keyed = any(job.key is not None for job in jobs)
             result = await self.bridge.run(write, what="enqueue", transaction=keyed)
@@ -606,6 +611,127 @@ class PostgresDriver:
             return False
         return applied
 
+    # --- the outbox ---
+
+    async def outbox_write(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> None:
+        self._check_open()
+        jobs = list(jobs)
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> None:
+            await conn.execute(sql["outbox_write"], now, *_job_columns(jobs))
+
+        await self._run_here_or_on(connection, write, what="outbox write")
+
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def take(conn: Connection) -> list[Any]:
+            return list(
+                await conn.fetch(sql["outbox_claim"], now, float(lease), max(limit, 0), relay_id)
+            )
+
+        rows = sorted(await self.bridge.run(take, what="outbox claim"), key=lambda r: r["seq"])
+        return [
+            outbox_job(
+                (
+                    row["id"],
+                    row["name"],
+                    row["queue"],
+                    row["payload"],
+                    row["priority"],
+                    row["max_attempts"],
+                    row["key"],
+                    row["run_at"],
+                ),
+                now,
+            )
+            for row in rows
+        ]
+
+    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+        self._check_open()
+        sql = self._sql
+
+        async def delete(conn: Connection) -> int:
+            gone: int = await conn.fetchval(sql["outbox_delete"], list(job_ids))
+            return gone
+
+        gone: int = await self.bridge.run(delete, what="outbox delete")
+        return gone
+
+    async def outbox_stats(self) -> OutboxStats:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def read(conn: Connection) -> Any:
+            return await conn.fetchrow(sql["outbox_stats"])
+
+        row = await self.bridge.run(read, what="outbox stats")
+        oldest = row["oldest"]
+        return OutboxStats(
+            pending=row["pending"], oldest_age=None if oldest is None else now - oldest
+        )
+
+    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+        self._check_open()
+        jobs = list(jobs)
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> dict[str, Enqueued]:
+            answers: dict[str, Enqueued] = {}
+            pending = jobs
+            for _ in range(_KEY_ROUNDS):
+                created = {
+                    row["id"]
+                    for row in await conn.fetch(
+                        sql["enqueue_once"], now, *_job_columns(pending), sql.channel
+                    )
+                }
+                answers.update((i, Enqueued(i, created=True)) for i in created)
+                rest = [j for j in pending if j.job_id not in created]
+                if not rest:
+                    break
+                # Not written: its id was stored already (exactly once), or its key is held.
+                stored = await conn.fetch(sql["stored_ids"], [j.job_id for j in rest])
+                answers.update((r["id"], Enqueued(r["id"], created=False)) for r in stored)
+                keyed = [j.key for j in rest if j.job_id not in answers]
+                if keyed:
+                    holders = {
+                        row["key"]: row["id"]
+                        for row in await conn.fetch(sql["live_key_holders"], keyed)
+                    }
+                    for j in rest:
+                        if j.job_id not in answers and j.key in holders:
+                            answers[j.job_id] = Enqueued(holders[j.key], created=False)
+                # A key whose holder finished between the insert and the look: write it again.
+                pending = [j for j in rest if j.job_id not in answers]
+                if not pending:
+                    break
+            else:
+                raise DriverError(
+                    f"could not settle unique keys {[j.key for j in pending]}: their holders"
+                    " kept finishing and being replaced while the relay wrote them",
+                    fix="nothing to do: the relay tries these rows again on its next pass",
+                )
+            return answers
+
+        answers = await self.bridge.run(write, what="relay enqueue")
+        return [answers[job.job_id] for job in jobs]
+
     async def aclose(self) -> None:
         """Stop answering; the connections close when the ``async with`` that opened the
         driver ends (they belong to its scope, not to this call)."""
@@ -631,6 +757,21 @@ _KIND: dict[type, str] = {
     Park: "park",
     CancelJob: "cancel",
 }
+
+
+def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
+    """The unnest arrays of a batch of new jobs (id, name, queue, payload, priority,
+    max_attempts, delay, key), in that parameter order."""
+    return [
+        [j.job_id for j in jobs],
+        [j.name for j in jobs],
+        [j.queue for j in jobs],
+        [j.payload for j in jobs],
+        [j.priority for j in jobs],
+        [j.max_attempts for j in jobs],
+        [float(j.delay) for j in jobs],
+        [j.key for j in jobs],
+    ]
 
 
 def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:

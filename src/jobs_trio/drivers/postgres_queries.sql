@@ -370,3 +370,68 @@ WHERE task = $1 AND scheduled < (
     SELECT scheduled FROM {schema}.task_fires WHERE task = $1
     ORDER BY scheduled DESC LIMIT 1 OFFSET $2 - 1
 );
+
+-- name: enqueue_once
+-- The relay's enqueue: like `enqueue`, but a job whose id is already stored (relayed before, by
+-- a relay that died before deleting its outbox row, or by another relay) is a no-op too. No
+-- conflict target: the primary key and the live-key index both turn a row into a no-op.
+WITH created AS (
+    INSERT INTO {schema}.jobs (
+        id, name, queue, state, payload, priority, attempts, max_attempts,
+        run_at, created_at, updated_at, key
+    )
+    SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
+           $1 + greatest(n.delay, 0), $1, $1, n.key
+    FROM unnest(
+        $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
+        $9::text[]
+    ) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+    ORDER BY n.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue
+), notified AS (
+    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
+)
+SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
+
+-- name: stored_ids
+SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]);
+
+-- name: outbox_write
+-- In the application's transaction (a savepoint in it): the rows exist once it commits.
+INSERT INTO {schema}.outbox (
+    id, name, queue, payload, priority, max_attempts, key, run_at, created_at
+)
+SELECT n.id, n.name, n.queue, n.payload, n.priority, n.max_attempts, n.key,
+       $1 + greatest(n.delay, 0), $1
+FROM unnest(
+    $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
+    $9::text[]
+) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+ORDER BY n.ord;
+
+-- name: outbox_claim
+-- Oldest first, skipping rows another relay is taking right now (SKIP LOCKED) or holds under a
+-- live lease; a lapsed hold (its relay died) is taken again. $1 now, $2 lease, $3 limit,
+-- $4 relay id.
+WITH taken AS (
+    SELECT seq FROM {schema}.outbox
+    WHERE claimed_until IS NULL OR claimed_until <= $1
+    ORDER BY seq
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET claimed_until = $1::float8 + $2::float8, relay_id = $4
+FROM taken
+WHERE o.seq = taken.seq
+RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at;
+
+-- name: outbox_delete
+WITH gone AS (
+    DELETE FROM {schema}.outbox WHERE id = ANY($1::text[]) RETURNING 1
+)
+SELECT count(*)::int FROM gone;
+
+-- name: outbox_stats
+SELECT count(*)::int AS pending, min(created_at) AS oldest FROM {schema}.outbox;

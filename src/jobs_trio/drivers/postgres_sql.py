@@ -139,6 +139,8 @@ def _read_migrations(folder: resources.abc.Traversable) -> list[Migration]:
             )
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"postgres migrations must be numbered 1..n without gaps: {versions}")
+    # A gap is allowed (each version is recorded on its own, so a later-filled gap is still
+    # applied); a repeat never.
+    if not versions or versions[0] != 1 or len(set(versions)) != len(versions):
+        raise RuntimeError(f"postgres migrations must be numbered 1..n, each once: {versions}")
     return found

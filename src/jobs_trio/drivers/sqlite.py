@@ -19,6 +19,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 import outcome
 import trio
 
+from ..current_transaction import SqliteOps, Transaction, owned, unwrap
 from ..errors import (
     ConfigError,
     DriverError,
@@ -44,6 +45,7 @@ from ..records import (
     JobState,
     Lease,
     NewJob,
+    OutboxStats,
     Park,
     QueueStats,
     RenewResult,
@@ -54,6 +56,7 @@ from ..records import (
     Suspend,
     TaskAdvance,
     TaskMark,
+    outbox_job,
 )
 from .memory import FIRE_HISTORY, LAPSED_ERROR, lapsed_out_of_attempts
 
@@ -118,13 +121,15 @@ def _load_migrations() -> list[tuple[int, list[str]]]:
         if entry.name.endswith(".sql")
     )
     numbers = [number for number, _ in found]
-    if numbers != list(range(1, len(numbers) + 1)):
+    # Increasing and unique, starting at 1; a gap is allowed (branches number their migrations
+    # apart and meet later), a repeat never: it would say two schemas are one version.
+    if not numbers or numbers[0] != 1 or len(set(numbers)) != len(numbers):
         raise RuntimeError(f"SQLite migrations must be numbered 1, 2, 3...; found {numbers}")
     return found
 
 
 MIGRATIONS: Final = _load_migrations()
-SCHEMA_VERSION: Final = len(MIGRATIONS)
+SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 
 # The URL and the file, before any connection is made.
@@ -684,9 +689,15 @@ class SqliteDriver:
     async def enqueue(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> Sequence[Enqueued]:
-        _refuse_a_connection(connection, "enqueue")
         jobs = list(jobs)
-        answers = await self._transact(lambda conn, now: _insert_jobs(conn, jobs, now))
+        conn, tx = unwrap(connection)
+
+        def work(conn: sqlite3.Connection, now: float) -> list[Enqueued]:
+            return _insert_jobs(conn, jobs, now)
+
+        if conn is not None:
+            return await self._on_callers(conn, tx, work, wake=True)
+        answers = await self._transact(work)
         self._wake()
         return answers
 
@@ -1071,6 +1082,192 @@ class SqliteDriver:
             return False
         self._wake()
         return applied
+
+    # The caller's transaction.
+
+    @contextlib.asynccontextmanager
+    async def open_transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction on the driver's own connection, for ``jobs_trio.transaction(driver)``:
+        the application's SQL (``tx.execute``) and the jobs it enqueues commit together. Every
+        other call of this driver waits for the block to end, as SQLite has one writer: keep
+        the block short."""
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            ops = SqliteOps(self._conn, limiter=self._threads, busy_timeout=self._busy_timeout)
+            async with owned(Transaction(self._conn, ops)) as tx:
+                yield tx
+
+    async def _on_callers(
+        self, connection: object, tx: Transaction | None, work: Work[T], *, wake: bool
+    ) -> T:
+        """Run ``work`` on the caller's connection, inside its transaction (a savepoint, so a
+        failure here undoes only these writes), or in one of its own when it has none."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigError(
+                f"connection= must be a sqlite3 connection to {self.path!r}, not"
+                f" {type(connection).__name__}",
+                fix="pass the sqlite3 connection your transaction runs on, or open the"
+                " transaction with jobs_trio.transaction(conn)",
+            )
+        own = connection is self._conn
+        now = self.now()
+
+        def run() -> T:
+            if not own:
+                self._refuse_another_file(connection)
+            if not connection.in_transaction:
+                connection.execute("BEGIN IMMEDIATE")
+                try:
+                    answer = work(connection, now)
+                except BaseException:
+                    connection.rollback()
+                    raise
+                connection.commit()
+                return answer
+            connection.execute("SAVEPOINT jobs_trio_write")
+            try:
+                answer = work(connection, now)
+            except BaseException:
+                connection.execute("ROLLBACK TO SAVEPOINT jobs_trio_write")
+                connection.execute("RELEASE SAVEPOINT jobs_trio_write")
+                raise
+            connection.execute("RELEASE SAVEPOINT jobs_trio_write")
+            return answer
+
+        try:
+            # The driver's own connection (jobs_trio.transaction(driver)) keeps to the driver's
+            # one thread token; an application's connection is the application's to pace.
+            answer = await trio.to_thread.run_sync(run, limiter=self._threads if own else None)
+        except _REFUSED as exc:
+            raise ValueRefused(
+                f"SQLite refused a write in the caller's transaction on {self.path!r}:"
+                f" {type(exc).__name__}: {exc}",
+                fix="the value cannot be stored as it is; only this write was undone (a"
+                " savepoint), the rest of the transaction is intact",
+            ) from exc
+        except sqlite3.ProgrammingError as exc:
+            raise ConfigError(
+                f"cannot write through the caller's sqlite3 connection: {exc}",
+                fix="open it with sqlite3.connect(path, check_same_thread=False): jobs_trio"
+                " runs its statements in worker threads",
+            ) from exc
+        except sqlite3.Error as exc:
+            raise self._driver_error(exc) from exc
+        if wake:
+            if tx is not None and tx.owned:
+                # After the commit, not now: a worker woken before it finds nothing to claim.
+                tx.after_commit(self._wake)
+            else:
+                self._wake()
+        return answer
+
+    def _refuse_another_file(self, connection: sqlite3.Connection) -> None:
+        # A write on a connection to another file would commit with THAT file's transaction
+        # and never reach this driver's workers: the dual-write bug, silently.
+        row = connection.execute("PRAGMA database_list").fetchone()
+        there = row[2] if row else ""
+        try:
+            same = bool(there) and os.path.samefile(there, self.path)
+        except OSError:
+            same = False
+        if not same:
+            raise ConfigError(
+                f"the sqlite3 connection is to {there or 'an in-memory database'!r}, not to"
+                f" the driver's file {self.path!r}",
+                fix="enqueue through a connection to the driver's own file; for another"
+                " database, write to its outbox and run a relay (docs/transactions.md)",
+            )
+
+    # The outbox.
+
+    async def outbox_write(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> None:
+        jobs = list(jobs)
+        conn, tx = unwrap(connection)
+
+        def work(conn: sqlite3.Connection, now: float) -> None:
+            conn.executemany(
+                "INSERT INTO outbox (id, name, queue, payload, priority, max_attempts, key,"
+                " run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        job.job_id,
+                        job.name,
+                        job.queue,
+                        job.payload,
+                        job.priority,
+                        job.max_attempts,
+                        job.key,
+                        now + max(job.delay, 0.0),
+                        now,
+                    )
+                    for job in jobs
+                ],
+            )
+
+        if conn is not None:
+            await self._on_callers(conn, tx, work, wake=False)
+        else:
+            await self._transact(work)
+
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+        def work(conn: sqlite3.Connection, now: float) -> list[NewJob]:
+            # Under BEGIN IMMEDIATE: two relays (or processes) never take the same row while
+            # its hold is live.
+            rows = conn.execute(
+                "UPDATE outbox SET claimed_until = ?, relay_id = ? WHERE seq IN"
+                " (SELECT seq FROM outbox WHERE claimed_until IS NULL OR claimed_until <= ?"
+                "  ORDER BY seq LIMIT ?)"
+                " RETURNING seq, id, name, queue, payload, priority, max_attempts, key, run_at",
+                (now + lease, relay_id, now, max(limit, 0)),
+            ).fetchall()
+            rows.sort()  # RETURNING promises no order: relay in the order written
+            return [outbox_job(row[1:], now) for row in rows]
+
+        return await self._transact(work)
+
+    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+        ids = json.dumps(list(job_ids))
+
+        def work(conn: sqlite3.Connection, now: float) -> int:
+            cursor = conn.execute(
+                "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+            )
+            return cursor.rowcount
+
+        return await self._transact(work)
+
+    async def outbox_stats(self) -> OutboxStats:
+        def work(conn: sqlite3.Connection, now: float) -> OutboxStats:
+            count, oldest = conn.execute("SELECT count(*), min(created_at) FROM outbox").fetchone()
+            return OutboxStats(pending=count, oldest_age=None if oldest is None else now - oldest)
+
+        return await self._transact(work, mode="read")
+
+    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+        jobs = list(jobs)
+        ids = json.dumps([job.job_id for job in jobs])
+
+        def work(conn: sqlite3.Connection, now: float) -> list[Enqueued]:
+            # Under BEGIN IMMEDIATE: no other writer can store one of these ids between this
+            # look and the insert.
+            stored = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+                )
+            }
+            written = iter(_insert_jobs(conn, [j for j in jobs if j.job_id not in stored], now))
+            return [
+                Enqueued(job.job_id, created=False) if job.job_id in stored else next(written)
+                for job in jobs
+            ]
+
+        answers = await self._transact(work)
+        self._wake()
+        return answers
 
     async def aclose(self) -> None:
         if self._closed:
