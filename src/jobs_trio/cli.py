@@ -633,13 +633,6 @@ def _dashboard(args: argparse.Namespace) -> int:
         actions=args.actions,
         allowed_hosts=tuple(args.allowed_host),
     )
-    # hypercorn logs its own "Running on" line and request errors to stderr.
-    print(
-        f"dashboard on http://{args.host}:{args.port}/ ("
-        + ("actions on" if args.actions else "read-only")
-        + "); Ctrl-C to stop",
-        file=sys.stderr,
-    )
     return trio.run(run_dashboard, url, driver_options(args, url, existing=True), options)
 
 

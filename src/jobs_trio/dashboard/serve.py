@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -107,16 +108,19 @@ async def serve_dashboard(
 async def run_dashboard(
     url: str, driver_options: Mapping[str, Any], options: DashboardOptions
 ) -> int:
-    """The CLI command's body: serve until SIGINT or SIGTERM, then stop serving and exit 0."""
+    """The CLI command's body: serve until SIGINT or SIGTERM, then stop serving and exit 0.
+    The URL is printed once bound, so ``--port 0`` tells which port it took."""
     shutdown = trio.Event()
     async with (
         open_dashboard_driver(url, driver_options, actions=options.actions) as driver,
         trio.open_nursery() as nursery,
     ):
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            await nursery.start(
+            urls = await nursery.start(
                 functools.partial(serve_dashboard, driver, options, shutdown=shutdown)
             )
+            mode = "actions on" if options.actions else "read-only"
+            print(f"dashboard on {' '.join(urls)}/ ({mode}); Ctrl-C to stop", file=sys.stderr)
             async for _ in signals:
                 shutdown.set()
                 break
