@@ -54,7 +54,7 @@ async def test_the_queues_page_counts_each_queue_and_charts_completions(site: Si
     }
     assert sorted(rows) == ["emails", "reports"]
     cells = re.findall(r'<td class="num">(?:<a [^>]*>)?(\d+|-|[\d.]+s)', rows["emails"])
-    # ready, running, completed, dead, suspended, parked, cancelled, due, oldest ready, dead
+    # ready, running, completed, dead, suspended, parked, cancelled, due, oldest ready
     assert cells[:8] == ["1", "0", "1", "1", "0", "0", "0", "1"]
     # The job completed a moment ago: the chart's last bar and its caption count it.
     assert "1 this minute" in rows["emails"]
