@@ -35,7 +35,8 @@ async def test_serve_metrics_answers_a_scrape_in_both_formats_and_only_at_metric
             assert open_metrics.text.rstrip().endswith("# EOF")
             assert (await client.get("/")).status_code == 404
             assert (await client.post("/metrics")).status_code == 405
-        # A client that connects and stays silent does not stop the next scrape.
+        # A client that connects and stays silent does not stop the next scrape: each
+        # connection is its own task (its REQUEST_SECONDS bound is not exercised here).
         silent = await trio.open_tcp_stream("127.0.0.1", port)
         async with silent, httpx.AsyncClient() as client:
             answer = await client.get(f"http://127.0.0.1:{port}/metrics")
