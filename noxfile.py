@@ -1,14 +1,23 @@
-"""Sessions: `tests` (what CI runs), `lint` (ruff + mypy), `bench` (measurements, never gating)."""
+"""Sessions: `tests` (what CI runs), `lint` (ruff + mypy), `docs` (the site, warnings as
+errors), `bench` (measurements, never gating)."""
 
 from __future__ import annotations
 
+import shutil
+
 import nox
+
+# Every supported Python this machine has (3.11 and up): `nox -s tests` runs on each one found,
+# and on 3.11 alone when no other is installed. Listing only the present ones keeps nox from
+# failing on a missing interpreter (which it does under CI).
+SUPPORTED = ["3.11", "3.12", "3.13", "3.14"]
+PRESENT = [v for v in SUPPORTED if shutil.which(f"python{v}")] or ["3.11"]
 
 nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 
-@nox.session(python="3.11")
+@nox.session(python=PRESENT)
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     # Two workers' worth of cores here: the suite runs serially; slow process tests are bounded.
@@ -21,6 +30,16 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "bench", "noxfile.py")
     session.run("mypy")
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Build the site into site/ with warnings as errors (`-- serve` to preview it)."""
+    session.install("-e", ".[docs,dashboard]")
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve")
+    else:
+        session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(python="3.11")

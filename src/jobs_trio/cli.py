@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
 import trio
@@ -190,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how long a claim holds a job without renewal (default {DEFAULT_LEASE:g})",
     )
 
+    add_metrics_flags(worker)
+
     enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")
     enqueue.add_argument("name", metavar="NAME")
     enqueue.add_argument("--payload", metavar="JSON", help="the job's payload (default: null)")
@@ -245,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
     add_tasks_command(command, on_driver, as_json)
+
+    add_dashboard_command(command("dashboard", _dashboard, DASHBOARD_HELP))
 
     demo = commands.add_parser(
         "demo",
@@ -382,6 +387,7 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
             lifecycle=lifecycle,
             schedule_tasks=not args.no_tasks,
         ),
+        serving_metrics(args),
     ):
         await trio.sleep_forever()  # ended by the lifecycle once the drain is done
     return 0
@@ -564,6 +570,91 @@ def _migrate(args: argparse.Namespace) -> int:
 
     trio.run(migrate)
     return 0
+
+
+# The worker's /metrics endpoint (--metrics-port) and the dashboard command.
+
+
+def add_metrics_flags(worker: argparse.ArgumentParser) -> None:
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve Prometheus metrics at http://HOST:N/metrics (0: a free port, logged)",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="H",
+        help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for a remote scraper)",
+    )
+
+
+def _port(text: str) -> int:
+    return _whole(text, 0, 65535)
+
+
+@contextlib.asynccontextmanager
+async def serving_metrics(args: argparse.Namespace) -> AsyncIterator[None]:
+    """The worker's /metrics, when --metrics-port asks for it, served for as long as the
+    block runs: in a Trio task of the worker's own process, not a thread."""
+    if args.metrics_port is None:
+        yield
+        return
+    from .metrics_endpoint import serve_metrics
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            functools.partial(serve_metrics, args.metrics_port, host=args.metrics_host)
+        )
+        yield
+        nursery.cancel_scope.cancel()
+
+
+DASHBOARD_HELP = (
+    "Serve a web dashboard (queues, jobs, a job's steps) on 127.0.0.1; read-only unless"
+    " --actions is given."
+)
+DASHBOARD_EXTRA = "pip install 'jobs-trio[dashboard]'"
+
+
+def add_dashboard_command(dashboard: argparse.ArgumentParser) -> None:
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
+    )
+    dashboard.add_argument("--port", type=_port, default=8000, metavar="N", help="default 8000")
+    dashboard.add_argument(
+        "--actions",
+        action="store_true",
+        help="allow retry and cancel (opens the database for writing; forms carry a"
+        " cross-site token)",
+    )
+    dashboard.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the dashboard answers to besides loopback (repeatable; behind a"
+        " proxy, the name users type)",
+    )
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    url = database_url(args)
+    try:
+        from .dashboard.serve import DashboardOptions, run_dashboard
+    except ImportError as exc:
+        raise ConfigError(
+            f"the dashboard needs packages that are not installed ({exc.name or exc})",
+            fix=DASHBOARD_EXTRA,
+        ) from exc
+    options = DashboardOptions(
+        host=args.host,
+        port=args.port,
+        actions=args.actions,
+        allowed_hosts=tuple(args.allowed_host),
+    )
+    return trio.run(run_dashboard, url, driver_options(args, url, existing=True), options)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,109 @@
+# A dashboard served over real HTTP on 127.0.0.1 (a free port) from a real SQLite file or a
+# real PostgreSQL schema, seeded with jobs in every interesting state. Apart from the tests so
+# the HTTP tests and the browser test read the same database the same way.
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from jobs_trio.dashboard import DashboardOptions, open_dashboard_driver, serve_dashboard
+from jobs_trio.driver import Driver
+from jobs_trio.open_driver import open_driver
+from jobs_trio.records import (
+    Complete,
+    DeadLetter,
+    NewJob,
+    StepRecord,
+    StepStatus,
+    new_job_id,
+)
+from tests.conftest import require_postgres
+
+# Markup, a terminal escape (retitles a window) and a bidi override: none may act on a page.
+HOSTILE_NAME = '<script>alert("name")</script><img src=x onerror=alert(1)>\x1b]0;pwned\x07\u202e'
+HOSTILE_ERROR = "boom <script>alert('error')</script>\nsecond line\x1b[31m"
+# JSON escapes store as ASCII on every driver; decoded for display they are a NUL and a lone
+# surrogate, which the page must show (a lone surrogate cannot even be encoded as UTF-8).
+HOSTILE_PAYLOAD = '{"html": "</pre><script>alert(2)</script>", "nul": "\\u0000", "half": "\\udcff"}'
+
+
+@attrs.frozen
+class Seeded:
+    completed: str  # mail.welcome: two step records and a result
+    dead: str  # mail.broken: dead-lettered with HOSTILE_ERROR
+    hostile: str  # HOSTILE_NAME with HOSTILE_PAYLOAD, ready
+    report: str  # report.build in queue "reports", ready
+
+
+@attrs.frozen
+class Site:
+    url: str  # http://127.0.0.1:PORT
+    writer: Driver  # a driver of the test's own, able to write, on the same database
+    jobs: Seeded
+
+
+async def seed(driver: Driver) -> Seeded:
+    def job(name: str, queue: str, priority: int, payload: str = "{}") -> NewJob:
+        return NewJob(new_job_id(), name, queue, payload, max_attempts=3, priority=priority)
+
+    completed, dead = (
+        job("mail.welcome", "emails", 0, '{"to": "a@b.c"}'),
+        job("mail.broken", "emails", 1),
+    )
+    hostile, report = (
+        job(HOSTILE_NAME, "emails", 5, HOSTILE_PAYLOAD),
+        job("report.build", "reports", 0),
+    )
+    await driver.enqueue([completed, dead, hostile, report])
+    [first] = await driver.claim(["emails"], 1, lease=60, worker_id="test-worker")
+    assert first.job_id == completed.job_id
+    now = driver.now()
+    for name, result in (("render", '"<b>hello</b>"'), ("send", '{"message_id": 42}')):
+        step = StepRecord(name, StepStatus.DONE, now, now + 0.25, result=result)
+        assert await driver.save_step(first.lease, step)
+    await driver.settle([Complete(first.lease, result='{"sent": true}')])
+    [second] = await driver.claim(["emails"], 1, lease=60, worker_id="test-worker")
+    assert second.job_id == dead.job_id
+    await driver.settle([DeadLetter(second.lease, error=HOSTILE_ERROR)])
+    return Seeded(completed.job_id, dead.job_id, hostile.job_id, report.job_id)
+
+
+@asynccontextmanager
+async def database(kind: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A database URL and the driver options that reach it (PostgreSQL: a fresh schema,
+    dropped afterwards)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.db'}", {}
+        return
+    import uuid
+
+    schema = f"jt_dash_{uuid.uuid4().hex[:10]}"
+    url = require_postgres()
+    try:
+        yield url, {"schema": schema}
+    finally:
+        with trio.CancelScope(shield=True):
+            async with open_driver(url, schema=schema, migrate=True, drop_schema_on_close=True):
+                pass
+
+
+@asynccontextmanager
+async def open_site(kind: str, tmp_path: Path, *, actions: bool = False) -> AsyncIterator[Site]:
+    async with database(kind, tmp_path) as (url, options):
+        writer_options = {**options, "migrate": True} if kind == "postgres" else options
+        async with open_driver(url, **writer_options) as writer:
+            jobs = await seed(writer)
+            async with (
+                open_dashboard_driver(url, options, actions=actions) as reader,
+                trio.open_nursery() as nursery,
+            ):
+                served = DashboardOptions(port=0, actions=actions)
+                [address] = await nursery.start(functools.partial(serve_dashboard, reader, served))
+                yield Site(address, writer, jobs)
+                nursery.cancel_scope.cancel()
