@@ -18,8 +18,8 @@ from jobs_trio import Registry
 from jobs_trio.attempt import Outcome
 from jobs_trio.backoff import Backoff
 from jobs_trio.drivers.memory import MemoryDriver
-from jobs_trio.lifecycle import Lifecycle
 from jobs_trio.errors import ValueRefused
+from jobs_trio.lifecycle import Lifecycle
 from jobs_trio.records import Complete, JobState, Retry
 from jobs_trio.run_scope import DRAINING, RunScope
 
