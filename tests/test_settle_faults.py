@@ -157,6 +157,9 @@ async def test_poison_settlements_fail_alone_and_every_good_job_completes_once(
         assert "/data/\\udcff.csv" in (errors["settle.surrogate"].last_error or "")
         refused = errors["settle.refused"].last_error or ""
         assert "result could not be stored" in refused and "refused by the test trigger" in refused
+        print(f"\n{store.kind}: {len(good)} good jobs completed, attempts 1 each; worker exit 0")
+        for name, r in errors.items():
+            print(f"  {name}: {r.state.value}, attempts {r.attempts}: {r.last_error!r}"[:240])
 
 
 async def hold_a_finished_result(driver: Driver, tmp_path: Path) -> tuple[str, Path]:
@@ -202,6 +205,10 @@ async def test_a_result_unwritable_at_sigterm_is_written_or_named(
                 code = await proc.exit_code(within=2 + 1 + 0.5)
                 took = trio.current_time() - sent
         log = proc.output()
+        print(f"\n{store.kind}, lock {lock}: exit {code} {took:.2f} s after SIGTERM (--grace 2)")
+        for line in log.splitlines():
+            if "settle-abandoned" in line or "lifecycle.abandoned" in line:
+                print("  " + line[:300])
         if lock == "kept":
             assert code != 0 and took <= 2 + 1, (code, took, log)
             assert "jobs.worker.settle-abandoned" in log and job_id in log
@@ -210,6 +217,7 @@ async def test_a_result_unwritable_at_sigterm_is_written_or_named(
             assert code == 0, log
             assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, '{"held":true}')
             assert "settle-abandoned" not in log
+            print(f"  job {r.state.value}, attempts {r.attempts}, result {r.result}")
 
 
 def spans(log: Path) -> list[tuple[float, float, str]]:

@@ -18,8 +18,9 @@ from jobs_trio import Registry
 from jobs_trio.attempt import Outcome
 from jobs_trio.backoff import Backoff
 from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.errors import ValueRefused
 from jobs_trio.lifecycle import Lifecycle
-from jobs_trio.records import JobState, Retry
+from jobs_trio.records import Complete, JobState, Retry
 from jobs_trio.run_scope import DRAINING, RunScope
 
 from .guest_trio import GuestTrio
@@ -128,6 +129,12 @@ class CheckingDriver(MemoryDriver):
         self.gate = trio.Event()
         self.returned_while_drained: list[str] = []  # tokens that came back after the drain
         self.drained: Any = lambda: False
+        # The settle path's faults: results the database refuses, and a database that stalls
+        # (its settles wait for `settles_open`).
+        self.refuse_results = False
+        self.settles_open = trio.Event()
+        self.settles_open.set()
+        self.written: set[str] = set()  # tokens whose settlement (or its replacement) applied
 
     async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
         claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
@@ -140,7 +147,11 @@ class CheckingDriver(MemoryDriver):
         return claims
 
     async def settle(self, settlements: Any) -> Any:
+        await self.settles_open.wait()
+        if self.refuse_results and any(isinstance(s, Complete) for s in settlements):
+            raise ValueRefused("the machine's database refuses results now", fix="none")
         applied = await super().settle(settlements)
+        self.written.update(s.lease.token for s in settlements if s.lease.job_id in applied)
         for s in settlements:
             if isinstance(s, Retry) and not s.counts_as_attempt and s.lease.job_id in applied:
                 after = self._jobs[s.lease.job_id].attempts
@@ -177,6 +188,7 @@ class ShutdownMachine(RuleBasedStateMachine):
         self.returned_verdicts: list[tuple[Outcome, RunScope]] = []  # bodies that returned
         self.driver.drained = lambda: self.worker._drain.cause is not None
         self.failures: list[str] = []
+        self.reported: set[str] = set()  # job ids a teardown named as abandoned
         self._real_run_attempt = worker_module.run_attempt
         worker_module.run_attempt = self._recording_run_attempt
 
@@ -297,6 +309,24 @@ class ShutdownMachine(RuleBasedStateMachine):
         with self.bodies.lock:
             return {job for job, n in self.bodies.running.items() if n > 0}
 
+    @rule(refused=st.booleans())
+    def results_refused(self, refused: bool) -> None:
+        """The database starts (or stops) refusing every result it is asked to store."""
+        self.driver.refuse_results = refused
+
+    @rule()
+    def database_stalls(self) -> None:
+        """Settles stop reaching the database: they wait until it recovers."""
+        if self.driver.settles_open.is_set():
+            self.driver.settles_open = trio.Event()
+
+    @rule()
+    def database_recovers(self) -> None:
+        async def open_gate() -> None:
+            self.driver.settles_open.set()
+
+        self.trio.call(open_gate)
+
     @rule()
     def claims_stall(self) -> None:
         """From now on a claim that commits takes a while to come back to the worker."""
@@ -338,6 +368,26 @@ class ShutdownMachine(RuleBasedStateMachine):
             assert outcome.seconds == 0, f"its body ran: {outcome}"
 
     @invariant()
+    def every_finished_body_is_written_or_reported(self) -> None:  # 1
+        """Once a teardown is over, every attempt that ended with something to write has it
+        written (or its storable replacement, for a refused result), was fenced (its claim no
+        longer current), or was named as abandoned."""
+        if self.worker.state != "stopped":
+            return
+        self.reported.update(self.worker.stats().abandoned)
+        for outcome, run, *_ in self.verdicts:
+            if outcome.settlement is None:
+                continue
+            token = run.claim.token
+            # Fenced: the claim is no longer the job's current one (its lease lapsed and a
+            # newer claim took the job, or buried it): the write was refused, as it must be.
+            fenced = self.driver._tokens.get(run.job_id) != token
+            assert token in self.driver.written or fenced or run.job_id in self.reported, (
+                f"{outcome.kind} of {outcome.name} {outcome.job_id} was neither written nor "
+                "reported abandoned"
+            )
+
+    @invariant()
     def nothing_enqueued_is_lost(self) -> None:  # 1
         for job_id in self.enqueued:
             record = self.driver._jobs.get(job_id)
@@ -364,6 +414,8 @@ class ShutdownMachine(RuleBasedStateMachine):
             # Read in the guest run: a scope's deadline check needs Trio's clock.
             reasons = self.trio.call(self._held_reasons)
             for run, reason in reasons:
+                if run.settling:
+                    continue  # its body has ended; only its settlement waits to be written
                 assert reason is not None, (
                     f"job {run.job_id} ({run.claim.name}) still runs uncancelled after the "
                     f"shutdown at {self.drained_at}"

@@ -36,10 +36,12 @@ class Drain:
         """Cancel every held run, the first ``cause`` kept; answer how many were told."""
         if self.cause is None:
             self.cause = cause
-        held = list(self._held.values())
-        for run in held:
+        # A run whose body has ended is held only until its settlement is written: there is
+        # nothing left of it to stop, and its verdict is already given.
+        running = [run for run in self._held.values() if not run.settling]
+        for run in running:
             run.cancel(DRAINING, self.cause)
-        return len(held)
+        return len(running)
 
     @property
     def held(self) -> list[RunScope]:

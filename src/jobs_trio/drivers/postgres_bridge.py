@@ -176,8 +176,9 @@ class Bridge:
         ):
             return ValueRefused(
                 f"PostgreSQL refused a value during {what}: [{sqlstate}] {exc}",
-                fix="change the value: PostgreSQL stores no NUL character in text, and"
-                " integers only from -2147483648 to 2147483647; retrying fails the same way",
+                fix="change the value: the database refuses it as it is (a constraint or"
+                " trigger, a value too large; PostgreSQL stores no NUL character in text, and"
+                " integers only from -2147483648 to 2147483647); retrying fails the same way",
             )
         if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
             return ConfigError(
