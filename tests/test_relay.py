@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Sequence
 
 import pytest
@@ -172,3 +174,18 @@ async def test_accept_ends_the_wait_between_passes_at_once(
             await lifecycle.shutdown("SIGTERM")
             assert trio.current_time() == started
             assert relay.state == "stopped"
+
+
+async def test_open_relay_stops_on_sigterm_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.test_lifecycle import _OwnSigterm
+
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    app, store = drivers()
+    with _OwnSigterm() as unhandled, trio.fail_after(10):
+        async with jobs_trio.open_relay(app, store, poll_interval=3600) as relay:
+            await app.outbox_write([new_job(payload={"n": 1})])
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep_forever()  # the shutdown ends the block
+    assert unhandled.received == 0
+    assert "jobs.relay.lifecycle-opened" in caplog.text
+    assert relay._lifecycle is not None and relay._lifecycle.reason == "SIGTERM"

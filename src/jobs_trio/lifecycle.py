@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -182,3 +183,25 @@ async def open_lifecycle(
             with lifecycle._body_scope:
                 yield lifecycle
             nursery.cancel_scope.cancel()
+
+
+async def open_own_lifecycle(
+    stack: contextlib.AsyncExitStack, *, what: str, name: str, grace: float
+) -> Lifecycle | None:
+    """The lifecycle a worker or relay opens for itself when the application passed none:
+    draining is on by default, so SIGTERM and SIGINT stop it gracefully and then end its block.
+    None outside the main thread, where no signal can reach a Trio run (said in a log line)."""
+    if threading.current_thread() is not threading.main_thread():
+        fields: dict[str, object] = {what: name}
+        log_event(
+            f"jobs.{what}.no-drain",
+            logging.INFO,
+            **fields,
+            why="not in the main thread, so no signal can reach it",
+            fix="pass lifecycle= from the main thread's open_lifecycle(), or "
+            "drain_on_shutdown=False to silence this",
+        )
+        return None
+    opened: dict[str, object] = {what: name, "grace": grace}
+    log_event(f"jobs.{what}.lifecycle-opened", logging.INFO, **opened)
+    return await stack.enter_async_context(open_lifecycle(grace=grace))

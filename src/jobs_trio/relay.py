@@ -16,6 +16,7 @@ import trio
 
 from .driver import Driver
 from .errors import ConfigError, JobsError
+from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
 from .outbox import Outbox
@@ -174,15 +175,28 @@ class Relay:
 
 @contextlib.asynccontextmanager
 async def open_relay(
-    outbox: Outbox | Driver, driver: Driver, **options: Any
+    outbox: Outbox | Driver,
+    driver: Driver,
+    *,
+    lifecycle: Lifecycle | None = None,
+    drain_on_shutdown: bool = True,
+    grace: float = 25.0,
+    **options: Any,
 ) -> AsyncIterator[Relay]:
     """Run a relay for the duration of the block; leaving it stops the relay (the pass in
-    flight finishes). With ``lifecycle=`` a shutdown stops it first (see ``Relay.accept``)."""
-    relay = Relay(outbox, driver, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(relay.run)
-        try:
-            yield relay
-        finally:
-            with trio.CancelScope(shield=True):
-                await relay.stop()
+    flight finishes). A shutdown stops it first (see ``Relay.accept``): like the worker's
+    drain this is on by default — given no ``lifecycle``, a relay opened in the main thread
+    opens one of its own (``grace`` seconds); ``drain_on_shutdown=False`` opts out."""
+    relay = Relay(outbox, driver, lifecycle=lifecycle, **options)
+    async with contextlib.AsyncExitStack() as stack:
+        if lifecycle is None and drain_on_shutdown:
+            relay._lifecycle = await open_own_lifecycle(
+                stack, what="relay", name=relay.relay_id, grace=grace
+            )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay.run)
+            try:
+                yield relay
+            finally:
+                with trio.CancelScope(shield=True):
+                    await relay.stop()

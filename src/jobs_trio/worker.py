@@ -7,7 +7,6 @@ import functools
 import logging
 import os
 import socket
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from .drain import Drain
 from .driver import Driver
 from .errors import ConfigError, DriverError, JobDrained
 from .lease_renewal import renew_leases
+from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
 from .records import Claim, QueueStats
@@ -563,7 +563,9 @@ async def open_worker(
     with unwrap_single_error():
         async with contextlib.AsyncExitStack() as stack:
             if lifecycle is None and drain_on_shutdown:
-                worker._lifecycle = await _own_lifecycle(stack, worker, grace)
+                worker._lifecycle = await open_own_lifecycle(
+                    stack, what="worker", name=worker.worker_id, grace=grace
+                )
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)
                 try:
@@ -575,22 +577,3 @@ async def open_worker(
                         await worker.stop()
                     raise
                 await worker.stop()
-
-
-async def _own_lifecycle(
-    stack: contextlib.AsyncExitStack, worker: Worker, grace: float
-) -> Lifecycle | None:
-    from .lifecycle import open_lifecycle
-
-    if threading.current_thread() is not threading.main_thread():
-        # Signals reach only the main thread's Trio run: no drain is possible from here.
-        log_event(
-            "jobs.worker.no-drain",
-            worker=worker.worker_id,
-            why="not in the main thread, so no signal can reach this worker",
-            fix="pass lifecycle= from the main thread's open_lifecycle(), or "
-            "drain_on_shutdown=False to silence this",
-        )
-        return None
-    log_event("jobs.worker.lifecycle-opened", worker=worker.worker_id, grace=grace)
-    return await stack.enter_async_context(open_lifecycle(grace=grace))
