@@ -18,6 +18,7 @@ from ..errors import ConfigError, DriverError, JobsError
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
+    cancel_instead,
     check_retry,
     found,
     key_held,
@@ -778,6 +779,8 @@ def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
     """The unnest arrays for one kind's statement, in its parameter order after ``now``."""
     ids = [s.lease.job_id for s in group]
     tokens = [s.lease.token for s in group]
+    # What each becomes if an operator's cancel is pending: the SQL picks it by the row's flag.
+    cancelled = [instead.error for s in group if (instead := cancel_instead(s)) is not None]
     if kind == "complete":
         return [ids, tokens, [s.result for s in group]]
     if kind == "retry":
@@ -787,11 +790,12 @@ def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
             [float(s.delay) for s in group],
             [s.error for s in group],
             [bool(s.counts_as_attempt) for s in group],
+            cancelled,
         ]
     if kind == "suspend":
-        return [ids, tokens, [float(s.delay) for s in group], [s.event for s in group]]
+        return [ids, tokens, [float(s.delay) for s in group], [s.event for s in group], cancelled]
     if kind == "park":
-        return [ids, tokens, [s.reason for s in group]]
+        return [ids, tokens, [s.reason for s in group], cancelled]
     return [ids, tokens, [s.error for s in group]]  # dead, cancel
 
 
