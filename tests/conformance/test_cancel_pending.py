@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import trio
+from prometheus_client import CollectorRegistry
 
+from jobs_trio import Registry
+from jobs_trio.backoff import Backoff
 from jobs_trio.driver import Driver
+from jobs_trio.metrics import Metrics
 from jobs_trio.operator_transitions import OPERATOR_CANCEL_ERROR
 from jobs_trio.records import (
     CancelJob,
@@ -19,6 +24,7 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
+from jobs_trio.worker import Worker
 from tests.conftest import ManualClock
 
 from .helpers import claim_one, enqueue_one
@@ -135,3 +141,35 @@ async def test_a_batch_cancels_only_the_flagged_job(driver: Driver) -> None:
     assert other_record.last_error == "boom"
     [again] = await driver.claim(["default"], 5, lease=30, worker_id="w")
     assert again.job_id == other
+
+
+async def test_a_worker_whose_body_fails_before_the_renewal_leaves_the_job_cancelled(
+    driver: Driver,
+) -> None:
+    # The whole race through a worker: the operator cancels while the body runs, the body raises
+    # before any renewal could tell the worker, and the job still never runs again.
+    registry = Registry()
+    started, go = trio.Event(), trio.Event()
+    runs = 0
+
+    @registry.job("report", attempts=5, backoff=Backoff(base=0, jitter=0))
+    async def report(ctx: object, payload: None) -> None:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await go.wait()
+        raise RuntimeError("upstream down")
+
+    job_id = await report.enqueue(driver)
+    w = Worker(
+        driver, registry, lease=3600, stats_interval=None, metrics=Metrics(CollectorRegistry())
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.tick)
+        await started.wait()
+        await driver.cancel(job_id)
+        go.set()
+    record = await driver.get(job_id)
+    assert record is not None and record.state is JobState.CANCELLED
+    assert record.last_error is not None and "upstream down" in record.last_error
+    assert await w.tick() == [] and runs == 1
