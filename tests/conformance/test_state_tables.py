@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from jobs_trio.driver import Driver
+from jobs_trio.drivers.memory import LAPSED_ERROR
 from jobs_trio.errors import InvalidTransition
 from jobs_trio.operator_transitions import OPERATOR_CANCEL_ERROR
 from jobs_trio.records import (
@@ -161,16 +162,32 @@ CLAIMABLE_LATER = {
 @pytest.mark.parametrize("state", STATES)
 async def test_claim(driver: Driver, manual_clock: ManualClock, state: str) -> None:
     placed = await place(driver, manual_clock, state)
-    now = await driver.claim(["default"], 5, lease=LEASE, worker_id="w2")
-    assert [c.job_id for c in now] == ([placed.job_id] if state in CLAIMABLE_NOW else [])
-    if now:
-        return
-    await unchanged(driver, placed)
-    manual_clock.advance(max(WAIT, LEASE) + 1)
-    later = await driver.claim(["default"], 5, lease=LEASE, worker_id="w2")
-    assert [c.job_id for c in later] == ([placed.job_id] if state in CLAIMABLE_LATER else [])
-    if not later:
+    claims = await driver.claim(["default"], 5, lease=LEASE, worker_id="w2")
+    assert [c.job_id for c in claims] == ([placed.job_id] if state in CLAIMABLE_NOW else [])
+    if not claims:
         await unchanged(driver, placed)
+        manual_clock.advance(max(WAIT, LEASE) + 1)
+        claims = await driver.claim(["default"], 5, lease=LEASE, worker_id="w2")
+        assert [c.job_id for c in claims] == ([placed.job_id] if state in CLAIMABLE_LATER else [])
+    if not claims:
+        await unchanged(driver, placed)
+        return
+    [claim] = claims
+    before, now = placed.record, manual_clock.now
+    assert claim.attempt == before.attempts + 1 and claim.lease_until == now + LEASE
+    # A lapsed run is claimed again with the lapse recorded, and a cancel its operator asked
+    # for still pending: the new run hears it at its first renewal (or its settlement).
+    expected = attrs.evolve(
+        before,
+        state=JobState.RUNNING,
+        attempts=before.attempts + 1,
+        lease_until=now + LEASE,
+        worker_id="w2",
+        wait_event=None,
+        last_error=LAPSED_ERROR if state in RUNNING else before.last_error,
+        updated_at=now,
+    )
+    assert await driver.get(placed.job_id) == expected
 
 
 @pytest.mark.parametrize("state", STATES)
@@ -245,3 +262,21 @@ async def test_get_and_list(driver: Driver, manual_clock: ManualClock, state: st
     for other in others:
         assert list(await driver.list_jobs(state=other)) == []
     assert list(await driver.list_jobs(queue="elsewhere")) == []
+
+
+async def test_stats_answer_one_entry_per_queue_in_name_order(driver: Driver) -> None:
+    await driver.enqueue([new_job(queue=q) for q in ("zq", "aq", "mq", "aq")])
+    stats = await driver.stats()
+    assert [(s.queue, dict(s.depth), s.due) for s in stats] == [
+        ("aq", {"ready": 2}, 2),
+        ("mq", {"ready": 1}, 1),
+        ("zq", {"ready": 1}, 1),
+    ]
+
+
+async def test_a_claim_of_limit_zero_takes_nothing(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    placed = await place(driver, manual_clock, "ready-due")
+    assert await driver.claim(["default"], 0, lease=LEASE, worker_id="w2") == []
+    await unchanged(driver, placed)
