@@ -272,3 +272,20 @@ async def test_a_queue_named_twice_is_claimed_once(driver: Driver) -> None:
     claims = await driver.claim(["q1", "q1"], 10, lease=30, worker_id="w")
     assert sorted(c.job_id for c in claims) == sorted(j.job_id for j in jobs)
     assert len({c.token for c in claims}) == 3
+
+
+async def test_the_answer_follows_the_batch_order_of_the_settlements_applied(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # A stale settlement of a job ahead of its current one: the job's place in the answer is
+    # the current settlement's, as if the batch were applied one at a time.
+    a, b = new_job(queue="q1", attempts=4), new_job(queue="q2", attempts=4)
+    await driver.enqueue([a, b])
+    [old_a] = await driver.claim(["q1"], 1, lease=10, worker_id="w")
+    manual_clock.advance(11)
+    [new_a] = await driver.claim(["q1"], 1, lease=30, worker_id="w2")
+    [claim_b] = await driver.claim(["q2"], 1, lease=30, worker_id="w2")
+    answer = await driver.settle(
+        [Complete(old_a.lease), Complete(claim_b.lease), Complete(new_a.lease)]
+    )
+    assert answer == [b.job_id, a.job_id]

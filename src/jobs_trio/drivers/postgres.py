@@ -323,22 +323,27 @@ class PostgresDriver:
         for s in firsts.values():
             by_kind.setdefault(_KIND[type(s)], []).append(s)
 
-        async def apply(conn: Connection) -> set[JobId]:
+        async def apply(conn: Connection) -> set[tuple[JobId, str]]:
             if len(by_kind) > 1:
                 await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
-            applied: set[JobId] = set()
+            applied: set[tuple[JobId, str]] = set()
             for kind, group in by_kind.items():
                 rows = await conn.fetch(
                     sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(kind, group)
                 )
-                applied.update(row["id"] for row in rows)
+                applied.update((row["id"], row["token"]) for row in rows)
             return applied
 
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
-        # In the caller's order, each id once, as the memory driver answers.
-        return list(dict.fromkeys(s.lease.job_id for s in settlements if s.lease.job_id in applied))
+        # In the caller's order, each id once, as the memory driver answers: placed by the
+        # settlement that applied (by its token), not by a stale one of the same job before it.
+        return list(
+            dict.fromkeys(
+                s.lease.job_id for s in settlements if (s.lease.job_id, s.lease.token) in applied
+            )
+        )
 
     # --- operators ---
 

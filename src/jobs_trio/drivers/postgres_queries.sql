@@ -146,12 +146,12 @@ WITH locked AS MATERIALIZED (
     FROM ({kind_rows}) AS s
     WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
       AND j.id IN (SELECT id FROM locked)
-    RETURNING j.id, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now
+    RETURNING j.id, s.token, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now
 ), notified AS (
     -- A job ready again at once (an interrupted attempt, a drain) is for any worker to take.
     SELECT pg_notify($2, queue) FROM (SELECT DISTINCT queue FROM settled WHERE ready_now) AS w
 )
-SELECT id FROM settled, (SELECT count(*) FROM notified) AS sent;
+SELECT id, token FROM settled, (SELECT count(*) FROM notified) AS sent;
 
 -- name: settle_complete_rows
 SELECT *, false AS ready_now
