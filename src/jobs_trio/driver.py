@@ -58,7 +58,8 @@ class Driver(Protocol):
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         """Apply each settlement whose token is still current; answer the ids applied. A stale
-        token changes nothing (fencing)."""
+        token changes nothing (fencing). With an operator's cancel pending, an ending that would
+        leave the job live ends it cancelled (``operator_transitions.cancel_instead``)."""
         ...
 
     async def get(self, job_id: JobId) -> JobRecord | None: ...
@@ -66,7 +67,7 @@ class Driver(Protocol):
     async def list_jobs(
         self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
     ) -> Sequence[JobRecord]:
-        """Newest first."""
+        """Newest first; jobs of one batch (equal ``created_at``) by id, descending."""
         ...
 
     async def retry(self, job_id: JobId) -> JobRecord:

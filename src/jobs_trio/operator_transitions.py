@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from .errors import InvalidTransition, JobNotFound
-from .records import JobId, JobRecord, JobState
+from .records import CancelJob, JobId, JobRecord, JobState, Park, Retry, Settlement, Suspend
 
 T = TypeVar("T")
 
@@ -49,3 +49,23 @@ def cancel_flags_only(record: JobRecord) -> bool:
         f"job {record.id} is {record.state.value} and can no longer be cancelled",
         fix="nothing to do: it has finished",
     )
+
+
+def cancel_instead(settlement: Settlement) -> CancelJob | None:
+    """What a settlement becomes when an operator's cancel is pending on its job: an ending that
+    would leave the job live (a retry, an interrupted attempt, a suspension, a park) ends it
+    cancelled instead, its attempt counted, as a cancel heard at renewal would have. None for an
+    ending that already finishes the job (completed, dead, cancelled): that one stands.
+
+    Without this the flag was cleared by the settlement and the job ran again: the operator
+    asked it to stop, and its body failing before the next renewal must not undo that. The
+    drivers apply it under the settlement's own fence, in the same write (for PostgreSQL in the
+    settle SQL, with this function's text as a column)."""
+    match settlement:
+        case Retry(error=ended) | Park(reason=ended):
+            return CancelJob(
+                settlement.lease, f"{OPERATOR_CANCEL_ERROR} (the attempt ended first: {ended})"
+            )
+        case Suspend():
+            return CancelJob(settlement.lease, OPERATOR_CANCEL_ERROR)
+    return None

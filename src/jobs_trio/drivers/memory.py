@@ -15,6 +15,7 @@ from ..errors import ConfigError, ValueRefused
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
+    cancel_instead,
     check_retry,
     found,
     key_held,
@@ -284,6 +285,8 @@ class MemoryDriver:
             record = self._current(s.lease)
             if record is None:
                 continue
+            if record.cancel_requested:
+                s = cancel_instead(s) or s
             self._tokens.pop(record.id, None)
             done = dict(lease_until=None, worker_id=None, cancel_requested=False)
             if isinstance(s, Complete):

@@ -18,6 +18,7 @@ from ..errors import ConfigError, DriverError, JobsError
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
+    cancel_instead,
     check_retry,
     found,
     key_held,
@@ -322,22 +323,27 @@ class PostgresDriver:
         for s in firsts.values():
             by_kind.setdefault(_KIND[type(s)], []).append(s)
 
-        async def apply(conn: Connection) -> set[JobId]:
+        async def apply(conn: Connection) -> set[tuple[JobId, str]]:
             if len(by_kind) > 1:
                 await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
-            applied: set[JobId] = set()
+            applied: set[tuple[JobId, str]] = set()
             for kind, group in by_kind.items():
                 rows = await conn.fetch(
                     sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(kind, group)
                 )
-                applied.update(row["id"] for row in rows)
+                applied.update((row["id"], row["token"]) for row in rows)
             return applied
 
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
-        # In the caller's order, each id once, as the memory driver answers.
-        return list(dict.fromkeys(s.lease.job_id for s in settlements if s.lease.job_id in applied))
+        # In the caller's order, each id once, as the memory driver answers: placed by the
+        # settlement that applied (by its token), not by a stale one of the same job before it.
+        return list(
+            dict.fromkeys(
+                s.lease.job_id for s in settlements if (s.lease.job_id, s.lease.token) in applied
+            )
+        )
 
     # --- operators ---
 
@@ -778,6 +784,8 @@ def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
     """The unnest arrays for one kind's statement, in its parameter order after ``now``."""
     ids = [s.lease.job_id for s in group]
     tokens = [s.lease.token for s in group]
+    # What each becomes if an operator's cancel is pending: the SQL picks it by the row's flag.
+    cancelled = [instead.error for s in group if (instead := cancel_instead(s)) is not None]
     if kind == "complete":
         return [ids, tokens, [s.result for s in group]]
     if kind == "retry":
@@ -787,11 +795,12 @@ def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
             [float(s.delay) for s in group],
             [s.error for s in group],
             [bool(s.counts_as_attempt) for s in group],
+            cancelled,
         ]
     if kind == "suspend":
-        return [ids, tokens, [float(s.delay) for s in group], [s.event for s in group]]
+        return [ids, tokens, [float(s.delay) for s in group], [s.event for s in group], cancelled]
     if kind == "park":
-        return [ids, tokens, [s.reason for s in group]]
+        return [ids, tokens, [s.reason for s in group], cancelled]
     return [ids, tokens, [s.error for s in group]]  # dead, cancel
 
 

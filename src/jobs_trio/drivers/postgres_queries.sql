@@ -146,12 +146,12 @@ WITH locked AS MATERIALIZED (
     FROM ({kind_rows}) AS s
     WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
       AND j.id IN (SELECT id FROM locked)
-    RETURNING j.id, j.queue, s.ready_now
+    RETURNING j.id, s.token, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now
 ), notified AS (
     -- A job ready again at once (an interrupted attempt, a drain) is for any worker to take.
     SELECT pg_notify($2, queue) FROM (SELECT DISTINCT queue FROM settled WHERE ready_now) AS w
 )
-SELECT id FROM settled, (SELECT count(*) FROM notified) AS sent;
+SELECT id, token FROM settled, (SELECT count(*) FROM notified) AS sent;
 
 -- name: settle_complete_rows
 SELECT *, false AS ready_now
@@ -162,14 +162,18 @@ state = 'completed', result = s.result;
 
 -- name: settle_retry_rows
 SELECT *, delay <= 0 AS ready_now
-FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[], $7::bool[])
-    AS u(id, token, delay, error, counted);
+FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[], $7::bool[], $8::text[])
+    AS u(id, token, delay, error, counted, cancelled);
 
 -- name: settle_retry_set
--- counted = false hands the attempt back (an interrupted run).
-state = 'ready', run_at = $1 + greatest(s.delay, 0),
-attempts = j.attempts - CASE WHEN s.counted THEN 0 ELSE 1 END,
-last_error = s.error;
+-- counted = false hands the attempt back (an interrupted run). Here and in suspend and park: an
+-- operator's pending cancel ends the job cancelled instead, its attempt counted and s.cancelled
+-- its error (operator_transitions.cancel_instead, which holds the rule); in this one statement,
+-- so a cancel request that commits while it runs is seen on the row it re-reads.
+state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
+run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE $1 + greatest(s.delay, 0) END,
+attempts = j.attempts - CASE WHEN s.counted OR j.cancel_requested THEN 0 ELSE 1 END,
+last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.error END;
 
 -- name: settle_dead_rows
 SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, error);
@@ -179,19 +183,27 @@ state = 'dead', last_error = s.error;
 
 -- name: settle_suspend_rows
 SELECT *, delay <= 0 AS ready_now
-FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[]) AS u(id, token, delay, event);
+FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[], $7::text[])
+    AS u(id, token, delay, event, cancelled);
 
 -- name: settle_suspend_set
--- A suspension hands its attempt back: waiting is not failing.
-state = 'suspended', run_at = $1 + greatest(s.delay, 0), attempts = j.attempts - 1,
-wait_event = s.event;
+-- A suspension hands its attempt back: waiting is not failing. A pending cancel: see retry.
+state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'suspended' END,
+run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE $1 + greatest(s.delay, 0) END,
+attempts = j.attempts - CASE WHEN j.cancel_requested THEN 0 ELSE 1 END,
+wait_event = CASE WHEN j.cancel_requested THEN j.wait_event ELSE s.event END,
+last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE j.last_error END;
 
 -- name: settle_park_rows
-SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, reason);
+SELECT *, false AS ready_now
+FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS u(id, token, reason, cancelled);
 
 -- name: settle_park_set
 -- Parked for deploy skew (a job name this deploy does not know): the attempt is handed back.
-state = 'parked', attempts = j.attempts - 1, last_error = s.reason;
+-- A pending cancel: see retry.
+state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'parked' END,
+attempts = j.attempts - CASE WHEN j.cancel_requested THEN 0 ELSE 1 END,
+last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.reason END;
 
 -- name: settle_cancel_rows
 SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, error);

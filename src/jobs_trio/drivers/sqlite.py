@@ -29,6 +29,7 @@ from ..errors import (
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
+    cancel_instead,
     check_retry,
     found,
     key_held,
@@ -396,6 +397,15 @@ def _refuse_a_connection(connection: object | None, doing: str) -> None:
 
 def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
     """One fenced UPDATE; True when the lease's token was still the job's current one."""
+    instead = cancel_instead(s)
+    # An operator's pending cancel turns an ending that would leave the job live into a cancel;
+    # tried first, fenced and only where the flag is set, in the batch's one transaction.
+    if instead is not None and _write_settlement(conn, instead, now, " AND cancel_requested = 1"):
+        return True
+    return _write_settlement(conn, s, now)
+
+
+def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also: str = "") -> bool:
     values: tuple[object, ...]
     match s:
         case Complete(result=result):
@@ -417,7 +427,7 @@ def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
             raise TypeError(f"not a settlement: {s!r}")
     cursor = conn.execute(
         f"UPDATE jobs SET {changes}, lease_until = NULL, worker_id = NULL, cancel_requested = 0,"
-        f" token = NULL, updated_at = ? WHERE {_FENCE}",
+        f" token = NULL, updated_at = ? WHERE {_FENCE}{also}",
         (*values, now, s.lease.job_id, s.lease.token),
     )
     return cursor.rowcount == 1
