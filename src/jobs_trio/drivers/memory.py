@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
 
+from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import ConfigError, ValueRefused
 from ..operator_transitions import (
@@ -191,24 +192,26 @@ class MemoryDriver:
         return due
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
-        claimable = self._claimable(queues, now)
+        slots = ClaimSlots.of(queues, limit)
+        claimable = self._claimable(list(slots.caps), now)
         # Attempts are counted at claim, so a job that keeps killing its worker ends here
         # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
         # taken: bounded work, and the rest stay lapsed (due at once) for the next claim.
         exhausted = [r for r in claimable if _out_of_attempts(r)]
-        for record in exhausted[: max(limit, 0)]:
+        for record in exhausted[: slots.total]:
             self._dead_from_lapse(record)
         claims: list[Claim] = []
-        for record in claimable:
-            if len(claims) >= limit:
-                break
-            if _out_of_attempts(record):
-                continue
+        for record in slots.take((r.queue, r) for r in claimable if not _out_of_attempts(r)):
             token = new_token()
             last_error = record.last_error
             if record.state is JobState.RUNNING:

@@ -8,11 +8,12 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 
+from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import ConfigError, DriverError, JobsError
 from ..operator_transitions import (
@@ -63,6 +64,9 @@ class _FireTaken(JobsError):
     """A fire of this task and scheduled time is already on record: roll the advance back.
     A JobsError so the bridge hands it through as it is."""
 
+
+# How often wait_for_work looks while the LISTEN connection is down (it cannot be woken then).
+DEAF_POLL = 1.0
 
 # How often a unique-key enqueue looks again when the live job holding its key finished between
 # the insert (which saw it) and the lookup (which did not). Each round makes progress unless
@@ -241,28 +245,33 @@ class PostgresDriver:
     # --- claim, renew, settle ---
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
         self._check_open()
-        if limit <= 0 or not queues:
+        slots = ClaimSlots.of(queues, limit)
+        if not slots.caps:
             await trio.lowlevel.checkpoint()
             return []
         now = self.now()
         sql = self._sql
-
-        wanted = list(dict.fromkeys(queues))
 
         async def take(conn: Connection) -> list[Claim]:
             # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             rows = await conn.fetch(
                 sql["claim"],
                 now,
-                wanted,
-                limit,
+                list(slots.caps),
+                slots.total,
                 float(lease),
                 worker_id,
                 LAPSED_ERROR,
                 LAPSED_OUT_OF_ATTEMPTS,
+                list(slots.caps.values()),
             )
             return [
                 Claim(
@@ -448,6 +457,11 @@ class PostgresDriver:
                 due_in = math.inf
             if due_in <= 0:
                 return
+            if not self._listener.connected:
+                # Deaf until the LISTEN connection is back: a caller's slow safety poll would
+                # leave an enqueue unseen that long. (The listener wakes every waiter when it
+                # loses its connection and again when it has it back.)
+                timeout = min(timeout, DEAF_POLL)
             with trio.move_on_after(max(min(timeout, due_in), 0.0)):
                 await woken.wait()
 

@@ -13,12 +13,13 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import outcome
 import trio
 
+from ..claim_slots import ClaimSlots
 from ..current_transaction import SqliteOps, Transaction, owned, unwrap
 from ..errors import (
     ConfigError,
@@ -702,9 +703,14 @@ class SqliteDriver:
         return answers
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
-        wanted = list(dict.fromkeys(queues))
+        slots = ClaimSlots.of(queues, limit)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
             # Per queue and state, each read stops after `limit` rows in claim order (the
@@ -717,17 +723,17 @@ class SqliteDriver:
             # `state = 'running'` matches every row, and SQLite scans the whole table instead
             # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
             candidates: list[Any] = []
-            for queue in wanted:
+            for queue, cap in slots.caps.items():
                 for state in ("ready", "suspended"):
                     candidates += conn.execute(
-                        "SELECT priority, run_at, id, state, attempts, max_attempts"
+                        "SELECT priority, run_at, id, state, attempts, max_attempts, queue"
                         " FROM jobs INDEXED BY jobs_claim"
                         " WHERE queue = ? AND state = ? AND run_at <= ?"
                         " ORDER BY priority, run_at, id LIMIT ?",
-                        (queue, state, now, max(limit, 0)),
+                        (queue, state, now, cap),
                     ).fetchall()
                 candidates += conn.execute(
-                    "SELECT priority, run_at, id, state, attempts, max_attempts"
+                    "SELECT priority, run_at, id, state, attempts, max_attempts, queue"
                     " FROM jobs INDEXED BY jobs_next_due"
                     " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
                     (queue, now),
@@ -739,10 +745,10 @@ class SqliteDriver:
             exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
             dead = [
                 (lapsed_out_of_attempts(attempts), now, job_id)
-                for _, _, job_id, _, attempts, _ in exhausted[: max(limit, 0)]
+                for _, _, job_id, _, attempts, _, _ in exhausted[: slots.total]
             ]
             skipped = {row[2] for row in exhausted}
-            taken = [row[2] for row in candidates if row[2] not in skipped][: max(limit, 0)]
+            taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
             conn.executemany(
                 "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
                 " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
