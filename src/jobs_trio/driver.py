@@ -88,6 +88,12 @@ class Driver(Protocol):
 
     async def stats(self) -> Sequence[QueueStats]: ...
 
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        """``stats()`` for a fleet's workers to export: the first caller after ``interval``
+        seconds since the last turn reads ``stats()`` and stores it; every other caller gets
+        the stored observation from a one-row read (see fleet_stats.py)."""
+        ...
+
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
         """Return when a job in ``queues`` may have become claimable, or after ``timeout``.
         One look at the next due time for all ``queues`` at most; then a driver that hears

@@ -57,7 +57,8 @@ class WorkerStats:
     in_flight: int
     outcomes: Mapping[str, int]  # every outcome name, zero included
     abandoned: tuple[str, ...]  # job ids the last teardown gave up waiting for
-    # Each queue's depth as last observed (every stats_interval; empty until the first).
+    # Each queue's depth as the fleet last observed it (every stats_interval, by one worker of
+    # the fleet: at most two intervals old; empty until the first).
     queue_depth: tuple[QueueStats, ...] = ()
 
     @property
@@ -565,7 +566,10 @@ class Worker:
     async def _observe_queues(self, interval: float) -> None:
         while True:
             try:
-                observed = tuple(await self.driver.stats())
+                # The fleet's observation: one worker per interval reads the whole table, the
+                # others what it stored (issue 20: a full scan per worker every 15 s was an
+                # idle fleet's largest cost). `jobs-trio stats` still reads it exactly.
+                observed = tuple(await self.driver.fleet_stats(self.worker_id, interval))
                 self._queue_depth = observed
                 self._metrics.queues_observed(observed)
             except DriverError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -115,6 +116,9 @@ class MemoryDriver:
         # The outbox, oldest first (insertion order): job, when it is due, when it was written,
         # and until when a relay holds it.
         self._outbox: dict[JobId, _OutboxRow] = {}
+        # fleet_stats: when the last turn was taken, and what it observed.
+        self._fleet_turn_at = -math.inf
+        self._fleet_observed: tuple[QueueStats, ...] = ()
 
     def now(self) -> float:
         return self._clock()
@@ -393,6 +397,15 @@ class MemoryDriver:
                 )
             )
         return answers
+
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        if self._fleet_turn_at <= now - interval:
+            self._fleet_turn_at = now
+            self._fleet_observed = tuple(await self.stats())
+        return self._fleet_observed
 
     def _next_due_in(self, queues: Sequence[str]) -> float:
         now = self.now()

@@ -16,6 +16,8 @@ import trio
 from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import ConfigError, DriverError, JobsError
+from ..fleet_stats import decode as decode_fleet_stats
+from ..fleet_stats import encode as encode_fleet_stats
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -414,30 +416,29 @@ class PostgresDriver:
         now = self.now()
         sql = self._sql
 
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["stats"], now))
+        async def read(conn: Connection) -> list[QueueStats]:
+            return _queue_stats(await conn.fetch(sql["stats"], now), now)
 
-        rows = await self.bridge.run(read, what="stats")
-        by_queue: dict[str, list[Any]] = {}
-        for row in rows:
-            by_queue.setdefault(row["queue"], []).append(row)
-        answers = []
-        for queue in sorted(by_queue):
-            depth = {row["state"]: row["n"] for row in by_queue[queue]}
-            due = sum(row["due"] for row in by_queue[queue])
-            oldest_run_at = [
-                r["oldest_due"] for r in by_queue[queue] if r["oldest_due"] is not None
-            ]
-            answers.append(
-                QueueStats(
-                    queue=queue,
-                    depth=depth,
-                    due=due,
-                    oldest_ready_age=now - min(oldest_run_at) if oldest_run_at else None,
-                    dead=depth.get(JobState.DEAD.value, 0),
-                )
-            )
-        return answers
+        stats: list[QueueStats] = await self.bridge.run(read, what="stats")
+        return stats
+
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def observe(conn: Connection) -> list[QueueStats]:
+            turn = await conn.fetchrow(sql["fleet_stats_turn"], now, worker_id, float(interval))
+            if not turn["mine"]:
+                return decode_fleet_stats(turn["observed"])
+            # Not one transaction with the turn: the scan must not hold the row's lock, and a
+            # worker that dies here leaves the last observation, replaced an interval later.
+            stats = _queue_stats(await conn.fetch(sql["stats"], now), now)
+            await conn.execute(sql["fleet_stats_store"], encode_fleet_stats(stats))
+            return stats
+
+        observed: list[QueueStats] = await self.bridge.run(observe, what="fleet_stats")
+        return observed
 
     # --- wake-ups ---
 
@@ -828,6 +829,27 @@ async def _insert(
         sql.channel,
     )
     return {row["id"] for row in rows}
+
+
+def _queue_stats(rows: Sequence[Any], now: float) -> list[QueueStats]:
+    by_queue: dict[str, list[Any]] = {}
+    for row in rows:
+        by_queue.setdefault(row["queue"], []).append(row)
+    answers = []
+    for queue in sorted(by_queue):
+        depth = {row["state"]: row["n"] for row in by_queue[queue]}
+        due = sum(row["due"] for row in by_queue[queue])
+        oldest_run_at = [r["oldest_due"] for r in by_queue[queue] if r["oldest_due"] is not None]
+        answers.append(
+            QueueStats(
+                queue=queue,
+                depth=depth,
+                due=due,
+                oldest_ready_age=now - min(oldest_run_at) if oldest_run_at else None,
+                dead=depth.get(JobState.DEAD.value, 0),
+            )
+        )
+    return answers
 
 
 def _record(row: Any) -> JobRecord:

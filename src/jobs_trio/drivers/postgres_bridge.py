@@ -163,6 +163,16 @@ class Bridge:
                 fix="check the user and password in the URL, and the server's pg_hba.conf"
                 " entry for this host",
             )
+        if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+            # 53300: max_connections (or a role's or database's CONNECTION LIMIT) is used up.
+            # Retryable (slots free up), and the callers retry at their own pace (a failed
+            # claim waits poll_interval): the fix is capacity, which no retry brings.
+            return DriverError(
+                f"PostgreSQL at {self._where} has no connection slot left: {exc}",
+                fix="a worker holds up to pool_size + 1 connections (docs/drivers.md,"
+                " 'Connections'): lower pool_size, raise max_connections, or put PgBouncer"
+                " in front of the server",
+            )
         if isinstance(exc, ArgumentError | UnicodeError | OverflowError):
             # Refused on this side, while encoding the arguments (a lone surrogate, an int
             # past int8): nothing reached the server and the connection is fine.

@@ -246,6 +246,20 @@ FROM {schema}.jobs
 GROUP BY queue, state
 ORDER BY queue;
 
+-- name: fleet_stats_turn
+-- The compare-and-set that gives one worker per interval ($3 seconds) the full stats read
+-- (fleet_stats.py); every caller gets the stored observation with it (the row as it was before
+-- the UPDATE: the same snapshot), which a caller that took the turn replaces.
+WITH turn AS (
+    UPDATE {schema}.fleet_stats SET taken_at = $1::float8, worker_id = $2
+    WHERE id = 1 AND (taken_at IS NULL OR taken_at <= $1::float8 - $3::float8)
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM turn) AS mine, observed FROM {schema}.fleet_stats WHERE id = 1;
+
+-- name: fleet_stats_store
+UPDATE {schema}.fleet_stats SET observed = $1 WHERE id = 1;
+
 -- name: next_due
 -- The earliest moment a job in these queues may become claimable: a run-at, or a lease that
 -- will lapse. least() skips NULLs; NULL overall means nothing is coming. One index probe per

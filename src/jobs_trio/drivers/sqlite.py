@@ -27,6 +27,8 @@ from ..errors import (
     SchemaVersionError,
     ValueRefused,
 )
+from ..fleet_stats import decode as decode_fleet_stats
+from ..fleet_stats import encode as encode_fleet_stats
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -393,6 +395,35 @@ def _refuse_a_connection(connection: object | None, doing: str) -> None:
             "the SQLite driver cannot enlist in a caller's transaction",
             fix=f"{doing} without connection=, or use the PostgreSQL driver",
         )
+
+
+def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
+    depths: dict[str, dict[str, int]] = {}
+    for queue, state, count in conn.execute(
+        "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    ):
+        depths.setdefault(queue, {})[state] = count
+    due = {
+        queue: (count, oldest)
+        for queue, count, oldest in conn.execute(
+            "SELECT queue, count(*), min(run_at) FROM jobs"
+            " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
+            (now,),
+        )
+    }
+    answers = []
+    for queue in sorted(depths):
+        count, oldest = due.get(queue, (0, None))
+        answers.append(
+            QueueStats(
+                queue=queue,
+                depth=depths[queue],
+                due=count,
+                oldest_ready_age=None if oldest is None else now - oldest,
+                dead=depths[queue].get(JobState.DEAD.value, 0),
+            )
+        )
+    return answers
 
 
 def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
@@ -927,35 +958,28 @@ class SqliteDriver:
         return await self._transact(work)
 
     async def stats(self) -> Sequence[QueueStats]:
-        def work(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
-            depths: dict[str, dict[str, int]] = {}
-            for queue, state, count in conn.execute(
-                "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
-            ):
-                depths.setdefault(queue, {})[state] = count
-            due = {
-                queue: (count, oldest)
-                for queue, count, oldest in conn.execute(
-                    "SELECT queue, count(*), min(run_at) FROM jobs"
-                    " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
-                    (now,),
-                )
-            }
-            answers = []
-            for queue in sorted(depths):
-                count, oldest = due.get(queue, (0, None))
-                answers.append(
-                    QueueStats(
-                        queue=queue,
-                        depth=depths[queue],
-                        due=count,
-                        oldest_ready_age=None if oldest is None else now - oldest,
-                        dead=depths[queue].get(JobState.DEAD.value, 0),
-                    )
-                )
-            return answers
+        return await self._transact(_queue_stats, mode="read")
 
-        return await self._transact(work, mode="read")
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        def work(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
+            # The compare-and-set of the turn, under BEGIN IMMEDIATE: one process takes it.
+            turn = conn.execute(
+                "UPDATE fleet_stats SET taken_at = ?, worker_id = ?"
+                " WHERE id = 1 AND (taken_at IS NULL OR taken_at <= ?) RETURNING id",
+                (now, worker_id, now - interval),
+            ).fetchone()
+            if turn is None:
+                (observed,) = conn.execute(
+                    "SELECT observed FROM fleet_stats WHERE id = 1"
+                ).fetchone()
+                return decode_fleet_stats(observed)
+            stats = _queue_stats(conn, now)
+            conn.execute(
+                "UPDATE fleet_stats SET observed = ? WHERE id = 1", (encode_fleet_stats(stats),)
+            )
+            return stats
+
+        return await self._transact(work)
 
     # Wake-ups.
 
