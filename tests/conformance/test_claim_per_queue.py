@@ -40,8 +40,11 @@ async def test_lapsed_jobs_count_against_their_queues_cap(
     assert len(await driver.claim(["a"], 2, lease=5, worker_id="dies")) == 2
     manual_clock.advance(1)
     ready_a = await enqueue_one(driver, queue="a")
-    ready_b = [await enqueue_one(driver, queue="b") for _ in range(3)]
-    manual_clock.advance(10)  # both lapsed; they sort before the ready job (earlier run-at)
+    ready_b = []
+    for _ in range(3):
+        ready_b.append(await enqueue_one(driver, queue="b"))
+        manual_clock.advance(1)  # b's jobs in run-at order, not by their random ids
+    manual_clock.advance(7)  # both lapsed; they sort before the ready job (earlier run-at)
 
     claims = await driver.claim(["a", "b"], {"a": 2, "b": 1}, lease=10, worker_id="w")
 
