@@ -55,6 +55,7 @@ from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
+from .postgres_pooler import Pooler
 from .postgres_sql import Statements, load_statements
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
@@ -88,6 +89,8 @@ async def open_postgres_driver(
     drop_schema_on_close: bool = False,
     statement_timeout: float | None = None,
     lock_timeout: float | None = None,
+    pgbouncer: str | None = None,
+    listen_url: str | None = None,
 ) -> AsyncIterator[PostgresDriver]:
     """A driver on ``schema`` for as long as the block runs.
 
@@ -98,9 +101,13 @@ async def open_postgres_driver(
     own connection passed as ``connection=`` must live on the same loop (``driver.loop``).
     ``statement_timeout`` and ``lock_timeout`` (seconds; else the URL's
     ``?statement_timeout=30s&lock_timeout=2s``, else those defaults; 0 turns one off) bound every
-    statement the driver's own connections run. ``drop_schema_on_close`` is for tests."""
+    statement the driver's own connections run. ``pgbouncer`` ("session" or "transaction"; else
+    the URL's ``?pgbouncer=``) says PgBouncer stands in between, and ``listen_url`` (else the URL's
+    ``?listen_host=&listen_port=``) where LISTEN connects directly (postgres_pooler.py,
+    docs/drivers.md). ``drop_schema_on_close`` is for tests."""
     statements = load_statements(schema)
     session = session_settings(url, statement_timeout=statement_timeout, lock_timeout=lock_timeout)
+    pooler = Pooler.of(url, pgbouncer, listen_url)
     with sole_error():
         async with (
             open_bridge(
@@ -109,6 +116,7 @@ async def open_postgres_driver(
                 pool_size=pool_size,
                 application_name=f"jobs_trio:{schema}",
                 session=session,
+                pooler=pooler,
             ) as bridge,
             _open_on(bridge, statements, clock, migrate, drop_schema_on_close) as driver,
         ):
@@ -132,7 +140,10 @@ async def _open_on(
     driver = PostgresDriver(bridge.url, bridge, statements, listener, clock)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(listener.run)
+            if bridge.pooler.listen_url is not None:
+                await nursery.start(listener.run)
+            # else PgBouncer in transaction mode and no direct connection: no LISTEN can hold,
+            # so wait_for_work polls (DEAF_POLL) while `listening` stays False.
             try:
                 yield driver
             finally:
