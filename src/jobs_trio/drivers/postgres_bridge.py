@@ -176,6 +176,13 @@ class Bridge:
                 fix="check the user and password in the URL, and the server's pg_hba.conf"
                 " entry for this host",
             )
+        if "unsupported startup parameter" in str(exc):
+            # PgBouncer's answer to the session settings sent at startup (a direct connect).
+            return ConfigError(
+                f"a connection pooler at {self._where} refused a startup parameter: {exc}",
+                fix="add ?pgbouncer=session (or ?pgbouncer=transaction) to the URL: the driver"
+                " then sends its settings another way (docs/drivers.md, 'PgBouncer')",
+            )
         if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
             # 53300: max_connections (or a role's or database's CONNECTION LIMIT) is used up.
             # Retryable (slots free up), and the callers retry at their own pace (a failed
