@@ -73,7 +73,12 @@ def _default_worker_id() -> str:
 class Worker:
     """Runs the jobs of ``registry`` from ``driver``. Start it with ``nursery.start(worker.run)``
     or ``async with open_worker(...)``; stop it with ``stop()`` (waits, cancels nothing) or let
-    a lifecycle's shutdown drain it (interrupts every held run at once)."""
+    a lifecycle's shutdown drain it (interrupts every held run at once).
+
+    One claim loop serves every queue: each round claims for all queues with a free slot,
+    each up to ``concurrency`` (an int for all, or per queue). Idle, it waits for its driver's
+    wake-up and looks again at least every ``safety_poll`` seconds; ``poll_interval`` is the
+    pause after a failed claim. ``stats_interval`` paces the queue gauges (``fleet_stats``)."""
 
     def __init__(
         self,
