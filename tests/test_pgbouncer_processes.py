@@ -49,7 +49,10 @@ async def a_pgbouncer(tmp_path: Path, server: str, mode: str) -> AsyncIterator[s
     """A PgBouncer in ``mode`` in front of ``server``; answers the host:port to connect to.
     Its process is ours: terminated and waited for on the way out."""
     if PGBOUNCER is None:
-        pytest.skip("no pgbouncer binary (apt-get install pgbouncer)")
+        why = "no pgbouncer binary (apt-get install pgbouncer, or .ci/install-pgbouncer)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
     target = urlparse(server)
     user = target.username or "postgres"
     port = free_port()
