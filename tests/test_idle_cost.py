@@ -81,9 +81,14 @@ async def test_an_idle_worker_sends_the_same_few_statements_with_50_queues_as_wi
 ) -> None:
     async with open_postgres_driver(
         postgres_url, schema=pg_schema, migrate=True, drop_schema_on_close=True
-    ) as driver:
-        one_start, one_window = await idle_statements(driver, sent, 1)
-        fifty_start, fifty_window = await idle_statements(driver, sent, 50)
+    ):
+        # A driver of its own for each, so its LISTEN ping (30 s after it opens) stays out
+        # of the window. The fleet_stats turn is the schema's: the second worker reads what
+        # the first one stored (one statement where the first spent three).
+        async with open_postgres_driver(postgres_url, schema=pg_schema) as driver:
+            one_start, one_window = await idle_statements(driver, sent, 1)
+        async with open_postgres_driver(postgres_url, schema=pg_schema) as driver:
+            fifty_start, fifty_window = await idle_statements(driver, sent, 50)
 
     # Before issue 20 each queue had its own loop: a claim and a next-due look every second,
     # 2 statements/s per queue (about 20 with 1 queue and 1,000 with 50 in this window). Now
