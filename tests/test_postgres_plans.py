@@ -32,7 +32,16 @@ NOW = 2_000_000_000.0
 RUNNING_IDS = [f"r{i:07d}" for i in range(50)]
 TOKENS = ["t"] * len(RUNNING_IDS)
 HOT_PATH: dict[str, tuple[Any, ...]] = {
-    "claim": (NOW, ["default", "other"], 50, 30.0, "w1", LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS),
+    "claim": (
+        NOW,
+        ["default", "other"],
+        50,
+        30.0,
+        "w1",
+        LAPSED_ERROR,
+        LAPSED_OUT_OF_ATTEMPTS,
+        [40, 10],
+    ),
     "renew": (NOW, 30.0, RUNNING_IDS, TOKENS),
     "lock_for_settle": (RUNNING_IDS,),
     "settle_complete": (NOW, "ch", RUNNING_IDS, TOKENS, ["null"] * 50),

@@ -2,7 +2,7 @@
 # Its semantics live in tests/conformance/, which every driver passes unchanged.
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from .records import (
@@ -44,11 +44,18 @@ class Driver(Protocol):
         ...
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
         """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at), and
         jobs whose lease has lapsed. Each gets a fresh token, ``attempts + 1`` and a lease of
-        ``lease`` seconds. A lapsed job with no attempts left is dead-lettered, not returned."""
+        ``lease`` seconds. A lapsed job with no attempts left is dead-lettered, not returned.
+        A mapping ``limit`` caps each queue on its own (``claim_slots.ClaimSlots``): one
+        claim then serves all of a worker's queues, each up to its own free slots."""
         ...
 
     async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
@@ -82,8 +89,18 @@ class Driver(Protocol):
 
     async def stats(self) -> Sequence[QueueStats]: ...
 
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        """``stats()`` for a fleet's workers to export: the first caller after ``interval``
+        seconds since the last turn reads ``stats()`` and stores it; every other caller gets
+        the stored observation from a one-row read (see fleet_stats.py)."""
+        ...
+
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
-        """Return when a job in ``queues`` may have become claimable, or after ``timeout``."""
+        """Return when a job in ``queues`` may have become claimable, or after ``timeout``.
+        One look at the next due time for all ``queues`` at most; then a driver that hears
+        every change wakes on it (memory: in-process; PostgreSQL: LISTEN), and one that cannot
+        (SQLite across processes; PostgreSQL while its LISTEN is down) looks again on its own
+        short interval, so ``timeout`` can be a slow safety poll."""
         ...
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]: ...

@@ -1,4 +1,5 @@
-# The worker: claim loops per queue, the nursery every claimed job runs in, and the teardown.
+# The worker: the claim loop for all its queues, the nursery every claimed job runs in, and the
+# teardown.
 # Apart from attempt.py (one run's verdict) and drain.py (how SIGTERM reaches the runs).
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ class WorkerStats:
     in_flight: int
     outcomes: Mapping[str, int]  # every outcome name, zero included
     abandoned: tuple[str, ...]  # job ids the last teardown gave up waiting for
-    # Each queue's depth as last observed (every stats_interval; empty until the first).
+    # Each queue's depth as the fleet last observed it (every stats_interval, by one worker of
+    # the fleet: at most two intervals old; empty until the first).
     queue_depth: tuple[QueueStats, ...] = ()
 
     @property
@@ -71,7 +73,12 @@ def _default_worker_id() -> str:
 class Worker:
     """Runs the jobs of ``registry`` from ``driver``. Start it with ``nursery.start(worker.run)``
     or ``async with open_worker(...)``; stop it with ``stop()`` (waits, cancels nothing) or let
-    a lifecycle's shutdown drain it (interrupts every held run at once)."""
+    a lifecycle's shutdown drain it (interrupts every held run at once).
+
+    One claim loop serves every queue: each round claims for all queues with a free slot,
+    each up to ``concurrency`` (an int for all, or per queue). Idle, it waits for its driver's
+    wake-up and looks again at least every ``safety_poll`` seconds; ``poll_interval`` is the
+    pause after a failed claim. ``stats_interval`` paces the queue gauges (``fleet_stats``)."""
 
     def __init__(
         self,
@@ -83,6 +90,7 @@ class Worker:
         lease: float = DEFAULT_LEASE,
         renew_interval: float | None = None,
         poll_interval: float = 1.0,
+        safety_poll: float = 30.0,
         worker_id: str | None = None,
         lifecycle: Lifecycle | None = None,
         metrics: Metrics | None = None,
@@ -100,7 +108,11 @@ class Worker:
                 "or pass queues=",
             )
         self._limits = _limits(concurrency, self.queues)
-        for name, value in (("lease", lease), ("poll_interval", poll_interval)):
+        for name, value in (
+            ("lease", lease),
+            ("poll_interval", poll_interval),
+            ("safety_poll", safety_poll),
+        ):
             if not value > 0:
                 raise ConfigError(f"{name}={value!r}", fix=f"give {name} > 0 seconds")
         self.lease = float(lease)
@@ -110,7 +122,10 @@ class Worker:
                 f"renew_interval={self.renew_interval!r} with lease={self.lease!r}",
                 fix="renew more often than the lease lasts (the default is lease / 3)",
             )
+        # After a failed claim, the next try; while idle, the longest wait without a look
+        # (every driver wakes the loop on new work: LISTEN, in-process, SQLite's own poll).
         self.poll_interval = poll_interval
+        self.safety_poll = safety_poll
         self.worker_id = worker_id or _default_worker_id()
         self.exit_grace = exit_grace
         self._lifecycle = lifecycle
@@ -235,8 +250,7 @@ class Worker:
                             async with trio.open_nursery() as claimers:
                                 if self._scheduler is not None:
                                     await claimers.start(self._schedule_tasks, self._scheduler)
-                                for queue in self.queues:
-                                    claimers.start_soon(self._claim_loop, queue)
+                                claimers.start_soon(self._claim_loop)
                             await self._teardown(settler)
                     except BaseException:
                         # Cancelled from outside, or failed: a sync body's thread is shielded
@@ -346,7 +360,7 @@ class Worker:
             await self._slot_freed.park()
 
     async def tick(self) -> list[Outcome]:
-        """One claim-and-run round without the claim loops: claim up to each queue's limit, run
+        """One claim-and-run round without the claim loop: claim up to each queue's limit, run
         those to their outcomes, settle them, answer the outcomes. For deterministic tests."""
         if self._state != STOPPED:
             raise ConfigError(
@@ -355,12 +369,10 @@ class Worker:
             )
         outcomes: list[Outcome] = []
         async with trio.open_nursery() as nursery:
-            for queue in self.queues:
-                free = self._limits[queue] - self._threads.lingering(queue)
-                if free <= 0:
-                    continue
+            free = self._free_slots()
+            if free:
                 claims = await self.driver.claim(
-                    [queue], free, lease=self.lease, worker_id=self.worker_id
+                    list(free), free, lease=self.lease, worker_id=self.worker_id
                 )
                 for claim in claims:
                     nursery.start_soon(self._run_claim, claim, *self._hold(claim), outcomes.append)
@@ -368,12 +380,22 @@ class Worker:
 
     # -- claiming and running --------------------------------------------------------------
 
-    async def _claim_loop(self, queue: str) -> None:
-        limit = self._limits[queue]
+    def _free_slots(self) -> dict[str, int]:
+        """Each queue with a free slot, and how many. A thread abandoned at its cancel still
+        runs: it keeps its slot until it ends."""
+        free = {
+            q: self._limits[q] - self._in_flight[q] - self._threads.lingering(q)
+            for q in self.queues
+        }
+        return {q: n for q, n in free.items() if n > 0}
+
+    async def _claim_loop(self) -> None:
+        """One loop for all the worker's queues: each round is ONE claim for every queue with a
+        free slot, each capped at its own (a deep queue never takes another's slots), so an
+        idle worker costs the database the same with 1 queue or 50 (issue 20)."""
         while not self._claiming_stopped:
-            # A thread abandoned at its cancel still runs: it keeps its slot until it ends.
-            free = limit - self._in_flight[queue] - self._threads.lingering(queue)
-            if free <= 0:
+            free = self._free_slots()
+            if not free:
                 with self._idle_wait():
                     await self._slot_freed.park()
                 continue
@@ -387,23 +409,51 @@ class Worker:
                 # Not cancelled when claiming stops: a claim that committed must reach its
                 # runs, or its jobs would sit claimed until their leases lapsed and cost them
                 # an attempt. The drain still reaches them: hold() cancels them at once. Only
-                # the budget (around the claim loops) cuts a claim short.
+                # the budget (around the claim loop) cuts a claim short.
                 claims = await self.driver.claim(
-                    [queue], free, lease=self.lease, worker_id=self.worker_id
+                    list(free), free, lease=self.lease, worker_id=self.worker_id
                 )
             except DriverError as exc:
-                log_event("jobs.worker.claim-failed", logging.WARNING, queue=queue, error=str(exc))
+                log_event(
+                    "jobs.worker.claim-failed",
+                    logging.WARNING,
+                    queues=tuple(free),
+                    error=str(exc),
+                )
                 with self._idle_wait():
                     await trio.sleep(self.poll_interval)
                 continue
             assert self._runs is not None
             for claim in claims:
                 self._runs.start_soon(self._run_claim, claim, *self._hold(claim), None)
-            if len(claims) < free:
+            got = Counter(claim.queue for claim in claims)
+            came_up_short = [q for q, n in free.items() if got[q] < n]
+            if came_up_short:
                 with self._idle_wait():
-                    await self.driver.wait_for_work([queue], timeout=self.poll_interval)
+                    await self._wait_for_work_or_slot(came_up_short)
             else:
+                # Every queue asked filled all its free slots: more may be waiting.
                 await trio.lowlevel.checkpoint()
+
+    async def _wait_for_work_or_slot(self, came_up_short: Sequence[str]) -> None:
+        """Wait until new work may be due in a queue whose claim came up short (the driver's
+        wake-up, one look at the next due time for all of them), or a slot frees in a queue
+        that may hold more (its claim filled its slots, or it had none free)."""
+        may_hold_more = [q for q in self.queues if q not in came_up_short]
+        async with trio.open_nursery() as waits:
+
+            async def work_may_be_due() -> None:
+                await self.driver.wait_for_work(came_up_short, timeout=self.safety_poll)
+                waits.cancel_scope.cancel()
+
+            async def slot_freed() -> None:
+                while not any(q in self._free_slots() for q in may_hold_more):
+                    await self._slot_freed.park()
+                waits.cancel_scope.cancel()
+
+            waits.start_soon(work_may_be_due)
+            if may_hold_more:
+                waits.start_soon(slot_freed)
 
     async def _schedule_tasks(
         self,
@@ -521,7 +571,10 @@ class Worker:
     async def _observe_queues(self, interval: float) -> None:
         while True:
             try:
-                observed = tuple(await self.driver.stats())
+                # The fleet's observation: one worker per interval reads the whole table, the
+                # others what it stored (issue 20: a full scan per worker every 15 s was an
+                # idle fleet's largest cost). `jobs-trio stats` still reads it exactly.
+                observed = tuple(await self.driver.fleet_stats(self.worker_id, interval))
                 self._queue_depth = observed
                 self._metrics.queues_observed(observed)
             except DriverError as exc:

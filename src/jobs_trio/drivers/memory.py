@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
 
+from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import ConfigError, ValueRefused
 from ..operator_transitions import (
@@ -115,6 +117,9 @@ class MemoryDriver:
         # The outbox, oldest first (insertion order): job, when it is due, when it was written,
         # and until when a relay holds it.
         self._outbox: dict[JobId, _OutboxRow] = {}
+        # fleet_stats: when the last turn was taken, and what it observed.
+        self._fleet_turn_at = -math.inf
+        self._fleet_observed: tuple[QueueStats, ...] = ()
 
     def now(self) -> float:
         return self._clock()
@@ -192,24 +197,26 @@ class MemoryDriver:
         return due
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
-        claimable = self._claimable(queues, now)
+        slots = ClaimSlots.of(queues, limit)
+        claimable = self._claimable(list(slots.caps), now)
         # Attempts are counted at claim, so a job that keeps killing its worker ends here
         # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
         # taken: bounded work, and the rest stay lapsed (due at once) for the next claim.
         exhausted = [r for r in claimable if _out_of_attempts(r)]
-        for record in exhausted[: max(limit, 0)]:
+        for record in exhausted[: slots.total]:
             self._dead_from_lapse(record)
         claims: list[Claim] = []
-        for record in claimable:
-            if len(claims) >= limit:
-                break
-            if _out_of_attempts(record):
-                continue
+        for record in slots.take((r.queue, r) for r in claimable if not _out_of_attempts(r)):
             token = new_token()
             last_error = record.last_error
             if record.state is JobState.RUNNING:
@@ -393,6 +400,15 @@ class MemoryDriver:
                 )
             )
         return answers
+
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        if self._fleet_turn_at <= now - interval:
+            self._fleet_turn_at = now
+            self._fleet_observed = tuple(await self.stats())
+        return self._fleet_observed
 
     def _next_due_in(self, queues: Sequence[str]) -> float:
         now = self.now()

@@ -8,13 +8,16 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 
+from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import ConfigError, DriverError, JobsError
+from ..fleet_stats import decode as decode_fleet_stats
+from ..fleet_stats import encode as encode_fleet_stats
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -53,6 +56,7 @@ from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
+from .postgres_pooler import Pooler
 from .postgres_sql import Statements, load_statements
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
@@ -64,6 +68,9 @@ class _FireTaken(JobsError):
     """A fire of this task and scheduled time is already on record: roll the advance back.
     A JobsError so the bridge hands it through as it is."""
 
+
+# How often wait_for_work looks while the LISTEN connection is down (it cannot be woken then).
+DEAF_POLL = 1.0
 
 # How often a unique-key enqueue looks again when the live job holding its key finished between
 # the insert (which saw it) and the lookup (which did not). Each round makes progress unless
@@ -83,6 +90,8 @@ async def open_postgres_driver(
     drop_schema_on_close: bool = False,
     statement_timeout: float | None = None,
     lock_timeout: float | None = None,
+    pgbouncer: str | None = None,
+    listen_url: str | None = None,
 ) -> AsyncIterator[PostgresDriver]:
     """A driver on ``schema`` for as long as the block runs.
 
@@ -93,9 +102,13 @@ async def open_postgres_driver(
     own connection passed as ``connection=`` must live on the same loop (``driver.loop``).
     ``statement_timeout`` and ``lock_timeout`` (seconds; else the URL's
     ``?statement_timeout=30s&lock_timeout=2s``, else those defaults; 0 turns one off) bound every
-    statement the driver's own connections run. ``drop_schema_on_close`` is for tests."""
+    statement the driver's own connections run. ``pgbouncer`` ("session" or "transaction"; else
+    the URL's ``?pgbouncer=``) says PgBouncer stands in between, and ``listen_url`` (else the URL's
+    ``?listen_host=&listen_port=``) where LISTEN connects directly (postgres_pooler.py,
+    docs/drivers.md). ``drop_schema_on_close`` is for tests."""
     statements = load_statements(schema)
     session = session_settings(url, statement_timeout=statement_timeout, lock_timeout=lock_timeout)
+    pooler = Pooler.of(url, pgbouncer, listen_url)
     with sole_error():
         async with (
             open_bridge(
@@ -104,6 +117,7 @@ async def open_postgres_driver(
                 pool_size=pool_size,
                 application_name=f"jobs_trio:{schema}",
                 session=session,
+                pooler=pooler,
             ) as bridge,
             _open_on(bridge, statements, clock, migrate, drop_schema_on_close) as driver,
         ):
@@ -127,7 +141,10 @@ async def _open_on(
     driver = PostgresDriver(bridge.url, bridge, statements, listener, clock)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(listener.run)
+            if bridge.pooler.listen_url is not None:
+                await nursery.start(listener.run)
+            # else PgBouncer in transaction mode and no direct connection: no LISTEN can hold,
+            # so wait_for_work polls (DEAF_POLL) while `listening` stays False.
             try:
                 yield driver
             finally:
@@ -242,28 +259,33 @@ class PostgresDriver:
     # --- claim, renew, settle ---
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
         self._check_open()
-        if limit <= 0 or not queues:
+        slots = ClaimSlots.of(queues, limit)
+        if not slots.caps:
             await trio.lowlevel.checkpoint()
             return []
         now = self.now()
         sql = self._sql
-
-        wanted = list(dict.fromkeys(queues))
 
         async def take(conn: Connection) -> list[Claim]:
             # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             rows = await conn.fetch(
                 sql["claim"],
                 now,
-                wanted,
-                limit,
+                list(slots.caps),
+                slots.total,
                 float(lease),
                 worker_id,
                 LAPSED_ERROR,
                 LAPSED_OUT_OF_ATTEMPTS,
+                list(slots.caps.values()),
             )
             return [
                 Claim(
@@ -411,30 +433,29 @@ class PostgresDriver:
         now = self.now()
         sql = self._sql
 
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["stats"], now))
+        async def read(conn: Connection) -> list[QueueStats]:
+            return _queue_stats(await conn.fetch(sql["stats"], now), now)
 
-        rows = await self.bridge.run(read, what="stats")
-        by_queue: dict[str, list[Any]] = {}
-        for row in rows:
-            by_queue.setdefault(row["queue"], []).append(row)
-        answers = []
-        for queue in sorted(by_queue):
-            depth = {row["state"]: row["n"] for row in by_queue[queue]}
-            due = sum(row["due"] for row in by_queue[queue])
-            oldest_run_at = [
-                r["oldest_due"] for r in by_queue[queue] if r["oldest_due"] is not None
-            ]
-            answers.append(
-                QueueStats(
-                    queue=queue,
-                    depth=depth,
-                    due=due,
-                    oldest_ready_age=now - min(oldest_run_at) if oldest_run_at else None,
-                    dead=depth.get(JobState.DEAD.value, 0),
-                )
-            )
-        return answers
+        stats: list[QueueStats] = await self.bridge.run(read, what="stats")
+        return stats
+
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def observe(conn: Connection) -> list[QueueStats]:
+            turn = await conn.fetchrow(sql["fleet_stats_turn"], now, worker_id, float(interval))
+            if not turn["mine"]:
+                return decode_fleet_stats(turn["observed"])
+            # Not one transaction with the turn: the scan must not hold the row's lock, and a
+            # worker that dies here leaves the last observation, replaced an interval later.
+            stats = _queue_stats(await conn.fetch(sql["stats"], now), now)
+            await conn.execute(sql["fleet_stats_store"], encode_fleet_stats(stats))
+            return stats
+
+        observed: list[QueueStats] = await self.bridge.run(observe, what="fleet_stats")
+        return observed
 
     # --- wake-ups ---
 
@@ -454,6 +475,11 @@ class PostgresDriver:
                 due_in = math.inf
             if due_in <= 0:
                 return
+            if not self._listener.connected:
+                # Deaf until the LISTEN connection is back: a caller's slow safety poll would
+                # leave an enqueue unseen that long. (The listener wakes every waiter when it
+                # loses its connection and again when it has it back.)
+                timeout = min(timeout, DEAF_POLL)
             with trio.move_on_after(max(min(timeout, due_in), 0.0)):
                 await woken.wait()
 
@@ -823,6 +849,27 @@ async def _insert(
         sql.channel,
     )
     return {row["id"] for row in rows}
+
+
+def _queue_stats(rows: Sequence[Any], now: float) -> list[QueueStats]:
+    by_queue: dict[str, list[Any]] = {}
+    for row in rows:
+        by_queue.setdefault(row["queue"], []).append(row)
+    answers = []
+    for queue in sorted(by_queue):
+        depth = {row["state"]: row["n"] for row in by_queue[queue]}
+        due = sum(row["due"] for row in by_queue[queue])
+        oldest_run_at = [r["oldest_due"] for r in by_queue[queue] if r["oldest_due"] is not None]
+        answers.append(
+            QueueStats(
+                queue=queue,
+                depth=depth,
+                due=due,
+                oldest_ready_age=now - min(oldest_run_at) if oldest_run_at else None,
+                dead=depth.get(JobState.DEAD.value, 0),
+            )
+        )
+    return answers
 
 
 def _record(row: Any) -> JobRecord:

@@ -14,6 +14,7 @@ import trio
 from ..errors import ConfigError, DriverError, JobsError, ValueRefused
 from ..redaction import redact_url
 from .postgres_pool import Connection, Pool, session_settings
+from .postgres_pooler import Pooler
 
 T = TypeVar("T")
 
@@ -48,8 +49,11 @@ class Bridge:
         pool_size: int,
         application_name: str,
         session: Mapping[str, str],
+        pooler: Pooler | None = None,
     ) -> None:
         self.url = url
+        # Direct, or through PgBouncer: what a connection opens with, and where LISTEN goes.
+        self.pooler = pooler or Pooler.of(url)
         self.loop = loop
         self.application_name = application_name
         # The server settings of our own pooled connections (postgres_pool.session_settings),
@@ -90,15 +94,24 @@ class Bridge:
         """A new connection, named ``<application_name>:<purpose>`` on the server."""
         import asyncpg
 
+        pooler = self.pooler
+        target = pooler.listen_url if purpose == "listen" else pooler.url
+        options = pooler.connect_options(purpose, self.session)
+        options["server_settings"] = {
+            "application_name": f"{self.application_name}:{purpose}",
+            **options["server_settings"],
+        }
+        sets = pooler.session_sets(purpose, self.session)
+
         async def connect() -> Connection:
-            return await asyncpg.connect(
-                self.url,
-                timeout=CONNECT_SECONDS,
-                server_settings={
-                    "application_name": f"{self.application_name}:{purpose}",
-                    **(self.session if purpose == "pool" else {}),
-                },
-            )
+            conn = await asyncpg.connect(target, timeout=CONNECT_SECONDS, **options)
+            if sets is not None:
+                try:
+                    await conn.execute(sets)  # one round trip, in the same crossing
+                except BaseException:
+                    conn.terminate()
+                    raise
+            return conn
 
         return await self._cross(connect, what=f"connecting ({purpose})")
 
@@ -162,6 +175,23 @@ class Bridge:
                 f"PostgreSQL at {self._where} refused the login: {exc}",
                 fix="check the user and password in the URL, and the server's pg_hba.conf"
                 " entry for this host",
+            )
+        if "unsupported startup parameter" in str(exc):
+            # PgBouncer's answer to the session settings sent at startup (a direct connect).
+            return ConfigError(
+                f"a connection pooler at {self._where} refused a startup parameter: {exc}",
+                fix="add ?pgbouncer=session (or ?pgbouncer=transaction) to the URL: the driver"
+                " then sends its settings another way (docs/drivers.md, 'PgBouncer')",
+            )
+        if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+            # 53300: max_connections (or a role's or database's CONNECTION LIMIT) is used up.
+            # Retryable (slots free up), and the callers retry at their own pace (a failed
+            # claim waits poll_interval): the fix is capacity, which no retry brings.
+            return DriverError(
+                f"PostgreSQL at {self._where} has no connection slot left: {exc}",
+                fix="a worker holds up to pool_size + 1 connections (docs/drivers.md,"
+                " 'Connections'): lower pool_size, raise max_connections, or put PgBouncer"
+                " in front of the server",
             )
         if isinstance(exc, ArgumentError | UnicodeError | OverflowError):
             # Refused on this side, while encoding the arguments (a lone surrogate, an int
@@ -320,6 +350,7 @@ async def open_bridge(
     pool_size: int,
     application_name: str,
     session: Mapping[str, str] | None = None,
+    pooler: Pooler | None = None,
 ) -> AsyncIterator[Bridge]:
     """A bridge on ``loop``, else on the trio-asyncio loop the caller already runs in, else on
     a loop of its own for as long as the bridge is open."""
@@ -337,21 +368,26 @@ async def open_bridge(
     if loop is None:
         loop = trio_asyncio.current_loop.get()
     if loop is not None:
-        async with _open_pool(url, loop, pool_size, application_name, session) as bridge:
+        async with _open_pool(url, loop, pool_size, application_name, session, pooler) as bridge:
             yield bridge
         return
     async with (
         trio_asyncio.open_loop() as own_loop,
-        _open_pool(url, own_loop, pool_size, application_name, session) as bridge,
+        _open_pool(url, own_loop, pool_size, application_name, session, pooler) as bridge,
     ):
         yield bridge
 
 
 @contextlib.asynccontextmanager
 async def _open_pool(
-    url: str, loop: Any, pool_size: int, application_name: str, session: Mapping[str, str]
+    url: str,
+    loop: Any,
+    pool_size: int,
+    application_name: str,
+    session: Mapping[str, str],
+    pooler: Pooler | None,
 ) -> AsyncIterator[Bridge]:
-    bridge = Bridge(url, loop, pool_size, application_name, session)
+    bridge = Bridge(url, loop, pool_size, application_name, session, pooler)
     try:
         # One connection now, so a server that cannot be reached fails the open, not the
         # first operation.

@@ -73,6 +73,8 @@ class Listener:
                 assert conn is not None
                 await self._serve(conn)
                 self.connected = False
+                # Waiters on a long safety poll look again now, and poll until reconnected.
+                self.wake(None)
                 await self._bridge.close_connection(conn)
                 conn = None
                 conn = await self._reconnect()

@@ -51,26 +51,32 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 --   candidates instead (`UPDATE ... FROM candidates`), a generic plan guesses LIMIT $3 at a
 --   tenth of the waiting rows and hash-joins them over a sequential scan of the whole table:
 --   340 ms a claim with 1,000,000 waiting. An array can only be probed through the index.
+-- * one claim serves all of a worker's queues (issue 20): $8 is each queue's cap (its free
+--   slots), $3 the total. Each queue's due and lapsed candidates are cut to its own cap before
+--   the queues meet, so a deep queue never takes another queue's slots.
 WITH candidates AS MATERIALIZED (
-    SELECT c.id FROM (
-        SELECT w.id, w.priority, w.run_at
-        FROM unnest($2::text[]) AS q(name)
-        CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM {schema}.jobs
-            WHERE queue = q.name AND state IN ('ready', 'suspended') AND run_at <= $1
-            ORDER BY priority, run_at, id
-            LIMIT $3
-            FOR UPDATE SKIP LOCKED
-        ) AS w
-        UNION ALL
-        SELECT l.id, l.priority, l.run_at FROM (
-            SELECT id, priority, run_at FROM {schema}.jobs
-            WHERE queue = ANY($2::text[])
-              AND state = 'running' AND lease_until <= $1 AND attempts < max_attempts
-            ORDER BY priority, run_at, id
-            LIMIT $3
-            FOR UPDATE SKIP LOCKED
-        ) AS l
+    SELECT c.id FROM unnest($2::text[], $8::int[]) AS q(name, n)
+    CROSS JOIN LATERAL (
+        SELECT u.id, u.priority, u.run_at FROM (
+            SELECT w.id, w.priority, w.run_at FROM (
+                SELECT id, priority, run_at FROM {schema}.jobs
+                WHERE queue = q.name AND state IN ('ready', 'suspended') AND run_at <= $1
+                ORDER BY priority, run_at, id
+                LIMIT q.n
+                FOR UPDATE SKIP LOCKED
+            ) AS w
+            UNION ALL
+            SELECT l.id, l.priority, l.run_at FROM (
+                SELECT id, priority, run_at FROM {schema}.jobs
+                WHERE queue = q.name
+                  AND state = 'running' AND lease_until <= $1 AND attempts < max_attempts
+                ORDER BY priority, run_at, id
+                LIMIT q.n
+                FOR UPDATE SKIP LOCKED
+            ) AS l
+        ) AS u
+        ORDER BY u.priority, u.run_at, u.id
+        LIMIT q.n
     ) AS c
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $3
@@ -251,6 +257,20 @@ SELECT queue, state, count(*)::int AS n,
 FROM {schema}.jobs
 GROUP BY queue, state
 ORDER BY queue;
+
+-- name: fleet_stats_turn
+-- The compare-and-set that gives one worker per interval ($3 seconds) the full stats read
+-- (fleet_stats.py); every caller gets the stored observation with it (the row as it was before
+-- the UPDATE: the same snapshot), which a caller that took the turn replaces.
+WITH turn AS (
+    UPDATE {schema}.fleet_stats SET taken_at = $1::float8, worker_id = $2
+    WHERE id = 1 AND (taken_at IS NULL OR taken_at <= $1::float8 - $3::float8)
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM turn) AS mine, observed FROM {schema}.fleet_stats WHERE id = 1;
+
+-- name: fleet_stats_store
+UPDATE {schema}.fleet_stats SET observed = $1 WHERE id = 1;
 
 -- name: next_due
 -- The earliest moment a job in these queues may become claimable: a run-at, or a lease that

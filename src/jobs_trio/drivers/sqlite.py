@@ -13,12 +13,13 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import outcome
 import trio
 
+from ..claim_slots import ClaimSlots
 from ..current_transaction import SqliteOps, Transaction, owned, unwrap
 from ..errors import (
     ConfigError,
@@ -26,6 +27,8 @@ from ..errors import (
     SchemaVersionError,
     ValueRefused,
 )
+from ..fleet_stats import decode as decode_fleet_stats
+from ..fleet_stats import encode as encode_fleet_stats
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -395,6 +398,35 @@ def _refuse_a_connection(connection: object | None, doing: str) -> None:
         )
 
 
+def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
+    depths: dict[str, dict[str, int]] = {}
+    for queue, state, count in conn.execute(
+        "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    ):
+        depths.setdefault(queue, {})[state] = count
+    due = {
+        queue: (count, oldest)
+        for queue, count, oldest in conn.execute(
+            "SELECT queue, count(*), min(run_at) FROM jobs"
+            " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
+            (now,),
+        )
+    }
+    answers = []
+    for queue in sorted(depths):
+        count, oldest = due.get(queue, (0, None))
+        answers.append(
+            QueueStats(
+                queue=queue,
+                depth=depths[queue],
+                due=count,
+                oldest_ready_age=None if oldest is None else now - oldest,
+                dead=depths[queue].get(JobState.DEAD.value, 0),
+            )
+        )
+    return answers
+
+
 def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
     """One fenced UPDATE; True when the lease's token was still the job's current one."""
     instead = cancel_instead(s)
@@ -712,9 +744,14 @@ class SqliteDriver:
         return answers
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, lease: float, worker_id: str
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
     ) -> Sequence[Claim]:
-        wanted = list(dict.fromkeys(queues))
+        slots = ClaimSlots.of(queues, limit)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
             # Per queue and state, each read stops after `limit` rows in claim order (the
@@ -727,17 +764,17 @@ class SqliteDriver:
             # `state = 'running'` matches every row, and SQLite scans the whole table instead
             # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
             candidates: list[Any] = []
-            for queue in wanted:
+            for queue, cap in slots.caps.items():
                 for state in ("ready", "suspended"):
                     candidates += conn.execute(
-                        "SELECT priority, run_at, id, state, attempts, max_attempts"
+                        "SELECT priority, run_at, id, state, attempts, max_attempts, queue"
                         " FROM jobs INDEXED BY jobs_claim"
                         " WHERE queue = ? AND state = ? AND run_at <= ?"
                         " ORDER BY priority, run_at, id LIMIT ?",
-                        (queue, state, now, max(limit, 0)),
+                        (queue, state, now, cap),
                     ).fetchall()
                 candidates += conn.execute(
-                    "SELECT priority, run_at, id, state, attempts, max_attempts"
+                    "SELECT priority, run_at, id, state, attempts, max_attempts, queue"
                     " FROM jobs INDEXED BY jobs_next_due"
                     " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
                     (queue, now),
@@ -749,10 +786,10 @@ class SqliteDriver:
             exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
             dead = [
                 (lapsed_out_of_attempts(attempts), now, job_id)
-                for _, _, job_id, _, attempts, _ in exhausted[: max(limit, 0)]
+                for _, _, job_id, _, attempts, _, _ in exhausted[: slots.total]
             ]
             skipped = {row[2] for row in exhausted}
-            taken = [row[2] for row in candidates if row[2] not in skipped][: max(limit, 0)]
+            taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
             conn.executemany(
                 "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
                 " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
@@ -931,35 +968,28 @@ class SqliteDriver:
         return await self._transact(work)
 
     async def stats(self) -> Sequence[QueueStats]:
-        def work(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
-            depths: dict[str, dict[str, int]] = {}
-            for queue, state, count in conn.execute(
-                "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
-            ):
-                depths.setdefault(queue, {})[state] = count
-            due = {
-                queue: (count, oldest)
-                for queue, count, oldest in conn.execute(
-                    "SELECT queue, count(*), min(run_at) FROM jobs"
-                    " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
-                    (now,),
-                )
-            }
-            answers = []
-            for queue in sorted(depths):
-                count, oldest = due.get(queue, (0, None))
-                answers.append(
-                    QueueStats(
-                        queue=queue,
-                        depth=depths[queue],
-                        due=count,
-                        oldest_ready_age=None if oldest is None else now - oldest,
-                        dead=depths[queue].get(JobState.DEAD.value, 0),
-                    )
-                )
-            return answers
+        return await self._transact(_queue_stats, mode="read")
 
-        return await self._transact(work, mode="read")
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        def work(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
+            # The compare-and-set of the turn, under BEGIN IMMEDIATE: one process takes it.
+            turn = conn.execute(
+                "UPDATE fleet_stats SET taken_at = ?, worker_id = ?"
+                " WHERE id = 1 AND (taken_at IS NULL OR taken_at <= ?) RETURNING id",
+                (now, worker_id, now - interval),
+            ).fetchone()
+            if turn is None:
+                (observed,) = conn.execute(
+                    "SELECT observed FROM fleet_stats WHERE id = 1"
+                ).fetchone()
+                return decode_fleet_stats(observed)
+            stats = _queue_stats(conn, now)
+            conn.execute(
+                "UPDATE fleet_stats SET observed = ? WHERE id = 1", (encode_fleet_stats(stats),)
+            )
+            return stats
+
+        return await self._transact(work)
 
     # Wake-ups.
 

@@ -1,0 +1,60 @@
+# One claim for all of a worker's queues, each capped at its own free slots (issue 20): a deep
+# queue of better jobs never takes another queue's slots, and lapsed jobs count against the cap.
+from __future__ import annotations
+
+from collections import Counter
+
+from jobs_trio.driver import Driver
+from jobs_trio.records import JobState
+from tests.conftest import ManualClock
+
+from .helpers import enqueue_one
+
+
+async def test_a_mapping_limit_caps_each_queue_on_its_own(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    deep = []
+    for _ in range(5):
+        deep.append(await enqueue_one(driver, queue="deep", priority=0))
+        manual_clock.advance(1)
+    shallow = [await enqueue_one(driver, queue="shallow", priority=9) for _ in range(2)]
+    other = await enqueue_one(driver, queue="other", priority=0)
+
+    claims = await driver.claim(
+        ["deep", "shallow", "other"], {"deep": 2, "shallow": 3}, lease=10, worker_id="w"
+    )
+
+    # With one total of 5, best first, the deep queue's better jobs would have taken all five.
+    assert Counter(c.queue for c in claims) == {"deep": 2, "shallow": 2}
+    assert sorted(c.job_id for c in claims if c.queue == "deep") == sorted(deep[:2])
+    assert sorted(c.job_id for c in claims if c.queue == "shallow") == sorted(shallow)
+    record = await driver.get(other)
+    assert record is not None and record.state is JobState.READY  # not named: takes none
+
+
+async def test_lapsed_jobs_count_against_their_queues_cap(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    lapsed = [await enqueue_one(driver, queue="a") for _ in range(2)]
+    assert len(await driver.claim(["a"], 2, lease=5, worker_id="dies")) == 2
+    manual_clock.advance(1)
+    ready_a = await enqueue_one(driver, queue="a")
+    ready_b = []
+    for _ in range(3):
+        ready_b.append(await enqueue_one(driver, queue="b"))
+        manual_clock.advance(1)  # b's jobs in run-at order, not by their random ids
+    manual_clock.advance(7)  # both lapsed; they sort before the ready job (earlier run-at)
+
+    claims = await driver.claim(["a", "b"], {"a": 2, "b": 1}, lease=10, worker_id="w")
+
+    assert sorted(c.job_id for c in claims if c.queue == "a") == sorted(lapsed)
+    assert [c.job_id for c in claims if c.queue == "b"] == [ready_b[0]]
+    record = await driver.get(ready_a)
+    assert record is not None and record.state is JobState.READY
+
+
+async def test_a_mapping_with_no_free_slot_claims_nothing(driver: Driver) -> None:
+    await enqueue_one(driver, queue="a")
+    assert await driver.claim(["a"], {"a": 0}, lease=10, worker_id="w") == []
+    assert await driver.claim(["a"], {}, lease=10, worker_id="w") == []
