@@ -54,14 +54,15 @@ async def _worker(args: argparse.Namespace) -> None:
 
 async def _latency(args: argparse.Namespace) -> None:
     app = _app(args.db)
-    returned = []
+    called, returned = [], []
     async with app.open_async():
         task = app.tasks[JOB]
         for i in range(args.n):
+            called.append(time.monotonic())
             await task.defer_async(i=i)
             returned.append(time.monotonic())
             await asyncio.sleep(args.gap)
-    emit({"returned": returned})
+    emit({"called": called, "returned": returned, "loop": "asyncio"})
 
 
 def main() -> None:
