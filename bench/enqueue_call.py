@@ -1,0 +1,124 @@
+# One `enqueue` call's latency on PostgreSQL, old code beside new in one run: each round runs
+# every given source tree in a process of its own, interleaved, on one database per tree.
+"""Time N single ``enqueue`` calls (no worker running), per source tree, interleaved.
+
+    python bench/enqueue_call.py --src src --src /tmp/old/src --rounds 4 --n 1000
+    python bench/enqueue_call.py --profile --n 3000      # cProfile of the calls, this tree
+
+Every round starts one process per tree (A B, A B, ...: drift in a shared machine hits both);
+each process opens the driver on its own database (created once, dropped at the end), warms up
+200 calls, then times N. Answers p50/p99 per tree, medians over the rounds."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _child(url: str, n: int, profile: bool) -> None:
+    import trio
+
+    import jobs_trio
+
+    registry = jobs_trio.Registry()
+
+    @registry.job("bench.enqueue_call", queue="bench")
+    async def handler(ctx: jobs_trio.JobContext, payload: object) -> None:
+        pass
+
+    async def main() -> dict[str, float]:
+        async with jobs_trio.open_driver(url, migrate=True) as driver:
+            for i in range(200):
+                await handler.enqueue(driver, {"i": i})
+            took = []
+            for i in range(n):
+                started = time.perf_counter()
+                await handler.enqueue(driver, {"i": i})
+                took.append((time.perf_counter() - started) * 1000)
+        took.sort()
+        q = statistics.quantiles(took, n=100, method="inclusive")
+        return {"p50_ms": q[49], "p99_ms": q[98], "mean_ms": statistics.fmean(took)}
+
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        answer = trio.run(main)
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    else:
+        answer = trio.run(main)
+    answer["jobs_trio"] = str(Path(jobs_trio.__file__).parent)
+    print(json.dumps(answer), flush=True)
+
+
+async def _admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(ADMIN_URL)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def _url(name: str) -> str:
+    return ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--src", action="append", help="a tree holding jobs_trio/ (repeatable)")
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.n, args.profile)
+        return 0
+    sources = [str(Path(s).resolve()) for s in (args.src or [str(HERE.parent / "src")])]
+    names = [f"bench_enqcall_{os.getpid()}_{i}" for i in range(len(sources))]
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in sources}
+    try:
+        for name in names:
+            asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+        for rnd in range(args.rounds):
+            for src, name in zip(sources, names, strict=True):
+                env = {**os.environ, "PYTHONPATH": src}
+                argv = [sys.executable, __file__, "--child", _url(name), "--n", str(args.n)]
+                if args.profile:
+                    argv.append("--profile")
+                out = subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE, text=True)
+                answer = json.loads(out.stdout.strip().splitlines()[-1])
+                runs[src].append(answer)
+                print(
+                    f"round {rnd + 1} {src}: p50 {answer['p50_ms']:.3f} ms,"
+                    f" p99 {answer['p99_ms']:.3f} ms (load {os.getloadavg()[0]:.2f};"
+                    f" imported {answer['jobs_trio']})",
+                    flush=True,
+                )
+    finally:
+        for name in names:
+            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    for src, answers in runs.items():
+        p50 = statistics.median(a["p50_ms"] for a in answers)
+        p99 = statistics.median(a["p99_ms"] for a in answers)
+        print(f"{src}: p50 {p50:.3f} ms, p99 {p99:.3f} ms (median of {len(answers)} rounds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
