@@ -3,11 +3,16 @@
 """Time N single ``enqueue`` calls (no worker running), per source tree, interleaved.
 
     python bench/enqueue_call.py --src src --src /tmp/old/src --rounds 4 --n 1000
+    python bench/enqueue_call.py --variant as-is --variant no-listen   # an experiment
     python bench/enqueue_call.py --profile --n 3000      # cProfile of the calls, this tree
 
-Every round starts one process per tree (A B, A B, ...: drift in a shared machine hits both);
-each process opens the driver on its own database (created once, dropped at the end), warms up
-200 calls, then times N. Answers p50/p99 per tree, medians over the rounds."""
+Every round starts one process per (tree, variant) (A B, A B, ...: drift in a shared machine
+hits both); each process opens the driver on its own database (created once, dropped at the
+end), warms up 200 calls, then times N. Answers p50/p99 per run, medians over the rounds.
+
+Variants: ``as-is``; ``no-listen``, an EXPERIMENT, not a configuration: the driver's LISTEN
+connection is opened but never LISTENs (a private method patched in the child), to measure
+what the driver's own notification, delivered back to the enqueuing process, costs each call."""
 
 from __future__ import annotations
 
@@ -25,10 +30,20 @@ HERE = Path(__file__).resolve().parent
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _child(url: str, n: int, profile: bool) -> None:
+def _child(url: str, n: int, profile: bool, variant: str) -> None:
     import trio
 
     import jobs_trio
+
+    if variant == "no-listen":
+        from jobs_trio.drivers import postgres_listener
+
+        async def deaf(self: postgres_listener.Listener) -> object:
+            conn = await self._bridge.connect(purpose="listen")
+            self.connected = True
+            return conn
+
+        postgres_listener.Listener._connect = deaf  # type: ignore[method-assign]
 
     registry = jobs_trio.Registry()
 
@@ -83,29 +98,32 @@ def main() -> int:
     parser.add_argument("--src", action="append", help="a tree holding jobs_trio/ (repeatable)")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variant", action="append", choices=("as-is", "no-listen"))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.n, args.profile)
+        _child(args.child, args.n, args.profile, (args.variant or ["as-is"])[0])
         return 0
     sources = [str(Path(s).resolve()) for s in (args.src or [str(HERE.parent / "src")])]
-    names = [f"bench_enqcall_{os.getpid()}_{i}" for i in range(len(sources))]
-    runs: dict[str, list[dict[str, float]]] = {s: [] for s in sources}
+    plan = [(src, v) for src in sources for v in (args.variant or ["as-is"])]
+    names = [f"bench_enqcall_{os.getpid()}_{i}" for i in range(len(plan))]
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {run: [] for run in plan}
     try:
         for name in names:
             asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
         for rnd in range(args.rounds):
-            for src, name in zip(sources, names, strict=True):
+            for (src, variant), name in zip(plan, names, strict=True):
                 env = {**os.environ, "PYTHONPATH": src}
                 argv = [sys.executable, __file__, "--child", _url(name), "--n", str(args.n)]
+                argv += ["--variant", variant]
                 if args.profile:
                     argv.append("--profile")
                 out = subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE, text=True)
                 answer = json.loads(out.stdout.strip().splitlines()[-1])
-                runs[src].append(answer)
+                runs[(src, variant)].append(answer)
                 print(
-                    f"round {rnd + 1} {src}: p50 {answer['p50_ms']:.3f} ms,"
+                    f"round {rnd + 1} {src} {variant}: p50 {answer['p50_ms']:.3f} ms,"
                     f" p99 {answer['p99_ms']:.3f} ms (load {os.getloadavg()[0]:.2f};"
                     f" imported {answer['jobs_trio']})",
                     flush=True,
@@ -113,10 +131,12 @@ def main() -> int:
     finally:
         for name in names:
             asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    for src, answers in runs.items():
+    for (src, variant), answers in runs.items():
         p50 = statistics.median(a["p50_ms"] for a in answers)
         p99 = statistics.median(a["p99_ms"] for a in answers)
-        print(f"{src}: p50 {p50:.3f} ms, p99 {p99:.3f} ms (median of {len(answers)} rounds)")
+        print(
+            f"{src} {variant}: p50 {p50:.3f} ms, p99 {p99:.3f} ms (median of {len(answers)} rounds)"
+        )
     return 0
 
 
