@@ -12,7 +12,9 @@ end), warms up 200 calls, then times N. Answers p50/p99 per run, medians over th
 
 Variants: ``as-is``; ``no-listen``, an EXPERIMENT, not a configuration: the driver's LISTEN
 connection is opened but never LISTENs (a private method patched in the child), to measure
-what the driver's own notification, delivered back to the enqueuing process, costs each call."""
+what the driver's own notification, delivered back to the enqueuing process, costs each call;
+``pgqueuer``, the peer's single ``Queries.enqueue`` on one asyncpg connection, on uvloop when
+installed (as in bench/lib_pgqueuer.py), for a side-by-side figure (bench environment only)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,47 @@ HERE = Path(__file__).resolve().parent
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+def _timed(took: list[float]) -> dict[str, float]:
+    took.sort()
+    q = statistics.quantiles(took, n=100, method="inclusive")
+    return {"p50_ms": q[49], "p99_ms": q[98], "mean_ms": statistics.fmean(took)}
+
+
+def _pgqueuer_child(url: str, n: int) -> None:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    async def main() -> dict[str, float]:
+        conn = await asyncpg.connect(url)
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            if not await queries.has_table("pgqueuer"):
+                await queries.install()
+            for i in range(200):
+                await queries.enqueue("bench.enqueue_call", json.dumps({"i": i}).encode())
+            took = []
+            for i in range(n):
+                started = time.perf_counter()
+                await queries.enqueue("bench.enqueue_call", json.dumps({"i": i}).encode())
+                took.append((time.perf_counter() - started) * 1000)
+        finally:
+            await conn.close()
+        return _timed(took)
+
+    try:
+        import uvloop
+
+        answer = uvloop.run(main())
+    except ImportError:
+        answer = asyncio.run(main())
+    answer["jobs_trio"] = "pgqueuer"
+    print(json.dumps(answer), flush=True)
+
+
 def _child(url: str, n: int, profile: bool, variant: str) -> None:
+    if variant == "pgqueuer":
+        _pgqueuer_child(url, n)
+        return
     import trio
 
     import jobs_trio
@@ -60,9 +102,7 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
                 started = time.perf_counter()
                 await handler.enqueue(driver, {"i": i})
                 took.append((time.perf_counter() - started) * 1000)
-        took.sort()
-        q = statistics.quantiles(took, n=100, method="inclusive")
-        return {"p50_ms": q[49], "p99_ms": q[98], "mean_ms": statistics.fmean(took)}
+        return _timed(took)
 
     if profile:
         import cProfile
@@ -98,7 +138,7 @@ def main() -> int:
     parser.add_argument("--src", action="append", help="a tree holding jobs_trio/ (repeatable)")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variant", action="append", choices=("as-is", "no-listen"))
+    parser.add_argument("--variant", action="append", choices=("as-is", "no-listen", "pgqueuer"))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
