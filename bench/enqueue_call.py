@@ -14,7 +14,10 @@ Variants: ``as-is``; ``no-listen``, an EXPERIMENT, not a configuration: the driv
 connection is opened but never LISTENs (a private method patched in the child), to measure
 what the driver's own notification, delivered back to the enqueuing process, costs each call;
 ``pgqueuer``, the peer's single ``Queries.enqueue`` on one asyncpg connection, on uvloop when
-installed (as in bench/lib_pgqueuer.py), for a side-by-side figure (bench environment only)."""
+installed (as in bench/lib_pgqueuer.py), for a side-by-side figure (bench environment only);
+``raw-asyncio`` and ``raw-trio-asyncio``, jobs_trio's own enqueue statement sent by bare
+asyncpg (same session settings, one connection, no LISTEN), on plain asyncio and from Trio
+through trio-asyncio: the floor under the driver, and what the crossing alone adds to it."""
 
 from __future__ import annotations
 
@@ -27,8 +30,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
+VARIANTS = ("as-is", "no-listen", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -69,9 +74,72 @@ def _pgqueuer_child(url: str, n: int) -> None:
     print(json.dumps(answer), flush=True)
 
 
+def _raw_child(url: str, n: int, via_trio: bool) -> None:
+    """jobs_trio's enqueue statement through bare asyncpg: the schema migrated by the driver
+    first, then one connection with the pool's session settings, no LISTEN anywhere."""
+    import asyncpg
+    import trio
+
+    import jobs_trio
+    from jobs_trio.drivers.postgres_pool import session_settings
+    from jobs_trio.records import new_job_id
+
+    async def statement() -> tuple[str, str]:
+        async with jobs_trio.open_driver(url, migrate=True) as driver:
+            return driver._sql["enqueue"], driver._sql.channel  # type: ignore[attr-defined]
+
+    sql, channel = trio.run(statement)
+
+    async def one(conn: asyncpg.Connection, i: int) -> None:
+        payload = json.dumps({"i": i})
+        args = [[new_job_id()], ["bench.enqueue_call"], ["bench"], [payload], [0], [3], [0.0]]
+        await conn.fetch(sql, time.time(), *args, [None], channel)
+
+    async def timed(call: Any) -> dict[str, float]:
+        for i in range(200):
+            await call(i)
+        took = []
+        for i in range(n):
+            started = time.perf_counter()
+            await call(i)
+            took.append((time.perf_counter() - started) * 1000)
+        return _timed(took)
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(url, server_settings=session_settings(url))
+
+    if not via_trio:
+
+        async def on_asyncio() -> dict[str, float]:
+            conn = await connect()
+            try:
+                return await timed(lambda i: one(conn, i))
+            finally:
+                await conn.close()
+
+        answer = asyncio.run(on_asyncio())
+    else:
+        import trio_asyncio
+
+        async def on_trio() -> dict[str, float]:
+            async with trio_asyncio.open_loop():
+                conn = await trio_asyncio.aio_as_trio(connect)()
+                try:
+                    return await timed(lambda i: trio_asyncio.aio_as_trio(one)(conn, i))
+                finally:
+                    await trio_asyncio.aio_as_trio(conn.close)()
+
+        answer = trio.run(on_trio)
+    answer["jobs_trio"] = "bare asyncpg"
+    print(json.dumps(answer), flush=True)
+
+
 def _child(url: str, n: int, profile: bool, variant: str) -> None:
     if variant == "pgqueuer":
         _pgqueuer_child(url, n)
+        return
+    if variant.startswith("raw-"):
+        _raw_child(url, n, via_trio=variant == "raw-trio-asyncio")
         return
     import trio
 
@@ -138,7 +206,7 @@ def main() -> int:
     parser.add_argument("--src", action="append", help="a tree holding jobs_trio/ (repeatable)")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variant", action="append", choices=("as-is", "no-listen", "pgqueuer"))
+    parser.add_argument("--variant", action="append", choices=VARIANTS)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
