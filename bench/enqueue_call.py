@@ -37,7 +37,7 @@ VARIANTS = ("as-is", "no-listen", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _timed(took: list[float]) -> dict[str, float]:
+def _timed(took: list[float]) -> dict[str, Any]:
     took.sort()
     q = statistics.quantiles(took, n=100, method="inclusive")
     return {"p50_ms": q[49], "p99_ms": q[98], "mean_ms": statistics.fmean(took)}
@@ -47,7 +47,7 @@ def _pgqueuer_child(url: str, n: int) -> None:
     import asyncpg
     from pgqueuer import AsyncpgDriver, Queries
 
-    async def main() -> dict[str, float]:
+    async def main() -> dict[str, Any]:
         conn = await asyncpg.connect(url)
         try:
             queries = Queries(AsyncpgDriver(conn))
@@ -95,7 +95,7 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
         args = [[new_job_id()], ["bench.enqueue_call"], ["bench"], [payload], [0], [3], [0.0]]
         await conn.fetch(sql, time.time(), *args, [None], channel)
 
-    async def timed(call: Any) -> dict[str, float]:
+    async def timed(call: Any) -> dict[str, Any]:
         for i in range(200):
             await call(i)
         took = []
@@ -110,7 +110,7 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
 
     if not via_trio:
 
-        async def on_asyncio() -> dict[str, float]:
+        async def on_asyncio() -> dict[str, Any]:
             conn = await connect()
             try:
                 return await timed(lambda i: one(conn, i))
@@ -121,7 +121,7 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
     else:
         import trio_asyncio
 
-        async def on_trio() -> dict[str, float]:
+        async def on_trio() -> dict[str, Any]:
             async with trio_asyncio.open_loop():
                 conn = await trio_asyncio.aio_as_trio(connect)()
                 try:
@@ -161,7 +161,7 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
     async def handler(ctx: jobs_trio.JobContext, payload: object) -> None:
         pass
 
-    async def main() -> dict[str, float]:
+    async def main() -> dict[str, Any]:
         async with jobs_trio.open_driver(url, migrate=True) as driver:
             for i in range(200):
                 await handler.enqueue(driver, {"i": i})
@@ -216,7 +216,7 @@ def main() -> int:
     sources = [str(Path(s).resolve()) for s in (args.src or [str(HERE.parent / "src")])]
     plan = [(src, v) for src in sources for v in (args.variant or ["as-is"])]
     names = [f"bench_enqcall_{os.getpid()}_{i}" for i in range(len(plan))]
-    runs: dict[tuple[str, str], list[dict[str, float]]] = {run: [] for run in plan}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {run: [] for run in plan}
     try:
         for name in names:
             asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
