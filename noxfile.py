@@ -56,8 +56,9 @@ def docs(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """The side-by-side benchmark (bench/run.py; default `all`, which writes bench/RESULTS.md).
-    The peers are installed HERE only, never as dependencies of jobs_trio: pgqueuer, and
-    procrastinate with psycopg[binary] (its PsycopgConnector needs a libpq; the binary wheel
-    brings one). Needs PostgreSQL at $BENCH_PG (default postgres@127.0.0.1:5432)."""
-    session.install("-e", ".[postgres]", "pgqueuer", "procrastinate", "psycopg[binary]")
+    The peers are installed HERE only, never as dependencies of jobs_trio: pgqueuer with uvloop
+    (`pgq run` runs on uvloop when it is installed, so PgQueuer is measured as its runner runs
+    it), and procrastinate with psycopg[binary] (its PsycopgConnector needs a libpq; the binary
+    wheel brings one). Needs PostgreSQL at $BENCH_PG (default postgres@127.0.0.1:5432)."""
+    session.install("-e", ".[postgres]", "pgqueuer", "uvloop", "procrastinate", "psycopg[binary]")
     session.run("python", "bench/run.py", *(session.posargs or ["all"]))

@@ -55,13 +55,14 @@ async def _worker(args: argparse.Namespace) -> None:
 
 
 async def _latency(args: argparse.Namespace) -> None:
-    returned = []
+    called, returned = [], []
     async with jobs_trio.open_driver(args.db) as driver:
         for i in range(args.n):
+            called.append(time.monotonic())
             await handler.enqueue(driver, {"i": i})
             returned.append(time.monotonic())
             await trio.sleep(args.gap)
-    emit({"returned": returned})
+    emit({"called": called, "returned": returned, "loop": "trio"})
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 # Procrastinate's side of the benchmark, as its docs run it: an App on a PsycopgConnector,
 # `batch_defer_async` for the batch, `defer_async` for single jobs, and a worker by
 # `run_worker_async(concurrency=...)` (SIGTERM: waits for running jobs; with the default
-# shutdown_graceful_timeout=None, for as long as they take). Run by bench/run.py as a
-# subprocess, in the bench environment only.
+# shutdown_graceful_timeout=None, for as long as they take). The worker's pool is sized as its
+# docs advise for short jobs ("Mind the size of your PostgreSQL pool": as many connections as
+# the concurrency, plus one); BENCH_PROCRASTINATE_POOL=default keeps psycopg_pool's default
+# (4) for an A/B run. Run by bench/run.py as a subprocess, in the bench environment only.
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -16,8 +19,11 @@ from common import JOB, QUEUE, Marks, dispatch, emit, parse, ready
 _marks: Marks | None = None
 
 
-def _app(url: str) -> procrastinate.App:
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+def _app(url: str, concurrency: int | None = None) -> procrastinate.App:
+    sized: dict[str, int] = {}
+    if concurrency is not None and os.environ.get("BENCH_PROCRASTINATE_POOL") != "default":
+        sized = {"max_size": concurrency + 1, "min_size": min(4, concurrency + 1)}
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url, **sized))
 
     @app.task(name=JOB, queue=QUEUE)
     async def handler(**payload: Any) -> None:
@@ -46,7 +52,7 @@ async def _enqueue(args: argparse.Namespace) -> None:
 async def _worker(args: argparse.Namespace) -> None:
     global _marks
     _marks = Marks(args.mark, args.kind)
-    app = _app(args.db)
+    app = _app(args.db, args.concurrency)
     async with app.open_async():
         ready()
         await app.run_worker_async(queues=[QUEUE], concurrency=args.concurrency)
@@ -54,14 +60,15 @@ async def _worker(args: argparse.Namespace) -> None:
 
 async def _latency(args: argparse.Namespace) -> None:
     app = _app(args.db)
-    returned = []
+    called, returned = [], []
     async with app.open_async():
         task = app.tasks[JOB]
         for i in range(args.n):
+            called.append(time.monotonic())
             await task.defer_async(i=i)
             returned.append(time.monotonic())
             await asyncio.sleep(args.gap)
-    emit({"returned": returned})
+    emit({"called": called, "returned": returned, "loop": "asyncio"})
 
 
 def main() -> None:

@@ -9,7 +9,9 @@
 
 Each run gets a fresh database (bench_<lib>_<n>, dropped after, also on failure), one worker
 process per library, start-up excluded: processing is timed from the first handler start (the
-handler's own clock) to the last completion the database recorded."""
+handler's own clock) to the last completion the database recorded. The batch is followed by
+VACUUM ANALYZE, for every library alike (a database that has run for a minute has planner
+statistics; autovacuum gives them); `cold` is the same batch without it, on a fresh database."""
 
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ FINISHED = ("completed", "succeeded", "gone, logged successful")
 
 
 class Sizes:
-    jobs = 20_000  # throughput: jobs enqueued in one batch
+    jobs = 10_000  # throughput: jobs enqueued in one batch
     latency_jobs = 200
     latency_gap = 0.03  # s between single enqueues: the worker is idle at each
     sleep = 30.0  # drain/rescue: the job awaits this long
@@ -84,7 +86,9 @@ class Sizes:
     throughput_bound = 300.0
     # Processing is timed over the whole batch or, for a library too slow to finish it on the
     # run's time budget, over the first WINDOW seconds of the same deep queue (said in the table).
-    window = 15.0
+    window = 10.0
+    cold_concurrency = 10  # the cold-planner workload runs at this concurrency only
+    event_reps = 1  # drain and rescue: bounded waits and states, not rates; one repetition
 
 
 class BenchError(Exception):
@@ -251,6 +255,19 @@ async def fresh_db(lib: str) -> AsyncIterator[str]:
         await asyncio.shield(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+async def analyze(url: str) -> float:
+    """VACUUM ANALYZE the whole database (every library's tables alike); answers its seconds.
+    Run after the enqueue, before any worker starts: the planner's statistics are in place,
+    as autovacuum would have put them after a minute of traffic."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        started = time.perf_counter()
+        await asyncio.wait_for(conn.execute("VACUUM ANALYZE"), 120)
+        return time.perf_counter() - started
+    finally:
+        await conn.close()
+
+
 async def query_row(url: str, sql: str) -> tuple[Any, ...]:
     conn = await asyncpg.connect(url, timeout=10)
     try:
@@ -266,9 +283,16 @@ Result = dict[str, Any]
 
 
 async def _process(
-    lib: str, url: str, conc: int, workdir: Path, done: Callable[[], Awaitable[tuple[int, Any]]]
+    lib: str,
+    url: str,
+    conc: int,
+    workdir: Path,
+    done: Callable[[], Awaitable[tuple[int, Any]]],
+    *,
+    warm: bool,
 ) -> Result:
-    """Enqueue ``Sizes.jobs`` in one batch, then time one worker processing them."""
+    """Enqueue ``Sizes.jobs`` in one batch, then (``warm``) VACUUM ANALYZE, then time one worker
+    processing them."""
     enq = await run_once(
         lib,
         ["enqueue", "--install", "--db", url, "--n", str(Sizes.jobs)],
@@ -276,6 +300,7 @@ async def _process(
         f"{lib}-enqueue",
         300,
     )
+    analyzed = await analyze(url) if warm else None
     mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
     worker = await start_worker(lib, url, conc, "noop", mark, workdir)
     async with running(worker):
@@ -301,6 +326,7 @@ async def _process(
         "enqueue_jps": Sizes.jobs / enq["seconds"],
         "process_jps": count / (float(last) - first),
         "processed": count,
+        "analyze_s": analyzed,
     }
 
 
@@ -308,14 +334,24 @@ def _first(marks: list[str]) -> float:
     return float(marks[0].split()[1])
 
 
-async def throughput(lib: str, conc: int, workdir: Path) -> Result:
+async def _throughput(lib: str, conc: int, workdir: Path, *, warm: bool) -> Result:
     async with fresh_db(lib) as url:
 
         async def done() -> tuple[int, Any]:
             row = await query_row(url, DONE_SQL[lib])
             return int(row[0]), row[1]
 
-        return await _process(lib, url, conc, workdir, done)
+        return await _process(lib, url, conc, workdir, done, warm=warm)
+
+
+async def throughput(lib: str, conc: int, workdir: Path) -> Result:
+    return await _throughput(lib, conc, workdir, warm=True)
+
+
+async def cold(lib: str, conc: int, workdir: Path) -> Result:
+    """The same batch on a fresh database with no planner statistics: a second, labelled
+    workload (the peers' claim queries pick bad plans here; never the headline)."""
+    return await _throughput(lib, conc, workdir, warm=False)
 
 
 async def sqlite_throughput(lib: str, conc: int, workdir: Path) -> Result:
@@ -332,7 +368,7 @@ async def sqlite_throughput(lib: str, conc: int, workdir: Path) -> Result:
         return await asyncio.to_thread(read)
 
     try:
-        return await _process(lib, url, conc, workdir, done)
+        return await _process(lib, url, conc, workdir, done, warm=False)
     finally:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
@@ -344,6 +380,7 @@ async def latency(lib: str, conc: int, workdir: Path) -> Result:
         await run_once(
             lib, ["enqueue", "--install", "--db", url, "--n", "0"], workdir, f"{lib}-schema", 120
         )
+        await analyze(url)  # as throughput does, for all alike
         mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
         worker = await start_worker(lib, url, conc, "latency", mark, workdir)
         async with running(worker):
@@ -353,12 +390,21 @@ async def latency(lib: str, conc: int, workdir: Path) -> Result:
             answer = await run_once(lib, args, workdir, f"{lib}-latency", 120)
             await wait_for(lambda: len(read_marks(mark)) >= n, 10)
         started = {int(i): float(t) for i, t in (line.split() for line in read_marks(mark))}
-        returned = answer["returned"]
+        called, returned = answer["called"], answer["returned"]
         missing = [i for i in range(n) if i not in started]
         if missing:
             raise BenchError(f"{lib}: {len(missing)} of {n} latency jobs never started")
-        ms = sorted((started[i] - returned[i]) * 1000 for i in range(n))
-        return {"p50_ms": _quantile(ms, 0.50), "p99_ms": _quantile(ms, 0.99)}
+        result: Result = {"loop": answer.get("loop")}
+        for key, since, until in (
+            ("call", called, returned),  # the enqueue call alone
+            ("", returned, started),  # the call's return → the handler's start
+            ("from_call", called, started),  # the call's start → the handler's start
+        ):
+            ms = sorted((until[i] - since[i]) * 1000 for i in range(n))
+            prefix = f"{key}_" if key else ""
+            result[f"{prefix}p50_ms"] = _quantile(ms, 0.50)
+            result[f"{prefix}p99_ms"] = _quantile(ms, 0.99)
+        return result
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -439,6 +485,7 @@ async def rescue(lib: str, conc: int, workdir: Path) -> Result:
 
 WORKLOADS: dict[str, Callable[[str, int, Path], Awaitable[Result]]] = {
     "throughput": throughput,
+    "cold": cold,
     "latency": latency,
     "drain": drain,
     "rescue": rescue,
@@ -451,6 +498,8 @@ def cells(workload: str, concurrencies: list[int]) -> list[tuple[str, int]]:
         return [("throughput", c) for c in concurrencies]
     if workload == "sqlite":
         return [("sqlite", 10)]
+    if workload == "cold":
+        return [("cold", Sizes.cold_concurrency)]
     return [(workload, 10)]
 
 
@@ -462,11 +511,19 @@ METRICS = {
         ("process_jps", "jobs/s processed", True),
         ("enqueue_jps", "jobs/s enqueued (one batch)", True),
     ],
+    "cold": [("process_jps", "jobs/s processed", True)],
     "sqlite": [
         ("process_jps", "jobs/s processed", True),
         ("enqueue_jps", "jobs/s enqueued (one batch)", True),
     ],
-    "latency": [("p50_ms", "enqueue→start p50, ms", False), ("p99_ms", "p99, ms", False)],
+    "latency": [
+        ("call_p50_ms", "one enqueue call p50, ms", False),
+        ("call_p99_ms", "one enqueue call p99, ms", False),
+        ("p50_ms", "call's return→start p50, ms", False),
+        ("p99_ms", "call's return→start p99, ms", False),
+        ("from_call_p50_ms", "call's start→start p50, ms", False),
+        ("from_call_p99_ms", "call's start→start p99, ms", False),
+    ],
     "drain": [
         ("exit_s", "SIGTERM→exit, s", False),
         ("rerun_s", "2nd worker ready→job runs, s", False),
@@ -517,6 +574,8 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
         label = f"throughput c={conc}" if workload == "throughput" else workload
         if workload == "sqlite":
             label = f"SQLite c={conc}"
+        if workload == "cold":
+            label = f"cold planner c={conc}"
         for key, metric, _ in METRICS[workload]:
             meds: dict[str, float | None] = {}
             row = [label, metric]
@@ -537,11 +596,21 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
                     a, b = meds.get("jobs_trio"), meds.get(peer)
                     row.append(_ratio(a, b))
             lines.append("| " + " | ".join(row) + " |")
+    if any(r.get("processed", Sizes.jobs) < Sizes.jobs for runs in results.values() for r in runs):
+        lines.append("")
+        lines.append(
+            f"‡ did not finish the {Sizes.jobs:,} jobs within the {Sizes.window:.0f} s window: the"
+            " rate is over the jobs completed in the window, on the same deep queue."
+        )
     lines.append("")
-    lines.append(
-        f"‡ did not finish the {Sizes.jobs:,} jobs within the {Sizes.window:.0f} s window: the"
-        " rate is over the jobs completed in the window, on the same deep queue."
-    )
+    lines.append("Load average (1 min, `os.getloadavg`) at the start of each run, min–max:")
+    lines.append("")
+    for lib in libs:
+        loads = [
+            r["load1"] for k, runs in results.items() if k[2] == lib for r in runs if "load1" in r
+        ]
+        if loads:
+            lines.append(f"- {lib}: {min(loads):.2f}–{max(loads):.2f} over {len(loads)} runs")
     drains = {k: v for k, v in results.items() if k[0] == "drain"}
     if drains:
         lines.append("")
@@ -564,7 +633,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def _cell_order(cell: tuple[str, int]) -> tuple[int, int]:
-    order = ["throughput", "latency", "drain", "rescue", "sqlite"]
+    order = ["throughput", "latency", "cold", "drain", "rescue", "sqlite"]
     return order.index(cell[0]), cell[1]
 
 
@@ -623,7 +692,7 @@ def _workdir() -> Iterator[Path]:
 async def run(args: argparse.Namespace) -> dict[tuple[str, int, str], list[Result]]:
     await drop_leftovers()
     workloads = (
-        ["throughput", "latency", "drain", "rescue", "sqlite"]
+        ["throughput", "latency", "cold", "drain", "rescue", "sqlite"]
         if args.workload == "all"
         else [args.workload]
     )
@@ -633,13 +702,17 @@ async def run(args: argparse.Namespace) -> dict[tuple[str, int, str], list[Resul
     with _workdir() as workdir:
         for rep in range(1, args.reps + 1):
             for workload, conc in plan:
+                if workload in ("drain", "rescue") and rep > Sizes.event_reps:
+                    continue
                 libs = ["jobs_trio"] if workload == "sqlite" else args.lib
                 for lib in libs:  # A B C, A B C, ...: drift in the machine hits all alike
                     t0 = time.monotonic()
+                    load1 = os.getloadavg()[0]  # the machine is shared: every figure beside it
                     try:
                         result = await WORKLOADS[workload](lib, conc, workdir)
                     except BenchError as exc:
                         result = {"error": str(exc)}
+                    result["load1"] = load1
                     results[(workload, conc, lib)].append(result)
                     shown = ", ".join(
                         f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in result.items()
@@ -688,13 +761,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", action="append", type=int, help="throughput (default 1 10 50)"
     )
-    parser.add_argument("--reps", type=int, help="repetitions (default 3 for all, else 1)")
+    parser.add_argument(
+        "--reps", type=int, help="repetitions (default 2 for all, else 1; drain and rescue: 1)"
+    )
     parser.add_argument("--jobs", type=int, default=Sizes.jobs, help="throughput batch size")
     parser.add_argument("--results", type=Path, help="write the table here (all: bench/RESULTS.md)")
     args = parser.parse_args(argv)
     args.lib = args.lib or list(LIBS)
     args.concurrency = args.concurrency or [1, 10, 50]
-    args.reps = args.reps or (3 if args.workload == "all" else 1)
+    args.reps = args.reps or (2 if args.workload == "all" else 1)
     Sizes.jobs = args.jobs
     if args.workload == "all" and args.results is None:
         args.results = HERE / "RESULTS.md"
