@@ -77,3 +77,12 @@ async def test_stats_per_queue(driver: Driver, manual_clock: ManualClock) -> Non
     assert stats["a"].oldest_ready_age == pytest.approx(5.0)
     assert stats["b"].depth == {"ready": 1} and stats["b"].due == 0
     assert stats["b"].oldest_ready_age is None
+
+
+@pytest.mark.parametrize("limit", [-1, 0])
+async def test_a_limit_below_one_lists_nothing(driver: Driver, limit: int) -> None:
+    # The drivers disagreed on a negative limit (memory listed all but the last job; SQL's
+    # LIMIT clamped to zero): every driver answers nothing now.
+    for _ in range(3):
+        await enqueue_one(driver)
+    assert await driver.list_jobs(limit=limit) == []

@@ -349,7 +349,7 @@ class MemoryDriver:
             if (state is None or r.state is state) and (queue is None or r.queue == queue)
         ]
         found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
-        return found[:limit]
+        return found[: max(limit, 0)]  # a negative limit lists nothing, as on SQLite and PostgreSQL
 
     async def retry(self, job_id: JobId) -> JobRecord:
         await trio.lowlevel.checkpoint()
