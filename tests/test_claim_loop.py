@@ -121,11 +121,14 @@ async def test_a_slot_freed_in_a_full_queue_claims_again_without_waiting_for_wor
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
         await trio.testing.wait_all_tasks_blocked()
-        assert running == {"b1"}
+        # One batch ties on run-at and priority; ids break the tie, and their random bits decide
+        # which of the two goes first: the test holds for either order.
+        [first] = running
+        [second] = {"b1", "b2"} - {first}
         started = trio.current_time()
-        release["b1"].set()
+        release[first].set()
         await trio.testing.wait_all_tasks_blocked()
-        assert running == {"b2"}
+        assert running == {second}
         assert trio.current_time() - started < 1.0  # not at the 600 s safety poll
-        release["b2"].set()
+        release[second].set()
         await w.stop()
