@@ -835,19 +835,7 @@ async def _insert(
 ) -> set[str]:
     """Write enqueue's rows and notify their queues; answer the ids written (a job whose key a
     live job holds is not)."""
-    rows = await conn.fetch(
-        sql["enqueue"],
-        now,
-        [j.job_id for j in batch],
-        [j.name for j in batch],
-        [j.queue for j in batch],
-        [j.payload for j in batch],
-        [j.priority for j in batch],
-        [j.max_attempts for j in batch],
-        [float(j.delay) for j in batch],
-        [j.key for j in batch],
-        sql.channel,
-    )
+    rows = await conn.fetch(sql["enqueue"], now, *_job_columns(batch), sql.channel)
     return {row["id"] for row in rows}
 
 
