@@ -69,12 +69,14 @@ async def test_a_worker_deletes_finished_jobs_after_their_age_and_keeps_live_one
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
         await trio.sleep(60)
+        assert w._metrics.jobs_pruned._value.get() == 0
         everything = {"t.done": "completed", "t.fails": "dead", "t.later": "ready"}
         assert await states(driver) == everything
         await trio.sleep(HOUR + 60)  # past keep_finished, and the next turn has come
         assert await states(driver) == {"t.fails": "dead", "t.later": "ready"}
         await trio.sleep(2 * HOUR)
         assert await states(driver) == {"t.later": "ready"}
+        assert w._metrics.jobs_pruned._value.get() == 2  # jobs_pruned_total
         await w.stop()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -13,6 +14,7 @@ from .boundary import check_int, check_seconds
 from .driver import Driver
 from .errors import DriverError
 from .logs import log_event
+from .metrics import Metrics, default_metrics
 from .records import PruneTurn
 
 DAY = 86_400.0
@@ -67,15 +69,20 @@ class Retention:
         )
 
 
-async def prune_all(driver: Driver, turn: PruneTurn) -> int | None:
+async def prune_all(
+    driver: Driver, turn: PruneTurn, *, on_batch: Callable[[int], None] | None = None
+) -> int | None:
     """Delete in batches while the turn is held; answer how many went, None when another
-    pruner held the turn (or the fleet's last turn ended under ``turn.every`` ago)."""
+    pruner held the turn (or the fleet's last turn ended under ``turn.every`` ago).
+    ``on_batch`` hears each batch's count (the CLI's progress)."""
     deleted = 0
     while True:
         pruned = await driver.prune(turn)
         if not pruned.turn:
             return None if deleted == 0 else deleted
         deleted += pruned.deleted
+        if on_batch is not None:
+            on_batch(pruned.deleted)
         if not pruned.more:
             return deleted
         # A long backlog is many transactions, never one: let the rest of the worker run
@@ -87,10 +94,13 @@ class Pruner:
     """A worker's retention service. Start it with ``nursery.start(pruner.run)``; cancel its
     scope to stop it (a batch in flight then rolls back, or has committed whole)."""
 
-    def __init__(self, driver: Driver, retention: Retention, holder: str) -> None:
+    def __init__(
+        self, driver: Driver, retention: Retention, holder: str, *, metrics: Metrics | None = None
+    ) -> None:
         self.driver = driver
         self.retention = retention
         self.holder = holder
+        self._metrics = metrics or default_metrics()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -98,7 +108,7 @@ class Pruner:
         while True:
             wait = self.retention.every
             try:
-                deleted = await prune_all(self.driver, turn)
+                deleted = await prune_all(self.driver, turn, on_batch=self._metrics.jobs_pruned.inc)
             except DriverError as exc:
                 log_event("jobs.prune.failed", logging.WARNING, error=str(exc))
                 wait = min(wait, RETRY_AFTER)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +19,7 @@ from .context import JobContext
 from .drain import Drain
 from .driver import Driver
 from .errors import ConfigError, DriverError, JobDrained
+from .instance_id import instance_id
 from .lease_renewal import renew_leases
 from .lifecycle import open_own_lifecycle
 from .logs import log_event
@@ -65,10 +64,6 @@ class WorkerStats:
     @property
     def interrupted(self) -> int:
         return self.outcomes.get(INTERRUPTED, 0)
-
-
-def _default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
 
 
 class Worker:
@@ -128,7 +123,7 @@ class Worker:
         # (every driver wakes the loop on new work: LISTEN, in-process, SQLite's own poll).
         self.poll_interval = poll_interval
         self.safety_poll = safety_poll
-        self.worker_id = worker_id or _default_worker_id()
+        self.worker_id = worker_id or instance_id()
         self.exit_grace = exit_grace
         self._lifecycle = lifecycle
         self._metrics = metrics or default_metrics()
@@ -157,7 +152,9 @@ class Worker:
         scheduler = TaskScheduler(driver, tasks, metrics=self._metrics) if tasks else None
         # Finished jobs are deleted after their age (off: retention=None); the driver's turn
         # record makes one worker of the fleet prune at a time.
-        pruner = Pruner(driver, retention, self.worker_id) if retention else None
+        pruner = (
+            Pruner(driver, retention, self.worker_id, metrics=self._metrics) if retention else None
+        )
         self._services = tuple(s.run for s in (scheduler, pruner) if s is not None)
 
     # -- what a lifecycle calls ------------------------------------------------------------
