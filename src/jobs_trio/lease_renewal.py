@@ -53,6 +53,11 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
         return
     for run in runs:
+        if run.claim.token not in result.held and run.settling:
+            # Its settlement may have committed while this renewal was in flight: the job is
+            # no longer running because it is done. Whether the write landed or was fenced,
+            # the settler says (a real loss is reported there); the body has ended anyway.
+            continue
         if run.claim.token not in result.held:
             if run.reason is None:
                 log_event("jobs.lease.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name)
