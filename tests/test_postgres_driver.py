@@ -1,6 +1,7 @@
 # What only the PostgreSQL driver has to get right: migrations, schema checks, transactional
 # enqueue, the trio-asyncio loop it runs on, cancels reaching the server, and lost connections.
-# The shared contract is tests/conformance/; these need a server (skipped without, failed in CI).
+# The shared contract is jobs_trio.testing.conformance; these need a server (skipped without,
+# failed in CI).
 from __future__ import annotations
 
 import contextlib

@@ -17,6 +17,7 @@ from jobs_trio import Backoff, ConfigError, JobContext, JobState, Registry
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.testing import ManualClock, memory_driver, new_worker, run_until_idle
 from tests.process_helpers import ROOT
+from tests.test_docs import DOCS, FILE_MARK, blocks
 
 BACKOFF = Backoff(base=60.0, jitter=0.0)  # a mock minute, then two
 
@@ -115,50 +116,33 @@ def test_importing_the_kit_needs_no_pytest() -> None:
     assert done.stdout.strip() == "kit without pytest"
 
 
-THIRD_PARTY_DRIVER = '''
-import contextlib
-
-from jobs_trio.drivers.memory import MemoryDriver
-
-
-class ThirdPartyDriver(MemoryDriver):
-    """Someone else's driver: here the memory driver under another class and URL."""
-
-
-@contextlib.asynccontextmanager
-async def open_third_party(clock):
-    driver = ThirdPartyDriver(clock=clock, url="thirdparty://")
-    try:
-        yield driver
-    finally:
-        await driver.aclose()
-'''
-
-THIRD_PARTY_TESTS = """
+# Beside the page's two files: the suite's driver fixture is the one their factory opened.
+WHICH_DRIVER = """
 import pytest
+from my_driver import MyDriver
+from test_my_driver import driver_factory
 
-from jobs_trio.testing.conformance import *  # noqa: F403
-from third_party import ThirdPartyDriver, open_third_party
-
-
-@pytest.fixture
-def driver_factory():
-    return open_third_party
+from jobs_trio.testing.conformance import driver, manual_clock
 
 
 @pytest.mark.trio
-async def test_the_suite_runs_on_this_driver(driver):
-    assert type(driver) is ThirdPartyDriver
+async def test_the_suite_runs_on_my_driver(driver):
+    assert type(driver) is MyDriver
 """
 
 
 @pytest.mark.slow
-def test_a_third_party_driver_runs_the_packaged_suite_from_its_own_tests(tmp_path: Path) -> None:
-    """Outside this project (its own directory, its own pytest.ini without trio_mode), a
-    driver's tests import the suite and give one fixture; every conformance test runs on it."""
+def test_a_driver_of_its_own_runs_the_packaged_suite_as_the_docs_show(tmp_path: Path) -> None:
+    """docs/howto-testing.md's two files, outside this project (their own directory, a
+    pytest.ini without trio_mode): one import and one fixture run every conformance test."""
+    files = [FILE_MARK.match(code) for _, code in blocks(DOCS / "howto-testing.md", "python")]
+    written = {m["name"] for m in files if m}
+    for m in files:
+        if m:
+            (tmp_path / m["name"]).write_text(m.string, encoding="utf-8")
+    assert written == {"test_my_driver.py", "my_driver.py"}, written
+    (tmp_path / "test_which_driver.py").write_text(WHICH_DRIVER, encoding="utf-8")
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    (tmp_path / "third_party.py").write_text(THIRD_PARTY_DRIVER, encoding="utf-8")
-    (tmp_path / "test_third_party.py").write_text(THIRD_PARTY_TESTS, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
@@ -174,14 +158,22 @@ def test_a_third_party_driver_runs_the_packaged_suite_from_its_own_tests(tmp_pat
     assert re.fullmatch(r"(\d+) passed in [\d.]+s", summary), summary
     # The same tests, one driver: as many as this project runs on its memory driver, plus one.
     ours = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only"]
-        + ["-k", "memory", "tests/conformance"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "tests/conformance",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    collected = re.search(r"(\d+)/\d+ tests collected", ours.stdout)
-    assert collected, ours.stdout[-2000:]
-    assert int(summary.split()[0]) == int(collected[1]) + 1
+    on_memory = re.findall(r"^\S+\[(?:\S+-)?memory(?:-\S+)?\]$", ours.stdout, re.M)
+    assert on_memory, ours.stdout[-2000:]
+    assert int(summary.split()[0]) == len(on_memory) + 1
