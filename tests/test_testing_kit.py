@@ -16,6 +16,7 @@ import jobs_trio
 from jobs_trio import Backoff, ConfigError, JobContext, JobState, Registry
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.testing import ManualClock, memory_driver, new_worker, run_until_idle
+from jobs_trio.testing.conformance.helpers import claim_one
 from tests.process_helpers import ROOT
 from tests.test_docs import DOCS, FILE_MARK, blocks
 
@@ -92,6 +93,14 @@ async def test_a_driver_whose_clock_trio_does_not_move_is_refused(autojump_clock
     with pytest.raises(ConfigError, match="did not move") as caught:
         await run_until_idle(new_worker(driver, registry))
     assert "memory_driver()" in (caught.value.fix or "")
+
+
+async def test_the_suite_s_failed_checks_show_their_values() -> None:
+    """The packaged suite's asserts are rewritten by pytest like a test module's own: a driver's
+    author sees what the driver answered, not a bare AssertionError."""
+    with pytest.raises(AssertionError) as caught:
+        await claim_one(memory_driver())  # nothing to claim
+    assert "assert 0 == 1" in str(caught.value)
 
 
 def test_importing_the_kit_needs_no_pytest() -> None:

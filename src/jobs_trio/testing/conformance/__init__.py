@@ -18,7 +18,11 @@ import pkgutil
 
 import pytest
 
-from .fixtures import DriverFactory, driver, manual_clock
+# Before any module of the suite is imported: a failed check then shows its values, as a test
+# module's own asserts do (pytest rewrites only test modules and what is registered).
+pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
+
+from .fixtures import DriverFactory, driver, manual_clock  # noqa: E402
 
 __all__ = ["DriverFactory", "driver", "manual_clock"]
 
