@@ -28,6 +28,7 @@ from .events import send_event
 from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import open_driver
 from .outbox import Outbox
+from .pruner import Retention
 from .records import JobRecord, JobState
 from .registry import JobDefinition, Registry
 from .relay import Relay, open_relay
@@ -57,6 +58,7 @@ __all__ = [
     "PayloadNotSerialisable",
     "Registry",
     "Relay",
+    "Retention",
     "ResultNotStorable",
     "StepError",
     "TerminalError",

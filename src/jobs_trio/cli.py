@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import trio
 
 from . import cli_render as render
+from .cli_prune import add_prune_command
 from .cli_tasks import add_tasks_command
 from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
     add_tasks_command(command, on_driver, as_json)
+    add_prune_command(command, on_driver, as_json)
 
     add_dashboard_command(command("dashboard", _dashboard, DASHBOARD_HELP))
 

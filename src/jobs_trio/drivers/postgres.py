@@ -41,6 +41,8 @@ from ..records import (
     NewJob,
     OutboxStats,
     Park,
+    Pruned,
+    PruneTurn,
     QueueStats,
     RenewResult,
     Retry,
@@ -52,6 +54,7 @@ from ..records import (
     TaskMark,
     outbox_job,
 )
+from ..retention import cutoffs, turn_is_free
 from .memory import FIRE_HISTORY, LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
@@ -457,6 +460,31 @@ class PostgresDriver:
 
         observed: list[QueueStats] = await self.bridge.run(observe, what="fleet_stats")
         return observed
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+        finished_before, dead_before = cutoffs(turn, now)
+
+        async def batch(conn: Connection) -> Pruned:
+            row = await conn.fetchrow(sql["prune_turn_read"])
+            if row is None or not turn_is_free(
+                turn, row["holder"], row["held_until"], row["ended_at"], now
+            ):
+                return Pruned(turn=False)
+            deleted = len(
+                await conn.fetch(sql["prune_batch"], finished_before, dead_before, turn.limit)
+            )
+            more = deleted >= turn.limit
+            if more:
+                await conn.execute(sql["prune_turn_hold"], turn.holder, now + turn.hold)
+            else:
+                await conn.execute(sql["prune_turn_end"], now)
+            return Pruned(turn=True, deleted=deleted, more=more)
+
+        pruned: Pruned = await self.bridge.run(batch, what="prune", transaction=True)
+        return pruned
 
     # --- wake-ups ---
 
