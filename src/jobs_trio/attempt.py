@@ -1,5 +1,6 @@
 # One claimed job run to its outcome: the body under its run scope, then the verdict.
 # Apart because "what did this attempt end as" is answered here and nowhere else.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 # Lease renewal and its watchdog: every held run's lease extended in ONE driver call per interval,
 # and each run cancelled `lease-lost` once its lease runs out on the worker's own clock without a
 # renewal. Apart because it is the only path a lost lease takes.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,7 @@
 # The PostgreSQL driver: the Driver contract in SQL (SKIP LOCKED claims, fenced settles in
 # batches, LISTEN/NOTIFY wake-ups), for fleets of workers on any number of machines. Apart from
 # the bridge, listener and migrations so that this module reads as the contract, one method each.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 # The SQLite driver: the whole contract on one WAL database file that worker processes on one
 # machine share. Apart because every call must leave the Trio thread and a cancelled call must
 # leave its connection usable; both happen in `SqliteDriver._transact`, the door every method uses.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib
