@@ -306,7 +306,7 @@ class MemoryDriver:
         waiting = [
             r
             for r in self._jobs.values()
-            if self._waiting.get(r.id) == waits and r.state is JobState.READY
+            if self._waiting.get(r.id) == waits and r.state in (JobState.READY, JobState.SUSPENDED)
         ]
         if waiting:
             first = min(waiting, key=lambda r: (r.priority, r.run_at, r.id))
@@ -472,7 +472,7 @@ class MemoryDriver:
             oldest = now - min(r.run_at for r in due) if due else None
             waiting: dict[tuple[str, str], int] = {}
             for r in records:
-                if r.state is JobState.READY and r.id in self._waiting:
+                if r.state in (JobState.READY, JobState.SUSPENDED) and r.id in self._waiting:
                     kind = self._waiting[r.id].split(":", 1)[0]
                     waiting[(r.name, kind)] = waiting.get((r.name, kind), 0) + 1
             answers.append(
