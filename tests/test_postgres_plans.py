@@ -80,6 +80,7 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         [None],
     ),
     "live_key_holders": (["k"],),
+    "claim_limited_jobs": (NOW, RUNNING_IDS),
     "get_job": (RUNNING_IDS[0],),
 }
 

@@ -140,3 +140,12 @@ async def test_a_rate_lets_n_start_per_window_and_puts_the_rest_off(
     manual_clock.advance(0.1)
     later = await driver.claim(["default"], 10, lease=30, worker_id="w1")
     assert [c.job_id for c in later] == ids[3:]
+
+
+async def test_a_settle_batch_freeing_two_slots_wakes_two_waiters(driver: Driver) -> None:
+    ids = await ids_of(driver, [limited(2, priority=n) for n in range(4)])
+    held = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert [c.job_id for c in held] == ids[:2]
+    await driver.settle([Complete(c.lease) for c in held])
+    woken = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert [c.job_id for c in woken] == ids[2:]

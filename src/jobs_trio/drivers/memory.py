@@ -306,11 +306,13 @@ class MemoryDriver:
         waiting = [
             r
             for r in self._jobs.values()
-            if self._waiting.get(r.id) == waits and r.state in (JobState.READY, JobState.SUSPENDED)
+            if self._waiting.get(r.id) == waits
+            and r.state in (JobState.READY, JobState.SUSPENDED)
+            and r.run_at > now  # one woken already is due: wake the next
         ]
         if waiting:
             first = min(waiting, key=lambda r: (r.priority, r.run_at, r.id))
-            self._put(first, run_at=min(first.run_at, now))
+            self._put(first, run_at=now)
 
     def _dead_from_lapse(self, record: JobRecord) -> None:
         self._tokens.pop(record.id, None)

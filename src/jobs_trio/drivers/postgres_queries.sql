@@ -252,12 +252,14 @@ WITH locked AS MATERIALIZED (
 ), woken AS (
     UPDATE {schema}.jobs AS w SET run_at = $1, updated_at = $1
     WHERE w.id = ANY (ARRAY(
-        SELECT f.id FROM released AS r CROSS JOIN LATERAL (
+        -- One waiter per slot freed: the statement sees one snapshot, so per key, not per row.
+        SELECT f.id FROM (SELECT key, count(*) AS n FROM released GROUP BY key) AS r
+        CROSS JOIN LATERAL (
             SELECT id FROM {schema}.jobs
             WHERE waiting_on = 'slot:' || r.key AND state IN ('ready', 'suspended')
               AND run_at > $1
             ORDER BY priority, run_at, id
-            LIMIT 1
+            LIMIT r.n
             FOR UPDATE SKIP LOCKED
         ) AS f
     ))

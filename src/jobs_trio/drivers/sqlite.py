@@ -491,7 +491,7 @@ def _release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
         conn.execute(
             "UPDATE jobs SET run_at = ?, updated_at = ? WHERE id = (SELECT id FROM jobs"
             " INDEXED BY jobs_waiting_on WHERE waiting_on = ? AND state IN ('ready', 'suspended')"
-            " ORDER BY priority, run_at, id LIMIT 1) AND run_at > ?",
+            " AND run_at > ? ORDER BY priority, run_at, id LIMIT 1)",
             (now, now, waiting_on(SLOT, key), now),
         )
 
