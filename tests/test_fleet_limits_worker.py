@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
-from jobs_trio import FleetLimit, JobContext, RateLimit, Registry
+from jobs_trio import ConfigError, FleetLimit, JobContext, Outbox, RateLimit, Registry
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.records import JobState
 
@@ -126,3 +127,15 @@ async def test_the_jobs_waiting_on_a_limit_are_a_gauge(
         await w.stop()
     assert gauge(metrics, "limit_waiting", queue="mail", job="capped", limit="slot") == 2
     assert gauge(metrics, "limit_waiting", queue="mail", job="paced", limit="rate") == 1
+
+
+async def test_the_outbox_refuses_a_limited_job_rather_than_relay_it_unlimited() -> None:
+    registry = Registry()
+
+    @registry.job("capped", fleet_limit=FleetLimit(1))
+    async def capped(ctx: JobContext, payload: None) -> None: ...
+
+    app_db = trio_driver()
+    with pytest.raises(ConfigError, match="fleet limits"):
+        await capped.enqueue(Outbox(app_db))
+    assert (await app_db.outbox_stats()).pending == 0
