@@ -3,25 +3,15 @@
 # Apart from the test because each worker process imports it by name, as a user's app would be.
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import trio
 
 import jobs_trio
+from tests.apps.settle_app import _append  # one atomic line per write: processes never mix
 
 registry = jobs_trio.Registry()
-
-
-def _append(path: str, line: str) -> None:
-    # One write(2) of one line on an O_APPEND file: atomic on a local file system, so lines
-    # from three processes never interleave.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{line}\n".encode())
-    finally:
-        os.close(fd)
 
 
 @registry.job("limits.two", queue="two", fleet_limit=jobs_trio.FleetLimit(2))

@@ -347,16 +347,13 @@ class PostgresDriver:
             for row in await conn.fetch(sql["claim_limited_rows"], kinds, keys):
                 rows.setdefault((row["kind"], row["key"]), []).append(LimitRow(*row))
             decision = decide(candidates, rows, now=now, lease=lease, missing_is_free=False)
-            taken = decision.taken
             put_off = list(decision.put_off.items())
+            # The taken rows' columns as unnest arrays: kind, key, n, until, token, job_id.
+            rows_taken = map(attrs.astuple, decision.taken)
+            taken = [list(column) for column in zip(*rows_taken, strict=True)]
             claimed = await conn.fetch(
                 sql["claim_limited_take"],
-                [r.kind for r in taken],
-                [r.key for r in taken],
-                [r.n for r in taken],
-                [r.until for r in taken],
-                [r.token for r in taken],
-                [r.job_id for r in taken],
+                *(taken or [[]] * 6),
                 now,
                 [job_id for job_id, _ in put_off],
                 [run_at for _, (run_at, _) in put_off],
