@@ -29,6 +29,7 @@ from .events import send_event
 from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import open_driver
 from .outbox import Outbox
+from .pruner import Retention
 from .records import JobRecord, JobState
 from .registry import JobDefinition, Registry
 from .relay import Relay, open_relay
@@ -60,6 +61,7 @@ __all__ = [
     "Registry",
     "Relay",
     "ResultNotStorable",
+    "Retention",
     "StepError",
     "TerminalError",
     "TooLarge",

@@ -1,6 +1,7 @@
 # One claimed job run to its outcome: parked if this deploy does not know it, else its body under
 # its run scope with a context of its own, then the verdict.
 # Apart because "what did this attempt end as" is answered here and nowhere else.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import enum

@@ -1,6 +1,7 @@
 # The fleet's one observer of queue stats per interval (issue 20): the rule every driver's
 # ``fleet_stats`` follows and the stored observation's encoding. Apart because three drivers
 # share them, and the full stats scan is what a fleet of idle workers must not repeat each.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 """Every worker exports its queues' depth (``queue_depth`` and friends) every ``stats_interval``.
 A full ``stats()`` reads the whole jobs table; done by each of a hundred workers every 15 s,
 that is the idle fleet's largest cost. So a worker asks the driver for ``fleet_stats``: the

@@ -1,6 +1,7 @@
 # Lease renewal and its watchdog: every held run's lease extended in ONE driver call per interval,
 # and each run cancelled `lease-lost` once its lease runs out on the worker's own clock without a
 # renewal. Apart because it is the only path a lost lease takes.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging
@@ -53,6 +54,11 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
         return
     for run in runs:
+        if run.claim.token not in result.held and run.settling:
+            # Its settlement may have committed while this renewal was in flight: the job is
+            # no longer running because it is done. Whether the write landed or was fenced,
+            # the settler says (a real loss is reported there); the body has ended anyway.
+            continue
         if run.claim.token not in result.held:
             if run.reason is None:
                 log_event("jobs.lease.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name)

@@ -52,6 +52,9 @@ class Metrics:
             ["task"],
             registry=registry,
         )
+        self.jobs_pruned = Counter(
+            "jobs_pruned_total", "Finished jobs deleted by retention", registry=registry
+        )
         self.outbox_pending = Gauge(
             "outbox_pending", "Outbox rows written and not yet relayed", registry=registry
         )

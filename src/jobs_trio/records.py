@@ -285,3 +285,35 @@ class TaskAdvance:
     expected: float | None
     advance_to: float
     fires: tuple[TaskFire, ...] = ()
+
+
+@attrs.frozen
+class PruneTurn:
+    """One bounded batch of retention, asked for by ``holder``. The driver deletes up to
+    ``limit`` finished jobs and their step records: completed and cancelled ones last changed
+    more than ``keep_finished`` seconds ago, dead ones more than ``keep_dead`` (None: dead jobs
+    are kept). A live job (ready, running, suspended, parked) is never deleted.
+
+    One pruner at a time in a fleet: the batch runs only if ``holder`` holds the turn or takes
+    it (a compare-and-set on one row): a turn is free once its holder has not come back for
+    ``hold`` seconds, and is taken only ``every`` seconds after the last turn ended (0: at once,
+    the CLI's way)."""
+
+    holder: str
+    keep_finished: float
+    keep_dead: float | None
+    limit: int = 1000
+    hold: float = 60.0
+    every: float = 0.0
+
+
+@attrs.frozen
+class Pruned:
+    """What one ``prune`` call did. ``turn`` False: another pruner holds the turn, or the last
+    turn ended less than ``every`` seconds ago; nothing was deleted. ``more``: the batch was
+    full, so more may be due; the caller still holds the turn and calls again. A batch that
+    was not full ends the turn."""
+
+    turn: bool
+    deleted: int = 0
+    more: bool = False

@@ -1,5 +1,6 @@
 # The run scope of one claimed job: the cancel scope its body runs under, and the first reason
 # it was cancelled for. Apart because the outcome of an attempt is decided HERE, from the scope.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -38,6 +38,8 @@ from ..records import (
     NewJob,
     OutboxStats,
     Park,
+    Pruned,
+    PruneTurn,
     QueueStats,
     RenewResult,
     Retry,
@@ -48,6 +50,7 @@ from ..records import (
     TaskMark,
     new_token,
 )
+from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 
 
 def _refuse_unstorable(settlement: Settlement) -> None:
@@ -120,6 +123,8 @@ class MemoryDriver:
         # fleet_stats: when the last turn was taken, and what it observed.
         self._fleet_turn_at = -math.inf
         self._fleet_observed: tuple[QueueStats, ...] = ()
+        # The prune turn: who holds it, until when, and when the last turn ended.
+        self._prune_turn: tuple[str | None, float | None, float | None] = (None, None, None)
 
     def now(self) -> float:
         return self._clock()
@@ -563,6 +568,29 @@ class MemoryDriver:
         ]
         self._wake()
         return answers
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        if not turn_is_free(turn, *self._prune_turn, now):
+            return Pruned(turn=False)
+        finished_before, dead_before = cutoffs(turn, now)
+        doomed = [
+            r.id
+            for r in self._jobs.values()
+            if (r.state in FINISHED_STATES and r.updated_at < finished_before)
+            or (dead_before is not None and r.state is DEAD_STATE and r.updated_at < dead_before)
+        ][: turn.limit]
+        for job_id in doomed:
+            del self._jobs[job_id]
+            self._steps.pop(job_id, None)
+        more = len(doomed) == turn.limit
+        if more:
+            self._prune_turn = (turn.holder, now + turn.hold, self._prune_turn[2])
+        else:
+            self._prune_turn = (None, None, now)
+        return Pruned(turn=True, deleted=len(doomed), more=more)
 
     async def aclose(self) -> None:
         self._closed = True

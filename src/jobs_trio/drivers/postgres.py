@@ -1,6 +1,7 @@
 # The PostgreSQL driver: the Driver contract in SQL (SKIP LOCKED claims, fenced settles in
 # batches, LISTEN/NOTIFY wake-ups), for fleets of workers on any number of machines. Apart from
 # the bridge, listener and migrations so that this module reads as the contract, one method each.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib
@@ -40,6 +41,8 @@ from ..records import (
     NewJob,
     OutboxStats,
     Park,
+    Pruned,
+    PruneTurn,
     QueueStats,
     RenewResult,
     Retry,
@@ -51,6 +54,7 @@ from ..records import (
     TaskMark,
     outbox_job,
 )
+from ..retention import cutoffs, turn_is_free
 from .memory import FIRE_HISTORY, LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
@@ -456,6 +460,31 @@ class PostgresDriver:
 
         observed: list[QueueStats] = await self.bridge.run(observe, what="fleet_stats")
         return observed
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+        finished_before, dead_before = cutoffs(turn, now)
+
+        async def batch(conn: Connection) -> Pruned:
+            row = await conn.fetchrow(sql["prune_turn_read"])
+            if row is None or not turn_is_free(
+                turn, row["holder"], row["held_until"], row["ended_at"], now
+            ):
+                return Pruned(turn=False)
+            deleted = len(
+                await conn.fetch(sql["prune_batch"], finished_before, dead_before, turn.limit)
+            )
+            more = deleted >= turn.limit
+            if more:
+                await conn.execute(sql["prune_turn_hold"], turn.holder, now + turn.hold)
+            else:
+                await conn.execute(sql["prune_turn_end"], now)
+            return Pruned(turn=True, deleted=deleted, more=more)
+
+        pruned: Pruned = await self.bridge.run(batch, what="prune", transaction=True)
+        return pruned
 
     # --- wake-ups ---
 

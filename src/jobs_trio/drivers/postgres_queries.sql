@@ -467,3 +467,35 @@ SELECT count(*)::int FROM gone;
 
 -- name: outbox_stats
 SELECT count(*)::int AS pending, min(created_at) AS oldest FROM {schema}.outbox;
+
+-- name: prune_turn_read
+-- The fleet's one prune turn (retention.py), locked for the batch's transaction. SKIP LOCKED:
+-- a pruner that finds another mid-batch gets no row and goes away (the turn is taken), rather
+-- than queue behind it on the lock.
+SELECT holder, held_until, ended_at FROM {schema}.prune_turn WHERE id = 1 FOR UPDATE SKIP LOCKED;
+
+-- name: prune_batch
+-- Up to $3 finished jobs: completed and cancelled ones last changed before $1, dead ones before
+-- $2 (NULL: kept). Each arm reads the partial index jobs_finished oldest first and stops at the
+-- limit. The DELETE repeats the state test: a job an operator re-ran since is live again, and
+-- the row's new version fails it. Step records go with their job (ON DELETE CASCADE).
+WITH doomed AS (
+    (SELECT id FROM {schema}.jobs WHERE state = 'completed' AND updated_at < $1::float8
+        ORDER BY updated_at LIMIT $3)
+    UNION ALL
+    (SELECT id FROM {schema}.jobs WHERE state = 'cancelled' AND updated_at < $1::float8
+        ORDER BY updated_at LIMIT $3)
+    UNION ALL
+    (SELECT id FROM {schema}.jobs WHERE state = 'dead' AND updated_at < $2::float8
+        ORDER BY updated_at LIMIT $3)
+    LIMIT $3
+)
+DELETE FROM {schema}.jobs AS j USING doomed
+WHERE j.id = doomed.id AND j.state IN ('completed', 'cancelled', 'dead')
+RETURNING j.id;
+
+-- name: prune_turn_hold
+UPDATE {schema}.prune_turn SET holder = $1, held_until = $2::float8 WHERE id = 1;
+
+-- name: prune_turn_end
+UPDATE {schema}.prune_turn SET holder = NULL, held_until = NULL, ended_at = $1::float8 WHERE id = 1;

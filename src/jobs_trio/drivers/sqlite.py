@@ -1,6 +1,7 @@
 # The SQLite driver: the whole contract on one WAL database file that worker processes on one
 # machine share. Apart because every call must leave the Trio thread and a cancelled call must
 # leave its connection usable; both happen in `SqliteDriver._transact`, the door every method uses.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib
@@ -51,6 +52,8 @@ from ..records import (
     NewJob,
     OutboxStats,
     Park,
+    Pruned,
+    PruneTurn,
     QueueStats,
     RenewResult,
     Retry,
@@ -62,6 +65,7 @@ from ..records import (
     TaskMark,
     outbox_job,
 )
+from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .memory import FIRE_HISTORY, LAPSED_ERROR, lapsed_out_of_attempts
 
 T = TypeVar("T")
@@ -988,6 +992,56 @@ class SqliteDriver:
                 "UPDATE fleet_stats SET observed = ? WHERE id = 1", (encode_fleet_stats(stats),)
             )
             return stats
+
+        return await self._transact(work)
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        def work(conn: sqlite3.Connection, now: float) -> Pruned:
+            # The turn's compare-and-set and the batch in one BEGIN IMMEDIATE: two pruners
+            # never delete at once, and a turn whose holder died frees itself after its hold.
+            holder, held_until, ended_at = conn.execute(
+                "SELECT holder, held_until, ended_at FROM prune_turn WHERE id = 1"
+            ).fetchone()
+            if not turn_is_free(turn, holder, held_until, ended_at, now):
+                return Pruned(turn=False)
+            finished_before, dead_before = cutoffs(turn, now)
+            ages = [(state, finished_before) for state in FINISHED_STATES]
+            if dead_before is not None:
+                ages.append((DEAD_STATE, dead_before))
+            doomed: list[str] = []
+            for state, before in ages:
+                # One state at a time, so each reads its own partial index (0007), oldest
+                # first, and stops at the batch's limit.
+                doomed += [
+                    row[0]
+                    for row in conn.execute(
+                        f"SELECT id FROM jobs WHERE state = '{state.value}' AND updated_at < ?"
+                        " ORDER BY updated_at LIMIT ?",
+                        (before, turn.limit - len(doomed)),
+                    )
+                ]
+                if len(doomed) >= turn.limit:
+                    break
+            # The ids as one JSON array: a batch of any size is one bound value.
+            ids = json.dumps(doomed)
+            for table, column in (("steps", "job_id"), ("jobs", "id")):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE {column} IN (SELECT value FROM json_each(?))",
+                    (ids,),
+                )
+            more = len(doomed) >= turn.limit
+            if more:
+                conn.execute(
+                    "UPDATE prune_turn SET holder = ?, held_until = ? WHERE id = 1",
+                    (turn.holder, now + turn.hold),
+                )
+            else:
+                conn.execute(
+                    "UPDATE prune_turn SET holder = NULL, held_until = NULL, ended_at = ?"
+                    " WHERE id = 1",
+                    (now,),
+                )
+            return Pruned(turn=True, deleted=len(doomed), more=more)
 
         return await self._transact(work)
 
