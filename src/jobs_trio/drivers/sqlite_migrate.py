@@ -122,13 +122,16 @@ class SqliteFile:
 
 def identify(path: str) -> SqliteFile:
     """Is the file at ``path`` a jobs_trio database, and at which schema version? Read through
-    a read-only connection: nothing is created, migrated or written, not even a -wal file's
-    checkpoint. An unreadable file is a `ConfigError`."""
+    a read-only connection: nothing is created, migrated or written (a WAL file's reader may
+    add the -wal and -shm files beside it, as any reader does). A file this user cannot read is
+    a `ConfigError`."""
     head = _header(path)
     if head is None:
         return SqliteFile(path, FileKind.MISSING)
     if not _is_sqlite(head):
-        return SqliteFile(path, FileKind.NOT_SQLITE, problem="it does not start with the header")
+        return SqliteFile(
+            path, FileKind.NOT_SQLITE, problem="it does not start with the SQLite header"
+        )
     try:
         uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
