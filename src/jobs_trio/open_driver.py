@@ -77,7 +77,7 @@ async def open_driver(
     """
     # Only the parameters are bound at this point: the options, as given, by name.
     given = {name: value for name, value in locals().items() if name != "url"}
-    opener = _opener(driver_kind(url))
+    opener, _ = _driver(driver_kind(url))
     async with opener(url, **_taken(opener, url, given)) as driver:
         yield driver
 
@@ -87,32 +87,24 @@ async def migrate_database(url: str, *, schema: str | None = None) -> list[int] 
     numbered migrations (under an advisory lock) and answers the versions this call applied.
     SQLite is created and upgraded whenever it is opened to write, so this is that open, and
     answers None; memory:// has no schema to migrate, and answers None too."""
-    migrate = _migrate(driver_kind(url))
+    _, migrate = _driver(driver_kind(url))
     return await migrate(url, **_taken(migrate, url, {"schema": schema}))
 
 
-def _opener(kind: DriverKind) -> Opener:
+def _driver(kind: DriverKind) -> tuple[Opener, Migrate]:
+    """The driver's opener and its migrate, imported only now: a URL of another kind never
+    loads this driver's module (nor asyncpg and trio-asyncio)."""
     if kind is DriverKind.MEMORY:
-        return _open_memory
+        return _open_memory, _migrate_memory
     if kind is DriverKind.SQLITE:
         from .drivers.sqlite import open_sqlite_driver
-
-        return open_sqlite_driver
-    from .drivers.postgres import open_postgres_driver
-
-    return open_postgres_driver
-
-
-def _migrate(kind: DriverKind) -> Migrate:
-    if kind is DriverKind.MEMORY:
-        return _migrate_memory
-    if kind is DriverKind.SQLITE:
         from .drivers.sqlite_migrate import migrate as migrate_sqlite
 
-        return migrate_sqlite
+        return open_sqlite_driver, migrate_sqlite
+    from .drivers.postgres import open_postgres_driver
     from .drivers.postgres_migrate import migrate as migrate_postgres
 
-    return migrate_postgres
+    return open_postgres_driver, migrate_postgres
 
 
 def _taken(
