@@ -11,7 +11,7 @@ import trio
 from jobs_trio import cli_prune
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import Complete, DeadLetter, PruneTurn
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 from tests.test_cli import Cli
 
 

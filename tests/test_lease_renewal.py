@@ -14,7 +14,7 @@ from jobs_trio import Registry
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.records import Complete, JobState, Settlement
 from jobs_trio.settler import Settler
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 
 from .worker_helpers import counted, record, worker
 

@@ -1,6 +1,7 @@
 # `jobs-trio`: parses a command, runs it against the database a URL names, and turns every
 # error into one line, `error [CODE]: cause — fix: ...`, and exit status 2, never a traceback.
 # Apart from cli_render.py (how things look) and find_registry.py (importing the user's code).
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 # `jobs-trio prune --older-than AGE`: the operator's retention, the same bounded batches and the
 # same fleet turn as the workers' pruner. Apart from cli.py so each command group has its place.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,5 @@
 # The one interface every storage backend implements (memory, SQLite, PostgreSQL).
-# Its semantics live in tests/conformance/, which every driver passes unchanged.
+# Its semantics live in jobs_trio.testing.conformance, which every driver passes unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -1,6 +1,7 @@
 # Retention's rules, as every driver's ``prune`` follows them: which finished jobs go when, and
 # when a fleet's one prune turn may be taken. Apart because three drivers share them (the SQL
 # drivers render them into their statements) and the pruner and the CLI only ask for turns.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 """Finished jobs are deleted after an age, so the jobs table stays the size of the live work.
 Completed and cancelled jobs go after ``keep_finished`` seconds, dead ones (kept longer: an
 operator re-runs them) after ``keep_dead``; the age is counted from the job's last change (for

@@ -1,6 +1,7 @@
 # Where attempts are settled: finished runs hand their settlement here and one task writes them
 # in batches. Apart because settles are the hot path's second half: batching, isolating a write
 # the database refuses, and bounding what waits to be written all live here.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 # The numbered migration files a driver ships (`0001_name.sql` ...), read from the package in
 # version order. Apart so that SQLite and PostgreSQL read and check them with one rule.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import re

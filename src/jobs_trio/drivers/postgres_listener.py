@@ -1,6 +1,7 @@
 # Wake-ups for wait_for_work: one LISTEN connection per driver whose notifications (payload: a
 # queue name) wake the tasks waiting on that queue, reconnected with backoff when it dies. Apart
 # because it is the driver's one long-lived connection and its one background task.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 # The SQLite driver's one door from Trio to its connection: a worker thread per call, one call
 # at a time, a cancel that interrupts and rolls back, a busy file waited out from Trio. Apart
 # because this is the concurrency half of the driver; the contract's SQL never sees a thread.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 # The SQLite file: what a URL names, whether a file is a jobs_trio database and at which schema
 # version, and making it one (migrations, WAL). Apart because the CLI and the demo ask about a
 # file without opening a driver, and because it is the only code that changes the schema.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jobs_trio.driver import Driver
 from jobs_trio.records import Complete, Pruned, PruneTurn, StepRecord, StepStatus
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 from .job_states import STATES, place
