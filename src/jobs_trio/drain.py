@@ -3,6 +3,8 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import trio
+
 from .errors import JobDrained
 from .records import ClaimToken
 from .run_scope import CancelReason, RunScope
@@ -18,6 +20,7 @@ class Drain:
         # lost) and still be reached by a drain.
         self._held: dict[ClaimToken, RunScope] = {}
         self.cause: JobDrained | None = None  # why it was signalled: worker and signal
+        self._first_held = trio.lowlevel.ParkingLot()
 
     @property
     def reason(self) -> CancelReason | None:
@@ -25,10 +28,17 @@ class Drain:
 
     def hold(self, run: RunScope) -> None:
         self._held[run.claim.token] = run
+        self._first_held.unpark_all()
         if self.cause is not None:
             # A claim that committed after the drain was signalled (it was in flight): it must
             # not run on, and it is handed back at once.
             run.cancel(CancelReason.DRAINING, self.cause)
+
+    async def until_a_run_is_held(self) -> None:
+        """Return once a run is held (at once if one is): an idle worker's renewal loop waits
+        here instead of waking every interval to renew nothing."""
+        while not self._held:
+            await self._first_held.park()
 
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)

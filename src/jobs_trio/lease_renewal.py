@@ -92,6 +92,10 @@ async def renew_leases(
     task_status.started()
     next_round = trio.current_time() + interval
     while True:
+        if not drain.held:
+            await drain.until_a_run_is_held()
+            # Its lease was set at its claim, a moment ago: the first renewal is an interval on.
+            next_round = trio.current_time() + interval
         now = trio.current_time()
         # A run held after this point gets a lease from its claim, so its cutoff is never
         # before now + lease - margin: waking by then is enough to catch it.
