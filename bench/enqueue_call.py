@@ -3,16 +3,17 @@
 """Time N single ``enqueue`` calls (no worker running), per source tree, interleaved.
 
     python bench/enqueue_call.py --src src --src /tmp/old/src --rounds 4 --n 1000
-    python bench/enqueue_call.py --variant as-is --variant no-listen   # an experiment
+    python bench/enqueue_call.py --variant as-is --variant listening   # an experiment
     python bench/enqueue_call.py --profile --n 3000      # cProfile of the calls, this tree
 
 Every round starts one process per (tree, variant) (A B, A B, ...: drift in a shared machine
 hits both); each process opens the driver on its own database (created once, dropped at the
 end), warms up 200 calls, then times N. Answers p50/p99 per run, medians over the rounds.
 
-Variants: ``as-is``; ``no-listen``, an EXPERIMENT, not a configuration: the driver's LISTEN
-connection is opened but never LISTENs (a private method patched in the child), to measure
-what the driver's own notification, delivered back to the enqueuing process, costs each call;
+Variants: ``as-is``; ``listening``, the same calls from a driver that LISTENs (one
+``wait_for_work`` first, as a worker's driver does; a driver LISTENed from its open until
+the lazy LISTEN), to measure what the driver's own notification, delivered back to the
+enqueuing process, costs each call;
 ``pgqueuer``, the peer's single ``Queries.enqueue`` on one asyncpg connection, on uvloop when
 installed (as in bench/lib_pgqueuer.py), for a side-by-side figure (bench environment only);
 ``raw-asyncio`` and ``raw-trio-asyncio``, jobs_trio's own enqueue statement sent by bare
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("as-is", "no-listen", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
+VARIANTS = ("as-is", "listening", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -145,16 +146,6 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
 
     import jobs_trio
 
-    if variant == "no-listen":
-        from jobs_trio.drivers import postgres_listener
-
-        async def deaf(self: postgres_listener.Listener) -> object:
-            conn = await self._bridge.connect(purpose="listen")
-            self.connected = True
-            return conn
-
-        postgres_listener.Listener._connect = deaf  # type: ignore[method-assign]
-
     registry = jobs_trio.Registry()
 
     @registry.job("bench.enqueue_call", queue="bench")
@@ -163,6 +154,8 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
 
     async def main() -> dict[str, Any]:
         async with jobs_trio.open_driver(url, migrate=True) as driver:
+            if variant == "listening":
+                await driver.wait_for_work(["bench"], timeout=0)  # LISTENs from here on
             for i in range(200):
                 await handler.enqueue(driver, {"i": i})
             took = []
