@@ -373,12 +373,19 @@ def _first(marks: list[str]) -> float:
     return next(float(line.split()[1]) for line in marks if line.startswith("first "))
 
 
+def _done_of(url: str, lib: str) -> Callable[[], Awaitable[tuple[int, Any]]]:
+    """The library's completed count and last completion time, read from its tables."""
+
+    async def done() -> tuple[int, Any]:
+        row = await query_row(url, DONE_SQL[lib])
+        return int(row[0]), row[1]
+
+    return done
+
+
 async def _throughput(lib: str, conc: int, workdir: Path, *, warm: bool) -> Result:
     async with fresh_db(lib) as url:
-
-        async def done() -> tuple[int, Any]:
-            row = await query_row(url, DONE_SQL[lib])
-            return int(row[0]), row[1]
+        done = _done_of(url, lib)
 
         return await _process(lib, url, conc, workdir, done, warm=warm)
 
@@ -419,10 +426,7 @@ async def retries(lib: str, conc: int, workdir: Path) -> Result:
     library retrying at once, by its own documented retry): jobs/s to all completed, and the
     attempts run (completions + planned failures, counted by the handler)."""
     async with fresh_db(lib) as url:
-
-        async def done() -> tuple[int, Any]:
-            row = await query_row(url, DONE_SQL[lib])
-            return int(row[0]), row[1]
+        done = _done_of(url, lib)
 
         fail = ("--fail-every", str(Sizes.fail_every))
         result = await _process(
@@ -439,10 +443,7 @@ async def steps(lib: str, conc: int, workdir: Path) -> Result:
     concurrency (1 / steps/s)."""
     assert lib == "jobs_trio"
     async with fresh_db(lib) as url:
-
-        async def done() -> tuple[int, Any]:
-            row = await query_row(url, DONE_SQL[lib])
-            return int(row[0]), row[1]
+        done = _done_of(url, lib)
 
         result = await _process(
             lib, url, conc, workdir, done, warm=True, kind="steps", jobs=Sizes.steps_jobs
@@ -544,7 +545,7 @@ async def under_load(lib: str, conc: int, workdir: Path) -> Result:
 
 
 async def _done_count(url: str, lib: str) -> int:
-    return int((await query_row(url, DONE_SQL[lib]))[0])
+    return int((await _done_of(url, lib)())[0])
 
 
 async def _feed(

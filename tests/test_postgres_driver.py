@@ -83,6 +83,18 @@ async def open_admin(url: str, *, drop: str | None = None) -> AsyncIterator[Admi
                 await trio_asyncio.aio_as_trio(conn.close, loop=loop)()
 
 
+@contextlib.asynccontextmanager
+async def driver_and_admin(url: str, pg_schema: str) -> AsyncIterator[tuple[PostgresDriver, Admin]]:
+    """A driver on a schema of its own (dropped after) and an admin connection beside it."""
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+        yield driver, admin
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10.0) -> None:
     """Poll a server-side effect until it holds, failing after ``within`` seconds."""
     with trio.fail_after(within):
@@ -461,12 +473,7 @@ async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
     url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobs_trio.drivers.postgres")
-    async with (
-        open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
-        ) as driver,
-        open_admin(url) as admin,
-    ):
+    async with driver_and_admin(url, pg_schema) as (driver, admin):
         listen_name = driver.bridge.application_name + ":listen"
         await driver.wait_for_work(["default"], timeout=0)  # the first wait LISTENs
         assert driver.listening
@@ -500,12 +507,7 @@ async def test_an_enqueue_only_driver_connects_for_listen_but_never_listens(
 ) -> None:
     # Its own NOTIFY would come back to it on every enqueue, a second read per call for
     # nothing: nothing in this process waits for work.
-    async with (
-        open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
-        ) as driver,
-        open_admin(url) as admin,
-    ):
+    async with driver_and_admin(url, pg_schema) as (driver, admin):
         listen_name = driver.bridge.application_name + ":listen"
         await driver.enqueue([new_job() for _ in range(3)])
         await driver.enqueue([new_job()])
@@ -521,12 +523,7 @@ async def test_the_first_wait_for_work_listens_before_it_looks(
 ) -> None:
     # LISTEN, then look, then wait: a job enqueued just after the look (before the wait
     # begins) must still wake the waiter. Looking before LISTENing would miss it.
-    async with (
-        open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
-        ) as driver,
-        open_admin(url) as admin,
-    ):
+    async with driver_and_admin(url, pg_schema) as (driver, admin):
         listen_name = driver.bridge.application_name + ":listen"
         assert not driver.listening
         original = driver._next_due_in
