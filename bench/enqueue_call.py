@@ -35,6 +35,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("as-is", "listening", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
+# Seconds idle between timed calls (--gap): 0 is a hot loop; run.py's latency workload leaves
+# 30 ms, and a process waking from idle pays for it (see RESULTS.md).
+GAP = 0.0
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -61,6 +64,8 @@ def _pgqueuer_child(url: str, n: int) -> None:
                 started = time.perf_counter()
                 await queries.enqueue("bench.enqueue_call", json.dumps({"i": i}).encode())
                 took.append((time.perf_counter() - started) * 1000)
+                if GAP:
+                    await asyncio.sleep(GAP)
         finally:
             await conn.close()
         return _timed(took)
@@ -104,6 +109,8 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
             started = time.perf_counter()
             await call(i)
             took.append((time.perf_counter() - started) * 1000)
+            if GAP:
+                await (trio.sleep(GAP) if via_trio else asyncio.sleep(GAP))
         return _timed(took)
 
     async def connect() -> asyncpg.Connection:
@@ -163,6 +170,8 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
                 started = time.perf_counter()
                 await handler.enqueue(driver, {"i": i})
                 took.append((time.perf_counter() - started) * 1000)
+                if GAP:
+                    await trio.sleep(GAP)
         return _timed(took)
 
     if profile:
@@ -201,8 +210,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", choices=VARIANTS)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--gap", type=float, default=0.0, help="s idle between timed calls")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global GAP
+    GAP = args.gap
     if args.child:
         _child(args.child, args.n, args.profile, (args.variant or ["as-is"])[0])
         return 0
@@ -217,7 +229,7 @@ def main() -> int:
             for (src, variant), name in zip(plan, names, strict=True):
                 env = {**os.environ, "PYTHONPATH": src}
                 argv = [sys.executable, __file__, "--child", _url(name), "--n", str(args.n)]
-                argv += ["--variant", variant]
+                argv += ["--variant", variant, "--gap", str(args.gap)]
                 if args.profile:
                     argv.append("--profile")
                 out = subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE, text=True)
