@@ -95,16 +95,21 @@ class Sizes:
     window = 10.0
     cold_concurrency = 10  # the cold-planner workload runs at this concurrency only
     event_reps = 1  # drain and rescue: bounded waits and states, not rates; one repetition
-    # Latency under load: a worker at c=50 while the orchestrator feeds it batches of
-    # load_batch every load_batch/load_rate s (5,000 jobs/s), skipping a tick while more than
-    # load_cap jobs wait (so a library slower than the rate runs as fast as it sustains, and
-    # its probes wait behind at most load_cap jobs, not an ever-growing queue); after
-    # load_warmup s, probe_jobs single enqueues probe_gap apart.
+    # Latency under load: a worker at c=50. First fed all it takes (load_rate, 5,000 jobs/s,
+    # with the feed skipping a tick while more than load_cap wait) for load_ramp s, then its
+    # rate read over the next load_calibrate s; then fed load_rate or load_share of that
+    # rate, whichever is less, every load_tick (lowered by load_share again after each
+    # load_settle s in which the queue still reached the cap, load_settle_tries at most), then
+    # probe_jobs single enqueues probe_gap apart into the same queue.
     load_concurrency = 50
     load_rate = 5_000.0
-    load_batch = 100
+    load_share = 0.8
+    load_tick = 0.02
     load_cap = 200
-    load_warmup = 2.0
+    load_ramp = 3.0
+    load_calibrate = 2.0
+    load_settle = 1.0
+    load_settle_tries = 4
     probe_jobs = 100
     probe_gap = 0.05
     # Retries: the throughput batch with every fail_every-th job failing its first attempt.
@@ -500,8 +505,10 @@ async def memory(lib: str, conc: int, workdir: Path) -> Result:
 
 
 async def under_load(lib: str, conc: int, workdir: Path) -> Result:
-    """Probe jobs' latency while the worker runs a steady load (``Sizes.load_rate`` jobs/s,
-    or as much as it sustains: the feed skips a tick while over ``Sizes.load_cap`` wait)."""
+    """Probe jobs' latency while the worker runs a steady load: ``Sizes.load_rate`` jobs/s, or
+    ``Sizes.load_share`` of what this library sustains when that is less (measured first, in
+    the same run, by feeding it all it takes), so the queue stays short and the probe measures
+    the wake-up and the claim under load, not a growing backlog."""
     async with fresh_db(lib) as url:
         await run_once(
             lib, ["enqueue", "--install", "--db", url, "--n", "0"], workdir, f"{lib}-schema", 120
@@ -512,17 +519,32 @@ async def under_load(lib: str, conc: int, workdir: Path) -> Result:
         feed = await Proc.start(lib, ["load", "--db", url], workdir, f"{lib}-load", stdin=True)
         async with running(worker), running(feed, grace=5.0):
             conn = await asyncpg.connect(url, timeout=10)
-            fed = {"jobs": 0, "skipped": 0}
+            fed: dict[str, float] = {"jobs": 0, "skipped": 0, "rate": Sizes.load_rate}
             stop = asyncio.Event()
             feeding = asyncio.create_task(_feed(feed, conn, lib, fed, stop))
             try:
-                await asyncio.sleep(Sizes.load_warmup)
+                # Calibration: fed up to the rate (the cap holds the backlog), its rate read
+                # over the last part, once the worker has ramped up.
+                await asyncio.sleep(Sizes.load_ramp)
+                sustained = await _rate(url, lib, Sizes.load_calibrate)
+                fed["rate"] = min(Sizes.load_rate, Sizes.load_share * sustained)
+                # Settle: the calibration's backlog drains; while the queue still reaches the
+                # cap (the probe client and the feed take CPU the calibration did not have on
+                # a small machine), feed less, by load_share again, a few times at most.
+                for _ in range(Sizes.load_settle_tries):
+                    skipped = fed["skipped"]
+                    await asyncio.sleep(Sizes.load_settle)
+                    if fed["skipped"] == skipped:
+                        break
+                    fed["rate"] *= Sizes.load_share
                 before, fed_before, t0 = await _done_count(url, lib), fed["jobs"], time.monotonic()
+                skipped_before = fed["skipped"]
                 n, gap = Sizes.probe_jobs, Sizes.probe_gap
                 args = ["latency", "--db", url, "--n", str(n), "--gap", str(gap)]
                 answer = await run_once(lib, args, workdir, f"{lib}-probe", 120)
                 await wait_for(lambda: len(read_marks(mark)) >= n, 10)
                 after, fed_after, t1 = await _done_count(url, lib), fed["jobs"], time.monotonic()
+                waiting = await conn.fetchval(READY_SQL[lib])
             finally:
                 stop.set()
                 await feeding
@@ -535,9 +557,12 @@ async def under_load(lib: str, conc: int, workdir: Path) -> Result:
         from_call = sorted((started[i] - called[i]) * 1000 for i in range(n))
         call = sorted((returned[i] - called[i]) * 1000 for i in range(n))
         return {
-            "load_jps": (after - before) / (t1 - t0),  # processed, probes included
+            "sustained_jps": sustained,  # calibration: fed all it takes
+            "target_jps": fed["rate"],
+            "load_jps": (after - before) / (t1 - t0),  # processed while probed, probes included
             "fed_jps": (fed_after - fed_before) / (t1 - t0),
-            "skipped_ticks": fed["skipped"],
+            "skipped_ticks": fed["skipped"] - skipped_before,  # while probed: over the cap
+            "waiting_after": waiting,
             "probe_p50_ms": _quantile(from_call, 0.50),
             "probe_p99_ms": _quantile(from_call, 0.99),
             "probe_call_p50_ms": _quantile(call, 0.50),
@@ -548,25 +573,37 @@ async def _done_count(url: str, lib: str) -> int:
     return int((await _done_of(url, lib)())[0])
 
 
+async def _rate(url: str, lib: str, seconds: float) -> float:
+    """Jobs completed per second over the next ``seconds``."""
+    before, t0 = await _done_count(url, lib), time.monotonic()
+    await asyncio.sleep(seconds)
+    return (await _done_count(url, lib) - before) / (time.monotonic() - t0)
+
+
 async def _feed(
-    feed: Proc, conn: asyncpg.Connection, lib: str, fed: dict[str, int], stop: asyncio.Event
+    feed: Proc, conn: asyncpg.Connection, lib: str, fed: dict[str, float], stop: asyncio.Event
 ) -> None:
-    """Order a batch every tick unless the backlog is over the cap; a tick missed (the batch
-    took longer than a tick) is not made up for: the rate is what the feed reached."""
+    """Every ``Sizes.load_tick`` s, order what ``fed["rate"]`` owes (fractions carried over)
+    unless more than ``Sizes.load_cap`` jobs wait; what a skipped tick owed is dropped, and a
+    late tick is not made up for: the rate is what the feed reached, said beside it."""
     assert feed.proc.stdin is not None
-    tick = Sizes.load_batch / Sizes.load_rate
-    due = time.monotonic()
+    tick = Sizes.load_tick
+    due, owed = time.monotonic(), 0.0
     try:
         while not stop.is_set():
             due = max(due + tick, time.monotonic())
-            if await conn.fetchval(READY_SQL[lib]) > Sizes.load_cap:
+            owed += fed["rate"] * tick
+            batch = int(owed)
+            if batch and await conn.fetchval(READY_SQL[lib]) > Sizes.load_cap:
                 fed["skipped"] += 1
-            else:
-                feed.proc.stdin.write(f"{Sizes.load_batch}\n".encode())
+                owed = 0.0
+            elif batch:
+                feed.proc.stdin.write(f"{batch}\n".encode())
                 await feed.proc.stdin.drain()
                 if await feed.line(30) != "ok":
                     raise BenchError(f"{lib} load feed did not say ok{feed.tail()}")
-                fed["jobs"] += Sizes.load_batch
+                fed["jobs"] += batch
+                owed -= batch
             await asyncio.sleep(max(0.0, due - time.monotonic()))
     finally:
         feed.proc.stdin.close()
@@ -746,10 +783,13 @@ METRICS = {
     ],
     "rescue": [("rescue_s", "SIGKILL→job runs on 2nd worker, s", False)],
     "load": [
-        ("load_jps", "load reached, jobs/s processed", True),
+        ("sustained_jps", "sustained when fed all it takes, jobs/s", True),
+        ("target_jps", "load fed while probed (see How), jobs/s", True),
+        ("load_jps", "load reached while probed, jobs/s processed", True),
         ("probe_p50_ms", "probe call's start→start p50, ms", False),
         ("probe_p99_ms", "probe call's start→start p99, ms", False),
         ("probe_call_p50_ms", "probe enqueue call p50, ms", False),
+        ("waiting_after", "jobs waiting at the probes' end (cap 200: at it, saturated)", False),
     ],
     "retries": [
         ("process_jps", "jobs/s to completed (10% retried once)", True),
