@@ -9,20 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs_trio.testing import ManualClock
+
 POSTGRES_URL = os.environ.get("JOBS_TRIO_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-class ManualClock:
-    """A driver clock that moves only when a test says so."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from jobs_trio.boundary import INT4_MAX, MAX_ERROR_CHARS, MAX_SECONDS, storable_
 from jobs_trio.errors import InvalidArgument
 from jobs_trio.records import Claim, JobState, NewJob, Retry, new_job_id
 from jobs_trio.run_scope import RunScope
+from jobs_trio.testing import run_until_idle
 from jobs_trio.thread_slots import ThreadSlots
 
 from .worker_helpers import record, trio_driver, worker
@@ -222,9 +223,7 @@ async def test_unknown_job_names_share_one_metric_label(autojump_clock: object) 
     )
     await known.enqueue(driver)
     w = worker(driver, registry, concurrency=500)
-    kinds: list[str] = []
-    while ran := await w.tick():
-        kinds += [o.kind for o in ran]
+    kinds = [o.kind for o in await run_until_idle(w, wait=False)]
     assert kinds.count("parked") == 3000 and kinds.count("completed") == 1
     children = w._metrics.run_seconds._metrics  # prometheus_client's label children
     assert set(children) == {("default", "unknown"), ("default", "known")}

@@ -9,7 +9,7 @@ import trio
 
 import jobs_trio
 from jobs_trio.cli import main
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 
 
 def test_outbox_command_shows_pending_rows_and_the_lag(

@@ -1,6 +1,7 @@
 # What only the PostgreSQL driver has to get right: migrations, schema checks, transactional
 # enqueue, the trio-asyncio loop it runs on, cancels reaching the server, and lost connections.
-# The shared contract is tests/conformance/; these need a server (skipped without, failed in CI).
+# The shared contract is jobs_trio.testing.conformance; these need a server (skipped without,
+# failed in CI).
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ import trio
 
 from jobs_trio.errors import ConfigError, DriverError, SchemaVersionError
 from jobs_trio.records import Complete, JobState
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres

@@ -8,7 +8,7 @@ import trio
 
 from jobs_trio.errors import InvalidTransition
 from jobs_trio.records import DeadLetter, JobState
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres

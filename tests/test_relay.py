@@ -17,7 +17,7 @@ import jobs_trio
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.metrics import Metrics
 from jobs_trio.records import Enqueued, NewJob
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 
 
 def drivers() -> tuple[MemoryDriver, MemoryDriver]:

@@ -17,7 +17,7 @@ from jobs_trio.drivers.sqlite import SCHEMA_VERSION, SqliteDriver, open_sqlite_d
 from jobs_trio.errors import ConfigError, DriverError, JobsError, SchemaVersionError
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import Complete, JobState
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 from tests.conftest import ManualClock
 
 # A statement that never ends on its own: only an interrupt stops it.

@@ -10,7 +10,7 @@ import pytest
 
 from jobs_trio.drivers.sqlite import open_sqlite_driver
 from jobs_trio.records import Complete, StepRecord, StepStatus
-from tests.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import new_job
 
 WAITING = 100_000
 NOW = 1_000_000_000.0  # in the past: every seeded job is due

@@ -1,6 +1,7 @@
 # The input boundary: every name, key, number, duration and JSON document a driver will store is
 # checked here, and error text made storable, before any driver sees it. Apart so that one call
 # succeeds with the same stored value on memory, SQLite and PostgreSQL, or fails the same way.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import datetime as dt

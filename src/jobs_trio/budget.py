@@ -1,5 +1,6 @@
 # The budget a teardown waits under: a cancel scope whose deadline is bound late, only tightened.
 # Apart because every wait of a shutdown is bounded by it, and earliest-wins must hold for all.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import math

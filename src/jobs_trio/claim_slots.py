@@ -1,6 +1,7 @@
 # How one claim divides its slots among queues: each queue's cap and the claim's total, and the
 # pick in claim order that respects both. Apart so that every driver applies one rule (the
 # PostgreSQL driver says the same in SQL) and the worker asks for all its queues in one claim.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 from collections import Counter

@@ -1,6 +1,7 @@
 # `jobs-trio`: parses a command, runs it against the database a URL names, and turns every
 # error into one line, `error [CODE]: cause — fix: ...`, and exit status 2, never a traceback.
 # Apart from cli_render.py (how things look) and find_registry.py (importing the user's code).
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ from typing import Any, NoReturn
 import trio
 
 from . import cli_render as render
+from .cli_prune import add_prune_command
 from .cli_tasks import add_tasks_command
 from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
@@ -248,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
     add_tasks_command(command, on_driver, as_json)
+    add_prune_command(command, on_driver, as_json)
 
     add_dashboard_command(command("dashboard", _dashboard, DASHBOARD_HELP))
 

@@ -1,6 +1,7 @@
 # How the CLI shows jobs, steps and queues: aligned tables, ISO times with ages, and JSON; every
 # stored text made visible (escapes) before it reaches a terminal. Apart from cli.py so that the
 # commands read as "fetch, then render", and so the demo's final table looks like `jobs-trio list`.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import datetime as dt

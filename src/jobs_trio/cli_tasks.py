@@ -1,5 +1,6 @@
 # `jobs-trio tasks`: each declared cron task with its schedule, next and last fire, and a fire
 # by hand. Apart from cli.py so the task commands stay in one place of their own.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import argparse

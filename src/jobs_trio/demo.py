@@ -1,6 +1,7 @@
 # `jobs-trio demo`: a few seconds' tour on a fresh file: jobs that succeed, a retry, a dead
 # letter, and a drain that interrupts a long job without costing it an attempt.
 # Apart from cli.py because it declares jobs of its own and drives two workers in one process.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

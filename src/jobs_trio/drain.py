@@ -1,5 +1,6 @@
 # The drain: the run scopes a worker holds, and the one cancel that reaches all of them at once.
 # Apart because SIGTERM reaches every running job through here, synchronously, before any wait.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 from .errors import JobDrained

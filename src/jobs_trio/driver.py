@@ -1,5 +1,5 @@
 # The one interface every storage backend implements (memory, SQLite, PostgreSQL).
-# Its semantics live in tests/conformance/, which every driver passes unchanged.
+# Its semantics live in jobs_trio.testing.conformance, which every driver passes unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -15,6 +15,8 @@ from .records import (
     Lease,
     NewJob,
     OutboxStats,
+    Pruned,
+    PruneTurn,
     QueueStats,
     RenewResult,
     Settlement,
@@ -161,6 +163,12 @@ class Driver(Protocol):
         """``enqueue`` for the relay: a job whose id is already stored (relayed before, by a
         relay that died before deleting its row, or by another relay) is not written again;
         its answer is its own id with ``created=False``. Unique keys apply as in ``enqueue``."""
+        ...
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        """One bounded batch of retention (see ``PruneTurn``): delete finished jobs past their
+        age, with their step records, in one transaction with the turn's compare-and-set, so
+        two pruners never delete at once and a job changed since (an operator's retry) stays."""
         ...
 
     async def aclose(self) -> None: ...

@@ -1,6 +1,7 @@
 # `MODULE[:ATTR]` to the Registry a worker runs (and `enqueue --app` checks names against).
 # Apart because this is where the user's own code first runs: every way an import can go wrong
 # becomes an error with a fix here, not a traceback in the CLI.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import importlib

@@ -1,6 +1,7 @@
 # The fleet's one observer of queue stats per interval (issue 20): the rule every driver's
 # ``fleet_stats`` follows and the stored observation's encoding. Apart because three drivers
 # share them, and the full stats scan is what a fleet of idle workers must not repeat each.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 """Every worker exports its queues' depth (``queue_depth`` and friends) every ``stats_interval``.
 A full ``stats()`` reads the whole jobs table; done by each of a hundred workers every 15 s,
 that is the idle fleet's largest cost. So a worker asks the driver for ``fleet_stats``: the
@@ -27,6 +28,7 @@ def encode(stats: Sequence[QueueStats]) -> str:
                 "due": q.due,
                 "oldest_ready_age": q.oldest_ready_age,
                 "dead": q.dead,
+                "limit_waiting": [list(w) for w in q.limit_waiting],
             }
             for q in stats
         ]
@@ -44,6 +46,10 @@ def decode(text: str | None) -> list[QueueStats]:
             due=int(q["due"]),
             oldest_ready_age=q["oldest_ready_age"],
             dead=int(q["dead"]),
+            # An observation stored before fleet limits existed has none.
+            limit_waiting=tuple(
+                (str(job), str(kind), int(n)) for job, kind, n in q.get("limit_waiting", ())
+            ),
         )
         for q in json.loads(text)
     ]

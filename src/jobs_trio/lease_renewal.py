@@ -1,6 +1,7 @@
 # Lease renewal and its watchdog: every held run's lease extended in ONE driver call per interval,
 # and each run cancelled `lease-lost` once its lease runs out on the worker's own clock without a
 # renewal. Apart because it is the only path a lost lease takes.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,7 @@ from .drain import Drain
 from .driver import Driver
 from .errors import JobsError
 from .logs import log_event
-from .run_scope import CANCELLED, LEASE_LOST, RunScope
+from .run_scope import CANCELLED, LEASE_LOST, SLOT_LOST, RunScope
 
 
 def lease_margin(lease: float) -> float:
@@ -53,6 +54,11 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
         return
     for run in runs:
+        if run.claim.token not in result.held and run.settling:
+            # Its settlement may have committed while this renewal was in flight: the job is
+            # no longer running because it is done. Whether the write landed or was fenced,
+            # the settler says (a real loss is reported there); the body has ended anyway.
+            continue
         if run.claim.token not in result.held:
             if run.reason is None:
                 log_event("jobs.lease.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name)
@@ -61,6 +67,12 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
             # From when the renewal was SENT: the database set its lease at some moment after
             # that, so this deadline is never later than the database's.
             run.lease_deadline = sent_at + lease
+            if run.claim.token in result.slot_lost:
+                if run.reason is None:
+                    log_event(
+                        "jobs.slot.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name
+                    )
+                run.cancel(SLOT_LOST)
             if run.claim.token in result.cancel_requested:
                 run.cancel(CANCELLED)
 

@@ -1,5 +1,6 @@
 # Structured log lines: one stable event name per line, then key=value fields.
 # Apart so every module logs the same shape, and tests can match on the event name.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging

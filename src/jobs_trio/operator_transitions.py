@@ -1,5 +1,6 @@
 # An operator's transitions (retry, cancel): which states allow them, and the errors when they
 # do not. Apart so every driver refuses the same things in the same words.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 from typing import TypeVar

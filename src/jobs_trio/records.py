@@ -41,6 +41,18 @@ def new_token() -> ClaimToken:
 
 
 @attrs.frozen
+class JobLimits:
+    """A job's fleet-wide limits as its row stores them, resolved at enqueue from the job's
+    declaration and payload (fleet_limits.py): the claim is SQL and cannot run Python."""
+
+    slot_key: str | None = None  # at most `slots` runs of this key at once, fleet-wide
+    slots: int = 0
+    rate_key: str | None = None  # at most `starts` starts of this key in any `per` seconds
+    starts: int = 0
+    per: float = 0.0
+
+
+@attrs.frozen
 class NewJob:
     """One job to write. ``payload`` is JSON text, already checked at the enqueue boundary."""
 
@@ -52,6 +64,7 @@ class NewJob:
     priority: int = 0  # lower runs sooner
     delay: float = 0.0  # seconds after the driver's now
     key: str | None = None
+    limits: JobLimits | None = None
 
 
 def outbox_job(row: Sequence[Any], now: float) -> NewJob:
@@ -106,6 +119,8 @@ class RenewResult:
     # newer one, and only the newer one's lease is still held.
     held: frozenset[ClaimToken]  # leases still ours, now extended
     cancel_requested: frozenset[ClaimToken] = frozenset()  # an operator asked these to stop
+    # Held leases whose fleet slot is no longer theirs (it lapsed and another run took it).
+    slot_lost: frozenset[ClaimToken] = frozenset()
 
 
 # Settlements: how one attempt ends, written fenced by its lease.
@@ -206,6 +221,8 @@ class QueueStats:
     due: int  # ready jobs whose run-at has come
     oldest_ready_age: float | None  # seconds the oldest due job has waited
     dead: int
+    # Ready jobs a claim put off for a fleet limit: (job name, "slot" or "rate", count).
+    limit_waiting: tuple[tuple[str, str, int], ...] = ()
 
 
 class StepStatus(enum.StrEnum):
@@ -285,3 +302,35 @@ class TaskAdvance:
     expected: float | None
     advance_to: float
     fires: tuple[TaskFire, ...] = ()
+
+
+@attrs.frozen
+class PruneTurn:
+    """One bounded batch of retention, asked for by ``holder``. The driver deletes up to
+    ``limit`` finished jobs and their step records: completed and cancelled ones last changed
+    more than ``keep_finished`` seconds ago, dead ones more than ``keep_dead`` (None: dead jobs
+    are kept). A live job (ready, running, suspended, parked) is never deleted.
+
+    One pruner at a time in a fleet: the batch runs only if ``holder`` holds the turn or takes
+    it (a compare-and-set on one row): a turn is free once its holder has not come back for
+    ``hold`` seconds, and is taken only ``every`` seconds after the last turn ended (0: at once,
+    the CLI's way)."""
+
+    holder: str
+    keep_finished: float
+    keep_dead: float | None
+    limit: int = 1000
+    hold: float = 60.0
+    every: float = 0.0
+
+
+@attrs.frozen
+class Pruned:
+    """What one ``prune`` call did. ``turn`` False: another pruner holds the turn, or the last
+    turn ended less than ``every`` seconds ago; nothing was deleted. ``more``: the batch was
+    full, so more may be due; the caller still holds the turn and calls again. A batch that
+    was not full ends the turn."""
+
+    turn: bool
+    deleted: int = 0
+    more: bool = False

@@ -1,6 +1,7 @@
 # A database URL as it may be shown: its password replaced by ***, for every error message and
 # log line that names the database. Apart so that each place that echoes a URL (the opener, the
 # drivers, the CLI) calls one function, and none leaks a password by writing its own.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import re

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,6 +14,7 @@ import trio
 
 from .driver import Driver
 from .errors import ConfigError, JobsError
+from .instance_id import instance_id
 from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
@@ -59,7 +58,7 @@ class Relay:
         self.batch = batch
         self.poll_interval = float(poll_interval)
         self.lease = float(lease)
-        self.relay_id = relay_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+        self.relay_id = relay_id or instance_id()
         self._lifecycle = lifecycle
         self._metrics = metrics or default_metrics()
         self._state = STOPPED

@@ -1,6 +1,7 @@
 # When a cron task fires: a cron expression (five fields, or six with seconds first) or a fixed
 # interval, in a time zone. Apart because every worker of a fleet must compute the same instants
 # from the same declaration, and the time-zone rule (DST gaps and repeats) is decided here alone.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import datetime as dt

@@ -1,6 +1,7 @@
 # Where attempts are settled: finished runs hand their settlement here and one task writes them
 # in batches. Apart because settles are the hot path's second half: batching, isolating a write
 # the database refuses, and bounding what waits to be written all live here.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging
@@ -130,13 +131,30 @@ class Settler:
             self.finished.set()
 
     async def _write_batches(self) -> None:
-        async for first in self._receive:
+        carried: _Pending | None = None
+        while True:
+            if carried is not None:
+                first, carried = carried, None
+            else:
+                try:
+                    first = await self._receive.receive()
+                except trio.EndOfChannel:
+                    return
             batch = [first]
+            jobs = {first.settlement.lease.job_id}
             while len(batch) < self._max_batch:
                 try:
-                    batch.append(self._receive.receive_nowait())
+                    pending = self._receive.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
+                if pending.settlement.lease.job_id in jobs:
+                    # Two runs of one job (a lapsed claim beside its re-claim): a driver says
+                    # which settlements applied by job id, so in one batch the fenced one
+                    # would pass for written. It goes first in the next batch instead.
+                    carried = pending
+                    break
+                batch.append(pending)
+                jobs.add(pending.settlement.lease.job_id)
             await self._write(batch)
 
     async def _write(self, batch: list[_Pending]) -> None:

@@ -1,5 +1,6 @@
 # A block's single exception raised as itself, not inside the ExceptionGroup a nursery wrapped it
 # in. Apart because every open_* block of the public surface does the same for its callers.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 # The scheduler: a service of each worker that enqueues the declared tasks' due fires, once per
 # fleet however many workers run it. Apart from the worker because its only tie to the worker
 # is its lifetime; "once" is won in the driver's compare-and-set, never by a leader.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,7 @@
 # Cron tasks as declared: a job plus the schedule that enqueues it, its missed-run policy, and
 # the plan of which scheduled times one look at the clock fires. Apart so the policy is a pure
 # function of (schedule, record, now) that the scheduler, the CLI and the property tests share.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import enum

@@ -1,6 +1,7 @@
 # Where sync job bodies run: threads of the worker's own limiter, sized to its concurrency, and the
 # slots that threads abandoned at their cancel still hold. Apart because a thread is the one part
 # of a run Trio cannot stop, and its accounting outlives the run that started it.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 from collections import Counter

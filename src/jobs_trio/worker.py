@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import socket
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,10 +19,12 @@ from .context import JobContext
 from .drain import Drain
 from .driver import Driver
 from .errors import ConfigError, DriverError, JobDrained
+from .instance_id import instance_id
 from .lease_renewal import renew_leases
 from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
+from .pruner import DEFAULT_RETENTION, Pruner, Retention
 from .records import Claim, QueueStats
 from .registry import JobDefinition, Registry
 from .run_scope import RunScope
@@ -66,10 +66,6 @@ class WorkerStats:
         return self.outcomes.get(INTERRUPTED, 0)
 
 
-def _default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
-
-
 class Worker:
     """Runs the jobs of ``registry`` from ``driver``. Start it with ``nursery.start(worker.run)``
     or ``async with open_worker(...)``; stop it with ``stop()`` (waits, cancels nothing) or let
@@ -97,6 +93,7 @@ class Worker:
         stats_interval: float | None = 15.0,
         exit_grace: float = 10.0,
         schedule_tasks: bool = True,
+        retention: Retention | None = DEFAULT_RETENTION,
     ) -> None:
         self.driver = driver
         self.registry = registry
@@ -126,7 +123,7 @@ class Worker:
         # (every driver wakes the loop on new work: LISTEN, in-process, SQLite's own poll).
         self.poll_interval = poll_interval
         self.safety_poll = safety_poll
-        self.worker_id = worker_id or _default_worker_id()
+        self.worker_id = worker_id or instance_id()
         self.exit_grace = exit_grace
         self._lifecycle = lifecycle
         self._metrics = metrics or default_metrics()
@@ -152,7 +149,13 @@ class Worker:
         # Cron tasks fire from every worker that runs them (off: schedule_tasks=False); the
         # driver's compare-and-set makes each scheduled time fire once per fleet.
         tasks = registry.tasks() if schedule_tasks else []
-        self._scheduler = TaskScheduler(driver, tasks, metrics=self._metrics) if tasks else None
+        scheduler = TaskScheduler(driver, tasks, metrics=self._metrics) if tasks else None
+        # Finished jobs are deleted after their age (off: retention=None); the driver's turn
+        # record makes one worker of the fleet prune at a time.
+        pruner = (
+            Pruner(driver, retention, self.worker_id, metrics=self._metrics) if retention else None
+        )
+        self._services = tuple(s.run for s in (scheduler, pruner) if s is not None)
 
     # -- what a lifecycle calls ------------------------------------------------------------
 
@@ -248,8 +251,8 @@ class Worker:
                     try:
                         with self._budget.scope:
                             async with trio.open_nursery() as claimers:
-                                if self._scheduler is not None:
-                                    await claimers.start(self._schedule_tasks, self._scheduler)
+                                for started in self._services:
+                                    await claimers.start(self._until_claiming_stops, started)
                                 claimers.start_soon(self._claim_loop)
                             await self._teardown(settler)
                     except BaseException:
@@ -455,16 +458,17 @@ class Worker:
             if may_hold_more:
                 waits.start_soon(slot_freed)
 
-    async def _schedule_tasks(
+    async def _until_claiming_stops(
         self,
-        scheduler: TaskScheduler,
+        service: Callable[..., Awaitable[None]],
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        # Stopped with the claim loops, as one of their idle waits: accept() and stop() end it
-        # before the teardown's wait, so no fire lands during a drain.
+        # A service (cron fires, retention) stops with the claim loops, as one of their idle
+        # waits: accept() and stop() end it before the teardown's wait, so no fire lands and
+        # no prune batch runs during a drain.
         with self._idle_wait():
-            await scheduler.run(task_status=task_status)
+            await service(task_status=task_status)
 
     @contextlib.contextmanager
     def _idle_wait(self) -> Iterator[None]:

@@ -1,6 +1,7 @@
 # The dashboard as an ASGI application (Starlette on anyio, so it runs on Trio): routes, the
 # status of every answer, and the security headers. Apart from views.py (what a page holds)
 # and serve.py (opening a database and a socket), so an application can mount it on its own.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable

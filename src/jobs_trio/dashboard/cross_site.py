@@ -1,6 +1,7 @@
 # The dashboard's guard against cross-site requests and DNS rebinding: which Host names it
 # answers to, and whether a POST (retry, cancel) came from one of its own pages. Apart because
 # the actions are the only writes the dashboard makes, and each check here is one way in.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import hashlib

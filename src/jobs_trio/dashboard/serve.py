@@ -1,6 +1,7 @@
 # `jobs-trio dashboard`: open the database (read-only unless actions are on) and serve the
 # dashboard with hypercorn's Trio worker until SIGINT/SIGTERM. Apart from app.py, which an
 # application mounts on a driver and a server of its own.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

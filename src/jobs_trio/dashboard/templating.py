@@ -1,6 +1,7 @@
 # How stored text reaches a page: Jinja2 with autoescaping on, and filters that make the
 # characters a browser would hide or choke on visible. Apart so that no page can render a
 # database value any other way.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import json

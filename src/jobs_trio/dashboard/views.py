@@ -1,6 +1,7 @@
 # What each dashboard page shows, read from a Driver: queue overviews with throughput, a filtered
 # and paged job list, one job with its steps. Apart from the web app so the pages are plain values
 # a test can check without HTTP, and so only existing driver reads are composed here.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 # The crossing from Trio into asyncpg: the trio-asyncio loop (borrowed or owned), and running
 # each driver operation as ONE asyncio coroutine crossed once. Apart because every rule of that
 # crossing (cancel, bounded cleanup, lost connections → DriverError) lives here alone.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import asyncio

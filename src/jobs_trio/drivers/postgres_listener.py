@@ -3,6 +3,7 @@
 # connects at open but LISTENs only once something waits for work: a process that only enqueues
 # would otherwise read its own NOTIFY back on every enqueue (~25% of the call, bench/RESULTS.md).
 # Apart because it is the driver's one long-lived connection and its one background task.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 # Schema migrations for the PostgreSQL driver: numbered SQL files applied in order under an
 # advisory lock, and the check a driver makes on open. Apart because `jobs-trio migrate` runs
 # it without a driver, and because it is the only code that changes the schema.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import time

@@ -2,6 +2,7 @@
 # and a list, not an asyncio round trip; and the session settings its connections open with.
 # Apart because asyncpg's own pool costs two extra asyncio hops per operation through
 # trio-asyncio (measured: ~0.3 ms of a ~0.4 ms operation).
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib

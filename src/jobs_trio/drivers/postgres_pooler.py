@@ -1,6 +1,7 @@
 # How the PostgreSQL driver talks through PgBouncer (issue 20): the modes, and what each changes
 # when a connection opens. Apart because it is the one place that knows a pooler may stand
 # between the driver and the server.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 """Three ways to reach PostgreSQL, chosen by ``?pgbouncer=`` in the URL or ``pgbouncer=``:
 
 * direct (the default): the session settings (statement and lock timeouts, planner settings)

@@ -1,6 +1,7 @@
 # The PostgreSQL driver's SQL: named statements from postgres_queries.sql and the numbered
 # migrations, with a checked schema name filled in. Apart because this is the one place a
 # string becomes SQL, and the schema name is checked here before it ever does.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import hashlib

@@ -5,7 +5,7 @@ import pytest
 from jobs_trio.driver import Driver
 from jobs_trio.errors import InvalidTransition, JobNotFound
 from jobs_trio.records import Complete, DeadLetter, JobState
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
 

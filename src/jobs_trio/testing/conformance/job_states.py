@@ -15,7 +15,7 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, new_job
 

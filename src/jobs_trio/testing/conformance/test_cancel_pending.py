@@ -24,8 +24,8 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
+from jobs_trio.testing.clock import ManualClock
 from jobs_trio.worker import Worker
-from tests.conftest import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

@@ -24,7 +24,7 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import new_job
 

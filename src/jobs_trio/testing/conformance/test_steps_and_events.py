@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from jobs_trio.driver import Driver
 from jobs_trio.records import JobState, StepRecord, StepStatus, Suspend
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

@@ -4,7 +4,7 @@ import json
 
 from jobs_trio.driver import Driver
 from jobs_trio.records import JobState
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
 
@@ -33,8 +33,8 @@ async def test_batch_enqueue_and_claim_up_to_limit(driver: Driver) -> None:
     first = await driver.claim(["default"], 5, lease=30, worker_id="w")
     second = await driver.claim(["default"], 5, lease=30, worker_id="w")
     assert len(first) == 5 and len(second) == 2
-    assert {c.job_id for c in first + second} == {a.job_id for a in answers}
-    assert len({c.token for c in first + second}) == 7
+    assert {c.job_id for c in [*first, *second]} == {a.job_id for a in answers}
+    assert len({c.token for c in [*first, *second]}) == 7
 
 
 async def test_claim_only_from_the_queues_asked(driver: Driver) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +18,7 @@ from jobs_trio.errors import InvalidArgument, PayloadNotSerialisable, TooLarge
 from jobs_trio.records import DeadLetter
 from jobs_trio.run_scope import RunScope
 from jobs_trio.steps import Steps
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one
 
@@ -127,7 +128,7 @@ async def test_enqueue_durations_are_checked_and_name_their_argument(driver: Dri
     async def t(ctx: object, payload: object) -> None: ...
 
     far = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
-    for kw, where in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"delay": math.nan}, "delay"),
         ({"delay": math.inf}, "delay"),
         ({"delay": -1}, "delay"),
@@ -140,8 +141,9 @@ async def test_enqueue_durations_are_checked_and_name_their_argument(driver: Dri
         ({"run_at": 1e308}, "run_at"),
         ({"run_at": far}, "run_at"),
         ({"run_at": dt.datetime(2030, 1, 1)}, "run_at"),  # naive: whose 2030?
-    ]:
-        await refused(driver, lambda kw=kw: t.enqueue(driver, **kw), InvalidArgument, where)
+    ]
+    for kw, where in cases:
+        await refused(driver, functools.partial(t.enqueue, driver, **kw), InvalidArgument, where)
     now = driver.now()
     later = await driver.get(await t.enqueue(driver, delay=MAX_SECONDS))
     assert later is not None and later.run_at == pytest.approx(now + MAX_SECONDS)
@@ -160,7 +162,7 @@ async def test_step_durations_are_checked_before_any_step_record(
     job_id = await t.enqueue(driver)
     claim = await claim_one(driver)
     steps = Steps(driver, claim.lease, t, RunScope(claim, None))
-    for call, where in [
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
         (lambda: steps.sleep("s1", math.nan), "step.sleep('s1') seconds"),
         (lambda: steps.sleep("s2", math.inf), "step.sleep('s2') seconds"),
         (lambda: steps.sleep("s3", -5), "step.sleep('s3') seconds"),
@@ -177,7 +179,8 @@ async def test_step_durations_are_checked_before_any_step_record(
         (lambda: steps.wait_for_event("w4", "e\x00"), "wait_for_event('w4') event"),
         (lambda: steps.wait_for_event("w5", "e", match="\udcff"), "wait_for_event('w5') match"),
         (lambda: steps.sleep("nul\x00", 1), "step name"),
-    ]:
+    ]
+    for call, where in calls:
         with pytest.raises(InvalidArgument) as caught:
             await call()
         assert caught.value.argument == where and caught.value.fix

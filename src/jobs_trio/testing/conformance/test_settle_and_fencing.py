@@ -11,7 +11,7 @@ from jobs_trio.records import (
     Retry,
     Suspend,
 )
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
 

@@ -24,7 +24,7 @@ from jobs_trio.records import (
     StepStatus,
     Suspend,
 )
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import new_job
 from .job_states import EVENT, LEASE, RUNNING, STATES, WAIT, Placed, place

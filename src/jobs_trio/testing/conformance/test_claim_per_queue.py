@@ -6,7 +6,7 @@ from collections import Counter
 
 from jobs_trio.driver import Driver
 from jobs_trio.records import JobState
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import enqueue_one
 

@@ -9,7 +9,7 @@ import trio
 from jobs_trio.driver import Driver
 from jobs_trio.drivers.memory import FIRE_HISTORY
 from jobs_trio.records import JobState, TaskAdvance, TaskFire, TaskMark
-from tests.conftest import ManualClock
+from jobs_trio.testing.clock import ManualClock
 
 from .helpers import new_job
 

@@ -1,0 +1,10 @@
+# jobs_trio.testing: what an application's tests and a third-party driver's tests need.
+# Apart from the package because it is for tests only; importing it needs no pytest (the
+# conformance suite, jobs_trio.testing.conformance, does: pip install 'jobs-trio[testing]').
+from __future__ import annotations
+
+from ..attempt import Outcome
+from .clock import ManualClock
+from .rounds import memory_driver, new_worker, run_until_idle
+
+__all__ = ["ManualClock", "Outcome", "memory_driver", "new_worker", "run_until_idle"]
