@@ -26,6 +26,7 @@ from .records import (
     Suspend,
 )
 from .registry import JobDefinition
+from .run_context import restored
 from .run_scope import CANCELLED, DRAINING, LEASE_LOST, TIMEOUT, RunScope
 from .steps import Suspension
 from .thread_slots import ThreadSlots
@@ -107,7 +108,9 @@ async def run_attempt(
     ended = _Ended()
     try:
         payload = json.loads(claim.payload)
-        with run.cancel_scope:
+        # The application's context variables are set around the body (and copied into a sync
+        # body's thread by Trio); a restore hook that raises fails this attempt like the body.
+        with restored(definition.restore_context, ctx.context), run.cancel_scope:
             # A run cancelled before its body started (a claim that committed after the drain
             # was signalled) is handed back without running a line of it.
             if not run.cancel_scope.cancel_called:

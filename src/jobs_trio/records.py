@@ -52,12 +52,14 @@ class NewJob:
     priority: int = 0  # lower runs sooner
     delay: float = 0.0  # seconds after the driver's now
     key: str | None = None
+    # JSON text of the run's context and trace context (run_context.py), checked; None: none.
+    context: str | None = None
 
 
 def outbox_job(row: Sequence[Any], now: float) -> NewJob:
-    """An outbox row (id, name, queue, payload, priority, max_attempts, key, run_at) as the job
-    to relay: the delay is what remains of it now."""
-    job_id, name, queue, payload, priority, max_attempts, key, run_at = row
+    """An outbox row (id, name, queue, payload, priority, max_attempts, key, run_at, context)
+    as the job to relay: the delay is what remains of it now."""
+    job_id, name, queue, payload, priority, max_attempts, key, run_at, context = row
     return NewJob(
         job_id=job_id,
         name=name,
@@ -67,6 +69,7 @@ def outbox_job(row: Sequence[Any], now: float) -> NewJob:
         priority=priority,
         delay=max(run_at - now, 0.0),
         key=key,
+        context=context,
     )
 
 
@@ -94,6 +97,7 @@ class Claim:
     attempt: int  # counted at claim; an interrupted attempt hands it back
     max_attempts: int
     lease_until: float
+    context: str | None = None  # as enqueued (NewJob.context)
 
     @property
     def lease(self) -> Lease:
@@ -175,6 +179,7 @@ class JobRecord:
     worker_id: str | None = None
     cancel_requested: bool = False
     wait_event: str | None = None
+    context: str | None = None  # as enqueued (NewJob.context)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -196,6 +201,7 @@ class JobRecord:
             "worker_id": self.worker_id,
             "cancel_requested": self.cancel_requested,
             "wait_event": self.wait_event,
+            "context": self.context,
         }
 
 

@@ -27,12 +27,14 @@ from .metrics import Metrics, default_metrics
 from .pruner import DEFAULT_RETENTION, Pruner, Retention
 from .records import Claim, QueueStats
 from .registry import JobDefinition, Registry
+from .run_context import trace_of
 from .run_scope import RunScope
 from .settler import Settler
 from .single_error import unwrap_single_error
 from .steps import Steps
 from .task_scheduler import TaskScheduler
 from .thread_slots import ThreadSlots
+from .tracing import attempt_span
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
@@ -525,9 +527,11 @@ class Worker:
             else:
                 steps = Steps(self.driver, claim.lease, definition, run)
                 ctx = JobContext(claim, run, steps, self.worker_id)
-                outcome = await run_attempt(
-                    claim, definition, run, ctx, self.worker_id, self._threads
-                )
+                with attempt_span(claim, trace_of(claim.context)) as span:
+                    outcome = await run_attempt(
+                        claim, definition, run, ctx, self.worker_id, self._threads
+                    )
+                    span.ended(outcome.kind, run.reason, outcome.error)
             settler = self._settler
             if outcome.settlement is not None and settler is not None:
                 # Still held (its lease renewed) until the write commits: a slow database must

@@ -10,20 +10,21 @@
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key
+        run_at, created_at, updated_at, key, context
     )
     SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
-           $1 + greatest(n.delay, 0), $1, $1, n.key
+           $1 + greatest(n.delay, 0), $1, $1, n.key, n.context
     FROM unnest(
         $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[]
-    ) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+        $9::text[], $10::text[]
+    ) WITH ORDINALITY
+      AS n(id, name, queue, payload, priority, max_attempts, delay, key, context, ord)
     ORDER BY n.ord
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('ready', 'running', 'suspended', 'parked')
     DO NOTHING
     RETURNING id, queue
 ), notified AS (
-    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
+    SELECT pg_notify($11, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
 )
 SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
@@ -93,7 +94,7 @@ WITH candidates AS MATERIALIZED (
         updated_at = $1
     WHERE j.id = ANY (ARRAY(SELECT id FROM candidates))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
-              j.lease_until, j.priority, j.run_at
+              j.lease_until, j.priority, j.run_at, j.context
 ), exhausted AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY($2::text[])
@@ -111,7 +112,7 @@ WITH candidates AS MATERIALIZED (
     RETURNING j.id
 )
 -- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
-SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until
+SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, context
 FROM claimed
 ORDER BY priority, run_at, id;
 
@@ -410,19 +411,20 @@ WHERE task = $1 AND scheduled < (
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key
+        run_at, created_at, updated_at, key, context
     )
     SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
-           $1 + greatest(n.delay, 0), $1, $1, n.key
+           $1 + greatest(n.delay, 0), $1, $1, n.key, n.context
     FROM unnest(
         $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[]
-    ) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+        $9::text[], $10::text[]
+    ) WITH ORDINALITY
+      AS n(id, name, queue, payload, priority, max_attempts, delay, key, context, ord)
     ORDER BY n.ord
     ON CONFLICT DO NOTHING
     RETURNING id, queue
 ), notified AS (
-    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
+    SELECT pg_notify($11, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
 )
 SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
@@ -432,14 +434,15 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]);
 -- name: outbox_write
 -- In the application's transaction (a savepoint in it): the rows exist once it commits.
 INSERT INTO {schema}.outbox (
-    id, name, queue, payload, priority, max_attempts, key, run_at, created_at
+    id, name, queue, payload, priority, max_attempts, key, run_at, created_at, context
 )
 SELECT n.id, n.name, n.queue, n.payload, n.priority, n.max_attempts, n.key,
-       $1 + greatest(n.delay, 0), $1
+       $1 + greatest(n.delay, 0), $1, n.context
 FROM unnest(
     $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-    $9::text[]
-) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+    $9::text[], $10::text[]
+) WITH ORDINALITY
+  AS n(id, name, queue, payload, priority, max_attempts, delay, key, context, ord)
 ORDER BY n.ord;
 
 -- name: outbox_claim
@@ -457,7 +460,8 @@ UPDATE {schema}.outbox AS o
 SET claimed_until = $1::float8 + $2::float8, relay_id = $4
 FROM taken
 WHERE o.seq = taken.seq
-RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at;
+RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at,
+          o.context;
 
 -- name: outbox_delete
 WITH gone AS (

@@ -357,7 +357,7 @@ def _not_a_database(exc: sqlite3.Error) -> bool:
 _JOB_FIELDS: Final = (
     "id", "name", "queue", "state", "payload", "priority", "attempts", "max_attempts", "run_at",
     "created_at", "updated_at", "key", "last_error", "result", "lease_until", "worker_id",
-    "cancel_requested", "wait_event",
+    "cancel_requested", "wait_event", "context",
 )  # fmt: skip
 _STEP_FIELDS: Final = (
     "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
@@ -476,8 +476,8 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     # this same batch).
     conn.executemany(
         "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
-        " max_attempts, run_at, created_at, updated_at, key)"
-        " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?)"
+        " max_attempts, run_at, created_at, updated_at, key, context)"
+        " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?, ?)"
         f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
         [
             (
@@ -491,6 +491,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
                 now,
                 now,
                 job.key,
+                job.context,
             )
             for job in jobs
         ],
@@ -808,7 +809,7 @@ class SqliteDriver:
                 " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
                 " updated_at = ?"
                 " WHERE id IN (SELECT value FROM json_each(?))"
-                " RETURNING id, token, name, queue, payload, attempts, max_attempts",
+                " RETURNING id, token, name, queue, payload, attempts, max_attempts, context",
                 (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(taken)),
             ).fetchall()
             by_id = {row[0]: row for row in rows}
@@ -822,6 +823,7 @@ class SqliteDriver:
                     attempt=by_id[job_id][5],
                     max_attempts=by_id[job_id][6],
                     lease_until=now + lease,
+                    context=by_id[job_id][7],
                 )
                 for job_id in taken
             ]
@@ -1284,7 +1286,7 @@ class SqliteDriver:
         def work(conn: sqlite3.Connection, now: float) -> None:
             conn.executemany(
                 "INSERT INTO outbox (id, name, queue, payload, priority, max_attempts, key,"
-                " run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " run_at, created_at, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job.job_id,
@@ -1296,6 +1298,7 @@ class SqliteDriver:
                         job.key,
                         now + max(job.delay, 0.0),
                         now,
+                        job.context,
                     )
                     for job in jobs
                 ],
@@ -1314,7 +1317,8 @@ class SqliteDriver:
                 "UPDATE outbox SET claimed_until = ?, relay_id = ? WHERE seq IN"
                 " (SELECT seq FROM outbox WHERE claimed_until IS NULL OR claimed_until <= ?"
                 "  ORDER BY seq LIMIT ?)"
-                " RETURNING seq, id, name, queue, payload, priority, max_attempts, key, run_at",
+                " RETURNING seq, id, name, queue, payload, priority, max_attempts, key, run_at,"
+                " context",
                 (now + lease, relay_id, now, max(limit, 0)),
             ).fetchall()
             rows.sort()  # RETURNING promises no order: relay in the order written
