@@ -127,7 +127,8 @@ async def test_a_bodys_own_spans_are_children_of_its_attempts_span_in_a_thread_t
     runs = {s.context.span_id: s for s in finished if s.name.startswith("run ")}
     queries = [s for s in finished if s.name == "query"]
     assert len(runs) == 2 and len(queries) == 2
-    assert {runs[q.parent.span_id].name for q in queries if q.parent} == {"run t.async", "run t.sync"}
+    parents = {runs[q.parent.span_id].name for q in queries if q.parent}
+    assert parents == {"run t.async", "run t.sync"}
 
 
 async def test_a_job_enqueued_outside_any_span_starts_a_trace_of_its_own(

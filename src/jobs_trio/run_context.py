@@ -23,9 +23,7 @@ RestoreContext = Callable[[Mapping[str, str]], AbstractContextManager[Any]]
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
 
-def stored_context(
-    context: Mapping[str, str] | None, capture: CaptureContext | None
-) -> str | None:
+def stored_context(context: Mapping[str, str] | None, capture: CaptureContext | None) -> str | None:
     """The context an enqueue stores, as JSON text (None: nothing to store): ``context`` when
     given, else the capture hook's answer; checked at the boundary; with the trace context of
     the span current now added under its W3C names."""
