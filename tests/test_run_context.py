@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 import jobs_trio
+from jobs_trio import cli_render
 from jobs_trio.errors import ConfigError, InvalidArgument
 from jobs_trio.testing import memory_driver, new_worker, run_until_idle
 
@@ -189,3 +190,14 @@ async def test_a_job_written_to_the_outbox_keeps_its_context_through_the_relay(
             await trio.sleep(0.1)
     await run_until_idle(new_worker(store, registry))
     assert seen == [("async", {"tenant": "t9"}, "t9")]
+
+
+async def test_show_prints_a_jobs_context_and_only_when_it_has_one() -> None:
+    registry, _ = seen_registry()
+    driver = memory_driver()
+    with_one = await registry.require("ctx.async").enqueue(driver, context={"tenant": "t1"})
+    without = await registry.require("ctx.async").enqueue(driver)
+    now = driver.now()
+    shown = cli_render.job_text(await driver.get(with_one), [], now)  # type: ignore[arg-type]
+    assert 'context     {"tenant":"t1"}' in shown.splitlines()
+    assert "context" not in cli_render.job_text(await driver.get(without), [], now)  # type: ignore[arg-type]
