@@ -126,7 +126,7 @@ SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, pri
        context
 FROM claimed
 UNION ALL
-SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at
+SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL
 FROM candidates WHERE limited
 ORDER BY priority, run_at, id;
 
