@@ -72,6 +72,7 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         [3],
         [0.0],
         ["k"],
+        [None],  # context
         "ch",
         [None],
         [None],

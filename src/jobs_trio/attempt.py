@@ -30,9 +30,11 @@ from .records import (
     Suspend,
 )
 from .registry import JobDefinition, Registry
+from .run_context import restored, trace_of
 from .run_scope import CancelReason, RunScope
 from .steps import Steps, Suspension
 from .thread_slots import ThreadSlots
+from .tracing import attempt_span
 
 
 class OutcomeKind(enum.StrEnum):
@@ -98,13 +100,25 @@ async def run_attempt(
     raised (a body cut short by a drain may surface any error at all, and it is still
     interrupted)."""
     if definition is None:
-        return _parked(claim, sorted(d.name for d in registry))
+        return _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
     ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
+    # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
+    with attempt_span(claim, trace_of(claim.context)) as span:
+        outcome = await _judged(claim, definition, run, ctx, threads)
+        span.ended(outcome.kind, run.reason, outcome.error)
+    return outcome
+
+
+async def _judged(
+    claim: Claim, definition: JobDefinition, run: RunScope, ctx: JobContext, threads: ThreadSlots
+) -> Outcome:
     started = trio.current_time()
     ended = _Ended()
     try:
         payload = json.loads(claim.payload)
-        with run.cancel_scope:
+        # The application's context variables are set around the body (and copied into a sync
+        # body's thread by Trio); a restore hook that raises fails this attempt like the body.
+        with restored(definition.restore_context, ctx.context), run.cancel_scope:
             # A run cancelled before its body started (a claim that committed after the drain
             # was signalled) is handed back without running a line of it.
             if not run.cancel_scope.cancel_called:

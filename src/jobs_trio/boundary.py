@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import math
 import time
+from collections.abc import Mapping
 
 from .errors import InvalidArgument, PayloadNotSerialisable, TooLarge
 
@@ -19,6 +20,9 @@ INT4_MAX = 2**31 - 1
 MAX_NAME_CHARS = 200  # job, queue, event and step names
 MAX_KEY_CHARS = 512  # unique keys and event keys; 512 x 4 UTF-8 bytes fits a btree index entry
 MAX_ERROR_CHARS = 4000  # error text stored with a job; longer text is cut and marked
+# A run's context (tenant, request id: docs/context.md) is read on every attempt: small.
+MAX_CONTEXT_ENTRIES = 32
+MAX_CONTEXT_NAME_CHARS = 100
 
 # A duration or a point in time at most this far ahead: past it a run-at no longer renders as a
 # date (year 9999 overflows datetime) long before a double stops holding it.
@@ -198,6 +202,39 @@ def delay_from(delay: object, run_at: object) -> float:
 def check_limit(value: object, *, argument: str) -> int:
     """A configured size limit in bytes: 1 to ``MAX_CONFIGURABLE_BYTES``."""
     return check_int(value, argument=argument, low=1, high=MAX_CONFIGURABLE_BYTES)
+
+
+def check_context(
+    value: object, *, argument: str = "context", reserved: frozenset[str] = frozenset()
+) -> dict[str, str] | None:
+    """A run's context: a mapping of at most ``MAX_CONTEXT_ENTRIES`` names (printable, 1 to
+    ``MAX_CONTEXT_NAME_CHARS``, none of ``reserved``) to keys' text (``check_key``). An empty
+    one is None: nothing is stored."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(
+            argument,
+            f"{shown(value)} is not a mapping of names to strs",
+            fix="pass a dict of str to str, e.g. {'tenant': 't1', 'request_id': 'r-42'}",
+        )
+    if len(value) > MAX_CONTEXT_ENTRIES:
+        raise InvalidArgument(
+            argument,
+            f"{len(value)} entries, more than the {MAX_CONTEXT_ENTRIES} a context holds",
+            fix="keep the context to ids (tenant, request, user); put data in the payload",
+        )
+    checked: dict[str, str] = {}
+    for name, text in value.items():
+        check_name(name, argument=f"{argument} name", max_chars=MAX_CONTEXT_NAME_CHARS)
+        if name in reserved:
+            raise InvalidArgument(
+                argument,
+                f"{name!r} is reserved for the W3C trace context jobs_trio stores itself",
+                fix="name it otherwise; with OpenTelemetry installed the trace is carried",
+            )
+        checked[name] = check_key(text, argument=f"{argument}[{name!r}]")
+    return checked or None
 
 
 # -- JSON documents ---------------------------------------------------------------------------

@@ -141,6 +141,8 @@ def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
         fields.append(("cancel", "requested: the worker stops the run at its next lease renewal"))
     if record.wait_event:
         fields.append(("waits for", f"event {record.wait_event!r}"))
+    if record.context is not None:
+        fields.append(("context", short(record.context, 200)))
     fields.append(("last error", record.last_error or "-"))
     fields.append(("result", short(record.result, 200) if record.result is not None else "-"))
     width = max(len(label) for label, _ in fields)

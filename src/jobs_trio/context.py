@@ -2,7 +2,9 @@
 # Apart because it is the one object user code sees of a running attempt.
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import trio
@@ -10,6 +12,7 @@ import trio
 from .errors import AttemptCancelled, JobsError
 from .logs import logger
 from .records import Claim
+from .run_context import app_context
 from .run_scope import RunScope
 
 if TYPE_CHECKING:
@@ -25,6 +28,12 @@ class JobContext:
         self.step = steps
         self.worker_id = worker_id
         self.log = logging.LoggerAdapter(logger, {"job_id": claim.job_id, "job": claim.name})
+
+    @functools.cached_property
+    def context(self) -> Mapping[str, str]:
+        """The run's context as enqueued (``enqueue(..., context=)`` or the registry's capture
+        hook), read-only; empty when it carried none. The trace context is not in it."""
+        return app_context(self._claim.context)
 
     @property
     def job_id(self) -> str:

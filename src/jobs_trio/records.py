@@ -65,12 +65,14 @@ class NewJob:
     delay: float = 0.0  # seconds after the driver's now
     key: str | None = None
     limits: JobLimits | None = None
+    # JSON text of the run's context and trace context (run_context.py), checked; None: none.
+    context: str | None = None
 
 
 def outbox_job(row: Sequence[Any], now: float) -> NewJob:
-    """An outbox row (id, name, queue, payload, priority, max_attempts, key, run_at) as the job
-    to relay: the delay is what remains of it now."""
-    job_id, name, queue, payload, priority, max_attempts, key, run_at = row
+    """An outbox row (id, name, queue, payload, priority, max_attempts, key, run_at, context)
+    as the job to relay: the delay is what remains of it now."""
+    job_id, name, queue, payload, priority, max_attempts, key, run_at, context = row
     return NewJob(
         job_id=job_id,
         name=name,
@@ -80,6 +82,7 @@ def outbox_job(row: Sequence[Any], now: float) -> NewJob:
         priority=priority,
         delay=max(run_at - now, 0.0),
         key=key,
+        context=context,
     )
 
 
@@ -107,6 +110,7 @@ class Claim:
     attempt: int  # counted at claim; an interrupted attempt hands it back
     max_attempts: int
     lease_until: float
+    context: str | None = None  # as enqueued (NewJob.context)
 
     @property
     def lease(self) -> Lease:
@@ -190,6 +194,7 @@ class JobRecord:
     worker_id: str | None = None
     cancel_requested: bool = False
     wait_event: str | None = None
+    context: str | None = None  # as enqueued (NewJob.context)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -211,6 +216,7 @@ class JobRecord:
             "worker_id": self.worker_id,
             "cancel_requested": self.cancel_requested,
             "wait_event": self.wait_event,
+            "context": self.context,
         }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -26,6 +26,7 @@ from .current_transaction import joined
 from .errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
 from .fleet_limits import FleetLimit, RateLimit, resolve
 from .records import JobId, NewJob, new_job_id
+from .run_context import CaptureContext, RestoreContext, stored_context
 from .schedule import parse_schedule
 from .tasks import Missed, TaskDefinition, check_missed
 
@@ -64,6 +65,9 @@ class JobDefinition:
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES  # also each step's result
     fleet_limit: FleetLimit | None = None  # runs at once, fleet-wide (docs/limits.md)
     rate_limit: RateLimit | None = None  # starts per period, fleet-wide
+    # The registry's context hooks (docs/context.md), carried by each of its jobs.
+    capture_context: CaptureContext | None = None
+    restore_context: RestoreContext | None = None
 
     # Decided once at declaration: the worker asks for every attempt.
     is_async: bool = attrs.field(init=False)
@@ -92,8 +96,22 @@ class JobDefinition:
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        context: Mapping[str, str] | None = None,
     ) -> NewJob:
-        """The row to write, checked: a bad payload, delay or key raises before any write."""
+        """The row to write, checked: a bad payload, delay, key or context raises before any
+        write. ``context``: the run's context (docs/context.md); None: the capture hook's."""
+        stored = stored_context(context, self.capture_context)
+        return self._row(payload, delay, run_at, priority, key, stored)
+
+    def _row(
+        self,
+        payload: Any,
+        delay: float | None,
+        run_at: RunAt | None,
+        priority: int | None,
+        key: str | None,
+        context: str | None,
+    ) -> NewJob:
         return NewJob(
             job_id=new_job_id(),
             name=self.name,
@@ -106,6 +124,7 @@ class JobDefinition:
             delay=delay_from(delay, run_at),
             key=None if key is None else check_key(key, argument="key"),
             limits=resolve(self.name, self.fleet_limit, self.rate_limit, payload),
+            context=context,
         )
 
     async def enqueue(
@@ -119,12 +138,16 @@ class JobDefinition:
         key: str | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
+        context: Mapping[str, str] | None = None,
     ) -> JobId:
         """Write one job; answer its id. With a ``key`` a live job already holds, answer that
         job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``). Inside a
         ``jobs_trio.transaction(...)`` block the write joins that transaction; ``driver`` may
-        be an ``Outbox`` (docs/transactions.md)."""
-        job = self.new_job(payload, delay=delay, run_at=run_at, priority=priority, key=key)
+        be an ``Outbox`` (docs/transactions.md). ``context``: the run's context, e.g.
+        ``{"tenant": "t1"}`` (docs/context.md); None: the registry's capture hook's."""
+        job = self.new_job(
+            payload, delay=delay, run_at=run_at, priority=priority, key=key, context=context
+        )
         [answer] = await driver.enqueue([job], connection=joined(connection))
         if not answer.created and on_duplicate == "raise":
             raise DuplicateJob(job=self.name, key=key or "", existing_id=answer.job_id)
@@ -139,10 +162,12 @@ class JobDefinition:
         run_at: RunAt | None = None,
         priority: int | None = None,
         connection: object | None = None,
+        context: Mapping[str, str] | None = None,
     ) -> list[JobId]:
         """Write many jobs in one driver call; every payload is checked before anything is
-        written, so one bad payload writes none."""
-        jobs = [self.new_job(p, delay=delay, run_at=run_at, priority=priority) for p in payloads]
+        written, so one bad payload writes none. Every job carries the same ``context``."""
+        stored = stored_context(context, self.capture_context)  # once for the batch
+        jobs = [self._row(p, delay, run_at, priority, None, stored) for p in payloads]
         if not jobs:
             return []
         answers = await driver.enqueue(jobs, connection=joined(connection))
@@ -157,9 +182,25 @@ class Registry:
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        capture_context: CaptureContext | None = None,
+        restore_context: RestoreContext | None = None,
     ) -> None:
         """``max_payload_bytes`` / ``max_result_bytes``: the size limits (of the JSON text) of
-        every job declared here that does not set its own; see docs/limits.md."""
+        every job declared here that does not set its own; see docs/limits.md.
+
+        ``capture_context()``: the calling request's context, stored with every enqueue that
+        passes no ``context=``; ``restore_context(context)``: a context manager that sets the
+        application's context variables around each body. Here, not on the worker, because
+        ``jobs-trio worker app:registry`` runs a worker from the registry alone
+        (docs/context.md)."""
+        for hook_name, hook in (
+            ("capture_context", capture_context),
+            ("restore_context", restore_context),
+        ):
+            if hook is not None and not callable(hook):
+                raise ConfigError(f"{hook_name}={hook!r} is not callable", fix="pass a function")
+        self.capture_context = capture_context
+        self.restore_context = restore_context
         self._jobs: dict[str, JobDefinition] = {}
         self.max_payload_bytes = check_limit(max_payload_bytes, argument="max_payload_bytes")
         self.max_result_bytes = check_limit(max_result_bytes, argument="max_result_bytes")
@@ -236,6 +277,8 @@ class Registry:
                 max_result_bytes=result_limit,
                 fleet_limit=fleet_limit,
                 rate_limit=rate_limit,
+                capture_context=self.capture_context,
+                restore_context=self.restore_context,
             )
             self._jobs[name] = definition
             return definition

@@ -184,6 +184,7 @@ class MemoryDriver:
                 created_at=now,
                 updated_at=now,
                 key=job.key,
+                context=job.context,
             )
             if job.key is not None:
                 live_keys[job.key] = job.job_id
@@ -260,6 +261,7 @@ class MemoryDriver:
                     attempt=updated.attempts,
                     max_attempts=record.max_attempts,
                     lease_until=now + lease,
+                    context=record.context,
                 )
             )
         return claims

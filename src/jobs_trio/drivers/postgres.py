@@ -317,6 +317,7 @@ class PostgresDriver:
                 attempt=row["attempts"],
                 max_attempts=row["max_attempts"],
                 lease_until=row["lease_until"],
+                context=row["context"],
             )
             for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
             if row is not None
@@ -787,6 +788,7 @@ class PostgresDriver:
                     row["max_attempts"],
                     row["key"],
                     row["run_at"],
+                    row["context"],
                 ),
                 now,
             )
@@ -901,7 +903,7 @@ _KIND: dict[type, str] = {
 
 def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
     """The unnest arrays of a batch of new jobs (id, name, queue, payload, priority,
-    max_attempts, delay, key), in that parameter order."""
+    max_attempts, delay, key, context), in that parameter order."""
     return [
         [j.job_id for j in jobs],
         [j.name for j in jobs],
@@ -911,6 +913,7 @@ def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
         [j.max_attempts for j in jobs],
         [float(j.delay) for j in jobs],
         [j.key for j in jobs],
+        [j.context for j in jobs],
     ]
 
 
@@ -1011,6 +1014,7 @@ def _record(row: Any) -> JobRecord:
         worker_id=row["worker_id"],
         cancel_requested=row["cancel_requested"],
         wait_event=row["wait_event"],
+        context=row["context"],
     )
 
 

@@ -10,16 +10,16 @@
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per
+        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per, context
     )
     SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
            $1 + greatest(n.delay, 0), $1, $1, n.key, n.slot_key, n.slots, n.rate_key, n.starts,
-           n.per
+           n.per, n.context
     FROM unnest(
         $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[], $11::text[], $12::int[], $13::text[], $14::int[], $15::float8[]
+        $9::text[], $10::text[], $12::text[], $13::int[], $14::text[], $15::int[], $16::float8[]
     ) WITH ORDINALITY AS n(
-        id, name, queue, payload, priority, max_attempts, delay, key,
+        id, name, queue, payload, priority, max_attempts, delay, key, context,
         slot_key, slots, rate_key, starts, per, ord
     )
     ORDER BY n.ord
@@ -27,7 +27,7 @@ WITH created AS (
     DO NOTHING
     RETURNING id, queue
 ), notified AS (
-    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
+    SELECT pg_notify($11, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
 )
 SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
@@ -104,7 +104,7 @@ WITH candidates AS MATERIALIZED (
         updated_at = $1
     WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
-              j.lease_until, j.priority, j.run_at
+              j.lease_until, j.priority, j.run_at, j.context
 ), exhausted AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY($2::text[])
@@ -122,10 +122,11 @@ WITH candidates AS MATERIALIZED (
     RETURNING j.id
 )
 -- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
-SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at
+SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
+       context
 FROM claimed
 UNION ALL
-SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at
+SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL
 FROM candidates WHERE limited
 ORDER BY priority, run_at, id;
 
@@ -191,7 +192,8 @@ SET state = 'running',
     updated_at = $7
 FROM unnest($14::text[], $15::text[]) AS g(id, token)
 WHERE j.id = g.id
-RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until;
+RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until,
+          j.context;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two
@@ -533,23 +535,23 @@ WHERE task = $1 AND scheduled < (
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per
+        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per, context
     )
     SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
            $1 + greatest(n.delay, 0), $1, $1, n.key, n.slot_key, n.slots, n.rate_key, n.starts,
-           n.per
+           n.per, n.context
     FROM unnest(
         $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[], $11::text[], $12::int[], $13::text[], $14::int[], $15::float8[]
+        $9::text[], $10::text[], $12::text[], $13::int[], $14::text[], $15::int[], $16::float8[]
     ) WITH ORDINALITY AS n(
-        id, name, queue, payload, priority, max_attempts, delay, key,
+        id, name, queue, payload, priority, max_attempts, delay, key, context,
         slot_key, slots, rate_key, starts, per, ord
     )
     ORDER BY n.ord
     ON CONFLICT DO NOTHING
     RETURNING id, queue
 ), notified AS (
-    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
+    SELECT pg_notify($11, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
 )
 SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
@@ -559,14 +561,15 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]);
 -- name: outbox_write
 -- In the application's transaction (a savepoint in it): the rows exist once it commits.
 INSERT INTO {schema}.outbox (
-    id, name, queue, payload, priority, max_attempts, key, run_at, created_at
+    id, name, queue, payload, priority, max_attempts, key, run_at, created_at, context
 )
 SELECT n.id, n.name, n.queue, n.payload, n.priority, n.max_attempts, n.key,
-       $1 + greatest(n.delay, 0), $1
+       $1 + greatest(n.delay, 0), $1, n.context
 FROM unnest(
     $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-    $9::text[]
-) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+    $9::text[], $10::text[]
+) WITH ORDINALITY
+  AS n(id, name, queue, payload, priority, max_attempts, delay, key, context, ord)
 ORDER BY n.ord;
 
 -- name: outbox_claim
@@ -584,7 +587,8 @@ UPDATE {schema}.outbox AS o
 SET claimed_until = $1::float8 + $2::float8, relay_id = $4
 FROM taken
 WHERE o.seq = taken.seq
-RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at;
+RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at,
+          o.context;
 
 -- name: outbox_delete
 WITH gone AS (

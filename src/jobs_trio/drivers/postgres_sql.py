@@ -22,7 +22,8 @@ SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # operators read, and a fencing token must never leak into `show` output.
 JOB_COLUMNS = (
     "id, name, queue, state, payload, priority, attempts, max_attempts, run_at, created_at, "
-    "updated_at, key, last_error, result, lease_until, worker_id, cancel_requested, wait_event"
+    "updated_at, key, last_error, result, lease_until, worker_id, cancel_requested, wait_event, "
+    "context"
 )
 
 # One statement per kind of settlement, each the `settle` frame with the kind's own pieces.

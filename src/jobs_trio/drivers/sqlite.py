@@ -84,7 +84,7 @@ class _FireTaken(Exception):
 _JOB_FIELDS: Final = (
     "id", "name", "queue", "state", "payload", "priority", "attempts", "max_attempts", "run_at",
     "created_at", "updated_at", "key", "last_error", "result", "lease_until", "worker_id",
-    "cancel_requested", "wait_event",
+    "cancel_requested", "wait_event", "context",
 )  # fmt: skip
 _STEP_FIELDS: Final = (
     "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
@@ -92,6 +92,8 @@ _STEP_FIELDS: Final = (
 _JOB_COLUMNS: Final = ", ".join(_JOB_FIELDS)
 _STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
+# What a claim reads back of each job it took, in Claim's order (both claim paths).
+_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context"
 # Fencing: a write of a run applies only while its claim is the job's current one.
 _FENCE: Final = "id = ? AND token = ? AND state = 'running'"
 _LIVE: Final = "('ready', 'running', 'suspended', 'parked')"
@@ -239,7 +241,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     conn.executemany(
         "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
         " max_attempts, run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts,"
-        " per) VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " per, context) VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
         [
             (
@@ -254,6 +256,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
                 now,
                 job.key,
                 *_limit_columns(job.limits),
+                job.context,
             )
             for job in jobs
         ],
@@ -324,7 +327,7 @@ def _claim_limited(
             " worker_id = ?, token = ?, wait_event = NULL, waiting_on = NULL,"
             " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
             " updated_at = ? WHERE id = ?"
-            " RETURNING id, token, name, queue, payload, attempts, max_attempts",
+            f" RETURNING {_CLAIMED}",
             (now + lease, worker_id, token, LAPSED_ERROR, now, job_id),
         ).fetchone()
     return granted
@@ -448,7 +451,7 @@ class SqliteDriver:
                 " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
                 " updated_at = ?"
                 " WHERE id IN (SELECT value FROM json_each(?))"
-                " RETURNING id, token, name, queue, payload, attempts, max_attempts",
+                f" RETURNING {_CLAIMED}",
                 (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(unlimited)),
             ).fetchall()
             by_id.update((row[0], row) for row in rows)
@@ -462,6 +465,7 @@ class SqliteDriver:
                     attempt=by_id[job_id][5],
                     max_attempts=by_id[job_id][6],
                     lease_until=now + lease,
+                    context=by_id[job_id][7],
                 )
                 for job_id in taken
             ]
@@ -935,7 +939,7 @@ class SqliteDriver:
         def work(conn: sqlite3.Connection, now: float) -> None:
             conn.executemany(
                 "INSERT INTO outbox (id, name, queue, payload, priority, max_attempts, key,"
-                " run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " run_at, created_at, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job.job_id,
@@ -947,6 +951,7 @@ class SqliteDriver:
                         job.key,
                         now + max(job.delay, 0.0),
                         now,
+                        job.context,
                     )
                     for job in jobs
                 ],
@@ -965,7 +970,8 @@ class SqliteDriver:
                 "UPDATE outbox SET claimed_until = ?, relay_id = ? WHERE seq IN"
                 " (SELECT seq FROM outbox WHERE claimed_until IS NULL OR claimed_until <= ?"
                 "  ORDER BY seq LIMIT ?)"
-                " RETURNING seq, id, name, queue, payload, priority, max_attempts, key, run_at",
+                " RETURNING seq, id, name, queue, payload, priority, max_attempts, key, run_at,"
+                " context",
                 (now + lease, relay_id, now, max(limit, 0)),
             ).fetchall()
             rows.sort()  # RETURNING promises no order: relay in the order written
