@@ -6,9 +6,10 @@ import datetime as dt
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, overload
 
 import attrs
+from typing_extensions import TypeVar
 
 from .backoff import Backoff
 from .boundary import (
@@ -33,7 +34,22 @@ if TYPE_CHECKING:
     from .driver import Driver
     from .outbox import Outbox
 
-JobFunction = Callable[..., Any]
+# A definition keeps its body's payload and result types: ``enqueue`` then takes only what the
+# body accepts. The payload is contravariant (a body taking ``dict | None`` may be enqueued
+# with no payload), the result covariant; both default to Any, so a bare ``JobDefinition`` (an
+# unannotated body, a registry's listing) means "any job".
+PayloadT = TypeVar("PayloadT", contravariant=True, default=Any)
+ResultT = TypeVar("ResultT", covariant=True, default=Any)
+_P = TypeVar("_P")
+_R = TypeVar("_R")
+
+# A body: ``async def`` or a plain ``def`` (run in a thread), given the context and the payload.
+JobFunction = Callable[["JobContext", PayloadT], Awaitable[ResultT] | ResultT]
+
+# What a cron task's body is handed (TaskDefinition.payload): ``task``, ``scheduled_at``,
+# ``scheduled_ts`` and, fired by hand, ``manual``.
+TaskPayload = dict[str, Any]
+
 RunAt = dt.datetime | float
 OnDuplicate = Literal["existing", "raise"]
 
@@ -46,11 +62,12 @@ def _positive(name: str, value: float | None, *, allow_none: bool = True) -> Non
 
 
 @attrs.frozen(eq=False)
-class JobDefinition:
-    """One declared job: its body and every option a worker applies to its attempts."""
+class JobDefinition(Generic[PayloadT, ResultT]):
+    """One declared job: its body and every option a worker applies to its attempts.
+    ``JobDefinition[P, R]``: the body takes a payload of type ``P`` and returns ``R``."""
 
     name: str
-    fn: JobFunction
+    fn: JobFunction[PayloadT, ResultT]
     queue: str = "default"
     attempts: int = 3
     timeout: float | None = 60.0
@@ -78,12 +95,12 @@ class JobDefinition:
                 return True
         return getattr(error, "retryable", True) is False
 
-    def __call__(self, ctx: JobContext, payload: Any) -> Any | Awaitable[Any]:
+    def __call__(self, ctx: JobContext, payload: PayloadT) -> ResultT | Awaitable[ResultT]:
         return self.fn(ctx, payload)
 
     def new_job(
         self,
-        payload: Any,
+        payload: PayloadT,
         *,
         delay: float | None = None,
         run_at: RunAt | None = None,
@@ -103,6 +120,36 @@ class JobDefinition:
             delay=delay_from(delay, run_at),
             key=None if key is None else check_key(key, argument="key"),
         )
+
+    # Without a payload the body is handed None: only a body whose payload accepts None may be
+    # enqueued so (the first overload); any other takes its payload type and nothing else.
+    @overload
+    async def enqueue(
+        self: JobDefinition[None, Any],
+        driver: Driver | Outbox,
+        payload: None = None,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+    ) -> JobId: ...
+
+    @overload
+    async def enqueue(
+        self,
+        driver: Driver | Outbox,
+        payload: PayloadT,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+    ) -> JobId: ...
 
     async def enqueue(
         self,
@@ -129,7 +176,7 @@ class JobDefinition:
     async def enqueue_many(
         self,
         driver: Driver | Outbox,
-        payloads: Iterable[Any],
+        payloads: Iterable[PayloadT],
         *,
         delay: float | None = None,
         run_at: RunAt | None = None,
@@ -143,6 +190,18 @@ class JobDefinition:
             return []
         answers = await driver.enqueue(jobs, connection=joined(connection))
         return [a.job_id for a in answers]
+
+
+class JobDecorator(Protocol):
+    """What ``registry.job(...)`` answers: given the body, its definition, typed by the body's
+    payload and its result (awaited, for an ``async def``)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[JobContext, _P], Awaitable[_R]], /
+    ) -> JobDefinition[_P, _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[JobContext, _P], _R], /) -> JobDefinition[_P, _R]: ...
 
 
 class Registry:
@@ -175,7 +234,7 @@ class Registry:
         event_poll: float = 60.0,
         max_payload_bytes: int | None = None,
         max_result_bytes: int | None = None,
-    ) -> Callable[[JobFunction], JobDefinition]:
+    ) -> JobDecorator:
         """Declare a job: ``@registry.job("emails.send", queue="emails", attempts=5)``.
         ``max_payload_bytes`` / ``max_result_bytes`` default to the registry's."""
         check_name(name, argument="job name")
@@ -201,7 +260,7 @@ class Registry:
             else check_limit(max_result_bytes, argument="max_result_bytes")
         )
 
-        def declare(fn: JobFunction) -> JobDefinition:
+        def declare(fn: JobFunction[Any, Any], /) -> JobDefinition[Any, Any]:
             if not callable(fn):
                 raise ConfigError(f"job {name!r} body is not callable", fix="decorate a function")
             definition = JobDefinition(
@@ -233,7 +292,7 @@ class Registry:
         missed: Missed | str = Missed.LATEST,
         catch_up: int = 10,
         **job_options: Any,
-    ) -> Callable[[JobFunction], TaskDefinition]:
+    ) -> Callable[[JobFunction[TaskPayload, object]], TaskDefinition]:
         """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
         timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per
         fleet; ``job_options`` are ``job()``'s (queue, attempts, timeout...). See docs/tasks.md."""
@@ -241,7 +300,7 @@ class Registry:
         policy = check_missed(missed, catch_up)
         declare_job = self.job(name, **job_options)
 
-        def declare(fn: JobFunction) -> TaskDefinition:
+        def declare(fn: JobFunction[TaskPayload, object]) -> TaskDefinition:
             task = TaskDefinition(name, declare_job(fn), schedule, policy, catch_up)
             self._tasks[name] = task
             return task
