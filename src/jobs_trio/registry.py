@@ -6,7 +6,7 @@ import datetime as dt
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypedDict, Unpack, overload
 
 import attrs
 from typing_extensions import TypeVar
@@ -204,6 +204,23 @@ class JobDecorator(Protocol):
     def __call__(self, fn: Callable[[JobContext, _P], _R], /) -> JobDefinition[_P, _R]: ...
 
 
+class JobOptions(TypedDict, total=False):
+    """``job()``'s options, for ``task()`` to pass on typed (a misspelt one fails the type
+    check). Names and types as ``job()`` declares them (tests/typecheck holds them equal); the
+    defaults are ``job()``'s."""
+
+    queue: str
+    attempts: int
+    timeout: float | None
+    priority: int
+    backoff: Backoff | None
+    terminal: Sequence[type[BaseException] | str]
+    step_timeout: float | None
+    event_poll: float
+    max_payload_bytes: int | None
+    max_result_bytes: int | None
+
+
 class Registry:
     """The jobs an application declares; a worker runs the ones its registry knows."""
 
@@ -291,7 +308,7 @@ class Registry:
         timezone: str = "UTC",
         missed: Missed | str = Missed.LATEST,
         catch_up: int = 10,
-        **job_options: Any,
+        **job_options: Unpack[JobOptions],
     ) -> Callable[[JobFunction[TaskPayload, object]], TaskDefinition]:
         """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
         timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per

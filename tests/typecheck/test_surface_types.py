@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, assert_type
+from typing import Any, assert_type, get_type_hints
 
 import pytest
 
@@ -24,6 +24,7 @@ from jobs_trio import (
     open_worker,
 )
 from jobs_trio.records import JobId
+from jobs_trio.registry import JobOptions
 from jobs_trio.tasks import TaskDefinition
 from jobs_trio.testing import memory_driver, new_worker, run_until_idle
 
@@ -91,6 +92,8 @@ async def _refused_calls_never_run(driver: Any) -> None:
     async def wrong(ctx: JobContext, payload: int) -> None:
         pass
 
+    registry.task("typed.typo", every=60, atempts=2)  # type: ignore[call-arg]
+
     async def bad_steps(ctx: JobContext) -> None:
         await ctx.step.run("sum", _sum, 1, 2)  # type: ignore[arg-type, call-arg]
         await ctx.step.run("sum", _sum, 1)  # type: ignore[arg-type]
@@ -151,3 +154,10 @@ def test_every_error_a_public_call_raises_is_importable_from_jobs_trio() -> None
     } | {EventTimedOut}
     exported = {getattr(jobs_trio, name) for name in jobs_trio.__all__}
     assert sorted(e.__name__ for e in raised - exported) == []
+
+
+def test_task_passes_on_exactly_the_job_s_options() -> None:
+    job = inspect.signature(Registry.job).parameters.values()
+    hints = get_type_hints(Registry.job)
+    declared = {p.name: hints[p.name] for p in job if p.kind is p.KEYWORD_ONLY}
+    assert get_type_hints(JobOptions) == declared
