@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, assert_type, get_type_hints
+from typing import Any, assert_type, get_overloads, get_type_hints
 
 import pytest
 
@@ -161,3 +161,16 @@ def test_task_passes_on_exactly_the_job_s_options() -> None:
     hints = get_type_hints(Registry.job)
     declared = {p.name: hints[p.name] for p in job if p.kind is p.KEYWORD_ONLY}
     assert get_type_hints(JobOptions) == declared
+
+
+def test_each_enqueue_overload_offers_the_implementation_s_keywords() -> None:
+    # An option added to the implementation but to no overload would be one no caller may pass.
+    method = JobDefinition.enqueue
+
+    def keywords(fn: Any) -> dict[str, tuple[Any, Any]]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name: (p.annotation, p.default) for p in params if p.kind is p.KEYWORD_ONLY}
+
+    overloads = get_overloads(method)
+    assert len(overloads) == 2
+    assert all(keywords(o) == keywords(method) for o in overloads)
