@@ -22,6 +22,7 @@ from .errors import (
     PayloadNotSerialisable,
     ResultNotStorable,
     SchemaVersionError,
+    SlotLost,
     StepError,
     TerminalError,
     TooLarge,
@@ -29,6 +30,7 @@ from .errors import (
     ValueRefused,
 )
 from .events import send_event
+from .fleet_limits import FleetLimit, RateLimit
 from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import open_driver
 from .outbox import Outbox
@@ -49,6 +51,7 @@ __all__ = [
     "DuplicateJob",
     "DuplicateJobName",
     "EventTimedOut",
+    "FleetLimit",
     "InvalidArgument",
     "InvalidTransition",
     "JobContext",
@@ -62,11 +65,13 @@ __all__ = [
     "Lifecycle",
     "Outbox",
     "PayloadNotSerialisable",
+    "RateLimit",
     "Registry",
     "Relay",
     "ResultNotStorable",
     "Retention",
     "SchemaVersionError",
+    "SlotLost",
     "StepError",
     "TerminalError",
     "TooLarge",
