@@ -82,5 +82,5 @@ async def test_two_runs_of_one_job_settled_together_are_told_apart(
         stale = settler.hand_in(Complete(old.lease, '"old"'))
         current = settler.hand_in(Complete(new.lease, '"new"'))
         assert (await settler.confirmed(stale), await settler.confirmed(current)) == (False, True)
-        settler.close()
+        settler.stop_intake()
     assert (await record(driver, answer.job_id)).result == '"new"'

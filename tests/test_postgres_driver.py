@@ -14,7 +14,7 @@ import trio
 
 from jobs_trio.errors import ConfigError, DriverError, SchemaVersionError
 from jobs_trio.records import Complete, JobState
-from jobs_trio.testing.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import a_waiting_worker, new_job
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres
@@ -89,37 +89,6 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10
     with trio.fail_after(within):
         while not await check():
             await trio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def a_waiting_worker(
-    driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[trio.Event]:
-    """A task inside ``wait_for_work(["default"], timeout=60)`` and past its look for due work,
-    so only a notification can end its wait; the block must bring one within 20 s. Yields the
-    event the task sets when it returns."""
-    looked = trio.Event()
-    original = driver._next_due_in
-
-    async def next_due_in(queues: Any) -> float:
-        try:
-            return await original(queues)
-        finally:
-            looked.set()
-
-    monkeypatch.setattr(driver, "_next_due_in", next_due_in)
-    woke = trio.Event()
-
-    async def waiter() -> None:
-        await driver.wait_for_work(["default"], timeout=60)
-        woke.set()
-
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await looked.wait()
-            yield woke
-            await woke.wait()
 
 
 # --- migrations and schema checks ---
@@ -241,9 +210,7 @@ async def claim_and_complete_one(driver: PostgresDriver) -> None:
 # --- transactional enqueue ---
 
 
-async def test_enqueue_on_the_applications_transaction(
-    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_enqueue_on_the_applications_transaction(url: str, pg_schema: str) -> None:
     async with (
         trio_asyncio.open_loop() as loop,
         open_postgres_driver(
@@ -263,7 +230,7 @@ async def test_enqueue_on_the_applications_transaction(
         assert await driver.claim(["default"], 10, lease=30, worker_id="w") == []
 
         # Committed: visible, and a worker already waiting hears of it through NOTIFY.
-        async with a_waiting_worker(driver, monkeypatch) as woke:
+        async with a_waiting_worker(driver) as woke:
             await app.execute("BEGIN")
             [kept] = await driver.enqueue([new_job(key="order-1")], connection=app.conn)
             await driver.send_event("paid", "{}", key="order-1", connection=app.conn)
@@ -459,7 +426,7 @@ async def test_killed_pool_connections_fail_one_operation_and_lose_nothing(
 
 
 async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
-    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobs_trio.drivers.postgres")
     async with (
@@ -482,7 +449,7 @@ async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
         )
 
         # The new LISTEN works: a waiter past its look for due work wakes on an enqueue.
-        async with a_waiting_worker(driver, monkeypatch):
+        async with a_waiting_worker(driver):
             await driver.enqueue([new_job()])
 
 

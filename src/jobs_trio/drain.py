@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .errors import JobDrained
 from .records import ClaimToken
-from .run_scope import DRAINING, RunScope
+from .run_scope import CancelReason, RunScope
 
 
 class Drain:
@@ -20,15 +20,15 @@ class Drain:
         self.cause: JobDrained | None = None  # why it was signalled: worker and signal
 
     @property
-    def reason(self) -> str | None:
-        return None if self.cause is None else DRAINING
+    def reason(self) -> CancelReason | None:
+        return None if self.cause is None else CancelReason.DRAINING
 
     def hold(self, run: RunScope) -> None:
         self._held[run.claim.token] = run
         if self.cause is not None:
             # A claim that committed after the drain was signalled (it was in flight): it must
             # not run on, and it is handed back at once.
-            run.cancel(DRAINING, self.cause)
+            run.cancel(CancelReason.DRAINING, self.cause)
 
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)
@@ -41,7 +41,7 @@ class Drain:
         # nothing left of it to stop, and its verdict is already given.
         running = [run for run in self._held.values() if not run.settling]
         for run in running:
-            run.cancel(DRAINING, self.cause)
+            run.cancel(CancelReason.DRAINING, self.cause)
         return len(running)
 
     @property

@@ -48,8 +48,9 @@ _R = TypeVar("_R")
 JobFunction = Callable[["JobContext", PayloadT], Awaitable[ResultT] | ResultT]
 
 # What a cron task's body is handed (TaskDefinition.payload): ``task``, ``scheduled_at``,
-# ``scheduled_ts`` and, fired by hand, ``manual``.
+# ``scheduled_ts`` and, fired by hand, ``manual``. A task's body must accept it.
 TaskPayload = dict[str, Any]
+TaskBody = JobFunction[TaskPayload, object]
 
 RunAt = dt.datetime | float
 OnDuplicate = Literal["existing", "raise"]
@@ -241,7 +242,7 @@ class Registry:
         self._jobs: dict[str, JobDefinition] = {}
         self.max_payload_bytes = check_limit(max_payload_bytes, argument="max_payload_bytes")
         self.max_result_bytes = check_limit(max_result_bytes, argument="max_result_bytes")
-        self._tasks: dict[str, TaskDefinition] = {}
+        self._tasks: dict[str, TaskDefinition[JobDefinition]] = {}
 
     def job(
         self,
@@ -330,7 +331,7 @@ class Registry:
         missed: Missed | str = Missed.LATEST,
         catch_up: int = 10,
         **job_options: Unpack[JobOptions],
-    ) -> Callable[[JobFunction[TaskPayload, object]], TaskDefinition]:
+    ) -> Callable[[TaskBody], TaskDefinition[JobDefinition[TaskPayload]]]:
         """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
         timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per
         fleet; ``job_options`` are ``job()``'s (queue, attempts, timeout...). See docs/tasks.md."""
@@ -338,14 +339,14 @@ class Registry:
         policy = check_missed(missed, catch_up)
         declare_job = self.job(name, **job_options)
 
-        def declare(fn: JobFunction[TaskPayload, object]) -> TaskDefinition:
+        def declare(fn: TaskBody) -> TaskDefinition[JobDefinition[TaskPayload]]:
             task = TaskDefinition(name, declare_job(fn), schedule, policy, catch_up)
             self._tasks[name] = task
             return task
 
         return declare
 
-    def tasks(self) -> list[TaskDefinition]:
+    def tasks(self) -> list[TaskDefinition[JobDefinition]]:
         return list(self._tasks.values())
 
     def get(self, name: str) -> JobDefinition | None:

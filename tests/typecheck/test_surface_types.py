@@ -72,7 +72,7 @@ def test_a_declaration_keeps_the_body_s_payload_and_result_types() -> None:
     assert_type(fulfil, JobDefinition[dict[str, int], list[str]])
     assert_type(resize, JobDefinition[int, str])  # a sync body's result is its return value
     assert_type(steps, JobDefinition[None, float])
-    assert_type(daily, TaskDefinition)
+    assert_type(daily, TaskDefinition[JobDefinition[dict[str, Any]]])
 
 
 def test_a_bare_definition_is_any_job() -> None:

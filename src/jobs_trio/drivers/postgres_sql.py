@@ -12,6 +12,7 @@ from importlib import resources
 import attrs
 
 from ..errors import ConfigError
+from .migration_files import Migration, read_migrations
 
 # Matched with fullmatch: `$` also matches before a trailing newline, and "jobs\n" must not
 # pass for a plain identifier.
@@ -28,7 +29,6 @@ JOB_COLUMNS = (
 SETTLE_KINDS = ("complete", "retry", "dead", "suspend", "park", "cancel")
 
 _NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
-_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
 def check_schema_name(schema: object) -> str:
@@ -45,13 +45,6 @@ def check_schema_name(schema: object) -> str:
             fix="pick a name without the pg_ prefix (e.g. schema='jobs_trio')",
         )
     return schema
-
-
-@attrs.frozen
-class Migration:
-    version: int
-    name: str
-    sql: str
 
 
 @attrs.frozen
@@ -105,7 +98,9 @@ def load_statements(schema: str) -> Statements:
     return Statements(
         schema=schema,
         by_name=by_name,
-        migrations=[attrs.evolve(m, sql=_fill(m.sql, fill)) for m in _read_migrations(folder)],
+        migrations=[
+            attrs.evolve(m, sql=_fill(m.sql, fill)) for m in read_migrations("postgres_migrations")
+        ],
     )
 
 
@@ -128,20 +123,3 @@ def _split_named(text: str) -> dict[str, str]:
             raise RuntimeError(f"postgres_queries.sql names {name!r} twice")
         named[name] = body.strip().rstrip(";").strip()
     return named
-
-
-def _read_migrations(folder: resources.abc.Traversable) -> list[Migration]:
-    found = []
-    for entry in (folder / "postgres_migrations").iterdir():
-        matched = _MIGRATION_FILE.match(entry.name)
-        if matched:
-            found.append(
-                Migration(int(matched.group(1)), entry.name, entry.read_text(encoding="utf-8"))
-            )
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    # A gap is allowed (each version is recorded on its own, so a later-filled gap is still
-    # applied); a repeat never.
-    if not versions or versions[0] != 1 or len(set(versions)) != len(versions):
-        raise RuntimeError(f"postgres migrations must be numbered 1..n, each once: {versions}")
-    return found
