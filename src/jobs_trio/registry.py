@@ -6,9 +6,10 @@ import datetime as dt
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypedDict, Unpack, overload
 
 import attrs
+from typing_extensions import TypeVar
 
 from .backoff import Backoff
 from .boundary import (
@@ -35,7 +36,23 @@ if TYPE_CHECKING:
     from .driver import Driver
     from .outbox import Outbox
 
-JobFunction = Callable[..., Any]
+# A definition keeps its body's payload and result types: ``enqueue`` then takes only what the
+# body accepts. The payload is contravariant (a body taking ``dict | None`` may be enqueued
+# with no payload), the result covariant; both default to Any, so a bare ``JobDefinition`` (an
+# unannotated body, a registry's listing) means "any job".
+PayloadT = TypeVar("PayloadT", contravariant=True, default=Any)
+ResultT = TypeVar("ResultT", covariant=True, default=Any)
+_P = TypeVar("_P")
+_R = TypeVar("_R")
+
+# A body: ``async def`` or a plain ``def`` (run in a thread), given the context and the payload.
+JobFunction = Callable[["JobContext", PayloadT], Awaitable[ResultT] | ResultT]
+
+# What a cron task's body is handed (TaskDefinition.payload): ``task``, ``scheduled_at``,
+# ``scheduled_ts`` and, fired by hand, ``manual``. A task's body must accept it.
+TaskPayload = dict[str, Any]
+TaskBody = JobFunction[TaskPayload, object]
+
 RunAt = dt.datetime | float
 OnDuplicate = Literal["existing", "raise"]
 
@@ -48,11 +65,12 @@ def _positive(name: str, value: float | None, *, allow_none: bool = True) -> Non
 
 
 @attrs.frozen(eq=False)
-class JobDefinition:
-    """One declared job: its body and every option a worker applies to its attempts."""
+class JobDefinition(Generic[PayloadT, ResultT]):
+    """One declared job: its body and every option a worker applies to its attempts.
+    ``JobDefinition[P, R]``: the body takes a payload of type ``P`` and returns ``R``."""
 
     name: str
-    fn: JobFunction
+    fn: JobFunction[PayloadT, ResultT]
     queue: str = "default"
     attempts: int = 3
     timeout: float | None = 60.0
@@ -85,12 +103,12 @@ class JobDefinition:
                 return True
         return getattr(error, "retryable", True) is False
 
-    def __call__(self, ctx: JobContext, payload: Any) -> Any | Awaitable[Any]:
+    def __call__(self, ctx: JobContext, payload: PayloadT) -> ResultT | Awaitable[ResultT]:
         return self.fn(ctx, payload)
 
     def new_job(
         self,
-        payload: Any,
+        payload: PayloadT,
         *,
         delay: float | None = None,
         run_at: RunAt | None = None,
@@ -127,6 +145,38 @@ class JobDefinition:
             context=context,
         )
 
+    # Without a payload the body is handed None: only a body whose payload accepts None may be
+    # enqueued so (the first overload); any other takes its payload type and nothing else.
+    @overload
+    async def enqueue(
+        self: JobDefinition[None, Any],
+        driver: Driver | Outbox,
+        payload: None = None,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId: ...
+
+    @overload
+    async def enqueue(
+        self,
+        driver: Driver | Outbox,
+        payload: PayloadT,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId: ...
+
     async def enqueue(
         self,
         driver: Driver | Outbox,
@@ -156,7 +206,7 @@ class JobDefinition:
     async def enqueue_many(
         self,
         driver: Driver | Outbox,
-        payloads: Iterable[Any],
+        payloads: Iterable[PayloadT],
         *,
         delay: float | None = None,
         run_at: RunAt | None = None,
@@ -172,6 +222,37 @@ class JobDefinition:
             return []
         answers = await driver.enqueue(jobs, connection=joined(connection))
         return [a.job_id for a in answers]
+
+
+class JobDecorator(Protocol):
+    """What ``registry.job(...)`` answers: given the body, its definition, typed by the body's
+    payload and its result (awaited, for an ``async def``)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[JobContext, _P], Awaitable[_R]], /
+    ) -> JobDefinition[_P, _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[JobContext, _P], _R], /) -> JobDefinition[_P, _R]: ...
+
+
+class JobOptions(TypedDict, total=False):
+    """``job()``'s options, for ``task()`` to pass on typed (a misspelt one fails the type
+    check). Names and types as ``job()`` declares them (tests/typecheck holds them equal); the
+    defaults are ``job()``'s."""
+
+    queue: str
+    attempts: int
+    timeout: float | None
+    priority: int
+    backoff: Backoff | None
+    terminal: Sequence[type[BaseException] | str]
+    step_timeout: float | None
+    event_poll: float
+    max_payload_bytes: int | None
+    max_result_bytes: int | None
+    fleet_limit: FleetLimit | None
+    rate_limit: RateLimit | None
 
 
 class Registry:
@@ -222,7 +303,7 @@ class Registry:
         max_result_bytes: int | None = None,
         fleet_limit: FleetLimit | None = None,
         rate_limit: RateLimit | None = None,
-    ) -> Callable[[JobFunction], JobDefinition]:
+    ) -> JobDecorator:
         """Declare a job: ``@registry.job("emails.send", queue="emails", attempts=5)``.
         ``max_payload_bytes`` / ``max_result_bytes`` default to the registry's.
         ``fleet_limit`` / ``rate_limit``: runs at once and starts per period across the fleet,
@@ -259,7 +340,7 @@ class Registry:
             else check_limit(max_result_bytes, argument="max_result_bytes")
         )
 
-        def declare(fn: JobFunction) -> JobDefinition:
+        def declare(fn: JobFunction[Any, Any], /) -> JobDefinition[Any, Any]:
             if not callable(fn):
                 raise ConfigError(f"job {name!r} body is not callable", fix="decorate a function")
             definition = JobDefinition(
@@ -294,8 +375,8 @@ class Registry:
         timezone: str = "UTC",
         missed: Missed | str = Missed.LATEST,
         catch_up: int = 10,
-        **job_options: Any,
-    ) -> Callable[[JobFunction], TaskDefinition[JobDefinition]]:
+        **job_options: Unpack[JobOptions],
+    ) -> Callable[[TaskBody], TaskDefinition[JobDefinition[TaskPayload]]]:
         """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
         timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per
         fleet; ``job_options`` are ``job()``'s (queue, attempts, timeout...). See docs/tasks.md."""
@@ -303,7 +384,7 @@ class Registry:
         policy = check_missed(missed, catch_up)
         declare_job = self.job(name, **job_options)
 
-        def declare(fn: JobFunction) -> TaskDefinition[JobDefinition]:
+        def declare(fn: TaskBody) -> TaskDefinition[JobDefinition[TaskPayload]]:
             task = TaskDefinition(name, declare_job(fn), schedule, policy, catch_up)
             self._tasks[name] = task
             return task

@@ -6,8 +6,8 @@ import contextlib
 import datetime as dt
 import inspect
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple, overload
 
 import trio
 
@@ -19,6 +19,10 @@ from .run_scope import CancelReason
 if TYPE_CHECKING:
     from .driver import Driver
     from .run_scope import RunScope
+
+
+_Args = TypeVarTuple("_Args")
+_R = TypeVar("_R")
 
 
 class StepLimits(Protocol):
@@ -101,9 +105,18 @@ class Steps:
         assert self._records is not None
         self._records[record.name] = record
 
-    async def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    # Typed as ``fn`` returns: an ``async def``'s awaited result, or a plain function's (run in
+    # a thread). The value is the JSON round trip of it, so return types JSON keeps as they are.
+    @overload
+    async def run(self, name: str, fn: Callable[[*_Args], Awaitable[_R]], *args: *_Args) -> _R: ...
+    @overload
+    async def run(self, name: str, fn: Callable[[*_Args], _R], *args: *_Args) -> _R: ...
+
+    async def run(self, name: str, fn: Callable[[*_Args], Any], *args: *_Args) -> Any:
         """Run ``fn(*args)`` once across every attempt of the job; later calls return its
-        recorded result (JSON round-tripped, the same value on the first run and on replay)."""
+        recorded result (JSON round-tripped, the same value on the first run and on replay:
+        return dicts with string keys, lists, strings, numbers, booleans or None — a tuple
+        comes back a list)."""
         self._use(name)
         record = (await self._load()).get(name)
         if record is not None and record.status is StepStatus.DONE:

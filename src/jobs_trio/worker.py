@@ -611,16 +611,45 @@ async def open_worker(
     lifecycle: Lifecycle | None = None,
     drain_on_shutdown: bool = True,
     grace: float = 25.0,
-    **options: Any,
+    # Worker's own options, spelled out (not **options) so that a misspelt one fails the type
+    # check; tests/typecheck/test_surface_types.py holds them equal to Worker.__init__'s.
+    queues: Sequence[str] | None = None,
+    concurrency: int | Mapping[str, int] = 10,
+    lease: float = DEFAULT_LEASE,
+    renew_interval: float | None = None,
+    poll_interval: float = 1.0,
+    safety_poll: float = 30.0,
+    worker_id: str | None = None,
+    metrics: Metrics | None = None,
+    stats_interval: float | None = 15.0,
+    exit_grace: float = 10.0,
+    schedule_tasks: bool = True,
+    retention: Retention | None = DEFAULT_RETENTION,
 ) -> AsyncIterator[Worker]:
     """Run a worker for the duration of the block. Leaving normally stops it (waits for the
     jobs in flight); leaving by an exception or a cancel interrupts them (their attempts are
-    handed back) and waits at most ``exit_grace`` seconds.
+    handed back) and waits at most ``exit_grace`` seconds. The other options are ``Worker``'s.
 
     Draining is on by default: given no ``lifecycle``, a worker opened in the main thread opens
     one of its own (``grace`` seconds), so SIGTERM and SIGINT drain it and then end the block.
     ``drain_on_shutdown=False`` opts out (the caller drives its own teardown)."""
-    worker = Worker(driver, registry, lifecycle=lifecycle, **options)
+    worker = Worker(
+        driver,
+        registry,
+        lifecycle=lifecycle,
+        queues=queues,
+        concurrency=concurrency,
+        lease=lease,
+        renew_interval=renew_interval,
+        poll_interval=poll_interval,
+        safety_poll=safety_poll,
+        worker_id=worker_id,
+        metrics=metrics,
+        stats_interval=stats_interval,
+        exit_grace=exit_grace,
+        schedule_tasks=schedule_tasks,
+        retention=retention,
+    )
     with unwrap_single_error():
         async with contextlib.AsyncExitStack() as stack:
             if lifecycle is None and drain_on_shutdown:

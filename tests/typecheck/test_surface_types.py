@@ -1,0 +1,176 @@
+# The typed surface, checked by mypy (`nox -s lint`; warn_unused_ignores is on here): each
+# assert_type pins what a call answers, and each `type: ignore[...]` marks a call mypy must
+# refuse — were a type erased to Any, the ignore would go unused and mypy would fail on it.
+# Apart from the behaviour tests because its checks are the type checker's; pytest runs it too,
+# so every declaration here is also a working one.
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any, assert_type, get_overloads, get_type_hints
+
+import pytest
+
+import jobs_trio
+import jobs_trio.errors
+from jobs_trio import (
+    AttemptCancelled,
+    EventTimedOut,
+    JobContext,
+    JobDefinition,
+    JobsError,
+    Registry,
+    Worker,
+    open_worker,
+)
+from jobs_trio.records import JobId
+from jobs_trio.registry import JobOptions
+from jobs_trio.tasks import TaskDefinition
+from jobs_trio.testing import memory_driver, new_worker, run_until_idle
+
+registry = Registry()
+
+
+@registry.job("typed.fulfil")
+async def fulfil(ctx: JobContext, payload: dict[str, int]) -> list[str]:
+    return sorted(payload)
+
+
+@registry.job("typed.resize")
+def resize(ctx: JobContext, payload: int) -> str:  # a sync body: run in a thread
+    return "x" * payload
+
+
+@registry.job("typed.maybe")
+async def maybe(ctx: JobContext, payload: dict[str, int] | None) -> None:
+    pass
+
+
+async def _sum(a: int, b: str) -> float:
+    return a + len(b)
+
+
+def _upper(text: str) -> str:
+    return text.upper()
+
+
+@registry.job("typed.steps")
+async def steps(ctx: JobContext, payload: None) -> float:
+    total = await ctx.step.run("sum", _sum, 1, "ab")
+    assert_type(total, float)
+    text = await ctx.step.run("upper", _upper, "a")
+    assert_type(text, str)
+    return total + len(text)
+
+
+@registry.task("typed.daily", cron="0 9 * * *")
+async def daily(ctx: JobContext, payload: dict[str, Any]) -> None:
+    pass
+
+
+def test_a_declaration_keeps_the_body_s_payload_and_result_types() -> None:
+    assert_type(fulfil, JobDefinition[dict[str, int], list[str]])
+    assert_type(resize, JobDefinition[int, str])  # a sync body's result is its return value
+    assert_type(steps, JobDefinition[None, float])
+    assert_type(daily, TaskDefinition[JobDefinition[dict[str, Any]]])
+
+
+def test_a_bare_definition_is_any_job() -> None:
+    listed: list[JobDefinition] = list(registry)
+    assert_type(listed[0], JobDefinition[Any, Any])
+    assert {d.name for d in listed} >= {"typed.fulfil", "typed.resize", "typed.steps"}
+
+
+async def _refused_calls_never_run(driver: Any) -> None:
+    """Calls mypy must refuse: each ignore is used only while the types are kept."""
+    await fulfil.enqueue(driver, "not a dict")  # type: ignore[arg-type]
+    await fulfil.enqueue(driver)  # type: ignore[call-arg]  # the body would be handed None
+    await fulfil.enqueue_many(driver, [{"a": 1}, 2])  # type: ignore[list-item]
+    resize.new_job("3")  # type: ignore[arg-type]
+
+    @registry.task("typed.wrong", every=60)  # type: ignore[arg-type]  # a task hands a dict
+    async def wrong(ctx: JobContext, payload: int) -> None:
+        pass
+
+    registry.task("typed.typo", every=60, atempts=2)  # type: ignore[call-arg]
+
+    async def bad_steps(ctx: JobContext) -> None:
+        await ctx.step.run("sum", _sum, 1, 2)  # type: ignore[arg-type, call-arg]
+        await ctx.step.run("sum", _sum, 1)  # type: ignore[arg-type]
+        await ctx.step.run("upper", _upper, 1)  # type: ignore[arg-type]
+        _number: int = await ctx.step.run("upper", _upper, "a")  # type: ignore[arg-type]
+
+    open_worker(driver, registry, concurency=3)  # type: ignore[call-arg]
+
+
+async def test_enqueue_takes_the_body_s_payload_and_answers_job_ids() -> None:
+    driver = memory_driver()
+    ids = [
+        await fulfil.enqueue(driver, {"b": 1, "a": 2}),
+        await resize.enqueue(driver, 3, key="three"),
+        await maybe.enqueue(driver),  # its body takes None: no payload is fine
+        await steps.enqueue(driver),
+    ]
+    assert_type(ids[0], JobId)
+    assert_type(await fulfil.enqueue_many(driver, [{"c": 3}]), list[JobId])
+    outcomes = await run_until_idle(new_worker(driver, registry, queues=["default"]))
+    assert {o.kind for o in outcomes} == {"completed"}
+    records = [await driver.get(i) for i in ids]
+    assert [json.loads(r.result or "null") for r in records if r is not None] == [
+        ["a", "b"],
+        "xxx",
+        None,
+        4,
+    ]
+
+
+async def test_a_misspelt_worker_option_fails_at_the_call() -> None:
+    with pytest.raises(TypeError, match="concurency"):
+        open_worker(memory_driver(), registry, concurency=3)  # type: ignore[call-arg]
+
+
+def test_open_worker_spells_out_exactly_the_worker_s_options() -> None:
+    # Said in two signatures so that each is checked; held equal here (name, type, default).
+    def options(fn: Any, *own: str) -> dict[str, tuple[Any, Any]]:
+        params = inspect.signature(fn).parameters.values()
+        return {
+            p.name: (p.annotation, p.default)
+            for p in params
+            if p.kind is p.KEYWORD_ONLY and p.name not in own
+        }
+
+    worker = options(Worker.__init__)
+    assert options(open_worker, "drain_on_shutdown", "grace") == worker
+    assert {"concurrency", "queues", "lease", "retention"} <= worker.keys()
+
+
+def test_every_error_a_public_call_raises_is_importable_from_jobs_trio() -> None:
+    # jobs_trio.errors holds every error raised on purpose (EventTimedOut lives with steps):
+    # an application catches them from the package, not from a module it must not import.
+    raised = {
+        obj
+        for obj in vars(jobs_trio.errors).values()
+        if isinstance(obj, type) and issubclass(obj, JobsError | AttemptCancelled)
+    } | {EventTimedOut}
+    exported = {getattr(jobs_trio, name) for name in jobs_trio.__all__}
+    assert sorted(e.__name__ for e in raised - exported) == []
+
+
+def test_task_passes_on_exactly_the_job_s_options() -> None:
+    job = inspect.signature(Registry.job).parameters.values()
+    hints = get_type_hints(Registry.job)
+    declared = {p.name: hints[p.name] for p in job if p.kind is p.KEYWORD_ONLY}
+    assert get_type_hints(JobOptions) == declared
+
+
+def test_each_enqueue_overload_offers_the_implementation_s_keywords() -> None:
+    # An option added to the implementation but to no overload would be one no caller may pass.
+    method = JobDefinition.enqueue
+
+    def keywords(fn: Any) -> dict[str, tuple[Any, Any]]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name: (p.annotation, p.default) for p in params if p.kind is p.KEYWORD_ONLY}
+
+    overloads = get_overloads(method)
+    assert len(overloads) == 2
+    assert all(keywords(o) == keywords(method) for o in overloads)
