@@ -65,9 +65,13 @@ async def test_three_workers_fire_every_second_exactly_once_through_a_kill_and_a
             assert await first_two[0].exit_code(within=10) == -signal.SIGKILL
 
             async def past_the_end() -> bool:
-                return max(await fires(driver)) >= origin + SECONDS
+                # And the late worker has fired at least once: which worker wins a second is a
+                # race, and on a loaded machine the late one can lose the first few; the test
+                # is about sharing, so it watches until sharing happened (bounded).
+                done = max(await fires(driver)) >= origin + SECONDS
+                return done and "jobs.task.fired" in late[0].output()
 
-            await until(f"{SECONDS} s of fires", 30, past_the_end)
+            await until(f"{SECONDS} s of fires, the late worker's among them", 60, past_the_end)
             for worker in (first_two[1], late[0]):
                 worker.signal(signal.SIGTERM)
             for worker in (first_two[1], late[0]):
