@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobs_trio.drivers.memory import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
+from jobs_trio.drivers.rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres

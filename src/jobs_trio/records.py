@@ -27,10 +27,6 @@ class JobState(enum.StrEnum):
         return self.value
 
 
-# A unique key is held while its job can still run; a finished job frees it.
-LIVE_STATES = frozenset({JobState.READY, JobState.RUNNING, JobState.SUSPENDED, JobState.PARKED})
-
-
 def new_job_id() -> JobId:
     """A sortable id: milliseconds since the epoch, then 64 random bits (26 hex digits)."""
     return f"{int(time.time() * 1000):011x}{os.urandom(8).hex()}"
