@@ -173,4 +173,3 @@ def refuse_connection(connection: object | None, *, driver: str, fix: str) -> No
     or rolls back with it, and here it could do neither. ``fix`` says what to do instead."""
     if connection is not None:
         raise ConfigError(f"the {driver} driver cannot enlist in a caller's transaction", fix=fix)
-

@@ -39,10 +39,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
-    CancelJob,
     Claim,
-    Complete,
-    DeadLetter,
     Enqueued,
     EventRecord,
     JobId,
@@ -51,22 +48,30 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
-    Park,
     Pruned,
     PruneTurn,
     QueueStats,
     RenewResult,
-    Retry,
     Settlement,
     StepRecord,
     StepStatus,
-    Suspend,
     TaskAdvance,
     TaskMark,
     outbox_job,
 )
 from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
-from .memory import FIRE_HISTORY, LAPSED_ERROR, lapsed_out_of_attempts
+from .rules import (
+    FIRE_HISTORY,
+    JOB_COLUMNS,
+    LAPSED_ERROR,
+    LIVE_STATES_SQL,
+    driver_closed,
+    effect,
+    job_record,
+    lapsed_out_of_attempts,
+    queue_stats,
+    refuse_connection,
+)
 
 T = TypeVar("T")
 
@@ -97,7 +102,6 @@ _INTERRUPT_AGAIN: Final = 0.05
 
 _SQLITE_HEADER: Final = b"SQLite format 3\x00"
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
-_DRIVER_CLOSED = "the SQLite driver is closed"
 
 Mode = Literal["read", "write", "bare"]  # BEGIN, BEGIN IMMEDIATE, or no transaction at all
 Work = Callable[[sqlite3.Connection, float], T]  # gets the connection and the driver's now
@@ -353,28 +357,15 @@ def _not_a_database(exc: sqlite3.Error) -> bool:
 
 # Rows to records.
 
-# Column names are the record's field names, so a row maps onto its record by name.
-_JOB_FIELDS: Final = (
-    "id", "name", "queue", "state", "payload", "priority", "attempts", "max_attempts", "run_at",
-    "created_at", "updated_at", "key", "last_error", "result", "lease_until", "worker_id",
-    "cancel_requested", "wait_event",
-)  # fmt: skip
+# Column names are the record's field names, so a row maps onto its record by name (the job's:
+# rules.JOB_COLUMNS).
 _STEP_FIELDS: Final = (
     "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
 )  # fmt: skip
-_JOB_COLUMNS: Final = ", ".join(_JOB_FIELDS)
 _STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
 # Fencing: a write of a run applies only while its claim is the job's current one.
 _FENCE: Final = "id = ? AND token = ? AND state = 'running'"
-_LIVE: Final = "('ready', 'running', 'suspended', 'parked')"
-
-
-def _job(row: Sequence[Any]) -> JobRecord:
-    fields = dict(zip(_JOB_FIELDS, row, strict=True))
-    fields["state"] = JobState(fields["state"])
-    fields["cancel_requested"] = bool(fields["cancel_requested"])
-    return JobRecord(**fields)
 
 
 def _step(row: Sequence[Any]) -> StepRecord:
@@ -388,47 +379,20 @@ def _event(row: Any) -> EventRecord:
 
 
 def _job_or_raise(conn: sqlite3.Connection, job_id: JobId) -> JobRecord:
-    row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    return _job(found(row, job_id))
-
-
-def _refuse_a_connection(connection: object | None, doing: str) -> None:
-    # Refused rather than ignored: a caller who passes its transaction believes the write
-    # commits or rolls back with it, and here it could do neither.
-    if connection is not None:
-        raise ConfigError(
-            "the SQLite driver cannot enlist in a caller's transaction",
-            fix=f"{doing} without connection=, or use the PostgreSQL driver",
-        )
+    row = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    return job_record(found(row, job_id))
 
 
 def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
-    depths: dict[str, dict[str, int]] = {}
-    for queue, state, count in conn.execute(
-        "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
-    ):
-        depths.setdefault(queue, {})[state] = count
-    due = {
-        queue: (count, oldest)
-        for queue, count, oldest in conn.execute(
+    return queue_stats(
+        conn.execute("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"),
+        conn.execute(
             "SELECT queue, count(*), min(run_at) FROM jobs"
             " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
             (now,),
-        )
-    }
-    answers = []
-    for queue in sorted(depths):
-        count, oldest = due.get(queue, (0, None))
-        answers.append(
-            QueueStats(
-                queue=queue,
-                depth=depths[queue],
-                due=count,
-                oldest_ready_age=None if oldest is None else now - oldest,
-                dead=depths[queue].get(JobState.DEAD.value, 0),
-            )
-        )
-    return answers
+        ),
+        now,
+    )
 
 
 def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
@@ -442,29 +406,17 @@ def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
 
 
 def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also: str = "") -> bool:
-    values: tuple[object, ...]
-    match s:
-        case Complete(result=result):
-            changes, values = "state = 'completed', result = ?", (result,)
-        case Retry(delay=delay, error=error, counts_as_attempt=counts):
-            # An interrupted attempt (counts_as_attempt=False) hands back the one its claim took.
-            changes = "state = 'ready', run_at = ?, attempts = attempts - ?, last_error = ?"
-            values = (now + max(delay, 0.0), 0 if counts else 1, error)
-        case DeadLetter(error=error):
-            changes, values = "state = 'dead', last_error = ?", (error,)
-        case Suspend(delay=delay, event=event):
-            changes = "state = 'suspended', run_at = ?, attempts = attempts - 1, wait_event = ?"
-            values = (now + max(delay, 0.0), event)
-        case Park(reason=reason):
-            changes, values = "state = 'parked', attempts = attempts - 1, last_error = ?", (reason,)
-        case CancelJob(error=error):
-            changes, values = "state = 'cancelled', last_error = ?", (error,)
-        case _:
-            raise TypeError(f"not a settlement: {s!r}")
+    change = effect(s)
+    # Column names are rules' own record field names, never a caller's text.
+    written: dict[str, object] = {"state": change.state.value, **change.writes}
+    if change.delay is not None:
+        written["run_at"] = now + max(change.delay, 0.0)
+    changes = ", ".join(f"{column} = ?" for column in written)
     cursor = conn.execute(
-        f"UPDATE jobs SET {changes}, lease_until = NULL, worker_id = NULL, cancel_requested = 0,"
-        f" token = NULL, updated_at = ? WHERE {_FENCE}{also}",
-        (*values, now, s.lease.job_id, s.lease.token),
+        f"UPDATE jobs SET {changes}, attempts = attempts - ?, lease_until = NULL,"
+        f" worker_id = NULL, cancel_requested = 0, token = NULL, updated_at = ?"
+        f" WHERE {_FENCE}{also}",
+        (*written.values(), int(change.hands_back), now, s.lease.job_id, s.lease.token),
     )
     return cursor.rowcount == 1
 
@@ -478,7 +430,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
         "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
         " max_attempts, run_at, created_at, updated_at, key)"
         " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?)"
-        f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
+        f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {LIVE_STATES_SQL} DO NOTHING",
         [
             (
                 job.job_id,
@@ -498,7 +450,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     holders: dict[str, JobId] = {}
     for key in {job.key for job in jobs if job.key is not None}:
         row = conn.execute(
-            f"SELECT id FROM jobs WHERE key = ? AND state IN {_LIVE}", (key,)
+            f"SELECT id FROM jobs WHERE key = ? AND state IN {LIVE_STATES_SQL}", (key,)
         ).fetchone()
         holders[key] = row[0]
     return [
@@ -549,7 +501,7 @@ class SqliteDriver:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError(_DRIVER_CLOSED, fix="open a new driver")
+            raise driver_closed("SQLite")
 
     def _wake(self) -> None:
         self._wakes += 1
@@ -905,9 +857,9 @@ class SqliteDriver:
 
     async def get(self, job_id: JobId) -> JobRecord | None:
         def work(conn: sqlite3.Connection, now: float) -> JobRecord | None:
-            row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+            row = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
             found = row.fetchone()
-            return None if found is None else _job(found)
+            return None if found is None else job_record(found)
 
         return await self._transact(work, mode="read")
 
@@ -924,11 +876,11 @@ class SqliteDriver:
 
         def work(conn: sqlite3.Connection, now: float) -> list[JobRecord]:
             rows = conn.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)}"
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)}"
                 " ORDER BY created_at DESC, id DESC LIMIT ?",
                 (*values, max(limit, 0)),
             )
-            return [_job(row) for row in rows]
+            return [job_record(row) for row in rows]
 
         return await self._transact(work, mode="read")
 
@@ -939,7 +891,7 @@ class SqliteDriver:
             if (
                 record.key is not None
                 and conn.execute(
-                    f"SELECT 1 FROM jobs WHERE key = ? AND state IN {_LIVE} AND id != ?",
+                    f"SELECT 1 FROM jobs WHERE key = ? AND state IN {LIVE_STATES_SQL} AND id != ?",
                     (record.key, job_id),
                 ).fetchone()
             ):
@@ -1082,7 +1034,11 @@ class SqliteDriver:
     async def send_event(
         self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
     ) -> str:
-        _refuse_a_connection(connection, "send the event")
+        refuse_connection(
+            connection,
+            driver="SQLite",
+            fix="send the event without connection=, or use the PostgreSQL driver",
+        )
         json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
 
         def work(conn: sqlite3.Connection, now: float) -> str:
