@@ -461,7 +461,7 @@ async def test_killed_pool_connections_fail_one_operation_and_lose_nothing(
 async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
     url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="jobs_trio.drivers.postgres")
+    caplog.set_level(logging.INFO, logger="jobs_trio")
     async with (
         open_postgres_driver(
             url, schema=pg_schema, migrate=True, drop_schema_on_close=True
