@@ -19,12 +19,14 @@ from .errors import (
     JobTimeout,
     PayloadNotSerialisable,
     ResultNotStorable,
+    SlotLost,
     StepError,
     TerminalError,
     TooLarge,
     UnknownJob,
 )
 from .events import send_event
+from .fleet_limits import FleetLimit, RateLimit
 from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import open_driver
 from .outbox import Outbox
@@ -44,6 +46,7 @@ __all__ = [
     "DuplicateJob",
     "DuplicateJobName",
     "EventTimedOut",
+    "FleetLimit",
     "InvalidArgument",
     "JobContext",
     "JobDefinition",
@@ -56,10 +59,12 @@ __all__ = [
     "Lifecycle",
     "Outbox",
     "PayloadNotSerialisable",
+    "RateLimit",
     "Registry",
     "Relay",
     "ResultNotStorable",
     "Retention",
+    "SlotLost",
     "StepError",
     "TerminalError",
     "TooLarge",

@@ -26,7 +26,7 @@ from .records import (
     Suspend,
 )
 from .registry import JobDefinition
-from .run_scope import CANCELLED, DRAINING, LEASE_LOST, TIMEOUT, RunScope
+from .run_scope import CANCELLED, DRAINING, LEASE_LOST, SLOT_LOST, TIMEOUT, RunScope
 from .steps import Suspension
 from .thread_slots import ThreadSlots
 
@@ -196,7 +196,9 @@ def _verdict(
             )
     else:
         reason = run.reason
-        if reason == DRAINING:
+        # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
+        # uncounted and ready at once (it waits there for a slot like any other).
+        if reason in (DRAINING, SLOT_LOST):
             why = _safe_text(run.cause)
             if error is not None and not isinstance(error, AttemptCancelled):
                 why += f" (body stopped with {_safe_text(error)})"

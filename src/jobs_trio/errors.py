@@ -115,6 +115,14 @@ class Aborted(JobsError):
     retryable = True
 
 
+class SlotLost(Aborted):
+    """Why a run was cut short when its fleet slot was no longer its own: the slot's lease
+    lapsed (its renewals did not land in time) and another run of the same limit took it.
+    The attempt is handed back uncounted, as a drained one is (docs/limits.md)."""
+
+    code = "X_SLOT_LOST"
+
+
 class JobNotFound(JobsError):
     code = "X_NOT_FOUND"
     retryable = False

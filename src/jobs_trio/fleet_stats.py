@@ -28,6 +28,7 @@ def encode(stats: Sequence[QueueStats]) -> str:
                 "due": q.due,
                 "oldest_ready_age": q.oldest_ready_age,
                 "dead": q.dead,
+                "limit_waiting": [list(w) for w in q.limit_waiting],
             }
             for q in stats
         ]
@@ -45,6 +46,10 @@ def decode(text: str | None) -> list[QueueStats]:
             due=int(q["due"]),
             oldest_ready_age=q["oldest_ready_age"],
             dead=int(q["dead"]),
+            # An observation stored before fleet limits existed has none.
+            limit_waiting=tuple(
+                (str(job), str(kind), int(n)) for job, kind, n in q.get("limit_waiting", ())
+            ),
         )
         for q in json.loads(text)
     ]

@@ -13,7 +13,7 @@ from .drain import Drain
 from .driver import Driver
 from .errors import JobsError
 from .logs import log_event
-from .run_scope import CANCELLED, LEASE_LOST, RunScope
+from .run_scope import CANCELLED, LEASE_LOST, SLOT_LOST, RunScope
 
 
 def lease_margin(lease: float) -> float:
@@ -67,6 +67,12 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
             # From when the renewal was SENT: the database set its lease at some moment after
             # that, so this deadline is never later than the database's.
             run.lease_deadline = sent_at + lease
+            if run.claim.token in result.slot_lost:
+                if run.reason is None:
+                    log_event(
+                        "jobs.slot.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name
+                    )
+                run.cancel(SLOT_LOST)
             if run.claim.token in result.cancel_requested:
                 run.cancel(CANCELLED)
 

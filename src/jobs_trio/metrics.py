@@ -39,6 +39,15 @@ class Metrics:
         self.queue_dead_jobs = Gauge(
             "queue_dead_jobs", "Dead-lettered jobs kept", ["queue"], registry=registry
         )
+        self.limit_waiting = Gauge(
+            "jobs_limit_waiting",
+            "Ready jobs a claim put off for a fleet limit: limit is 'slot' (runs at once) or"
+            " 'rate' (starts per period)",
+            ["queue", "job", "limit"],
+            registry=registry,
+        )
+        # The waiting series last set, so one whose jobs are no longer waiting reads 0.
+        self._waiting_seen: set[tuple[str, str, str]] = set()
         self.tasks_fired = Counter(
             "jobs_task_fires_total", "Cron task fires enqueued", ["task"], registry=registry
         )
@@ -93,6 +102,11 @@ class Metrics:
                 self.queue_depth.labels(queue=q.queue, state=state).set(count)
             self.queue_oldest_ready_seconds.labels(queue=q.queue).set(q.oldest_ready_age or 0.0)
             self.queue_dead_jobs.labels(queue=q.queue).set(q.dead)
+        waiting = {(q.queue, job, kind): n for q in stats for job, kind, n in q.limit_waiting}
+        for queue, job, kind in self._waiting_seen | set(waiting):
+            count = waiting.get((queue, job, kind), 0)
+            self.limit_waiting.labels(queue=queue, job=job, limit=kind).set(count)
+        self._waiting_seen = set(waiting)
 
     def outbox_observed(self, stats: OutboxStats) -> None:
         self.outbox_pending.set(stats.pending)

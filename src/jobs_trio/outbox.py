@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .driver import Driver
+from .errors import ConfigError
 from .records import Enqueued, NewJob
 
 
@@ -26,5 +27,14 @@ class Outbox:
     async def enqueue(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> Sequence[Enqueued]:
+        limited = sorted({job.name for job in jobs if job.limits is not None})
+        if limited:
+            # Refused, not dropped: the outbox's rows do not carry limits, and a relayed job
+            # would run unlimited while its declaration says otherwise.
+            raise ConfigError(
+                f"jobs {limited} declare fleet limits, which the outbox does not carry yet",
+                fix="enqueue these jobs on the job store's driver (inside"
+                " jobs_trio.transaction() when it is the application's database)",
+            )
         await self.store.outbox_write(jobs, connection=connection)
         return [Enqueued(job.job_id, created=True) for job in jobs]

@@ -37,6 +37,18 @@ def new_token() -> ClaimToken:
 
 
 @attrs.frozen
+class JobLimits:
+    """A job's fleet-wide limits as its row stores them, resolved at enqueue from the job's
+    declaration and payload (fleet_limits.py): the claim is SQL and cannot run Python."""
+
+    slot_key: str | None = None  # at most `slots` runs of this key at once, fleet-wide
+    slots: int = 0
+    rate_key: str | None = None  # at most `starts` starts of this key in any `per` seconds
+    starts: int = 0
+    per: float = 0.0
+
+
+@attrs.frozen
 class NewJob:
     """One job to write. ``payload`` is JSON text, already checked at the enqueue boundary."""
 
@@ -48,6 +60,7 @@ class NewJob:
     priority: int = 0  # lower runs sooner
     delay: float = 0.0  # seconds after the driver's now
     key: str | None = None
+    limits: JobLimits | None = None
 
 
 def outbox_job(row: Sequence[Any], now: float) -> NewJob:
@@ -102,6 +115,8 @@ class RenewResult:
     # newer one, and only the newer one's lease is still held.
     held: frozenset[ClaimToken]  # leases still ours, now extended
     cancel_requested: frozenset[ClaimToken] = frozenset()  # an operator asked these to stop
+    # Held leases whose fleet slot is no longer theirs (it lapsed and another run took it).
+    slot_lost: frozenset[ClaimToken] = frozenset()
 
 
 # Settlements: how one attempt ends, written fenced by its lease.
@@ -202,6 +217,8 @@ class QueueStats:
     due: int  # ready jobs whose run-at has come
     oldest_ready_age: float | None  # seconds the oldest due job has waited
     dead: int
+    # Ready jobs a claim put off for a fleet limit: (job name, "slot" or "rate", count).
+    limit_waiting: tuple[tuple[str, str, int], ...] = ()
 
 
 class StepStatus(enum.StrEnum):

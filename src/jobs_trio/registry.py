@@ -24,6 +24,7 @@ from .boundary import (
 )
 from .current_transaction import joined
 from .errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
+from .fleet_limits import FleetLimit, RateLimit, resolve
 from .records import JobId, NewJob, new_job_id
 from .schedule import parse_schedule
 from .tasks import Missed, TaskDefinition, check_missed
@@ -61,6 +62,8 @@ class JobDefinition:
     event_poll: float = 60.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES  # also each step's result
+    fleet_limit: FleetLimit | None = None  # runs at once, fleet-wide (docs/limits.md)
+    rate_limit: RateLimit | None = None  # starts per period, fleet-wide
 
     # Decided once at declaration: the worker asks for every attempt.
     is_async: bool = attrs.field(init=False)
@@ -102,6 +105,7 @@ class JobDefinition:
             else check_int(priority, argument="priority"),
             delay=delay_from(delay, run_at),
             key=None if key is None else check_key(key, argument="key"),
+            limits=resolve(self.name, self.fleet_limit, self.rate_limit, payload),
         )
 
     async def enqueue(
@@ -175,9 +179,13 @@ class Registry:
         event_poll: float = 60.0,
         max_payload_bytes: int | None = None,
         max_result_bytes: int | None = None,
+        fleet_limit: FleetLimit | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> Callable[[JobFunction], JobDefinition]:
         """Declare a job: ``@registry.job("emails.send", queue="emails", attempts=5)``.
-        ``max_payload_bytes`` / ``max_result_bytes`` default to the registry's."""
+        ``max_payload_bytes`` / ``max_result_bytes`` default to the registry's.
+        ``fleet_limit`` / ``rate_limit``: runs at once and starts per period across the fleet,
+        per job or per key of the payload (docs/limits.md)."""
         check_name(name, argument="job name")
         if name in self._jobs:
             raise DuplicateJobName(
@@ -189,6 +197,15 @@ class Registry:
         _positive("timeout", timeout)
         _positive("step_timeout", step_timeout)
         _positive("event_poll", event_poll, allow_none=False)
+        for argument, value, kind in (
+            ("fleet_limit", fleet_limit, FleetLimit),
+            ("rate_limit", rate_limit, RateLimit),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(
+                    f"{argument}={value!r} is not a {kind.__name__}",
+                    fix=f"pass jobs_trio.{kind.__name__}(...)",
+                )
         check_int(priority, argument="priority")
         payload_limit = (
             self.max_payload_bytes
@@ -217,6 +234,8 @@ class Registry:
                 event_poll=event_poll,
                 max_payload_bytes=payload_limit,
                 max_result_bytes=result_limit,
+                fleet_limit=fleet_limit,
+                rate_limit=rate_limit,
             )
             self._jobs[name] = definition
             return definition

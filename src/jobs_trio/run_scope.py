@@ -9,13 +9,14 @@ from collections.abc import Iterator
 
 import trio
 
-from .errors import Aborted, JobsError, JobTimeout
+from .errors import Aborted, JobsError, JobTimeout, SlotLost
 from .records import Claim
 
 TIMEOUT = "timeout"  # the run's own deadline
 LEASE_LOST = "lease-lost"  # a renewal found the lease gone: another worker may hold the job
 DRAINING = "draining"  # the process is going away
 CANCELLED = "cancelled"  # an operator cancelled the job
+SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
 
 
 class RunScope:
@@ -129,4 +130,11 @@ class RunScope:
             )
         if reason == CANCELLED:
             return Aborted(f"{job} was cancelled by an operator", fix="nothing: it will not run")
+        if reason == SLOT_LOST:
+            return SlotLost(
+                f"interrupted: {job} lost its fleet slot (its lease lapsed and another run took"
+                " it); the job was handed back to the queue with its attempt uncounted",
+                fix="nothing for this job: it runs again when a slot frees. If it recurs, the"
+                " worker's renewals are late: look at its database latency and lease",
+            )
         return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")

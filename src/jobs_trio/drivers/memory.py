@@ -29,6 +29,7 @@ from ..records import (
     Enqueued,
     EventRecord,
     JobId,
+    JobLimits,
     JobRecord,
     JobState,
     Lease,
@@ -45,6 +46,7 @@ from ..records import (
     new_token,
 )
 from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
+from .limit_rules import SLOT, LimitRow, decide, needs
 from .rules import (
     FIRE_HISTORY,
     LAPSED_ERROR,
@@ -114,6 +116,11 @@ class MemoryDriver:
         self._fleet_observed: tuple[QueueStats, ...] = ()
         # The prune turn: who holds it, until when, and when the last turn ended.
         self._prune_turn: tuple[str | None, float | None, float | None] = (None, None, None)
+        # Fleet limits (limit_rules.py): each job's, what a put-off job waits for, and the
+        # limit rows by (kind, key) then n.
+        self._limits: dict[JobId, JobLimits] = {}
+        self._waiting: dict[JobId, str] = {}
+        self._limit_rows: dict[tuple[str, str], dict[int, LimitRow]] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -169,6 +176,8 @@ class MemoryDriver:
             )
             if job.key is not None:
                 live_keys[job.key] = job.job_id
+            if job.limits is not None:
+                self._limits[job.job_id] = job.limits
             answers.append(Enqueued(job.job_id, created=True))
         return answers
 
@@ -210,8 +219,13 @@ class MemoryDriver:
         for record in exhausted[: slots.total]:
             self._dead_from_lapse(record)
         claims: list[Claim] = []
-        for record in slots.take((r.queue, r) for r in claimable if not _out_of_attempts(r)):
-            token = new_token()
+        picked = slots.take((r.queue, r) for r in claimable if not _out_of_attempts(r))
+        granted = self._apply_limits(picked, now, lease)
+        for record in picked:
+            if record.id in self._limits and record.id not in granted:
+                continue
+            token = granted.get(record.id) or new_token()
+            self._waiting.pop(record.id, None)
             last_error = record.last_error
             if record.state is JobState.RUNNING:
                 last_error = LAPSED_ERROR
@@ -239,6 +253,61 @@ class MemoryDriver:
             )
         return claims
 
+    def _apply_limits(
+        self, picked: Sequence[JobRecord], now: float, lease: float
+    ) -> Mapping[JobId, ClaimToken]:
+        """Decide the limited jobs among ``picked``: take their rows, put off the blocked ones
+        (a lapsed one goes back to ready, its lapse recorded); answer the granted tokens."""
+        limited = [(r.id, self._limits[r.id]) for r in picked if r.id in self._limits]
+        if not limited:
+            return {}
+        keys = {(kind, key) for _, limits in limited for kind, key, _ in needs(limits)}
+        rows = {k: list(self._limit_rows.get(k, {}).values()) for k in keys}
+        decision = decide(limited, rows, now=now, lease=lease, missing_is_free=True)
+        for row in decision.taken:
+            self._limit_rows.setdefault((row.kind, row.key), {})[row.n] = row
+        for job_id, (run_at, waits) in decision.put_off.items():
+            record = self._jobs[job_id]
+            self._waiting[job_id] = waits
+            if record.state is JobState.RUNNING:
+                self._tokens.pop(job_id, None)
+                record = self._put(
+                    record,
+                    state=JobState.READY,
+                    lease_until=None,
+                    worker_id=None,
+                    last_error=LAPSED_ERROR,
+                )
+            self._put(record, run_at=run_at)
+        return decision.granted
+
+    def _held_slot(self, job_id: JobId, token: ClaimToken) -> LimitRow | None:
+        limits = self._limits.get(job_id)
+        if limits is None or limits.slot_key is None:
+            return None
+        for row in self._limit_rows.get((SLOT, limits.slot_key), {}).values():
+            if row.token == token:
+                return row
+        return None
+
+    def _release_slot(self, job_id: JobId, token: ClaimToken, now: float) -> None:
+        """A settled run's slot is free at once, and the first job waiting on it is due now."""
+        row = self._held_slot(job_id, token)
+        if row is None:
+            return
+        self._limit_rows[(SLOT, row.key)][row.n] = LimitRow(SLOT, row.key, row.n)
+        waits = f"{SLOT}:{row.key}"
+        waiting = [
+            r
+            for r in self._jobs.values()
+            if self._waiting.get(r.id) == waits
+            and r.state in (JobState.READY, JobState.SUSPENDED)
+            and r.run_at > now  # one woken already is due: wake the next
+        ]
+        if waiting:
+            first = min(waiting, key=lambda r: (r.priority, r.run_at, r.id))
+            self._put(first, run_at=now)
+
     def _dead_from_lapse(self, record: JobRecord) -> None:
         self._tokens.pop(record.id, None)
         self._put(
@@ -263,6 +332,7 @@ class MemoryDriver:
         now = self.now()
         held: set[ClaimToken] = set()
         cancel: set[ClaimToken] = set()
+        lost: set[ClaimToken] = set()
         for one in leases:
             record = self._current(one)
             if record is None:
@@ -271,7 +341,17 @@ class MemoryDriver:
             held.add(one.token)
             if record.cancel_requested:
                 cancel.add(one.token)
-        return RenewResult(held=frozenset(held), cancel_requested=frozenset(cancel))
+            if self._limits.get(one.job_id, JobLimits()).slot_key is not None:
+                slot = self._held_slot(one.job_id, one.token)
+                if slot is None:
+                    lost.add(one.token)
+                else:
+                    self._limit_rows[(SLOT, slot.key)][slot.n] = attrs.evolve(
+                        slot, until=now + lease
+                    )
+        return RenewResult(
+            held=frozenset(held), cancel_requested=frozenset(cancel), slot_lost=frozenset(lost)
+        )
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()
@@ -289,6 +369,7 @@ class MemoryDriver:
             if record.cancel_requested:
                 s = cancel_instead(s) or s
             self._tokens.pop(record.id, None)
+            self._release_slot(record.id, s.lease.token, now)
             change = effect(s)
             self._put(
                 record,
@@ -332,6 +413,7 @@ class MemoryDriver:
             for r in self._jobs.values()
         ):
             raise key_held(job_id, record.key)
+        self._waiting.pop(job_id, None)
         updated = self._put(
             record, state=JobState.READY, run_at=self.now(), attempts=0, cancel_requested=False
         )
@@ -355,10 +437,16 @@ class MemoryDriver:
         for r in self._jobs.values():
             if r.state is JobState.READY and r.run_at <= now:
                 due.setdefault(r.queue, []).append(r.run_at)
+        waiting = collections.Counter(
+            (r.queue, r.name, self._waiting[r.id].split(":", 1)[0])
+            for r in self._jobs.values()
+            if r.state in (JobState.READY, JobState.SUSPENDED) and r.id in self._waiting
+        )
         return queue_stats(
             ((queue, state, n) for (queue, state), n in depths.items()),
             ((queue, len(run_ats), min(run_ats)) for queue, run_ats in due.items()),
             now,
+            ((*key, n) for key, n in waiting.items()),
         )
 
     async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from ..claim_slots import ClaimSlots
@@ -33,6 +34,7 @@ from ..records import (
     Enqueued,
     EventRecord,
     JobId,
+    JobLimits,
     JobRecord,
     JobState,
     Lease,
@@ -50,6 +52,7 @@ from ..records import (
     outbox_job,
 )
 from ..retention import cutoffs, turn_is_free
+from .limit_rules import LimitRow, decide, needs
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
@@ -280,35 +283,99 @@ class PostgresDriver:
         now = self.now()
         sql = self._sql
 
-        async def take(conn: Connection) -> list[Claim]:
+        async def take(conn: Connection) -> list[Any]:
             # One statement: the claim and the burial of exhausted lapsed jobs commit together.
-            rows = await conn.fetch(
-                sql["claim"],
-                now,
-                list(slots.caps),
-                slots.total,
-                float(lease),
-                worker_id,
-                LAPSED_ERROR,
-                LAPSED_OUT_OF_ATTEMPTS,
-                list(slots.caps.values()),
-            )
-            return [
-                Claim(
-                    job_id=row["id"],
-                    token=row["token"],
-                    name=row["name"],
-                    queue=row["queue"],
-                    payload=row["payload"],
-                    attempt=row["attempts"],
-                    max_attempts=row["max_attempts"],
-                    lease_until=row["lease_until"],
+            return list(
+                await conn.fetch(
+                    sql["claim"],
+                    now,
+                    list(slots.caps),
+                    slots.total,
+                    float(lease),
+                    worker_id,
+                    LAPSED_ERROR,
+                    LAPSED_OUT_OF_ATTEMPTS,
+                    list(slots.caps.values()),
                 )
-                for row in rows
-            ]
+            )
 
-        claims: list[Claim] = await self.bridge.run(take, what="claim")
-        return claims
+        rows = await self.bridge.run(take, what="claim")
+        # A NULL token: a candidate with fleet limits, left for a transaction of its own.
+        limited = [row["id"] for row in rows if row["token"] is None]
+        granted = {}
+        if limited:
+            granted = await self._claim_limited(limited, now, float(lease), worker_id)
+        return [
+            Claim(
+                job_id=row["id"],
+                token=row["token"],
+                name=row["name"],
+                queue=row["queue"],
+                payload=row["payload"],
+                attempt=row["attempts"],
+                max_attempts=row["max_attempts"],
+                lease_until=row["lease_until"],
+            )
+            for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
+            if row is not None
+        ]
+
+    async def _claim_limited(
+        self, ids: Sequence[JobId], now: float, lease: float, worker_id: str
+    ) -> dict[JobId, Any]:
+        """Claim what the fleet limits allow of ``ids`` (claim order) and put the rest off, in
+        one transaction: the jobs and their limit rows locked SKIP LOCKED (a claim never waits,
+        so it never deadlocks with another, a renew or a settle), then the shared rule
+        (limit_rules.py) decides and one statement writes it all. Answers the granted rows."""
+        sql = self._sql
+
+        async def take(conn: Connection) -> dict[JobId, Any]:
+            jobs = await conn.fetch(sql["claim_limited_jobs"], now, list(ids))
+            candidates = [
+                (
+                    row["id"],
+                    JobLimits(
+                        row["slot_key"],
+                        row["slots"] or 0,
+                        row["rate_key"],
+                        row["starts"] or 0,
+                        row["per"] or 0.0,
+                    ),
+                )
+                for row in jobs
+            ]
+            wanted = sorted({need for _, limits in candidates for need in needs(limits)})
+            if not wanted:
+                return {}
+            kinds, keys, counts = ([w[i] for w in wanted] for i in range(3))
+            await conn.execute(sql["limit_rows_create"], kinds, keys, counts)
+            rows: dict[tuple[str, str], list[LimitRow]] = {}
+            for row in await conn.fetch(sql["claim_limited_rows"], kinds, keys):
+                rows.setdefault((row["kind"], row["key"]), []).append(LimitRow(*row))
+            decision = decide(candidates, rows, now=now, lease=lease, missing_is_free=False)
+            put_off = list(decision.put_off.items())
+            # The taken rows' columns as unnest arrays: kind, key, n, until, token, job_id.
+            rows_taken = map(attrs.astuple, decision.taken)
+            taken = [list(column) for column in zip(*rows_taken, strict=True)]
+            claimed = await conn.fetch(
+                sql["claim_limited_take"],
+                *(taken or [[]] * 6),
+                now,
+                [job_id for job_id, _ in put_off],
+                [run_at for _, (run_at, _) in put_off],
+                [waits for _, (_, waits) in put_off],
+                LAPSED_ERROR,
+                lease,
+                worker_id,
+                list(decision.granted),
+                list(decision.granted.values()),
+            )
+            return {row["id"]: row for row in claimed}
+
+        granted: dict[JobId, Any] = await self.bridge.run(
+            take, what="claim (fleet limits)", transaction=True
+        )
+        return granted
 
     async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
         self._check_open()
@@ -333,6 +400,7 @@ class PostgresDriver:
         return RenewResult(
             held=frozenset(row["token"] for row in rows),
             cancel_requested=frozenset(row["token"] for row in rows if row["cancel_requested"]),
+            slot_lost=frozenset(row["token"] for row in rows if row["slot_lost"]),
         )
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
@@ -440,7 +508,7 @@ class PostgresDriver:
         sql = self._sql
 
         async def read(conn: Connection) -> list[QueueStats]:
-            return _queue_stats(await conn.fetch(sql["stats"], now), now)
+            return await _read_stats(conn, sql, now)
 
         stats: list[QueueStats] = await self.bridge.run(read, what="stats")
         return stats
@@ -456,7 +524,7 @@ class PostgresDriver:
                 return decode_fleet_stats(turn["observed"])
             # Not one transaction with the turn: the scan must not hold the row's lock, and a
             # worker that dies here leaves the last observation, replaced an interval later.
-            stats = _queue_stats(await conn.fetch(sql["stats"], now), now)
+            stats = await _read_stats(conn, sql, now)
             await conn.execute(sql["fleet_stats_store"], encode_fleet_stats(stats))
             return stats
 
@@ -757,7 +825,11 @@ class PostgresDriver:
                 created = {
                     row["id"]
                     for row in await conn.fetch(
-                        sql["enqueue_once"], now, *_job_columns(pending), sql.channel
+                        sql["enqueue_once"],
+                        now,
+                        *_job_columns(pending),
+                        sql.channel,
+                        *_limit_columns(pending),
                     )
                 }
                 answers.update((i, Enqueued(i, created=True)) for i in created)
@@ -823,6 +895,19 @@ def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
     ]
 
 
+def _limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
+    """The unnest arrays of the jobs' fleet limits (slot_key, slots, rate_key, starts, per),
+    after enqueue's channel parameter; all NULL for a job without limits."""
+    limits = [j.limits or JobLimits() for j in jobs]
+    return [
+        [x.slot_key for x in limits],
+        [x.slots if x.slot_key is not None else None for x in limits],
+        [x.rate_key for x in limits],
+        [x.starts if x.rate_key is not None else None for x in limits],
+        [x.per if x.rate_key is not None else None for x in limits],
+    ]
+
+
 def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     """The unnest arrays for one kind's statement (every settlement in ``group`` is of that
     kind), in its parameter order after ``now`` and the channel: ids, tokens, whether each hands
@@ -849,17 +934,21 @@ async def _insert(
 ) -> set[str]:
     """Write enqueue's rows and notify their queues; answer the ids written (a job whose key a
     live job holds is not)."""
-    rows = await conn.fetch(sql["enqueue"], now, *_job_columns(batch), sql.channel)
+    rows = await conn.fetch(
+        sql["enqueue"], now, *_job_columns(batch), sql.channel, *_limit_columns(batch)
+    )
     return {row["id"] for row in rows}
 
 
-def _queue_stats(rows: Sequence[Any], now: float) -> list[QueueStats]:
-    """The stats statement's rows (one per queue and state; only a queue's ready row has jobs
-    due) as ``stats()`` answers them."""
+async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[QueueStats]:
+    # The stats rows are one per queue and state; only a queue's ready row has jobs due.
+    rows = await conn.fetch(sql["stats"], now)
+    waiting = await conn.fetch(sql["limit_waiting"])
     return queue_stats(
         ((row["queue"], row["state"], row["n"]) for row in rows),
         ((row["queue"], row["due"], row["oldest_due"]) for row in rows if row["due"]),
         now,
+        ((row["queue"], row["name"], row["kind"], row["n"]) for row in waiting),
     )
 
 

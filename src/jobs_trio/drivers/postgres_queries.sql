@@ -11,14 +11,18 @@
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key
+        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per
     )
     SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
-           $1 + greatest(n.delay, 0), $1, $1, n.key
+           $1 + greatest(n.delay, 0), $1, $1, n.key, n.slot_key, n.slots, n.rate_key, n.starts,
+           n.per
     FROM unnest(
         $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[]
-    ) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+        $9::text[], $11::text[], $12::int[], $13::text[], $14::int[], $15::float8[]
+    ) WITH ORDINALITY AS n(
+        id, name, queue, payload, priority, max_attempts, delay, key,
+        slot_key, slots, rate_key, starts, per, ord
+    )
     ORDER BY n.ord
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {live_states}
     DO NOTHING
@@ -55,20 +59,27 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 -- * one claim serves all of a worker's queues (issue 20): $8 is each queue's cap (its free
 --   slots), $3 the total. Each queue's due and lapsed candidates are cut to its own cap before
 --   the queues meet, so a deep queue never takes another queue's slots.
+-- * a candidate with fleet limits (issue 15) is not claimed here but answered with a NULL token:
+--   the driver decides it in a transaction of its own (claim_limited_*), so a queue without
+--   limits never pays for them.
 WITH candidates AS MATERIALIZED (
-    SELECT c.id FROM unnest($2::text[], $8::int[]) AS q(name, n)
+    SELECT c.id, c.priority, c.run_at, c.limited FROM unnest($2::text[], $8::int[]) AS q(name, n)
     CROSS JOIN LATERAL (
-        SELECT u.id, u.priority, u.run_at FROM (
-            SELECT w.id, w.priority, w.run_at FROM (
-                SELECT id, priority, run_at FROM {schema}.jobs
+        SELECT u.id, u.priority, u.run_at, u.limited FROM (
+            SELECT w.id, w.priority, w.run_at, w.limited FROM (
+                SELECT id, priority, run_at,
+                       slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+                FROM {schema}.jobs
                 WHERE queue = q.name AND state IN ('ready', 'suspended') AND run_at <= $1
                 ORDER BY priority, run_at, id
                 LIMIT q.n
                 FOR UPDATE SKIP LOCKED
             ) AS w
             UNION ALL
-            SELECT l.id, l.priority, l.run_at FROM (
-                SELECT id, priority, run_at FROM {schema}.jobs
+            SELECT l.id, l.priority, l.run_at, l.limited FROM (
+                SELECT id, priority, run_at,
+                       slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+                FROM {schema}.jobs
                 WHERE queue = q.name
                   AND state = 'running' AND lease_until <= $1 AND attempts < max_attempts
                 ORDER BY priority, run_at, id
@@ -92,7 +103,7 @@ WITH candidates AS MATERIALIZED (
         last_error = CASE WHEN j.state = 'running' THEN $6 ELSE j.last_error END,
         wait_event = NULL,
         updated_at = $1
-    WHERE j.id = ANY (ARRAY(SELECT id FROM candidates))
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
               j.lease_until, j.priority, j.run_at
 ), exhausted AS MATERIALIZED (
@@ -112,9 +123,76 @@ WITH candidates AS MATERIALIZED (
     RETURNING j.id
 )
 -- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
-SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until
+SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at
 FROM claimed
+UNION ALL
+SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at
+FROM candidates WHERE limited
 ORDER BY priority, run_at, id;
+
+-- name: claim_limited_jobs
+-- The limited candidates of a claim, locked again in a transaction of their own (claim order;
+-- another claimer may have taken one since: skipped) with the limits their rows carry.
+SELECT id, state, slot_key, slots, rate_key, starts, per FROM {schema}.jobs
+WHERE id = ANY($2::text[])
+  AND ((state IN ('ready', 'suspended') AND run_at <= $1)
+       OR (state = 'running' AND lease_until <= $1 AND attempts < max_attempts))
+ORDER BY priority, run_at, id
+FOR UPDATE SKIP LOCKED;
+
+-- name: limit_rows_create
+-- A key's rows 1..N, created the first time a claim meets it (in key order, so two claims
+-- creating rows never wait on each other in a cycle); an existing row is left as it is.
+INSERT INTO {schema}.limit_rows (kind, key, n)
+SELECT k.kind, k.key, g.n FROM unnest($1::text[], $2::text[], $3::int[]) AS k(kind, key, n)
+CROSS JOIN LATERAL generate_series(1, k.n) AS g(n)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.limit_rows AS r WHERE (r.kind, r.key, r.n) = (k.kind, k.key, g.n)
+)
+ORDER BY 1, 2, 3
+ON CONFLICT DO NOTHING;
+
+-- name: claim_limited_rows
+-- Every limit row of these keys, locked: a row another claim holds locked right now is skipped,
+-- and its key treated as busy (limit_rules.py), never waited for.
+SELECT kind, key, n, until, token, job_id FROM {schema}.limit_rows
+WHERE (kind, key) IN (SELECT kind, key FROM unnest($1::text[], $2::text[]) AS k(kind, key))
+ORDER BY kind, key, n
+FOR UPDATE SKIP LOCKED;
+
+-- name: claim_limited_take
+-- The rows the grants took, the jobs put off, and the granted jobs claimed: one statement
+-- (`taken` and `put_off` run although nothing reads them, as every data-modifying WITH does).
+WITH taken AS (
+    UPDATE {schema}.limit_rows AS r SET until = t.until, token = t.token, job_id = t.job_id
+    FROM unnest($1::text[], $2::text[], $3::int[], $4::float8[], $5::text[], $6::text[])
+        AS t(kind, key, n, until, token, job_id)
+    WHERE (r.kind, r.key, r.n) = (t.kind, t.key, t.n)
+    RETURNING r.n
+), put_off AS (
+    -- A lapsed job put off goes back to ready, its lapse recorded (its attempt stays counted).
+    UPDATE {schema}.jobs AS j
+    SET run_at = p.run_at, waiting_on = p.waits, updated_at = $7,
+        last_error = CASE WHEN j.state = 'running' THEN $11 ELSE j.last_error END,
+        state = CASE WHEN j.state = 'running' THEN 'ready' ELSE j.state END,
+        token = NULL, lease_until = NULL, worker_id = NULL
+    FROM unnest($8::text[], $9::float8[], $10::text[]) AS p(id, run_at, waits)
+    WHERE j.id = p.id
+    RETURNING j.id
+)
+UPDATE {schema}.jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    lease_until = $7::float8 + $12::float8,
+    worker_id = $13,
+    token = g.token,
+    last_error = CASE WHEN j.state = 'running' THEN $11 ELSE j.last_error END,
+    wait_event = NULL,
+    waiting_on = NULL,
+    updated_at = $7
+FROM unnest($14::text[], $15::text[]) AS g(id, token)
+WHERE j.id = g.id
+RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two
@@ -128,10 +206,21 @@ WITH held AS MATERIALIZED (
     ORDER BY j.id
     FOR UPDATE OF j
 )
-UPDATE {schema}.jobs AS j
-SET lease_until = $1::float8 + $2::float8, updated_at = $1
-WHERE j.id = ANY (ARRAY(SELECT id FROM held))
-RETURNING j.token, j.cancel_requested;
+-- A run's fleet slot row renews with it; a run with a slot whose row another run took (its lease
+-- lapsed) answers slot_lost.
+, renewed AS (
+    UPDATE {schema}.jobs AS j
+    SET lease_until = $1::float8 + $2::float8, updated_at = $1
+    WHERE j.id = ANY (ARRAY(SELECT id FROM held))
+    RETURNING j.token, j.cancel_requested, j.slot_key IS NOT NULL AS has_slot
+), kept AS (
+    UPDATE {schema}.limit_rows AS r SET until = $1::float8 + $2::float8
+    WHERE r.kind = 'slot' AND r.token = ANY (ARRAY(SELECT token FROM renewed WHERE has_slot))
+    RETURNING r.token
+)
+SELECT token, cancel_requested,
+       has_slot AND token NOT IN (SELECT token FROM kept) AS slot_lost
+FROM renewed;
 
 -- name: lock_for_settle
 -- A batch of several kinds runs one statement per kind in one transaction: lock all its rows in
@@ -156,10 +245,35 @@ WITH locked AS MATERIALIZED (
     FROM ({kind_rows}) AS s
     WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
       AND j.id IN (SELECT id FROM locked)
-    RETURNING j.id, s.token, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now
+    RETURNING j.id, s.token, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now,
+              j.slot_key IS NOT NULL AS has_slot
+), released AS (
+    -- A settled run's fleet slot is free in the settle's own transaction (fenced: only a row
+    -- its token still holds), and the first job a claim put off waiting on it is due now.
+    UPDATE {schema}.limit_rows AS r SET until = NULL, token = NULL, job_id = NULL
+    WHERE r.kind = 'slot' AND r.token = ANY (ARRAY(SELECT token FROM settled WHERE has_slot))
+    RETURNING r.key
+), woken AS (
+    UPDATE {schema}.jobs AS w SET run_at = $1, updated_at = $1
+    WHERE w.id = ANY (ARRAY(
+        -- One waiter per slot freed: the statement sees one snapshot, so per key, not per row.
+        SELECT f.id FROM (SELECT key, count(*) AS n FROM released GROUP BY key) AS r
+        CROSS JOIN LATERAL (
+            SELECT id FROM {schema}.jobs
+            WHERE waiting_on = 'slot:' || r.key AND state IN ('ready', 'suspended')
+              AND run_at > $1
+            ORDER BY priority, run_at, id
+            LIMIT r.n
+            FOR UPDATE SKIP LOCKED
+        ) AS f
+    ))
+    RETURNING w.queue
 ), notified AS (
-    -- A job ready again at once (an interrupted attempt, a drain) is for any worker to take.
-    SELECT pg_notify($2, queue) FROM (SELECT DISTINCT queue FROM settled WHERE ready_now) AS w
+    -- A job ready again at once (an interrupted attempt, a drain, a slot's waiter) is for any
+    -- worker to take.
+    SELECT pg_notify($2, queue) FROM (
+        SELECT queue FROM settled WHERE ready_now UNION SELECT queue FROM woken
+    ) AS w
 )
 SELECT id, token FROM settled, (SELECT count(*) FROM notified) AS sent;
 
@@ -240,7 +354,8 @@ SELECT EXISTS (
 
 -- name: retry_job
 UPDATE {schema}.jobs
-SET state = 'ready', run_at = $1, attempts = 0, cancel_requested = false, updated_at = $1
+SET state = 'ready', run_at = $1, attempts = 0, cancel_requested = false, waiting_on = NULL,
+    updated_at = $1
 WHERE id = $2
 RETURNING {job_columns};
 
@@ -260,6 +375,14 @@ SELECT queue, state, count(*)::int AS n,
 FROM {schema}.jobs
 GROUP BY queue, state
 ORDER BY queue;
+
+-- name: limit_waiting
+-- Jobs a claim put off for a fleet limit, by queue, job and kind ('slot' or 'rate').
+SELECT queue, name, split_part(waiting_on, ':', 1) AS kind, count(*)::int AS n
+FROM {schema}.jobs
+WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')
+GROUP BY queue, name, kind
+ORDER BY queue, name, kind;
 
 -- name: fleet_stats_turn
 -- The compare-and-set that gives one worker per interval ($3 seconds) the full stats read
@@ -413,14 +536,18 @@ WHERE task = $1 AND scheduled < (
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key
+        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per
     )
     SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
-           $1 + greatest(n.delay, 0), $1, $1, n.key
+           $1 + greatest(n.delay, 0), $1, $1, n.key, n.slot_key, n.slots, n.rate_key, n.starts,
+           n.per
     FROM unnest(
         $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[]
-    ) WITH ORDINALITY AS n(id, name, queue, payload, priority, max_attempts, delay, key, ord)
+        $9::text[], $11::text[], $12::int[], $13::text[], $14::int[], $15::float8[]
+    ) WITH ORDINALITY AS n(
+        id, name, queue, payload, priority, max_attempts, delay, key,
+        slot_key, slots, rate_key, starts, per, ord
+    )
     ORDER BY n.ord
     ON CONFLICT DO NOTHING
     RETURNING id, queue

@@ -136,14 +136,19 @@ def queue_stats(
     depths: Iterable[tuple[str, str, int]],
     due: Iterable[tuple[str, int, float | None]],
     now: float,
+    waiting: Iterable[tuple[str, str, str, int]] = (),
 ) -> list[QueueStats]:
     """``stats()``'s answer, by queue name: ``depths`` counts jobs per (queue, state value),
     ``due`` gives a queue's count of ready jobs whose run-at has come and the earliest such
-    run-at (a queue it leaves out has none due)."""
+    run-at (a queue it leaves out has none due), ``waiting`` counts the jobs a claim put off
+    for a fleet limit per (queue, job name, "slot" or "rate")."""
     by_queue: dict[str, dict[str, int]] = {}
     for queue, state, count in depths:
         by_queue.setdefault(queue, {})[state] = count
     due_by_queue = {queue: (count, oldest) for queue, count, oldest in due}
+    waiting_by_queue: dict[str, list[tuple[str, str, int]]] = {}
+    for queue, name, kind, count in waiting:
+        waiting_by_queue.setdefault(queue, []).append((name, kind, count))
     answers = []
     for queue in sorted(by_queue):
         count, oldest = due_by_queue.get(queue, (0, None))
@@ -154,6 +159,7 @@ def queue_stats(
                 due=count,
                 oldest_ready_age=None if oldest is None else now - oldest,
                 dead=by_queue[queue].get(JobState.DEAD.value, 0),
+                limit_waiting=tuple(sorted(waiting_by_queue.get(queue, ()))),
             )
         )
     return answers

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, TypeVar
 
+import attrs
 import outcome
 import trio
 
@@ -43,6 +44,7 @@ from ..records import (
     Enqueued,
     EventRecord,
     JobId,
+    JobLimits,
     JobRecord,
     JobState,
     Lease,
@@ -60,6 +62,7 @@ from ..records import (
     outbox_job,
 )
 from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
+from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
 from .rules import (
     FIRE_HISTORY,
     JOB_COLUMNS,
@@ -392,6 +395,11 @@ def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
             (now,),
         ),
         now,
+        conn.execute(
+            "SELECT queue, name, substr(waiting_on, 1, 4), count(*) FROM jobs"
+            " WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')"
+            " GROUP BY queue, name, substr(waiting_on, 1, 4)"
+        ),
     )
 
 
@@ -412,13 +420,40 @@ def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also:
     if change.delay is not None:
         written["run_at"] = now + max(change.delay, 0.0)
     changes = ", ".join(f"{column} = ?" for column in written)
-    cursor = conn.execute(
+    row = conn.execute(
         f"UPDATE jobs SET {changes}, attempts = attempts - ?, lease_until = NULL,"
         f" worker_id = NULL, cancel_requested = 0, token = NULL, updated_at = ?"
-        f" WHERE {_FENCE}{also}",
+        f" WHERE {_FENCE}{also} RETURNING slot_key",
         (*written.values(), int(change.hands_back), now, s.lease.job_id, s.lease.token),
-    )
-    return cursor.rowcount == 1
+    ).fetchone()
+    if row is None:
+        return False
+    if row[0] is not None:
+        _release_slot(conn, s.lease.token, now)
+    return True
+
+
+def _release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
+    """In the settle's transaction: the run's slot row is free, and the first job a claim put
+    off waiting on that slot is due now."""
+    for (key,) in conn.execute(
+        "UPDATE limit_rows SET until = NULL, token = NULL, job_id = NULL"
+        " WHERE kind = 'slot' AND token = ? RETURNING key",
+        (token,),
+    ).fetchall():
+        conn.execute(
+            "UPDATE jobs SET run_at = ?, updated_at = ? WHERE id = (SELECT id FROM jobs"
+            " INDEXED BY jobs_waiting_on WHERE waiting_on = ? AND state IN ('ready', 'suspended')"
+            " AND run_at > ? ORDER BY priority, run_at, id LIMIT 1)",
+            (now, now, waiting_on(SLOT, key), now),
+        )
+
+
+def _limit_columns(limits: JobLimits | None) -> tuple[object, ...]:
+    """slot_key, slots, rate_key, starts, per: all NULL for a job without limits."""
+    if limits is None:
+        return (None,) * 5
+    return attrs.astuple(limits)
 
 
 def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Enqueued]:
@@ -428,8 +463,8 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     # this same batch).
     conn.executemany(
         "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
-        " max_attempts, run_at, created_at, updated_at, key)"
-        " VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?)"
+        " max_attempts, run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts,"
+        " per) VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {LIVE_STATES_SQL} DO NOTHING",
         [
             (
@@ -443,6 +478,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
                 now,
                 now,
                 job.key,
+                *_limit_columns(job.limits),
             )
             for job in jobs
         ],
@@ -459,6 +495,64 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
         else Enqueued(holders[job.key], created=holders[job.key] == job.job_id)
         for job in jobs
     ]
+
+
+def _claim_limited(
+    conn: sqlite3.Connection, ids: Sequence[JobId], now: float, lease: float, worker_id: str
+) -> dict[JobId, Any]:
+    """Claim what the limits allow of ``ids`` (claim order), put the rest off; answer the
+    granted rows as claim()'s RETURNING gives them. Under BEGIN IMMEDIATE: no other claim reads
+    the limit rows meanwhile, so a row never written is simply free."""
+    found = {
+        row[0]: JobLimits(*row[1:])
+        for row in conn.execute(
+            "SELECT id, slot_key, slots, rate_key, starts, per FROM jobs"
+            " WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(ids)),),
+        )
+    }
+    candidates = [(job_id, found[job_id]) for job_id in ids]
+    keys = {(kind, key) for _, limits in candidates for kind, key, _ in needs(limits)}
+    rows = {
+        (kind, key): [
+            LimitRow(*row)
+            for row in conn.execute(
+                "SELECT kind, key, n, until, token, job_id FROM limit_rows"
+                " WHERE kind = ? AND key = ?",
+                (kind, key),
+            )
+        ]
+        for kind, key in keys
+    }
+    decision = decide(candidates, rows, now=now, lease=lease, missing_is_free=True)
+    conn.executemany(
+        "INSERT INTO limit_rows (kind, key, n, until, token, job_id) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (kind, key, n) DO UPDATE SET until = excluded.until,"
+        " token = excluded.token, job_id = excluded.job_id",
+        [attrs.astuple(row) for row in decision.taken],
+    )
+    # A lapsed job put off goes back to ready, its lapse recorded (its attempt stays counted).
+    conn.executemany(
+        "UPDATE jobs SET run_at = ?, waiting_on = ?, updated_at = ?,"
+        " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
+        " state = CASE WHEN state = 'running' THEN 'ready' ELSE state END,"
+        " token = NULL, lease_until = NULL, worker_id = NULL WHERE id = ?",
+        [
+            (run_at, waits, now, LAPSED_ERROR, job_id)
+            for job_id, (run_at, waits) in decision.put_off.items()
+        ],
+    )
+    granted: dict[JobId, Any] = {}
+    for job_id, token in decision.granted.items():
+        granted[job_id] = conn.execute(
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
+            " worker_id = ?, token = ?, wait_event = NULL, waiting_on = NULL,"
+            " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
+            " updated_at = ? WHERE id = ?"
+            " RETURNING id, token, name, queue, payload, attempts, max_attempts",
+            (now + lease, worker_id, token, LAPSED_ERROR, now, job_id),
+        ).fetchone()
+    return granted
 
 
 class SqliteDriver:
@@ -723,14 +817,16 @@ class SqliteDriver:
             for queue, cap in slots.caps.items():
                 for state in ("ready", "suspended"):
                     candidates += conn.execute(
-                        "SELECT priority, run_at, id, state, attempts, max_attempts, queue"
+                        "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
+                        " slot_key IS NOT NULL OR rate_key IS NOT NULL"
                         " FROM jobs INDEXED BY jobs_claim"
                         " WHERE queue = ? AND state = ? AND run_at <= ?"
                         " ORDER BY priority, run_at, id LIMIT ?",
                         (queue, state, now, cap),
                     ).fetchall()
                 candidates += conn.execute(
-                    "SELECT priority, run_at, id, state, attempts, max_attempts, queue"
+                    "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
+                    " slot_key IS NOT NULL OR rate_key IS NOT NULL"
                     " FROM jobs INDEXED BY jobs_next_due"
                     " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
                     (queue, now),
@@ -741,8 +837,7 @@ class SqliteDriver:
             # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
             exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
             dead = [
-                (lapsed_out_of_attempts(attempts), now, job_id)
-                for _, _, job_id, _, attempts, _, _ in exhausted[: slots.total]
+                (lapsed_out_of_attempts(row[4]), now, row[2]) for row in exhausted[: slots.total]
             ]
             skipped = {row[2] for row in exhausted}
             taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
@@ -751,6 +846,15 @@ class SqliteDriver:
                 " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
                 dead,
             )
+            limited = {row[2] for row in candidates if row[7]}
+            by_id: dict[str, Any] = {}
+            if limited & set(taken):
+                # Jobs with fleet limits: the shared rule decides them (limit_rules.py).
+                by_id = _claim_limited(
+                    conn, [i for i in taken if i in limited], now, lease, worker_id
+                )
+                taken = [i for i in taken if i not in limited or i in by_id]
+            unlimited = [i for i in taken if i not in by_id]
             if not taken:
                 return []
             # One UPDATE for the batch; each row draws its own fresh token.
@@ -761,9 +865,9 @@ class SqliteDriver:
                 " updated_at = ?"
                 " WHERE id IN (SELECT value FROM json_each(?))"
                 " RETURNING id, token, name, queue, payload, attempts, max_attempts",
-                (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(taken)),
+                (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(unlimited)),
             ).fetchall()
-            by_id = {row[0]: row for row in rows}
+            by_id.update((row[0], row) for row in rows)
             return [
                 Claim(
                     job_id=job_id,
@@ -793,12 +897,25 @@ class SqliteDriver:
                 " WHERE state = 'running' AND (id, token) IN"
                 " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
                 "  FROM json_each(?))"
-                " RETURNING token, cancel_requested",
+                " RETURNING token, cancel_requested, slot_key IS NOT NULL",
                 (now + lease, now, pairs),
             ).fetchall()
+            with_slot = [row[0] for row in rows if row[2]]
+            kept = set()
+            if with_slot:
+                # The slot rows renew with their runs; a run whose row another took has lost it.
+                kept = {
+                    row[0]
+                    for row in conn.execute(
+                        "UPDATE limit_rows SET until = ? WHERE kind = 'slot' AND token IN"
+                        " (SELECT value FROM json_each(?)) RETURNING token",
+                        (now + lease, json.dumps(with_slot)),
+                    )
+                }
             return RenewResult(
                 held=frozenset(row[0] for row in rows),
                 cancel_requested=frozenset(row[0] for row in rows if row[1]),
+                slot_lost=frozenset(t for t in with_slot if t not in kept),
             )
 
         return await self._transact(work)
@@ -898,7 +1015,7 @@ class SqliteDriver:
                 raise key_held(job_id, record.key)
             conn.execute(
                 "UPDATE jobs SET state = 'ready', run_at = ?, attempts = 0,"
-                " cancel_requested = 0, updated_at = ? WHERE id = ?",
+                " cancel_requested = 0, waiting_on = NULL, updated_at = ? WHERE id = ?",
                 (now, now, job_id),
             )
             return _job_or_raise(conn, job_id)

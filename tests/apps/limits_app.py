@@ -1,0 +1,26 @@
+# The jobs tests/test_limits_processes.py runs in real `jobs-trio worker` processes: one limited
+# to 2 bodies at once fleet-wide, one to 20 starts per second; each appends its times to a file.
+# Apart from the test because each worker process imports it by name, as a user's app would be.
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import trio
+
+import jobs_trio
+from tests.apps.settle_app import _append  # one atomic line per write: processes never mix
+
+registry = jobs_trio.Registry()
+
+
+@registry.job("limits.two", queue="two", fleet_limit=jobs_trio.FleetLimit(2))
+async def two(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
+    started = time.time()
+    await trio.sleep(payload["seconds"])
+    _append(payload["log"], f"{started!r} {time.time()!r} {ctx.job_id} {ctx.worker_id}")
+
+
+@registry.job("limits.paced", queue="paced", rate_limit=jobs_trio.RateLimit(20, per=1.0))
+async def paced(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
+    _append(payload["log"], f"{time.time()!r} {ctx.job_id} {ctx.worker_id}")
