@@ -188,26 +188,8 @@ class JobRecord:
     wait_event: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "queue": self.queue,
-            "state": self.state.value,
-            "payload": self.payload,
-            "priority": self.priority,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "last_error": self.last_error,
-            "result": self.result,
-            "run_at": self.run_at,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "key": self.key,
-            "lease_until": self.lease_until,
-            "worker_id": self.worker_id,
-            "cancel_requested": self.cancel_requested,
-            "wait_event": self.wait_event,
-        }
+        # Every field, by the class's own list (the drivers' column list is made from it too).
+        return {**attrs.asdict(self, recurse=False), "state": self.state.value}
 
 
 @attrs.frozen
@@ -239,16 +221,7 @@ class StepRecord:
     match: str | None = None  # waiting: the event key to match, if any
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "result": self.result,
-            "wake_at": self.wake_at,
-            "event": self.event,
-            "match": self.match,
-        }
+        return {**attrs.asdict(self, recurse=False), "status": self.status.value}
 
 
 @attrs.frozen
