@@ -18,26 +18,63 @@ class Marks:
     """What a handler tells the orchestrator, as lines appended to a file (one write(2) each,
     O_APPEND). ``noop`` writes one line, at the first job's start (wall clock: the end of the
     run is read from the database's own timestamps). ``latency`` writes ``i monotonic`` per
-    job; ``sleep`` writes ``start monotonic`` per attempt. CLOCK_MONOTONIC is system-wide on
-    Linux, so the orchestrator compares it with its own."""
+    job; ``sleep`` writes ``start monotonic`` per attempt. ``probe`` (latency under load) is
+    ``latency`` for the jobs whose payload has ``i`` and silent for the load's own jobs.
+    ``flaky`` (retries) is ``noop`` plus a ``fail i`` line for each job made to fail: its first
+    attempt, when its payload has ``fail`` (the set is this process's: one worker runs them
+    all). CLOCK_MONOTONIC is system-wide on Linux, so the orchestrator compares it with its
+    own."""
 
     def __init__(self, path: str, kind: str) -> None:
         self.kind = kind
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._first_seen = False
+        self._failed: set[int] = set()
 
     def started(self, payload: dict[str, Any]) -> float:
-        """Call at the handler's first line; answers how long the job should sleep (0: none)."""
-        if self.kind == "noop":
+        """Call at the handler's first line; answers how long the job should sleep (0: none).
+        Raises :class:`Flaky` for a job of a ``flaky`` run that is to fail this attempt."""
+        if self.kind in ("noop", "flaky", "steps"):
             if not self._first_seen:
                 self._first_seen = True
                 os.write(self._fd, f"first {time.time()!r}\n".encode())
+            fail = payload.get("fail")
+            if self.kind == "flaky" and fail is not None and fail not in self._failed:
+                self._failed.add(fail)
+                os.write(self._fd, f"fail {fail}\n".encode())
+                raise Flaky(f"job {fail} fails its first attempt (bench retries)")
             return 0.0
-        if self.kind == "latency":
+        if self.kind == "latency" or (self.kind == "probe" and "i" in payload):
             os.write(self._fd, f"{payload['i']} {time.monotonic()!r}\n".encode())
+            return 0.0
+        if self.kind == "probe":
             return 0.0
         os.write(self._fd, f"start {time.monotonic()!r}\n".encode())
         return float(payload.get("sleep", 0.0))
+
+
+class Flaky(Exception):
+    """A job's planned failure (retries workload): every library retries it."""
+
+
+def payloads(n: int, sleep: float, fail_every: int) -> list[dict[str, Any]]:
+    """The batch's payloads: ``{"fail": i}`` for every ``fail_every``-th job (0: none)."""
+    base: dict[str, Any] = {"sleep": sleep} if sleep else {}
+    return [
+        {**base, "fail": i} if fail_every and i % fail_every == 0 else dict(base) for i in range(n)
+    ]
+
+
+def read_order() -> int | None:
+    """The load generator's next order from the orchestrator: one batch size per stdin line;
+    None once stdin closes. Blocking: the adapters read it in a thread."""
+    line = sys.stdin.readline()
+    return int(line) if line.strip() else None
+
+
+def done_order() -> None:
+    sys.stdout.write("ok\n")
+    sys.stdout.flush()
 
 
 def ready() -> None:
@@ -59,15 +96,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     enqueue.add_argument("--n", type=int, required=True)
     enqueue.add_argument("--sleep", type=float, default=0.0, help="each job awaits this long")
     enqueue.add_argument("--install", action="store_true", help="install the schema first")
+    enqueue.add_argument("--fail-every", type=int, default=0, help="retries: every Nth fails once")
     worker = sub.add_parser("worker", help="run one worker until SIGTERM")
     worker.add_argument("--db", required=True)
     worker.add_argument("--concurrency", type=int, required=True)
-    worker.add_argument("--kind", choices=("noop", "latency", "sleep"), required=True)
+    worker.add_argument(
+        "--kind", choices=("noop", "latency", "sleep", "probe", "flaky", "steps"), required=True
+    )
     worker.add_argument("--mark", required=True)
     latency = sub.add_parser("latency", help="enqueue N jobs one at a time, GAP apart")
     latency.add_argument("--db", required=True)
     latency.add_argument("--n", type=int, required=True)
     latency.add_argument("--gap", type=float, required=True)
+    load = sub.add_parser("load", help="enqueue a batch per stdin line (its size), say ok")
+    load.add_argument("--db", required=True)
     return parser.parse_args(argv)
 
 

@@ -3,16 +3,17 @@
 """Time N single ``enqueue`` calls (no worker running), per source tree, interleaved.
 
     python bench/enqueue_call.py --src src --src /tmp/old/src --rounds 4 --n 1000
-    python bench/enqueue_call.py --variant as-is --variant no-listen   # an experiment
+    python bench/enqueue_call.py --variant as-is --variant listening   # an experiment
     python bench/enqueue_call.py --profile --n 3000      # cProfile of the calls, this tree
 
 Every round starts one process per (tree, variant) (A B, A B, ...: drift in a shared machine
 hits both); each process opens the driver on its own database (created once, dropped at the
 end), warms up 200 calls, then times N. Answers p50/p99 per run, medians over the rounds.
 
-Variants: ``as-is``; ``no-listen``, an EXPERIMENT, not a configuration: the driver's LISTEN
-connection is opened but never LISTENs (a private method patched in the child), to measure
-what the driver's own notification, delivered back to the enqueuing process, costs each call;
+Variants: ``as-is``; ``listening``, the same calls from a driver that LISTENs (one
+``wait_for_work`` first, as a worker's driver does; a driver LISTENed from its open until
+the lazy LISTEN), to measure what the driver's own notification, delivered back to the
+enqueuing process, costs each call;
 ``pgqueuer``, the peer's single ``Queries.enqueue`` on one asyncpg connection, on uvloop when
 installed (as in bench/lib_pgqueuer.py), for a side-by-side figure (bench environment only);
 ``raw-asyncio`` and ``raw-trio-asyncio``, jobs_trio's own enqueue statement sent by bare
@@ -33,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("as-is", "no-listen", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
+VARIANTS = ("as-is", "listening", "pgqueuer", "raw-asyncio", "raw-trio-asyncio")
+# Seconds idle between timed calls (--gap): 0 is a hot loop; run.py's latency workload leaves
+# 30 ms, and a process waking from idle pays for it (see RESULTS.md).
+GAP = 0.0
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -60,6 +64,8 @@ def _pgqueuer_child(url: str, n: int) -> None:
                 started = time.perf_counter()
                 await queries.enqueue("bench.enqueue_call", json.dumps({"i": i}).encode())
                 took.append((time.perf_counter() - started) * 1000)
+                if GAP:
+                    await asyncio.sleep(GAP)
         finally:
             await conn.close()
         return _timed(took)
@@ -103,6 +109,8 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
             started = time.perf_counter()
             await call(i)
             took.append((time.perf_counter() - started) * 1000)
+            if GAP:
+                await (trio.sleep(GAP) if via_trio else asyncio.sleep(GAP))
         return _timed(took)
 
     async def connect() -> asyncpg.Connection:
@@ -145,16 +153,6 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
 
     import jobs_trio
 
-    if variant == "no-listen":
-        from jobs_trio.drivers import postgres_listener
-
-        async def deaf(self: postgres_listener.Listener) -> object:
-            conn = await self._bridge.connect(purpose="listen")
-            self.connected = True
-            return conn
-
-        postgres_listener.Listener._connect = deaf  # type: ignore[method-assign]
-
     registry = jobs_trio.Registry()
 
     @registry.job("bench.enqueue_call", queue="bench")
@@ -163,6 +161,8 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
 
     async def main() -> dict[str, Any]:
         async with jobs_trio.open_driver(url, migrate=True) as driver:
+            if variant == "listening":
+                await driver.wait_for_work(["bench"], timeout=0)  # LISTENs from here on
             for i in range(200):
                 await handler.enqueue(driver, {"i": i})
             took = []
@@ -170,6 +170,8 @@ def _child(url: str, n: int, profile: bool, variant: str) -> None:
                 started = time.perf_counter()
                 await handler.enqueue(driver, {"i": i})
                 took.append((time.perf_counter() - started) * 1000)
+                if GAP:
+                    await trio.sleep(GAP)
         return _timed(took)
 
     if profile:
@@ -208,8 +210,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", choices=VARIANTS)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--gap", type=float, default=0.0, help="s idle between timed calls")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global GAP
+    GAP = args.gap
     if args.child:
         _child(args.child, args.n, args.profile, (args.variant or ["as-is"])[0])
         return 0
@@ -224,7 +229,7 @@ def main() -> int:
             for (src, variant), name in zip(plan, names, strict=True):
                 env = {**os.environ, "PYTHONPATH": src}
                 argv = [sys.executable, __file__, "--child", _url(name), "--n", str(args.n)]
-                argv += ["--variant", variant]
+                argv += ["--variant", variant, "--gap", str(args.gap)]
                 if args.profile:
                     argv.append("--profile")
                 out = subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE, text=True)

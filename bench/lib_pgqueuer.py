@@ -18,12 +18,14 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import pgqueuer
-from common import JOB, Marks, dispatch, emit, parse, ready
+from common import JOB, Marks, dispatch, done_order, emit, parse, payloads, read_order, ready
 from pgqueuer import AsyncpgDriver, PgQueuer, Queries
+from pgqueuer.executors import DatabaseRetryEntrypointExecutor, EntrypointExecutorParameters
 from pgqueuer.models import Job
 
 try:  # as pgqueuer.adapters.cli.cli.asyncio_run chooses its loop
@@ -46,10 +48,10 @@ async def _enqueue(args: argparse.Namespace) -> None:
         queries = Queries(AsyncpgDriver(conn))
         if args.install:
             await queries.install()
-        payload = _payload({"sleep": args.sleep} if args.sleep else {})
+        batch = [_payload(p) for p in payloads(args.n, args.sleep, args.fail_every)]
         started = time.perf_counter()
         if args.n:
-            await queries.enqueue([JOB] * args.n, [payload] * args.n, [0] * args.n)
+            await queries.enqueue([JOB] * args.n, batch, [0] * args.n)
         seconds = time.perf_counter() - started
     finally:
         await conn.close()
@@ -65,6 +67,16 @@ def _worker(args: argparse.Namespace) -> None:
         if runner
         else {"batch_size": min(args.concurrency, 50)}
     )
+
+    if args.kind == "flaky":
+        # Its documented durable retry (the job back in the table, attempts counted), at once:
+        # each library alike retries without a backoff's wait in this workload.
+        def retrying(parameters: EntrypointExecutorParameters) -> DatabaseRetryEntrypointExecutor:
+            return DatabaseRetryEntrypointExecutor(
+                parameters=parameters, max_attempts=3, initial_delay=timedelta(0)
+            )
+
+        limit = {**limit, "executor_factory": retrying}
 
     @contextlib.asynccontextmanager
     async def factory() -> AsyncIterator[PgQueuer]:
@@ -101,10 +113,23 @@ async def _latency(args: argparse.Namespace) -> None:
     emit({"called": called, "returned": returned, "loop": LOOP})
 
 
+async def _load(args: argparse.Namespace) -> None:
+    conn = await asyncpg.connect(args.db)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        payload = _payload({})
+        while (n := await asyncio.to_thread(read_order)) is not None:
+            await queries.enqueue([JOB] * n, [payload] * n, [0] * n)
+            done_order()
+    finally:
+        await conn.close()
+
+
 def main() -> None:
     dispatch(
         parse(),
         {
+            "load": lambda a: _run(_load(a)),
             "enqueue": lambda a: _run(_enqueue(a)),
             "worker": _worker,
             "latency": lambda a: _run(_latency(a)),

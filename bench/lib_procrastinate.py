@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import procrastinate
-from common import JOB, QUEUE, Marks, dispatch, emit, parse, ready
+from common import JOB, QUEUE, Marks, dispatch, done_order, emit, parse, payloads, read_order, ready
 
 _marks: Marks | None = None
 
@@ -25,7 +25,9 @@ def _app(url: str, concurrency: int | None = None) -> procrastinate.App:
         sized = {"max_size": concurrency + 1, "min_size": min(4, concurrency + 1)}
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url, **sized))
 
-    @app.task(name=JOB, queue=QUEUE)
+    # retry: its documented RetryStrategy, one retry at once (wait=0): the retries workload
+    # retries without a backoff's wait, each library alike; no other workload fails a job.
+    @app.task(name=JOB, queue=QUEUE, retry=procrastinate.RetryStrategy(max_attempts=3, wait=0))
     async def handler(**payload: Any) -> None:
         assert _marks is not None
         seconds = _marks.started(payload)
@@ -41,10 +43,10 @@ async def _enqueue(args: argparse.Namespace) -> None:
         if args.install:
             await app.schema_manager.apply_schema_async()
         task = app.tasks[JOB]
-        payload = {"sleep": args.sleep} if args.sleep else {}
+        batch = payloads(args.n, args.sleep, args.fail_every)
         started = time.perf_counter()
         if args.n:
-            await task.batch_defer_async(*[payload] * args.n)
+            await task.batch_defer_async(*batch)
         seconds = time.perf_counter() - started
     emit({"seconds": seconds})
 
@@ -71,8 +73,17 @@ async def _latency(args: argparse.Namespace) -> None:
     emit({"called": called, "returned": returned, "loop": "asyncio"})
 
 
+async def _load(args: argparse.Namespace) -> None:
+    app = _app(args.db)
+    async with app.open_async():
+        task = app.tasks[JOB]
+        while (n := await asyncio.to_thread(read_order)) is not None:
+            await task.batch_defer_async(*[{}] * n)
+            done_order()
+
+
 def main() -> None:
-    commands = {"enqueue": _enqueue, "worker": _worker, "latency": _latency}
+    commands = {"enqueue": _enqueue, "worker": _worker, "latency": _latency, "load": _load}
     dispatch(parse(), {name: (lambda a, f=f: asyncio.run(f(a))) for name, f in commands.items()})
 
 

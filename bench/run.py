@@ -60,6 +60,12 @@ DONE_SQL = {
         "  WHERE type = 'succeeded')"
     ),
 }
+# Jobs waiting to be claimed: the load generator holds the backlog under a cap with it.
+READY_SQL = {
+    "jobs_trio": "SELECT count(*) FROM jobs_trio.jobs WHERE state = 'ready'",
+    "pgqueuer": "SELECT count(*) FROM pgqueuer WHERE status = 'queued'",
+    "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status = 'todo'",
+}
 DONE_SQLITE = "SELECT count(*), max(updated_at) FROM jobs WHERE state = 'completed'"
 JOB_SQL = {
     "jobs_trio": "SELECT state, attempts FROM jobs_trio.jobs",
@@ -89,6 +95,34 @@ class Sizes:
     window = 10.0
     cold_concurrency = 10  # the cold-planner workload runs at this concurrency only
     event_reps = 1  # drain and rescue: bounded waits and states, not rates; one repetition
+    # Latency under load: a worker at c=50. First fed all it takes (load_rate, 5,000 jobs/s,
+    # with the feed skipping a tick while more than load_cap wait) for load_ramp s, then its
+    # rate read over the next load_calibrate s; then fed load_rate or load_share of that
+    # rate, whichever is less, every load_tick (lowered by load_share again after each
+    # load_settle s in which the queue still reached the cap, load_settle_tries at most), then
+    # probe_jobs single enqueues probe_gap apart into the same queue.
+    load_concurrency = 50
+    load_rate = 5_000.0
+    load_share = 0.8
+    load_tick = 0.02
+    load_cap = 200
+    load_ramp = 3.0
+    load_calibrate = 2.0
+    load_settle = 1.0
+    load_settle_tries = 4
+    probe_jobs = 100
+    probe_gap = 0.05
+    # Retries: the throughput batch with every fail_every-th job failing its first attempt.
+    retry_concurrency = 10
+    fail_every = 10
+    # Durable steps (jobs_trio only): steps_jobs jobs of 10 no-op step.run each.
+    steps_jobs = 1_000
+    steps_concurrency = 10
+    # Worker memory: rss_jobs queued (the issue asks 200,000; fewer to fit the run's budget,
+    # --rss-jobs to change), one worker at rss_concurrency, RSS sampled every rss_every s.
+    rss_jobs = 50_000
+    rss_concurrency = 50
+    rss_every = 0.25
 
 
 class BenchError(Exception):
@@ -107,13 +141,16 @@ class Proc:
         self.what = what
 
     @classmethod
-    async def start(cls, lib: str, args: list[str], workdir: Path, what: str) -> Proc:
+    async def start(
+        cls, lib: str, args: list[str], workdir: Path, what: str, *, stdin: bool = False
+    ) -> Proc:
         log = workdir / f"{what}.{time.monotonic_ns()}.log"
         with open(log, "wb") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 str(HERE / f"lib_{lib}.py"),
                 *args,
+                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
                 cwd=str(HERE),
@@ -290,25 +327,29 @@ async def _process(
     done: Callable[[], Awaitable[tuple[int, Any]]],
     *,
     warm: bool,
+    jobs: int | None = None,
+    kind: str = "noop",
+    enqueue_args: tuple[str, ...] = (),
 ) -> Result:
-    """Enqueue ``Sizes.jobs`` in one batch, then (``warm``) VACUUM ANALYZE, then time one worker
-    processing them."""
+    """Enqueue ``jobs`` (default ``Sizes.jobs``) in one batch, then (``warm``) VACUUM ANALYZE,
+    then time one worker of ``kind`` processing them."""
+    jobs = Sizes.jobs if jobs is None else jobs
     enq = await run_once(
         lib,
-        ["enqueue", "--install", "--db", url, "--n", str(Sizes.jobs)],
+        ["enqueue", "--install", "--db", url, "--n", str(jobs), *enqueue_args],
         workdir,
         f"{lib}-enqueue",
         300,
     )
     analyzed = await analyze(url) if warm else None
     mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
-    worker = await start_worker(lib, url, conc, "noop", mark, workdir)
+    worker = await start_worker(lib, url, conc, kind, mark, workdir)
     async with running(worker):
         deadline = time.monotonic() + Sizes.throughput_bound
         window_ends = None
         while True:
             count, last = await done()
-            if count >= Sizes.jobs:
+            if count >= jobs:
                 break
             marks = read_marks(mark)
             if marks and window_ends is None:
@@ -317,29 +358,39 @@ async def _process(
             if window_ends is not None and time.monotonic() > window_ends and count:
                 break
             if time.monotonic() > deadline:
-                raise BenchError(f"{lib}: {count}/{Sizes.jobs} done in {Sizes.throughput_bound} s")
+                raise BenchError(f"{lib}: {count}/{jobs} done in {Sizes.throughput_bound} s")
             if worker.proc.returncode is not None:
                 raise BenchError(f"{lib} worker died ({worker.proc.returncode}){worker.tail()}")
             await asyncio.sleep(0.1)
-    first = _first(read_marks(mark))
+    marks = read_marks(mark)
+    first = _first(marks)
     return {
-        "enqueue_jps": Sizes.jobs / enq["seconds"],
+        "enqueue_jps": jobs / enq["seconds"],
         "process_jps": count / (float(last) - first),
         "processed": count,
+        "jobs": jobs,
         "analyze_s": analyzed,
+        "failed_once": sum(1 for line in marks if line.startswith("fail ")),
     }
 
 
 def _first(marks: list[str]) -> float:
-    return float(marks[0].split()[1])
+    return next(float(line.split()[1]) for line in marks if line.startswith("first "))
+
+
+def _done_of(url: str, lib: str) -> Callable[[], Awaitable[tuple[int, Any]]]:
+    """The library's completed count and last completion time, read from its tables."""
+
+    async def done() -> tuple[int, Any]:
+        row = await query_row(url, DONE_SQL[lib])
+        return int(row[0]), row[1]
+
+    return done
 
 
 async def _throughput(lib: str, conc: int, workdir: Path, *, warm: bool) -> Result:
     async with fresh_db(lib) as url:
-
-        async def done() -> tuple[int, Any]:
-            row = await query_row(url, DONE_SQL[lib])
-            return int(row[0]), row[1]
+        done = _done_of(url, lib)
 
         return await _process(lib, url, conc, workdir, done, warm=warm)
 
@@ -373,6 +424,189 @@ async def sqlite_throughput(lib: str, conc: int, workdir: Path) -> Result:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{path}{suffix}")
+
+
+async def retries(lib: str, conc: int, workdir: Path) -> Result:
+    """The throughput batch, every ``Sizes.fail_every``-th job failing its first attempt (each
+    library retrying at once, by its own documented retry): jobs/s to all completed, and the
+    attempts run (completions + planned failures, counted by the handler)."""
+    async with fresh_db(lib) as url:
+        done = _done_of(url, lib)
+
+        fail = ("--fail-every", str(Sizes.fail_every))
+        result = await _process(
+            lib, url, conc, workdir, done, warm=True, kind="flaky", enqueue_args=fail
+        )
+        result["attempts"] = result["processed"] + result["failed_once"]
+        result["attempts_per_job"] = result["attempts"] / max(result["processed"], 1)
+        return result
+
+
+async def steps(lib: str, conc: int, workdir: Path) -> Result:
+    """jobs_trio alone (the peers have no durable steps): ``Sizes.steps_jobs`` jobs of 10
+    no-op ``ctx.step.run`` each; jobs/s, steps/s and the wall time per step at this
+    concurrency (1 / steps/s)."""
+    assert lib == "jobs_trio"
+    async with fresh_db(lib) as url:
+        done = _done_of(url, lib)
+
+        result = await _process(
+            lib, url, conc, workdir, done, warm=True, kind="steps", jobs=Sizes.steps_jobs
+        )
+        result["steps_ps"] = result["process_jps"] * 10
+        result["step_us"] = 1e6 / result["steps_ps"]
+        return result
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process, KiB, from /proc (Linux)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0])
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+async def memory(lib: str, conc: int, workdir: Path) -> Result:
+    """``Sizes.rss_jobs`` queued, VACUUM ANALYZE, one worker at ``conc``: its RSS when ready
+    (nothing claimed yet), the largest sampled while it works through the queue (over the
+    whole batch, or ``Sizes.window`` s from the first start), and its peak (VmHWM)."""
+    async with fresh_db(lib) as url:
+        args = ["enqueue", "--install", "--db", url, "--n", str(Sizes.rss_jobs)]
+        await run_once(lib, args, workdir, f"{lib}-enqueue", 300)
+        await analyze(url)
+        mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
+        worker = await start_worker(lib, url, conc, "noop", mark, workdir)
+        pid = worker.proc.pid
+        async with running(worker):
+            ready_kib, _ = rss_kib(pid)
+            largest = ready_kib
+            ends = time.monotonic() + Sizes.throughput_bound
+            started = None
+            count = 0
+            while time.monotonic() < ends:
+                largest = max(largest, rss_kib(pid)[0])
+                if started is None and read_marks(mark):
+                    started = time.monotonic()
+                    ends = started + Sizes.window
+                count = int((await query_row(url, DONE_SQL[lib]))[0])
+                if count >= Sizes.rss_jobs:
+                    break
+                await asyncio.sleep(Sizes.rss_every)
+            peak = rss_kib(pid)[1]
+        return {
+            "ready_mib": ready_kib / 1024,
+            "working_mib": largest / 1024,
+            "peak_mib": peak / 1024,
+            "processed": count,
+            "queued": Sizes.rss_jobs,
+        }
+
+
+async def under_load(lib: str, conc: int, workdir: Path) -> Result:
+    """Probe jobs' latency while the worker runs a steady load: ``Sizes.load_rate`` jobs/s, or
+    ``Sizes.load_share`` of what this library sustains when that is less (measured first, in
+    the same run, by feeding it all it takes), so the queue stays short and the probe measures
+    the wake-up and the claim under load, not a growing backlog."""
+    async with fresh_db(lib) as url:
+        await run_once(
+            lib, ["enqueue", "--install", "--db", url, "--n", "0"], workdir, f"{lib}-schema", 120
+        )
+        await analyze(url)
+        mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
+        worker = await start_worker(lib, url, conc, "probe", mark, workdir)
+        feed = await Proc.start(lib, ["load", "--db", url], workdir, f"{lib}-load", stdin=True)
+        async with running(worker), running(feed, grace=5.0):
+            conn = await asyncpg.connect(url, timeout=10)
+            fed: dict[str, float] = {"jobs": 0, "skipped": 0, "rate": Sizes.load_rate}
+            stop = asyncio.Event()
+            feeding = asyncio.create_task(_feed(feed, conn, lib, fed, stop))
+            try:
+                # Calibration: fed up to the rate (the cap holds the backlog), its rate read
+                # over the last part, once the worker has ramped up.
+                await asyncio.sleep(Sizes.load_ramp)
+                sustained = await _rate(url, lib, Sizes.load_calibrate)
+                fed["rate"] = min(Sizes.load_rate, Sizes.load_share * sustained)
+                # Settle: the calibration's backlog drains; while the queue still reaches the
+                # cap (the probe client and the feed take CPU the calibration did not have on
+                # a small machine), feed less, by load_share again, a few times at most.
+                for _ in range(Sizes.load_settle_tries):
+                    skipped = fed["skipped"]
+                    await asyncio.sleep(Sizes.load_settle)
+                    if fed["skipped"] == skipped:
+                        break
+                    fed["rate"] *= Sizes.load_share
+                before, fed_before, t0 = await _done_count(url, lib), fed["jobs"], time.monotonic()
+                skipped_before = fed["skipped"]
+                n, gap = Sizes.probe_jobs, Sizes.probe_gap
+                args = ["latency", "--db", url, "--n", str(n), "--gap", str(gap)]
+                answer = await run_once(lib, args, workdir, f"{lib}-probe", 120)
+                await wait_for(lambda: len(read_marks(mark)) >= n, 10)
+                after, fed_after, t1 = await _done_count(url, lib), fed["jobs"], time.monotonic()
+                waiting = await conn.fetchval(READY_SQL[lib])
+            finally:
+                stop.set()
+                await feeding
+                await conn.close()
+        started = {int(i): float(t) for i, t in (line.split() for line in read_marks(mark))}
+        missing = [i for i in range(n) if i not in started]
+        if missing:
+            raise BenchError(f"{lib}: {len(missing)} of {n} probe jobs never started")
+        called, returned = answer["called"], answer["returned"]
+        from_call = sorted((started[i] - called[i]) * 1000 for i in range(n))
+        call = sorted((returned[i] - called[i]) * 1000 for i in range(n))
+        return {
+            "sustained_jps": sustained,  # calibration: fed all it takes
+            "target_jps": fed["rate"],
+            "load_jps": (after - before) / (t1 - t0),  # processed while probed, probes included
+            "fed_jps": (fed_after - fed_before) / (t1 - t0),
+            "skipped_ticks": fed["skipped"] - skipped_before,  # while probed: over the cap
+            "waiting_after": waiting,
+            "probe_p50_ms": _quantile(from_call, 0.50),
+            "probe_p99_ms": _quantile(from_call, 0.99),
+            "probe_call_p50_ms": _quantile(call, 0.50),
+        }
+
+
+async def _done_count(url: str, lib: str) -> int:
+    return int((await _done_of(url, lib)())[0])
+
+
+async def _rate(url: str, lib: str, seconds: float) -> float:
+    """Jobs completed per second over the next ``seconds``."""
+    before, t0 = await _done_count(url, lib), time.monotonic()
+    await asyncio.sleep(seconds)
+    return (await _done_count(url, lib) - before) / (time.monotonic() - t0)
+
+
+async def _feed(
+    feed: Proc, conn: asyncpg.Connection, lib: str, fed: dict[str, float], stop: asyncio.Event
+) -> None:
+    """Every ``Sizes.load_tick`` s, order what ``fed["rate"]`` owes (fractions carried over)
+    unless more than ``Sizes.load_cap`` jobs wait; what a skipped tick owed is dropped, and a
+    late tick is not made up for: the rate is what the feed reached, said beside it."""
+    assert feed.proc.stdin is not None
+    tick = Sizes.load_tick
+    due, owed = time.monotonic(), 0.0
+    try:
+        while not stop.is_set():
+            due = max(due + tick, time.monotonic())
+            owed += fed["rate"] * tick
+            batch = int(owed)
+            if batch and await conn.fetchval(READY_SQL[lib]) > Sizes.load_cap:
+                fed["skipped"] += 1
+                owed = 0.0
+            elif batch:
+                feed.proc.stdin.write(f"{batch}\n".encode())
+                await feed.proc.stdin.drain()
+                if await feed.line(30) != "ok":
+                    raise BenchError(f"{lib} load feed did not say ok{feed.tail()}")
+                fed["jobs"] += batch
+                owed -= batch
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+    finally:
+        feed.proc.stdin.close()
 
 
 async def latency(lib: str, conc: int, workdir: Path) -> Result:
@@ -490,7 +724,18 @@ WORKLOADS: dict[str, Callable[[str, int, Path], Awaitable[Result]]] = {
     "drain": drain,
     "rescue": rescue,
     "sqlite": sqlite_throughput,
+    "load": under_load,
+    "retries": retries,
+    "steps": steps,
+    "memory": memory,
 }
+# Workloads the peers cannot run: jobs_trio alone.
+ALONE = ("sqlite", "steps")
+# Run once in `all` (bounded waits and states, or a size, not rates: one repetition fits).
+ONCE = ("drain", "rescue", "memory")
+# What `all` runs, in this order (also the table's), sqlite last. The deep queue is not here:
+# its 1,000,000-deep cells alone take ~5 minutes; `python bench/deep_queue.py` runs it.
+ALL = ("throughput", "latency", "load", "retries", "steps", "memory", "cold", "drain", "rescue")
 
 
 def cells(workload: str, concurrencies: list[int]) -> list[tuple[str, int]]:
@@ -500,6 +745,14 @@ def cells(workload: str, concurrencies: list[int]) -> list[tuple[str, int]]:
         return [("sqlite", 10)]
     if workload == "cold":
         return [("cold", Sizes.cold_concurrency)]
+    if workload == "load":
+        return [("load", Sizes.load_concurrency)]
+    if workload == "retries":
+        return [("retries", Sizes.retry_concurrency)]
+    if workload == "steps":
+        return [("steps", Sizes.steps_concurrency)]
+    if workload == "memory":
+        return [("memory", Sizes.rss_concurrency)]
     return [(workload, 10)]
 
 
@@ -529,6 +782,29 @@ METRICS = {
         ("rerun_s", "2nd worker ready→job runs, s", False),
     ],
     "rescue": [("rescue_s", "SIGKILL→job runs on 2nd worker, s", False)],
+    "load": [
+        ("sustained_jps", "sustained when fed all it takes, jobs/s", True),
+        ("target_jps", "load fed while probed (see How), jobs/s", True),
+        ("load_jps", "load reached while probed, jobs/s processed", True),
+        ("probe_p50_ms", "probe call's start→start p50, ms", False),
+        ("probe_p99_ms", "probe call's start→start p99, ms", False),
+        ("probe_call_p50_ms", "probe enqueue call p50, ms", False),
+        ("waiting_after", "jobs waiting at the probes' end (cap 200: at it, saturated)", False),
+    ],
+    "retries": [
+        ("process_jps", "jobs/s to completed (10% retried once)", True),
+        ("attempts", "attempts run (handler starts)", False),
+    ],
+    "steps": [
+        ("process_jps", "jobs/s (10 durable steps each)", True),
+        ("steps_ps", "steps/s", True),
+        ("step_us", "wall µs per step at this concurrency", False),
+    ],
+    "memory": [
+        ("ready_mib", "worker RSS when ready, MiB", False),
+        ("working_mib", "worker RSS working, largest sample, MiB", False),
+        ("peak_mib", "worker peak RSS (VmHWM), MiB", False),
+    ],
 }
 BOUNDS = {
     "exit_s": Sizes.drain_exit_bound,
@@ -576,6 +852,13 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
             label = f"SQLite c={conc}"
         if workload == "cold":
             label = f"cold planner c={conc}"
+        if workload in ("load", "retries", "steps", "memory"):
+            label = {
+                "load": "latency under load",
+                "retries": "retries",
+                "steps": "durable steps",
+                "memory": f"memory, {Sizes.rss_jobs:,} queued",
+            }[workload] + f" c={conc}"
         for key, metric, _ in METRICS[workload]:
             meds: dict[str, float | None] = {}
             row = [label, metric]
@@ -587,7 +870,9 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
                     meds[lib], text = None, "n/a (job completed during the drain)"
                 else:
                     meds[lib], text = summarise([r.get(key) for r in ok], key)
-                if key == "process_jps" and any(r.get("processed", 0) < Sizes.jobs for r in runs):
+                if key == "process_jps" and any(
+                    r.get("processed", 0) < r.get("jobs", Sizes.jobs) for r in runs
+                ):
                     text += " ‡"
                 errors = sum(1 for r in runs if "error" in r)
                 row.append(text + (f" ({errors} failed)" if errors else "") if runs else "—")
@@ -596,11 +881,14 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
                     a, b = meds.get("jobs_trio"), meds.get(peer)
                     row.append(_ratio(a, b))
             lines.append("| " + " | ".join(row) + " |")
-    if any(r.get("processed", Sizes.jobs) < Sizes.jobs for runs in results.values() for r in runs):
+    if any(
+        r.get("processed", 0) < r["jobs"] for runs in results.values() for r in runs if "jobs" in r
+    ):
         lines.append("")
         lines.append(
-            f"‡ did not finish the {Sizes.jobs:,} jobs within the {Sizes.window:.0f} s window: the"
-            " rate is over the jobs completed in the window, on the same deep queue."
+            f"‡ did not finish its batch ({Sizes.jobs:,} jobs; durable steps {Sizes.steps_jobs:,})"
+            f" within the {Sizes.window:.0f} s window: the rate is over the jobs completed in the"
+            " window, on the same deep queue."
         )
     lines.append("")
     lines.append("Load average (1 min, `os.getloadavg`) at the start of each run, min–max:")
@@ -633,7 +921,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def _cell_order(cell: tuple[str, int]) -> tuple[int, int]:
-    order = ["throughput", "latency", "cold", "drain", "rescue", "sqlite"]
+    order = [*ALL, "sqlite"]
     return order.index(cell[0]), cell[1]
 
 
@@ -691,20 +979,16 @@ def _workdir() -> Iterator[Path]:
 
 async def run(args: argparse.Namespace) -> dict[tuple[str, int, str], list[Result]]:
     await drop_leftovers()
-    workloads = (
-        ["throughput", "latency", "cold", "drain", "rescue", "sqlite"]
-        if args.workload == "all"
-        else [args.workload]
-    )
+    workloads = [*ALL, "sqlite"] if args.workload == "all" else [args.workload]
     plan = [cell for w in workloads for cell in cells(w, args.concurrency)]
     results: dict[tuple[str, int, str], list[Result]] = defaultdict(list)
     began = time.monotonic()
     with _workdir() as workdir:
         for rep in range(1, args.reps + 1):
             for workload, conc in plan:
-                if workload in ("drain", "rescue") and rep > Sizes.event_reps:
+                if workload in ONCE and rep > Sizes.event_reps:
                     continue
-                libs = ["jobs_trio"] if workload == "sqlite" else args.lib
+                libs = ["jobs_trio"] if workload in ALONE else args.lib
                 for lib in libs:  # A B C, A B C, ...: drift in the machine hits all alike
                     t0 = time.monotonic()
                     load1 = os.getloadavg()[0]  # the machine is shared: every figure beside it
@@ -765,12 +1049,16 @@ def main(argv: list[str] | None = None) -> int:
         "--reps", type=int, help="repetitions (default 2 for all, else 1; drain and rescue: 1)"
     )
     parser.add_argument("--jobs", type=int, default=Sizes.jobs, help="throughput batch size")
+    parser.add_argument(
+        "--rss-jobs", type=int, default=Sizes.rss_jobs, help="memory: jobs queued (issue: 200000)"
+    )
     parser.add_argument("--results", type=Path, help="write the table here (all: bench/RESULTS.md)")
     args = parser.parse_args(argv)
     args.lib = args.lib or list(LIBS)
     args.concurrency = args.concurrency or [1, 10, 50]
     args.reps = args.reps or (2 if args.workload == "all" else 1)
     Sizes.jobs = args.jobs
+    Sizes.rss_jobs = args.rss_jobs
     if args.workload == "all" and args.results is None:
         args.results = HERE / "RESULTS.md"
     command = "python bench/run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))

@@ -10,6 +10,7 @@ import pytest
 from jobs_trio import Backoff, JobsError, Registry, ResultNotStorable
 from jobs_trio.attempt import _result_json, describe, run_attempt
 from jobs_trio.boundary import INT4_MAX, MAX_ERROR_CHARS, MAX_SECONDS, storable_text
+from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import InvalidArgument
 from jobs_trio.records import Claim, JobState, NewJob, Retry, new_job_id
 from jobs_trio.run_scope import RunScope
@@ -181,7 +182,15 @@ async def test_a_retry_forever_job_at_attempt_100_000_is_retried_after_the_cap()
 
     claim = Claim(new_job_id(), "tok", "forever", "default", "null", 100_000, INT4_MAX, 0.0)
     threads = ThreadSlots(1, lambda: None)
-    outcome = await run_attempt(claim, forever, RunScope(claim, None), None, "w", threads)
+    outcome = await run_attempt(
+        claim,
+        forever,
+        RunScope(claim, None),
+        registry=registry,
+        driver=MemoryDriver(),
+        worker_id="w",
+        threads=threads,
+    )
     assert outcome.kind == "retried"
     assert isinstance(outcome.settlement, Retry) and outcome.settlement.delay == 600
 

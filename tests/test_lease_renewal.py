@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,5 +83,37 @@ async def test_two_runs_of_one_job_settled_together_are_told_apart(
         stale = settler.hand_in(Complete(old.lease, '"old"'))
         current = settler.hand_in(Complete(new.lease, '"new"'))
         assert (await settler.confirmed(stale), await settler.confirmed(current)) == (False, True)
-        settler.close()
+        settler.stop_intake()
     assert (await record(driver, answer.job_id)).result == '"new"'
+
+
+async def test_an_idle_worker_renews_nothing_and_does_not_wake_to_try(
+    autojump_clock: object,
+) -> None:
+    """With no run held, the renewal loop sleeps until one is: an idle worker's only wake-ups
+    are its claim loop's (hourly here), not one every renew interval."""
+    registry = Registry()
+
+    @registry.job("quick")
+    async def quick(ctx: object, payload: object) -> str:
+        return "done"
+
+    steps: Counter[str] = Counter()
+
+    class CountSteps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            steps[task.name.rsplit(".", 1)[-1]] += 1
+
+    driver = MemoryDriver(clock=trio.current_time)
+    w = worker(driver, registry, lease=3.0, safety_poll=3600.0, retention=None)
+    trio.lowlevel.add_instrument(CountSteps())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(24 * 3600)
+        idle = steps["renew_leases"]
+        job_id = await quick.enqueue(driver)  # a run held: the loop wakes and renews again
+        await trio.sleep(10)
+        await w.stop()
+    assert idle <= 2, f"an idle day woke the renewal loop {idle} times (every 1 s before)"
+    assert steps["renew_leases"] > idle
+    assert (await record(driver, job_id)).state is JobState.COMPLETED

@@ -35,7 +35,7 @@ class RecordingHook:
     def bind(self, deadline: float) -> None:
         self.budget.bind(deadline)
 
-    async def close(self) -> Sequence[str]:
+    async def aclose(self) -> Sequence[str]:
         self.log.append(f"{self.name}.close")
         with self.budget.scope:
             await trio.sleep(self.close_for)
@@ -141,7 +141,7 @@ async def test_a_real_sigterm_reaches_the_lifecycle() -> None:
         def bind(self, deadline: float) -> None:
             pass
 
-        async def close(self) -> Sequence[str]:
+        async def aclose(self) -> Sequence[str]:
             return ()
 
     with trio.fail_after(10):

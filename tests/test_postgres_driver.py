@@ -14,7 +14,7 @@ import trio
 
 from jobs_trio.errors import ConfigError, DriverError, SchemaVersionError
 from jobs_trio.records import Complete, JobState
-from jobs_trio.testing.conformance.helpers import new_job
+from jobs_trio.testing.conformance.helpers import a_waiting_worker, new_job
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres
@@ -84,42 +84,23 @@ async def open_admin(url: str, *, drop: str | None = None) -> AsyncIterator[Admi
                 await trio_asyncio.aio_as_trio(conn.close, loop=loop)()
 
 
+@contextlib.asynccontextmanager
+async def driver_and_admin(url: str, pg_schema: str) -> AsyncIterator[tuple[PostgresDriver, Admin]]:
+    """A driver on a schema of its own (dropped after) and an admin connection beside it."""
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+        yield driver, admin
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10.0) -> None:
     """Poll a server-side effect until it holds, failing after ``within`` seconds."""
     with trio.fail_after(within):
         while not await check():
             await trio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def a_waiting_worker(
-    driver: PostgresDriver, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[trio.Event]:
-    """A task inside ``wait_for_work(["default"], timeout=60)`` and past its look for due work,
-    so only a notification can end its wait; the block must bring one within 20 s. Yields the
-    event the task sets when it returns."""
-    looked = trio.Event()
-    original = driver._next_due_in
-
-    async def next_due_in(queues: Any) -> float:
-        try:
-            return await original(queues)
-        finally:
-            looked.set()
-
-    monkeypatch.setattr(driver, "_next_due_in", next_due_in)
-    woke = trio.Event()
-
-    async def waiter() -> None:
-        await driver.wait_for_work(["default"], timeout=60)
-        woke.set()
-
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await looked.wait()
-            yield woke
-            await woke.wait()
 
 
 # --- migrations and schema checks ---
@@ -241,9 +222,7 @@ async def claim_and_complete_one(driver: PostgresDriver) -> None:
 # --- transactional enqueue ---
 
 
-async def test_enqueue_on_the_applications_transaction(
-    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_enqueue_on_the_applications_transaction(url: str, pg_schema: str) -> None:
     async with (
         trio_asyncio.open_loop() as loop,
         open_postgres_driver(
@@ -263,7 +242,7 @@ async def test_enqueue_on_the_applications_transaction(
         assert await driver.claim(["default"], 10, lease=30, worker_id="w") == []
 
         # Committed: visible, and a worker already waiting hears of it through NOTIFY.
-        async with a_waiting_worker(driver, monkeypatch) as woke:
+        async with a_waiting_worker(driver) as woke:
             await app.execute("BEGIN")
             [kept] = await driver.enqueue([new_job(key="order-1")], connection=app.conn)
             await driver.send_event("paid", "{}", key="order-1", connection=app.conn)
@@ -459,16 +438,12 @@ async def test_killed_pool_connections_fail_one_operation_and_lose_nothing(
 
 
 async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
-    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobs_trio")
-    async with (
-        open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
-        ) as driver,
-        open_admin(url) as admin,
-    ):
+    async with driver_and_admin(url, pg_schema) as (driver, admin):
         listen_name = driver.bridge.application_name + ":listen"
+        await driver.wait_for_work(["default"], timeout=0)  # the first wait LISTENs
         assert driver.listening
         [old] = await admin.kill(listen_name)
 
@@ -482,8 +457,58 @@ async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
         )
 
         # The new LISTEN works: a waiter past its look for due work wakes on an enqueue.
-        async with a_waiting_worker(driver, monkeypatch):
+        async with a_waiting_worker(driver):
             await driver.enqueue([new_job()])
+
+
+async def _last_statement(admin: Admin, application_name: str) -> str:
+    """What the named backend last ran ('' for none): LISTEN shows here, from outside."""
+    query: str = await admin.fetchval(
+        "SELECT coalesce(max(query), '') FROM pg_stat_activity WHERE application_name = $1",
+        application_name,
+    )
+    return query
+
+
+async def test_an_enqueue_only_driver_connects_for_listen_but_never_listens(
+    url: str, pg_schema: str
+) -> None:
+    # Its own NOTIFY would come back to it on every enqueue, a second read per call for
+    # nothing: nothing in this process waits for work.
+    async with driver_and_admin(url, pg_schema) as (driver, admin):
+        listen_name = driver.bridge.application_name + ":listen"
+        await driver.enqueue([new_job() for _ in range(3)])
+        await driver.enqueue([new_job()])
+        assert not driver.listening
+        # The connection is there from the open (an unreachable LISTEN target fails the open),
+        # and has run nothing.
+        assert len(await admin.backends(listen_name)) == 1
+        assert await _last_statement(admin, listen_name) == ""
+
+
+async def test_the_first_wait_for_work_listens_before_it_looks(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # LISTEN, then look, then wait: a job enqueued just after the look (before the wait
+    # begins) must still wake the waiter. Looking before LISTENing would miss it.
+    async with driver_and_admin(url, pg_schema) as (driver, admin):
+        listen_name = driver.bridge.application_name + ":listen"
+        assert not driver.listening
+        original = driver._next_due_in
+        listening_at_the_look: list[bool] = []
+
+        async def look_then_enqueue(queues: Any) -> float:
+            due_in = await original(queues)
+            listening_at_the_look.append(driver.listening)
+            await driver.enqueue([new_job()])  # after the look: only its NOTIFY can wake us
+            return due_in
+
+        monkeypatch.setattr(driver, "_next_due_in", look_then_enqueue)
+        with trio.fail_after(20):  # the wait's own timeout (60 s) would mean a missed wake-up
+            await driver.wait_for_work(["default"], timeout=60)
+        assert listening_at_the_look == [True]
+        assert driver.listening
+        assert (await _last_statement(admin, listen_name)).startswith("LISTEN")
 
 
 async def test_wait_for_work_falls_back_to_its_timeout_without_a_listener(

@@ -109,7 +109,7 @@ async def test_a_settlement_refused_in_every_form_is_reported_not_retried_foreve
     async with trio.open_nursery() as nursery:
         await nursery.start(settler.run)
         applied = await settler.settle(Complete(claim.lease, "1"))
-        settler.close()
+        settler.stop_intake()
     assert applied is False
     # The result, its dead-letter, the plain-ASCII dead-letter: three tries, then given up.
     assert driver.settle_calls == [1, 1, 1]

@@ -21,7 +21,7 @@ from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import ValueRefused
 from jobs_trio.lifecycle import Lifecycle
 from jobs_trio.records import Complete, JobState, Retry
-from jobs_trio.run_scope import DRAINING, RunScope
+from jobs_trio.run_scope import CancelReason, RunScope
 
 from .guest_trio import GuestTrio
 from .worker_helpers import fresh_metrics
@@ -193,10 +193,10 @@ class ShutdownMachine(RuleBasedStateMachine):
         worker_module.run_attempt = self._recording_run_attempt
 
     async def _recording_run_attempt(
-        self, claim: Any, definition: Any, run: RunScope, ctx: Any, worker_id: str, threads: Any
+        self, claim: Any, definition: Any, run: RunScope, **options: Any
     ) -> Outcome:
         generation, started = self.generation, trio.current_time()
-        outcome = await self._real_run_attempt(claim, definition, run, ctx, worker_id, threads)
+        outcome = await self._real_run_attempt(claim, definition, run, **options)
         # The drain of the run's own generation: a run the budget gave up on can end after
         # the worker was started again.
         drained_at = self.drained_at_of.get(generation)
@@ -401,7 +401,7 @@ class ShutdownMachine(RuleBasedStateMachine):
     def the_first_reason_wins(self) -> None:  # 4
         for outcome, run, _, drained_at, _started in self.verdicts:
             deadline = run.cancel_scope.deadline
-            if run.reason == DRAINING:
+            if run.reason is CancelReason.DRAINING:
                 assert drained_at is not None
                 assert deadline > drained_at, (
                     f"{outcome.name} {outcome.job_id}: its deadline {deadline} passed before the "
@@ -432,7 +432,7 @@ class ShutdownMachine(RuleBasedStateMachine):
                 assert isinstance(outcome.settlement, Retry)
                 assert not outcome.settlement.counts_as_attempt
                 assert outcome.settlement.delay == 0
-            if run.reason == DRAINING and outcome.kind != "interrupted":
+            if run.reason is CancelReason.DRAINING and outcome.kind != "interrupted":
                 # Drained, yet not interrupted: it returned, or the budget abandoned it.
                 assert outcome.kind in ("completed", "abandoned"), outcome
                 assert outcome.kind == "completed" or run.abandoned, outcome

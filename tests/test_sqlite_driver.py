@@ -13,7 +13,8 @@ import trio
 import trio.testing
 
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.sqlite import SCHEMA_VERSION, SqliteDriver, open_sqlite_driver
+from jobs_trio.drivers.sqlite import SqliteDriver, open_sqlite_driver
+from jobs_trio.drivers.sqlite_migrate import SCHEMA_VERSION
 from jobs_trio.errors import ConfigError, DriverError, JobsError, SchemaVersionError
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import Complete, JobState
@@ -212,7 +213,7 @@ async def test_a_cancel_that_lands_between_statements_still_rolls_back(tmp_path:
 async def test_a_cancel_before_the_thread_starts_runs_nothing(tmp_path: Path) -> None:
     async with open_sqlite_driver(url_of(tmp_path / "jobs.db")) as driver:
         # Take the driver's one thread token, so the call is cancelled while it waits for it.
-        limiter = driver._threads
+        limiter = driver._door.threads
         await limiter.acquire()
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:

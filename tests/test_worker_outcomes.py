@@ -2,16 +2,18 @@
 # where the job went, and what jobs_total says.
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 import trio
 import trio.testing
 
-from jobs_trio import Registry, TerminalError
+from jobs_trio import OutcomeKind, Registry, TerminalError, WorkerState
 from jobs_trio.backoff import Backoff
 from jobs_trio.errors import AttemptCancelled
 from jobs_trio.records import JobState
+from jobs_trio.run_scope import CancelReason
 
 from .worker_helpers import counted, record, trio_driver, worker
 
@@ -301,3 +303,31 @@ async def test_a_sync_body_that_never_stops_is_abandoned_at_the_cancel(
         assert outcome.kind == "retried"
     finally:
         release.set()
+
+
+def test_outcomes_states_and_cancel_reasons_keep_the_words_they_had_as_strings() -> None:
+    """They are enums now, and every reader outside the code sees the same words as before: the
+    ``jobs.attempt.<kind>`` log lines, ``stats()`` and its JSON, Trio's cancel reasons."""
+    assert [k.value for k in OutcomeKind] == [
+        "completed",
+        "suspended",
+        "retried",
+        "dead-lettered",
+        "interrupted",
+        "lost",
+        "abandoned",
+        "cancelled",
+        "parked",
+    ]
+    assert [s.value for s in WorkerState] == ["idle", "running", "draining", "stopped"]
+    assert [r.value for r in CancelReason] == [
+        "timeout",
+        "lease-lost",
+        "draining",
+        "cancelled",
+        "slot-lost",
+    ]
+    assert f"jobs.attempt.{OutcomeKind.DEAD_LETTERED}" == "jobs.attempt.dead-lettered"
+    assert json.dumps({OutcomeKind.LOST: 1, "state": WorkerState.IDLE}) == (
+        '{"lost": 1, "state": "idle"}'
+    )

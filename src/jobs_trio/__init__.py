@@ -2,6 +2,7 @@
 # The public surface; everything else is reachable from its own module.
 from __future__ import annotations
 
+from .attempt import OutcomeKind
 from .backoff import Backoff
 from .context import JobContext
 from .current_transaction import Transaction, current_transaction, transaction
@@ -35,7 +36,7 @@ from .records import JobRecord, JobState
 from .registry import JobDefinition, Registry
 from .relay import Relay, open_relay
 from .steps import EventTimedOut
-from .worker import Worker, WorkerStats, open_worker
+from .worker import Worker, WorkerState, WorkerStats, open_worker
 
 __all__ = [
     "Aborted",
@@ -58,6 +59,7 @@ __all__ = [
     "JobsError",
     "Lifecycle",
     "Outbox",
+    "OutcomeKind",
     "PayloadNotSerialisable",
     "RateLimit",
     "Registry",
@@ -71,6 +73,7 @@ __all__ = [
     "Transaction",
     "UnknownJob",
     "Worker",
+    "WorkerState",
     "WorkerStats",
     "current_transaction",
     "open_driver",

@@ -1,8 +1,10 @@
-# One claimed job run to its outcome: the body under its run scope, then the verdict.
+# One claimed job run to its outcome: parked if this deploy does not know it, else its body under
+# its run scope with a context of its own, then the verdict.
 # Apart because "what did this attempt end as" is answered here and nowhere else.
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import traceback
@@ -12,6 +14,8 @@ import attrs
 import trio
 
 from .boundary import dump_json, storable_text
+from .context import JobContext
+from .driver import Driver
 from .errors import AttemptCancelled, JobsError, ResultNotStorable
 from .logs import log_event
 from .operator_transitions import OPERATOR_CANCEL_ERROR
@@ -25,39 +29,33 @@ from .records import (
     Settlement,
     Suspend,
 )
-from .registry import JobDefinition
-from .run_scope import CANCELLED, DRAINING, LEASE_LOST, SLOT_LOST, TIMEOUT, RunScope
-from .steps import Suspension
+from .registry import JobDefinition, Registry
+from .run_scope import CancelReason, RunScope
+from .steps import Steps, Suspension
 from .thread_slots import ThreadSlots
 
-# Outcome names, as DESIGN's table and WorkerStats spell them.
-COMPLETED = "completed"
-SUSPENDED = "suspended"
-RETRIED = "retried"
-DEAD_LETTERED = "dead-lettered"
-INTERRUPTED = "interrupted"
-LOST = "lost"
-ABANDONED = "abandoned"  # the teardown's budget ran out on it: nothing written, its lease lapses
-CANCELLED_OUTCOME = "cancelled"
-PARKED = "parked"
-OUTCOMES = (
-    COMPLETED,
-    SUSPENDED,
-    RETRIED,
-    DEAD_LETTERED,
-    INTERRUPTED,
-    LOST,
-    ABANDONED,
-    CANCELLED_OUTCOME,
-    PARKED,
-)
+
+class OutcomeKind(enum.StrEnum):
+    """What an attempt ended as, as DESIGN's table, WorkerStats, the metrics and the
+    ``jobs.attempt.<kind>`` log lines spell it."""
+
+    COMPLETED = "completed"
+    SUSPENDED = "suspended"
+    RETRIED = "retried"
+    DEAD_LETTERED = "dead-lettered"
+    INTERRUPTED = "interrupted"
+    LOST = "lost"
+    # The teardown's budget ran out on it: nothing written, its lease lapses.
+    ABANDONED = "abandoned"
+    CANCELLED = "cancelled"  # by an operator
+    PARKED = "parked"  # its name is not in this deploy's registry
 
 
 @attrs.frozen
 class Outcome:
     job_id: str
     name: str
-    kind: str
+    kind: OutcomeKind
     settlement: Settlement | None  # None: nothing to write (lost)
     error: str | None = None
     seconds: float = 0.0
@@ -83,26 +81,25 @@ def describe(error: BaseException) -> str:
     return storable_text(text)
 
 
-def parked(claim: Claim, known: list[str]) -> Outcome:
-    reason = (
-        f"no job named {claim.name!r} in this deploy's registry (known: {', '.join(known)}); "
-        "parked, not failed: retry it once a deploy that declares it is running"
-    )
-    return Outcome(claim.job_id, claim.name, PARKED, Park(claim.lease, reason=reason), reason)
-
-
 async def run_attempt(
     claim: Claim,
-    definition: JobDefinition,
+    definition: JobDefinition | None,
     run: RunScope,
-    ctx: Any,
+    *,
+    registry: Registry,
+    driver: Driver,
     worker_id: str,
     threads: ThreadSlots,
 ) -> Outcome:
-    """Run the body under ``run``'s cancel scope, then judge it: a body that RETURNED completed,
-    whatever was asked of its scope meanwhile; one that UNWOUND is judged by the scope's first
-    cancel reason, never by what it raised (a body cut short by a drain may surface any error
-    at all, and it is still interrupted)."""
+    """The verdict on one claim. Parked when this deploy's ``registry`` declares no job of its
+    name (``definition`` None); else its body runs with a context of its own under ``run``'s
+    cancel scope, and is judged: a body that RETURNED completed, whatever was asked of its scope
+    meanwhile; one that UNWOUND is judged by the scope's first cancel reason, never by what it
+    raised (a body cut short by a drain may surface any error at all, and it is still
+    interrupted)."""
+    if definition is None:
+        return _parked(claim, sorted(d.name for d in registry))
+    ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
     started = trio.current_time()
     ended = _Ended()
     try:
@@ -142,6 +139,15 @@ async def run_attempt(
     return _verdict(claim, definition, run, ended, seconds)
 
 
+def _parked(claim: Claim, known: list[str]) -> Outcome:
+    reason = (
+        f"no job named {claim.name!r} in this deploy's registry (known: {', '.join(known)}); "
+        "parked, not failed: retry it once a deploy that declares it is running"
+    )
+    park = Park(claim.lease, reason=reason)
+    return Outcome(claim.job_id, claim.name, OutcomeKind.PARKED, park, reason)
+
+
 def _in_trio_run() -> bool:
     try:
         trio.lowlevel.current_task()
@@ -161,7 +167,7 @@ class _Ended:
     suspension: Suspension | None = None
 
 
-def _call_in_thread(definition: JobDefinition, ctx: Any, payload: Any) -> Any:
+def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) -> Any:
     result = definition.fn(ctx, payload)
     try:
         trio.from_thread.check_cancelled()
@@ -177,11 +183,15 @@ def _verdict(
     claim: Claim, definition: JobDefinition, run: RunScope, ended: _Ended, seconds: float
 ) -> Outcome:
     lease = claim.lease
+
+    def ended_as(kind: OutcomeKind, settlement: Settlement | None, why: str | None) -> Outcome:
+        return Outcome(claim.job_id, claim.name, kind, settlement, why, seconds)
+
     if run.abandoned:
         # The teardown's budget ran out on it: nothing is written, its lease lapses and it runs
         # again elsewhere (at-least-once). Never handed back while it may still be running.
         why = "abandoned at the teardown's budget"
-        return Outcome(claim.job_id, claim.name, ABANDONED, None, why, seconds)
+        return ended_as(OutcomeKind.ABANDONED, None, why)
     error = ended.error
     if ended.returned:
         # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
@@ -191,31 +201,27 @@ def _verdict(
         except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
             error = exc
         else:
-            return Outcome(
-                claim.job_id, claim.name, COMPLETED, Complete(lease, text), None, seconds
-            )
+            return ended_as(OutcomeKind.COMPLETED, Complete(lease, text), None)
     else:
         reason = run.reason
         # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
         # uncounted and ready at once (it waits there for a slot like any other).
-        if reason in (DRAINING, SLOT_LOST):
+        if reason in (CancelReason.DRAINING, CancelReason.SLOT_LOST):
             why = _safe_text(run.cause)
             if error is not None and not isinstance(error, AttemptCancelled):
                 why += f" (body stopped with {_safe_text(error)})"
             retry = Retry(lease, delay=0.0, error=why, counts_as_attempt=False)
-            return Outcome(claim.job_id, claim.name, INTERRUPTED, retry, why, seconds)
-        if reason == LEASE_LOST:
-            return Outcome(claim.job_id, claim.name, LOST, None, "lease lost", seconds)
-        if reason == CANCELLED:
+            return ended_as(OutcomeKind.INTERRUPTED, retry, why)
+        if reason is CancelReason.LEASE_LOST:
+            return ended_as(OutcomeKind.LOST, None, "lease lost")
+        if reason is CancelReason.OPERATOR:
             why = OPERATOR_CANCEL_ERROR
-            return Outcome(
-                claim.job_id, claim.name, CANCELLED_OUTCOME, CancelJob(lease, why), why, seconds
-            )
-        if reason == TIMEOUT:
+            return ended_as(OutcomeKind.CANCELLED, CancelJob(lease, why), why)
+        if reason is CancelReason.TIMEOUT:
             error = run.cause
         elif ended.suspension is not None:
             settle = Suspend(lease, delay=ended.suspension.delay, event=ended.suspension.event)
-            return Outcome(claim.job_id, claim.name, SUSPENDED, settle, None, seconds)
+            return ended_as(OutcomeKind.SUSPENDED, settle, None)
     if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
         error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")
     why = _safe_text(error)
@@ -230,11 +236,9 @@ def _verdict(
             traceback=_traceback_tail(error),
         )
     if _is_terminal(definition, error) or claim.attempt >= claim.max_attempts:
-        return Outcome(
-            claim.job_id, claim.name, DEAD_LETTERED, DeadLetter(lease, why), why, seconds
-        )
+        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why), why)
     delay = definition.backoff.delay(claim.attempt)
-    return Outcome(claim.job_id, claim.name, RETRIED, Retry(lease, delay, why), why, seconds)
+    return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why), why)
 
 
 def _safe_text(error: BaseException | None) -> str:

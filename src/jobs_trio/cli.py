@@ -24,7 +24,7 @@ from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
 from .lifecycle import open_lifecycle
-from .open_driver import open_driver
+from .open_driver import DriverKind, driver_kind, migrate_database, open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
 from .redaction import redact_url
@@ -321,7 +321,7 @@ def database_url(args: argparse.Namespace, *, one_shot: bool = True) -> str:
             "no database URL was given",
             fix=f"pass --db URL or set {ENV_DB} (e.g. --db sqlite:///jobs.db)",
         )
-    if one_shot and url.startswith("memory://"):
+    if one_shot and driver_kind(url) is DriverKind.MEMORY:
         raise ConfigError(
             f"memory:// lasts only as long as the process, and `jobs-trio {args.command}`"
             " ends when it is done: nothing it wrote or read would outlive it",
@@ -338,22 +338,19 @@ def driver_options(
     refuses to create a missing file and ``read_only`` also opens it without migrating or
     writing it (PostgreSQL creates nothing on open, and migrates only when asked)."""
     options: dict[str, Any] = {}
-    if _is_sqlite(url):
+    kind = driver_kind(url)
+    if kind is DriverKind.SQLITE:
         options = {"create": not existing, "read_only": read_only}
     schema: str | None = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
     if schema is None:
         return options
-    if not url.startswith(("postgresql://", "postgres://")):
+    if kind is not DriverKind.POSTGRES:
         raise ConfigError(
             f"--schema {schema!r} was given for {url.split(':', 1)[0]}: "
             "only PostgreSQL has schemas",
             fix=f"drop --schema (and unset {ENV_SCHEMA}) for this database",
         )
     return {**options, "schema": schema}
-
-
-def _is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite:")
 
 
 def _print_json(value: object) -> None:
@@ -412,7 +409,7 @@ def _enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _write_one(url: str, options: dict[str, str], job: NewJob) -> Enqueued:
+async def _write_one(url: str, options: dict[str, Any], job: NewJob) -> Enqueued:
     async with open_driver(url, **options) as driver:
         [answer] = await driver.enqueue([job])
         return answer
@@ -554,22 +551,19 @@ def _migrate(args: argparse.Namespace) -> int:
     url = database_url(args)
 
     async def migrate() -> None:
-        if url.startswith(("postgresql://", "postgres://")):
-            from .drivers.postgres import migrate
-
-            schema = driver_options(args, url).get("schema", "jobs_trio")
-            applied = await migrate(url, schema=schema)
-            done = ", ".join(map(str, applied))
-            print(f"schema {schema!r}: " + (f"applied {done}" if applied else "up to date"))
+        schema = driver_options(args, url).get("schema")
+        applied = await migrate_database(url, schema=schema)
+        if applied is None:
+            # Opening checked the URL and the file (a foreign or newer file is refused) and,
+            # for SQLite, created or upgraded the schema: that is all a migration would do.
+            print(
+                f"nothing to migrate on {redact_url(url)}:"
+                " its schema is created and upgraded when it is opened"
+            )
             return
-        # Opening checks the URL and the file (a foreign or newer file is refused) and, for
-        # SQLite, creates or upgrades the schema: that is all a migration would do.
-        async with open_driver(url, **driver_options(args, url)):
-            pass
-        print(
-            f"nothing to migrate on {redact_url(url)}:"
-            " its schema is created and upgraded when it is opened"
-        )
+        done = ", ".join(map(str, applied))
+        shown = schema or "jobs_trio"  # open_postgres_driver's default
+        print(f"schema {shown!r}: " + (f"applied {done}" if applied else "up to date"))
 
     trio.run(migrate)
     return 0

@@ -15,7 +15,7 @@ from .find_registry import load_registry
 from .records import TaskMark
 from .schedule import next_fire
 from .task_scheduler import fire_now
-from .tasks import TaskDefinition
+from .tasks import TaskDefinition, TaskJob
 
 Command = Callable[..., argparse.ArgumentParser]
 
@@ -76,7 +76,7 @@ async def _tasks(driver: Driver, args: argparse.Namespace) -> None:
 
 
 def _row(
-    task: TaskDefinition | None, mark: TaskMark | None, name: str, now: float
+    task: TaskDefinition[TaskJob] | None, mark: TaskMark | None, name: str, now: float
 ) -> dict[str, Any]:
     """One task as JSON: a record without a declaration is a task a deploy removed."""
     next_at: float | None = None

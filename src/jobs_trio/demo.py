@@ -20,11 +20,11 @@ from . import cli_render as render
 from .backoff import Backoff
 from .context import JobContext
 from .driver import Driver
-from .drivers.sqlite import sqlite_path
+from .drivers.sqlite_migrate import FileKind, identify, sqlite_path
 from .errors import ConfigError, JobsError
 from .lifecycle import open_lifecycle
 from .logs import logger
-from .open_driver import open_driver
+from .open_driver import DriverKind, driver_kind, open_driver
 from .records import JobId, JobRecord, JobState
 from .redaction import redact_url
 from .registry import Registry
@@ -173,9 +173,10 @@ MARKER = "jobs_trio_demo_marker"
 
 def _start_fresh(url: str, say: Callable[[str], None]) -> None:
     """Delete the previous demo file, and only one this demo made; then make a new one."""
-    if url.startswith("memory://"):
+    kind = driver_kind(url)
+    if kind is DriverKind.MEMORY:
         return
-    if not url.startswith("sqlite:"):
+    if kind is not DriverKind.SQLITE:
         raise ConfigError(
             f"the demo runs on SQLite or memory://, not on {redact_url(url)!r}",
             fix="run it as `jobs-trio demo` (./jobs-demo.db) or --db memory://",
@@ -217,38 +218,39 @@ def _mark(path: str) -> None:
 
 
 def _refuse_unless_made_here(path: str) -> None:
-    from .drivers.sqlite import APPLICATION_ID
-
     where = os.stat(path)
+    identity = identify(path)
     why = None
-    try:
-        uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-            if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
-                why = "it is not a jobs_trio database"
-            elif not conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MARKER,)
-            ).fetchone():
-                why = "the demo did not create it (it carries no demo marker)"
-            elif not conn.execute(
-                f"SELECT 1 FROM {MARKER} WHERE device = ? AND inode = ?",
-                (where.st_dev, where.st_ino),
-            ).fetchone():
-                why = "it is a copy of a demo database, not the file the demo created"
-            else:
-                # Exact names (`=` compares bytes): anything enqueued into the file since,
-                # by anyone, is kept rather than deleted with the demo's own jobs.
-                names = sorted(EXPECTED)
-                (others,) = conn.execute(
-                    f"SELECT count(*) FROM jobs WHERE name NOT IN ({', '.join('?' * len(names))})",
-                    names,
-                ).fetchone()
-                if others:
-                    why = f"it holds {others} job(s) that are not the demo's"
-    except sqlite3.Error as exc:
-        why = f"it cannot be read as SQLite ({exc})"
+    if identity.kind is FileKind.NOT_SQLITE:
+        why = f"it cannot be read as SQLite ({identity.problem})"
+    elif identity.kind is not FileKind.JOBS_TRIO:
+        why = "it is not a jobs_trio database"
+    elif MARKER not in identity.tables:
+        why = "the demo did not create it (it carries no demo marker)"
+    else:
+        try:
+            uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+                why = _not_the_demos(conn, where)
+        except sqlite3.Error as exc:
+            why = f"it cannot be read as SQLite ({exc})"
     if why is not None:
         raise _not_ours(path, why)
+
+
+def _not_the_demos(conn: sqlite3.Connection, where: os.stat_result) -> str | None:
+    """Why a jobs_trio file carrying the demo's marker is still not the demo's to delete."""
+    if not conn.execute(
+        f"SELECT 1 FROM {MARKER} WHERE device = ? AND inode = ?", (where.st_dev, where.st_ino)
+    ).fetchone():
+        return "it is a copy of a demo database, not the file the demo created"
+    # Exact names (`=` compares bytes): anything enqueued into the file since, by anyone, is
+    # kept rather than deleted with the demo's own jobs.
+    names = sorted(EXPECTED)
+    (others,) = conn.execute(
+        f"SELECT count(*) FROM jobs WHERE name NOT IN ({', '.join('?' * len(names))})", names
+    ).fetchone()
+    return f"it holds {others} job(s) that are not the demo's" if others else None
 
 
 def _not_ours(path: str, why: str) -> ConfigError:
@@ -269,7 +271,7 @@ async def run_demo(url: str = "sqlite:///jobs-demo.db", verbose: bool = False) -
     registry = demo_registry()
     with _narrating(say, verbose):
         async with open_driver(url) as driver:
-            if not url.startswith("memory://"):
+            if driver_kind(url) is DriverKind.SQLITE:
                 await trio.to_thread.run_sync(_mark, sqlite_path(url))
             ids = await _enqueue_batch(driver, registry, say)
             await _first_worker(driver, registry, ids, say)
@@ -281,7 +283,7 @@ async def run_demo(url: str = "sqlite:///jobs-demo.db", verbose: bool = False) -
     surprises = _surprises(records)
     for line in surprises or _story(records):
         print(line, file=out)
-    if not url.startswith("memory://"):  # a memory store is gone once the demo returns
+    if driver_kind(url) is not DriverKind.MEMORY:  # a memory store is gone once the demo returns
         print(
             f"\nLook closer: jobs-trio show {ids[-1]} --db {url}\n"
             f"             jobs-trio list --db {url}   |   jobs-trio stats --db {url}",

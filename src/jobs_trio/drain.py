@@ -3,9 +3,11 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import trio
+
 from .errors import JobDrained
 from .records import ClaimToken
-from .run_scope import DRAINING, RunScope
+from .run_scope import CancelReason, RunScope
 
 
 class Drain:
@@ -18,17 +20,25 @@ class Drain:
         # lost) and still be reached by a drain.
         self._held: dict[ClaimToken, RunScope] = {}
         self.cause: JobDrained | None = None  # why it was signalled: worker and signal
+        self._first_held = trio.lowlevel.ParkingLot()
 
     @property
-    def reason(self) -> str | None:
-        return None if self.cause is None else DRAINING
+    def reason(self) -> CancelReason | None:
+        return None if self.cause is None else CancelReason.DRAINING
 
     def hold(self, run: RunScope) -> None:
         self._held[run.claim.token] = run
+        self._first_held.unpark_all()
         if self.cause is not None:
             # A claim that committed after the drain was signalled (it was in flight): it must
             # not run on, and it is handed back at once.
-            run.cancel(DRAINING, self.cause)
+            run.cancel(CancelReason.DRAINING, self.cause)
+
+    async def until_a_run_is_held(self) -> None:
+        """Return once a run is held (at once if one is): an idle worker's renewal loop waits
+        here instead of waking every interval to renew nothing."""
+        while not self._held:
+            await self._first_held.park()
 
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)
@@ -41,7 +51,7 @@ class Drain:
         # nothing left of it to stop, and its verdict is already given.
         running = [run for run in self._held.values() if not run.settling]
         for run in running:
-            run.cancel(DRAINING, self.cause)
+            run.cancel(CancelReason.DRAINING, self.cause)
         return len(running)
 
     @property

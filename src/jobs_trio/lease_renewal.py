@@ -13,7 +13,7 @@ from .drain import Drain
 from .driver import Driver
 from .errors import JobsError
 from .logs import log_event
-from .run_scope import CANCELLED, LEASE_LOST, SLOT_LOST, RunScope
+from .run_scope import CancelReason, RunScope
 
 
 def lease_margin(lease: float) -> float:
@@ -37,7 +37,7 @@ def expire_lapsed(runs: Sequence[RunScope], now: float, margin: float) -> None:
                 job=run.claim.name,
                 why="no renewal reached the database before the lease ran out",
             )
-            run.cancel(LEASE_LOST)
+            run.cancel(CancelReason.LEASE_LOST)
 
 
 async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None:
@@ -62,7 +62,7 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
         if run.claim.token not in result.held:
             if run.reason is None:
                 log_event("jobs.lease.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name)
-            run.cancel(LEASE_LOST)
+            run.cancel(CancelReason.LEASE_LOST)
         else:
             # From when the renewal was SENT: the database set its lease at some moment after
             # that, so this deadline is never later than the database's.
@@ -72,9 +72,9 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
                     log_event(
                         "jobs.slot.lost", logging.WARNING, job_id=run.job_id, job=run.claim.name
                     )
-                run.cancel(SLOT_LOST)
+                run.cancel(CancelReason.SLOT_LOST)
             if run.claim.token in result.cancel_requested:
-                run.cancel(CANCELLED)
+                run.cancel(CancelReason.OPERATOR)
 
 
 async def renew_leases(
@@ -92,6 +92,10 @@ async def renew_leases(
     task_status.started()
     next_round = trio.current_time() + interval
     while True:
+        if not drain.held:
+            await drain.until_a_run_is_held()
+            # Its lease was set at its claim, a moment ago: the first renewal is an interval on.
+            next_round = trio.current_time() + interval
         now = trio.current_time()
         # A run held after this point gets a lease from its claim, so its cutoff is never
         # before now + lease - margin: waking by then is enough to catch it.

@@ -1,4 +1,4 @@
-# The process's shutdown: SIGTERM/SIGINT, then every registered hook's `accept`, then `close`
+# The process's shutdown: SIGTERM/SIGINT, then every registered hook's `accept`, then `aclose`
 # under one grace budget. Apart because workers, HTTP servers and drivers all end through it.
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ CLOSE_MARGIN = 1.0
 
 class Hook(Protocol):
     """What a part of the application gives the lifecycle. ``accept`` must not block: it
-    stops intake and tells running work to stop. ``bind`` bounds the coming waits. ``close``
+    stops intake and tells running work to stop. ``bind`` bounds the coming waits. ``aclose``
     waits out the part's work within that bound."""
 
     def accept(self, reason: str) -> None: ...
 
     def bind(self, deadline: float) -> None: ...
 
-    async def close(self) -> Sequence[str]:
+    async def aclose(self) -> Sequence[str]:
         """Answers what was abandoned at the budget (job ids), if anything."""
         ...
 
@@ -67,7 +67,7 @@ class Lifecycle:
         self._body_scope = trio.CancelScope()
         self.reason: str | None = None
         # The hooks this shutdown told to accept, and closes: a worker unregisters itself when
-        # its teardown ends, which may be before the close phase that asks what it abandoned.
+        # its teardown ends, which may be before the aclose phase that asks what it abandoned.
         self._told: list[Hook] = []
 
     def register(self, hook: Hook) -> None:
@@ -104,20 +104,21 @@ class Lifecycle:
     def deadline(self) -> float:
         return self._budget.deadline
 
-    def shorten(self, deadline: float) -> None:
-        """Tighten every wait of the shutdown to ``deadline`` (never loosens)."""
+    def bind(self, deadline: float) -> None:
+        """Bound every wait of the shutdown by ``deadline``, every hook's too (only ever
+        tightens): the same act as ``Hook.bind``, for the whole process."""
         self._budget.bind(deadline)
         self._close_budget.bind(deadline + CLOSE_MARGIN)
         for hook in list(self._hooks) + [h for h in self._told if h not in self._hooks]:
             hook.bind(deadline)
 
     async def shutdown(self, reason: str = "shutdown") -> None:
-        """Run the shutdown: ``accept`` on every hook, wait in-flight work, then ``close`` every
+        """Run the shutdown: ``accept`` on every hook, wait in-flight work, then ``aclose`` every
         hook concurrently, all bounded by ``grace``; then end the ``open_lifecycle`` block.
         A second call (a second signal) cuts the remaining budget to zero."""
         if self._shutdown_started:
             log_event("jobs.lifecycle.budget-cut", reason=reason)
-            self.shorten(trio.current_time())
+            self.bind(trio.current_time())
             await self.closed.wait()
             return
         self._shutdown_started = True
@@ -131,19 +132,19 @@ class Lifecycle:
         # still there for it to unwind in.
         for hook in list(self._told):
             hook.accept(reason)
-        self.shorten(deadline)
+        self.bind(deadline)
         with self._budget.scope:
             while self._in_flight > 0:
                 await self._idle.park()
         abandoned: list[str] = []
 
-        async def close(hook: Hook) -> None:
-            abandoned.extend(await hook.close() or ())
+        async def aclose(hook: Hook) -> None:
+            abandoned.extend(await hook.aclose() or ())
 
         with self._close_budget.scope:
             async with trio.open_nursery() as nursery:
                 for hook in list(self._told):
-                    nursery.start_soon(close, hook)
+                    nursery.start_soon(aclose, hook)
         if abandoned:
             log_event("jobs.lifecycle.abandoned", logging.ERROR, jobs=abandoned)
             self._on_abandoned(abandoned)

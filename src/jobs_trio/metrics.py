@@ -6,12 +6,16 @@ from collections.abc import Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from .attempt import PARKED  # the outcome of a name the worker's registry does not declare
+from .attempt import OutcomeKind
 from .records import OutboxStats, QueueStats
 
 # Only these reach jobs_total: interrupted, suspended, lost, parked and cancelled attempts are
 # not failures of the job, and counting them would spike `failed` on every deploy.
-COUNTED_OUTCOMES = {"completed": "ok", "retried": "failed", "dead-lettered": "dead"}
+COUNTED_OUTCOMES = {
+    OutcomeKind.COMPLETED: "ok",
+    OutcomeKind.RETRIED: "failed",
+    OutcomeKind.DEAD_LETTERED: "dead",
+}
 
 # The job label of an attempt whose name this deploy does not know (it was parked). Labelled by
 # its name, every distinct unknown name read from the database would add children to every
@@ -70,10 +74,10 @@ class Metrics:
         )
         # labels() takes a lock and builds a key on every call: once per (queue, job, outcome)
         # here, instead of twice per finished attempt on the worker's hot path.
-        self._finished: dict[tuple[str, str, str], tuple[Counter | None, Histogram]] = {}
+        self._finished: dict[tuple[str, str, OutcomeKind], tuple[Counter | None, Histogram]] = {}
 
-    def attempt_finished(self, queue: str, job: str, outcome: str, seconds: float) -> None:
-        if outcome == PARKED:
+    def attempt_finished(self, queue: str, job: str, outcome: OutcomeKind, seconds: float) -> None:
+        if outcome is OutcomeKind.PARKED:  # a name this deploy does not declare
             job = UNKNOWN_JOB  # before the cache too: it is keyed by label, not by name
         children = self._finished.get((queue, job, outcome))
         if children is None:

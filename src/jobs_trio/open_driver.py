@@ -1,9 +1,13 @@
-# `open_driver(url)`: turns a database URL into an open driver, and closes it on the way out.
-# Apart so that a driver module (and its imports: trio-asyncio, asyncpg) loads only when used.
+# `open_driver(url)` and `migrate_database(url)`: the one place a database URL is mapped to its
+# driver and to that driver's migrate. Apart so that a driver module (and its imports:
+# trio-asyncio, asyncpg) loads only when a URL names it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import enum
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 from .driver import Driver
@@ -12,36 +16,120 @@ from .redaction import redact_url
 
 SCHEMES = ("memory://", "sqlite:///", "postgresql://", "postgres://")
 
-
-@contextlib.asynccontextmanager
-async def open_driver(url: str, **options: Any) -> AsyncIterator[Driver]:
-    """``memory://``, ``sqlite:///path/to/jobs.db`` or ``postgresql://user@host/db``."""
-    opener = _opener_for(url)
-    async with opener(url, **options) as driver:
-        yield driver
+Opener = Callable[..., contextlib.AbstractAsyncContextManager[Driver]]
+Migrate = Callable[..., Awaitable[list[int] | None]]
 
 
-def _opener_for(url: str) -> Callable[..., contextlib.AbstractAsyncContextManager[Driver]]:
+class DriverKind(enum.StrEnum):
+    MEMORY = "memory"
+    SQLITE = "sqlite"
+    POSTGRES = "postgresql"
+
+
+def driver_kind(url: str) -> DriverKind:
+    """Which driver ``url`` is for; a `ConfigError` (the URL's password masked) for a URL no
+    driver reads. The URL itself is checked by the driver when it opens."""
     if not isinstance(url, str) or not url:
         raise ConfigError(
             "no database URL was given",
             fix="pass --db URL or set JOBS_TRIO_DB (e.g. sqlite:///jobs.db)",
         )
     if url.startswith("memory://"):
-        return _open_memory
+        return DriverKind.MEMORY
     if url.startswith("sqlite://"):
-        from .drivers.sqlite import open_sqlite_driver
-
-        return open_sqlite_driver
+        return DriverKind.SQLITE
     if url.startswith(("postgresql://", "postgres://")):
-        from .drivers.postgres import open_postgres_driver
-
-        return open_postgres_driver
+        return DriverKind.POSTGRES
     scheme = url.partition("://")[0]
     if scheme.startswith(("postgresql+", "postgres+")):
         # SQLAlchemy's way of naming a driver; asyncpg reads only the plain scheme.
-        return _refuse(url, fix=f"write it as postgresql://{url.partition('://')[2]}")
-    return _refuse(url, fix="use one of " + ", ".join(SCHEMES) + " (e.g. sqlite:///jobs.db)")
+        _refuse(url, fix=f"write it as postgresql://{url.partition('://')[2]}")
+    _refuse(url, fix="use one of " + ", ".join(SCHEMES) + " (e.g. sqlite:///jobs.db)")
+
+
+@contextlib.asynccontextmanager
+async def open_driver(
+    url: str,
+    *,
+    clock: Callable[[], float] | None = None,
+    # SQLite (drivers/sqlite.py, open_sqlite_driver).
+    busy_timeout: float | None = None,
+    poll_interval: float | None = None,
+    synchronous: str | None = None,
+    read_only: bool | None = None,
+    create: bool | None = None,
+    # PostgreSQL (drivers/postgres.py, open_postgres_driver).
+    schema: str | None = None,
+    migrate: bool | None = None,
+    pool_size: int | None = None,
+    loop: Any = None,
+    drop_schema_on_close: bool | None = None,
+    statement_timeout: float | None = None,
+    lock_timeout: float | None = None,
+    pgbouncer: str | None = None,
+    listen_url: str | None = None,
+) -> AsyncIterator[Driver]:
+    """``memory://``, ``sqlite:///path/to/jobs.db`` or ``postgresql://user@host/db``.
+
+    Every option belongs to one driver or more (its opener documents it); None leaves that
+    driver's default. An option the URL's driver does not take is a `ConfigError`, not ignored:
+    ``schema=`` on a SQLite URL would point at jobs that are not there.
+    """
+    # Only the parameters are bound at this point: the options, as given, by name.
+    given = {name: value for name, value in locals().items() if name != "url"}
+    opener, _ = _driver(driver_kind(url))
+    async with opener(url, **_taken(opener, url, given)) as driver:
+        yield driver
+
+
+async def migrate_database(url: str, *, schema: str | None = None) -> list[int] | None:
+    """Bring the database ``url`` names up to this release's schema. PostgreSQL applies its
+    numbered migrations (under an advisory lock) and answers the versions this call applied.
+    SQLite is created and upgraded whenever it is opened to write, so this is that open, and
+    answers None; memory:// has no schema to migrate, and answers None too."""
+    _, migrate = _driver(driver_kind(url))
+    return await migrate(url, **_taken(migrate, url, {"schema": schema}))
+
+
+def _driver(kind: DriverKind) -> tuple[Opener, Migrate]:
+    """The driver's opener and its migrate, imported only now: a URL of another kind never
+    loads this driver's module (nor asyncpg and trio-asyncio)."""
+    if kind is DriverKind.MEMORY:
+        return _open_memory, _migrate_memory
+    if kind is DriverKind.SQLITE:
+        from .drivers.sqlite import open_sqlite_driver
+        from .drivers.sqlite_migrate import migrate as migrate_sqlite
+
+        return open_sqlite_driver, migrate_sqlite
+    from .drivers.postgres import open_postgres_driver
+    from .drivers.postgres_migrate import migrate as migrate_postgres
+
+    return open_postgres_driver, migrate_postgres
+
+
+def _taken(
+    function: Callable[..., object], url: str, given: Mapping[str, object]
+) -> dict[str, Any]:
+    """The options given (not None) that ``function`` takes, each by its keyword; a
+    `ConfigError` naming any it does not take. Read off its signature, so a driver's options
+    are listed once, where the driver declares them."""
+    takes = {
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    options = {name: value for name, value in given.items() if value is not None}
+    refused = sorted(set(options) - takes)
+    if refused:
+        kind = driver_kind(url)
+        raise ConfigError(
+            f"the {kind} driver does not take "
+            + ", ".join(f"{name}=" for name in refused)
+            + f" (given for {redact_url(url)!r})",
+            fix=f"drop {', '.join(refused)}; a {kind} URL takes "
+            + (", ".join(f"{name}=" for name in sorted(takes)) or "no options"),
+        )
+    return options
 
 
 def _refuse(url: str, *, fix: str) -> NoReturn:
@@ -50,11 +138,17 @@ def _refuse(url: str, *, fix: str) -> NoReturn:
 
 
 @contextlib.asynccontextmanager
-async def _open_memory(url: str, **options: Any) -> AsyncIterator[Driver]:
+async def _open_memory(
+    url: str, *, clock: Callable[[], float] = time.time
+) -> AsyncIterator[Driver]:
     from .drivers.memory import MemoryDriver
 
-    driver = MemoryDriver(url=url, **options)
+    driver = MemoryDriver(url=url, clock=clock)
     try:
         yield driver
     finally:
         await driver.aclose()
+
+
+async def _migrate_memory(url: str) -> None:
+    return None  # a memory store begins empty with every open: there is no schema to bring up

@@ -163,7 +163,7 @@ class Registry:
         self._jobs: dict[str, JobDefinition] = {}
         self.max_payload_bytes = check_limit(max_payload_bytes, argument="max_payload_bytes")
         self.max_result_bytes = check_limit(max_result_bytes, argument="max_result_bytes")
-        self._tasks: dict[str, TaskDefinition] = {}
+        self._tasks: dict[str, TaskDefinition[JobDefinition]] = {}
 
     def job(
         self,
@@ -252,7 +252,7 @@ class Registry:
         missed: Missed | str = Missed.LATEST,
         catch_up: int = 10,
         **job_options: Any,
-    ) -> Callable[[JobFunction], TaskDefinition]:
+    ) -> Callable[[JobFunction], TaskDefinition[JobDefinition]]:
         """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
         timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per
         fleet; ``job_options`` are ``job()``'s (queue, attempts, timeout...). See docs/tasks.md."""
@@ -260,14 +260,14 @@ class Registry:
         policy = check_missed(missed, catch_up)
         declare_job = self.job(name, **job_options)
 
-        def declare(fn: JobFunction) -> TaskDefinition:
+        def declare(fn: JobFunction) -> TaskDefinition[JobDefinition]:
             task = TaskDefinition(name, declare_job(fn), schedule, policy, catch_up)
             self._tasks[name] = task
             return task
 
         return declare
 
-    def tasks(self) -> list[TaskDefinition]:
+    def tasks(self) -> list[TaskDefinition[JobDefinition]]:
         return list(self._tasks.values())
 
     def get(self, name: str) -> JobDefinition | None:

@@ -1,6 +1,6 @@
 # The relay: moves committed outbox rows from the application's database into the job store,
 # in batches, each job exactly once. Apart because it is a service beside the worker, started
-# with `nursery.start(relay.run)` and stopped by a lifecycle's accept (no new pass) and close.
+# with `nursery.start(relay.run)` and stopped by a lifecycle's accept (no new pass) and aclose.
 from __future__ import annotations
 
 import contextlib
@@ -92,7 +92,7 @@ class Relay:
         if self._pass_scope is not None:
             self._pass_scope.deadline = min(self._pass_scope.deadline, deadline)
 
-    async def close(self) -> Sequence[str]:
+    async def aclose(self) -> Sequence[str]:
         await self.stop()
         return ()  # a relay abandons no job: an unfinished pass leaves its rows in the outbox
 

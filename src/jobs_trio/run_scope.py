@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 from collections.abc import Iterator
 
@@ -12,11 +13,16 @@ import trio
 from .errors import Aborted, JobsError, JobTimeout, SlotLost
 from .records import Claim
 
-TIMEOUT = "timeout"  # the run's own deadline
-LEASE_LOST = "lease-lost"  # a renewal found the lease gone: another worker may hold the job
-DRAINING = "draining"  # the process is going away
-CANCELLED = "cancelled"  # an operator cancelled the job
-SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
+
+class CancelReason(enum.StrEnum):
+    """Why a run was cancelled: the first reason given wins. The values are Trio's cancel
+    reasons and the words of the log lines, as they were when these were bare strings."""
+
+    TIMEOUT = "timeout"  # the run's own deadline
+    LEASE_LOST = "lease-lost"  # a renewal found the lease gone: another worker may hold the job
+    DRAINING = "draining"  # the process is going away
+    OPERATOR = "cancelled"  # an operator cancelled the job
+    SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
 
 
 class RunScope:
@@ -29,7 +35,7 @@ class RunScope:
         # No deadline until the body starts (``start_clock``): a job's timeout is its body's
         # time, not the time it spent waiting for a thread.
         self.cancel_scope = trio.CancelScope()
-        self._reason: str | None = None
+        self._reason: CancelReason | None = None
         self._cause: JobsError | None = None
         # A sync body's thread is waited for under a scope of its own (``thread_scope``).
         self._thread_scope: trio.CancelScope | None = None
@@ -53,21 +59,21 @@ class RunScope:
             return
         deadline = trio.current_time() + self.timeout
         self.cancel_scope.deadline = deadline
-        if self._thread_scope is not None and self._reason != DRAINING:
+        if self._thread_scope is not None and self._reason is not CancelReason.DRAINING:
             self._thread_scope.deadline = deadline
 
-    def cancel(self, reason: str, cause: JobsError | None = None) -> None:
+    def cancel(self, reason: CancelReason, cause: JobsError | None = None) -> None:
         # Reading cancel_called first lets a deadline that has already passed register as
         # the first reason (Trio checks the deadline there), so a late drain cannot mask it.
         if self.cancel_scope.cancel_called:
             return
         self._reason = reason
         self._cause = cause or self._cause_of(reason)
-        self.cancel_scope.cancel(reason=reason)
+        self.cancel_scope.cancel(reason=reason.value)
         thread = self._thread_scope
         if thread is None:
             return
-        if reason == DRAINING:
+        if reason is CancelReason.DRAINING:
             # A drain WAITS for a thread (Trio cannot stop one, and handing the job back while
             # it runs is two runs at once): from here the budget bounds it, not its timeout.
             thread.deadline = math.inf
@@ -88,7 +94,7 @@ class RunScope:
         own deadline, a lost lease, an operator's cancel, or ``abandon``."""
         with trio.CancelScope(shield=True) as scope:
             self._thread_scope = scope
-            if self.abandoned or self._reason not in (None, DRAINING):
+            if self.abandoned or self._reason not in (None, CancelReason.DRAINING):
                 scope.cancel()
             try:
                 yield
@@ -96,11 +102,11 @@ class RunScope:
                 self._thread_scope = None
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> CancelReason | None:
         """The first reason this run was cancelled for, or None while it was not."""
         if not self.cancel_scope.cancel_called:
             return None
-        return self._reason or TIMEOUT
+        return self._reason or CancelReason.TIMEOUT
 
     @property
     def cause(self) -> JobsError | None:
@@ -114,23 +120,23 @@ class RunScope:
         thread abandoned with no reason recorded was abandoned at its deadline."""
         if self._cause is not None:
             return self._cause
-        return self._cause_of(TIMEOUT) if thread_abandoned else None
+        return self._cause_of(CancelReason.TIMEOUT) if thread_abandoned else None
 
-    def _cause_of(self, reason: str) -> JobsError:
+    def _cause_of(self, reason: CancelReason) -> JobsError:
         job = f"job {self.claim.name!r} ({self.claim.job_id})"
-        if reason == TIMEOUT:
+        if reason is CancelReason.TIMEOUT:
             return JobTimeout(
                 f"{job} ran past its timeout of {self.timeout}s",
                 fix="raise the job's timeout=, or make the body finish sooner",
             )
-        if reason == LEASE_LOST:
+        if reason is CancelReason.LEASE_LOST:
             return Aborted(
                 f"{job} lost its lease: another worker may hold it now",
                 fix="nothing: the worker that holds the job runs it",
             )
-        if reason == CANCELLED:
+        if reason is CancelReason.OPERATOR:
             return Aborted(f"{job} was cancelled by an operator", fix="nothing: it will not run")
-        if reason == SLOT_LOST:
+        if reason is CancelReason.SLOT_LOST:
             return SlotLost(
                 f"interrupted: {job} lost its fleet slot (its lease lapsed and another run took"
                 " it); the job was handed back to the queue with its attempt uncounted",

@@ -88,14 +88,14 @@ class Settler:
 
     async def settle(self, settlement: Settlement) -> bool:
         """True when the write applied; False when the claim was no longer current, or the
-        settler had already closed (the run was abandoned at the budget)."""
+        settler had stopped its intake (the run was abandoned at the budget)."""
         pending = self.hand_in(settlement)
         return await self.confirmed(pending)
 
     def hand_in(self, settlement: Settlement) -> _Pending | None:
         """Queue ``settlement`` for the next batch, synchronously: once handed in it is
         written before the settler finishes, even if the caller stops waiting. None when the
-        settler had already closed (nothing will be written)."""
+        settler had stopped its intake (nothing will be written)."""
         if self._closed:
             log_event(
                 "jobs.timeout.abandoned",
@@ -118,8 +118,9 @@ class Settler:
         await pending.done.wait()
         return pending.applied
 
-    def close(self) -> None:
-        """No more settlements: the run loop writes what it holds and returns."""
+    def stop_intake(self) -> None:
+        """Take no more settlements: the run loop writes what it holds and returns; a later
+        ``hand_in`` writes nothing (its run was abandoned at the budget)."""
         self._closed = True
         self._send.close()
 

@@ -7,19 +7,36 @@ import datetime as dt
 import inspect
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .boundary import check_key, check_name, check_seconds, dump_json, seconds_until
 from .errors import Aborted, JobsError, PayloadNotSerialisable, StepError
 from .records import Lease, StepRecord, StepStatus
-from .run_scope import DRAINING
+from .run_scope import CancelReason
 
 if TYPE_CHECKING:
     from .driver import Driver
-    from .registry import JobDefinition
     from .run_scope import RunScope
+
+
+class StepLimits(Protocol):
+    """What steps need of their job: its name (for messages) and the limits its steps run
+    under. ``JobDefinition`` is one; named here so that steps, below the registry, need not
+    import it (the registry hands ``JobContext`` to bodies, and a context holds steps)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def step_timeout(self) -> float | None: ...
+
+    @property
+    def max_result_bytes(self) -> int: ...
+
+    @property
+    def event_poll(self) -> float: ...
 
 
 class Suspension(BaseException):
@@ -40,9 +57,7 @@ class EventTimedOut(JobsError):
 class Steps:
     """``ctx.step``: one per attempt; replays the job's records from the driver."""
 
-    def __init__(
-        self, driver: Driver, lease: Lease, definition: JobDefinition, run: RunScope
-    ) -> None:
+    def __init__(self, driver: Driver, lease: Lease, definition: StepLimits, run: RunScope) -> None:
         self._driver = driver
         self._lease = lease
         self._definition = definition
@@ -71,7 +86,7 @@ class Steps:
         # may be written: another attempt may already own the records. A drain is not such a
         # cancel: the run still holds its claim, and a step its shielded last part records
         # (fenced by the token, like every write) is one the next attempt need not redo.
-        if self._run.reason not in (None, DRAINING):
+        if self._run.reason not in (None, CancelReason.DRAINING):
             raise Aborted(
                 f"step {record.name!r} of job {self._lease.job_id}: the run was cancelled "
                 f"({self._run.reason}); its write was refused",

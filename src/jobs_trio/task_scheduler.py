@@ -16,7 +16,7 @@ from .logs import log_event
 from .metrics import Metrics, default_metrics
 from .records import JobId, TaskAdvance, TaskFire
 from .schedule import next_fire
-from .tasks import FirePlan, TaskDefinition, plan_fires
+from .tasks import FirePlan, TaskDefinition, TaskJob, plan_fires
 
 # The longest a scheduler sleeps between looks: how soon it notices a record another worker
 # moved (after a deploy that changed a schedule, say), and a bound on a look lost to a clock
@@ -36,7 +36,7 @@ class TaskScheduler:
     def __init__(
         self,
         driver: Driver,
-        tasks: Sequence[TaskDefinition],
+        tasks: Sequence[TaskDefinition[TaskJob]],
         *,
         metrics: Metrics | None = None,
         max_sleep: float = MAX_SLEEP,
@@ -75,7 +75,9 @@ class TaskScheduler:
             soonest = min(soonest, next_fire(task.schedule, handled))
         return soonest
 
-    async def _advance(self, task: TaskDefinition, handled: float | None, plan: FirePlan) -> bool:
+    async def _advance(
+        self, task: TaskDefinition[TaskJob], handled: float | None, plan: FirePlan
+    ) -> bool:
         fires = tuple(TaskFire(t, task.job.new_job(task.payload(t))) for t in plan.fire)
         advance = TaskAdvance(task.name, handled, plan.advance_to or 0.0, fires)
         if not await self.driver.advance_task(advance):
@@ -100,7 +102,7 @@ class TaskScheduler:
         return True
 
 
-async def fire_now(driver: Driver, task: TaskDefinition) -> JobId:
+async def fire_now(driver: Driver, task: TaskDefinition[TaskJob]) -> JobId:
     """Enqueue one fire of ``task`` by hand, now: an ordinary job whose payload says
     ``manual: true``. The task's record is not touched, so its schedule goes on as before."""
     now = driver.now()

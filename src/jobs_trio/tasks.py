@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
 from .errors import ConfigError
+from .records import NewJob
 from .schedule import CronSchedule, IntervalSchedule, Schedule
 
 # A scheduled time this late (seconds) is still "on time": under missed="skip" it fires. A
@@ -20,9 +21,6 @@ ON_TIME_WITHIN = 60.0
 # Counting how many missed times a look skipped walks them one by one; past this many it stops
 # counting (the plan is the same, the skipped counter then says "at least").
 SKIPPED_COUNT_LIMIT = 100_000
-
-if TYPE_CHECKING:
-    from .registry import JobDefinition
 
 
 class Missed(enum.StrEnum):
@@ -34,12 +32,23 @@ class Missed(enum.StrEnum):
     ALL = "all"  # fire each of them, the most recent `catch_up` at most
 
 
+class TaskJob(Protocol):
+    """What a task needs of its job: the row one fire enqueues. ``JobDefinition`` is one; named
+    here so that tasks, below the registry that declares them, need not import it."""
+
+    def new_job(self, payload: Any) -> NewJob: ...
+
+
+# The job's own type, kept: ``registry.task`` answers a TaskDefinition[JobDefinition].
+JobT = TypeVar("JobT", bound=TaskJob, covariant=True)
+
+
 @attrs.frozen(eq=False)
-class TaskDefinition:
+class TaskDefinition(Generic[JobT]):
     """One declared task: ``job`` is the ordinary job each fire enqueues."""
 
     name: str
-    job: JobDefinition
+    job: JobT
     schedule: CronSchedule | IntervalSchedule
     missed: Missed = Missed.LATEST
     catch_up: int = 10  # missed="all": how many missed times at most
@@ -80,7 +89,7 @@ class FirePlan:
     advance_to: float | None = None
 
 
-def plan_fires(task: TaskDefinition, handled_until: float | None, now: float) -> FirePlan:
+def plan_fires(task: TaskDefinition[TaskJob], handled_until: float | None, now: float) -> FirePlan:
     """The fires due at ``now`` for a task whose record says every scheduled time up to
     ``handled_until`` is done. A task never seen before (None) starts at its next time: a new
     task, or a new deploy of one, does not fire for times before it existed."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import logging
 from collections import Counter
@@ -13,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .attempt import INTERRUPTED, OUTCOMES, Outcome, parked, run_attempt
+from .attempt import Outcome, OutcomeKind, run_attempt
 from .budget import Budget
-from .context import JobContext
 from .drain import Drain
 from .driver import Driver
 from .errors import ConfigError, DriverError, JobDrained
@@ -30,7 +30,6 @@ from .registry import JobDefinition, Registry
 from .run_scope import RunScope
 from .settler import Settler
 from .single_error import unwrap_single_error
-from .steps import Steps
 from .task_scheduler import TaskScheduler
 from .thread_slots import ThreadSlots
 
@@ -43,19 +42,23 @@ if TYPE_CHECKING:
 # two missed renewals of slack before a live worker loses its jobs.
 DEFAULT_LEASE = 8.0
 
-IDLE = "idle"  # started, nothing in flight
-RUNNING = "running"  # started, jobs in flight
-DRAINING_STATE = "draining"  # a teardown is in progress
-STOPPED = "stopped"  # not started, or torn down
+
+class WorkerState(enum.StrEnum):
+    """Where a worker is in its run, as ``stats()`` and ``state`` report it."""
+
+    IDLE = "idle"  # started, nothing in flight
+    RUNNING = "running"  # started, jobs in flight
+    DRAINING = "draining"  # a teardown is in progress
+    STOPPED = "stopped"  # not started, or torn down
 
 
 @attrs.frozen
 class WorkerStats:
     worker_id: str
     queues: tuple[str, ...]
-    state: str
+    state: WorkerState
     in_flight: int
-    outcomes: Mapping[str, int]  # every outcome name, zero included
+    outcomes: Mapping[OutcomeKind, int]  # every outcome, zero included
     abandoned: tuple[str, ...]  # job ids the last teardown gave up waiting for
     # Each queue's depth as the fleet last observed it (every stats_interval, by one worker of
     # the fleet: at most two intervals old; empty until the first).
@@ -63,7 +66,7 @@ class WorkerStats:
 
     @property
     def interrupted(self) -> int:
-        return self.outcomes.get(INTERRUPTED, 0)
+        return self.outcomes.get(OutcomeKind.INTERRUPTED, 0)
 
 
 class Worker:
@@ -128,8 +131,8 @@ class Worker:
         self._lifecycle = lifecycle
         self._metrics = metrics or default_metrics()
         self._stats_interval = stats_interval
-        self._state = STOPPED
-        self._outcomes: Counter[str] = Counter()
+        self._state = WorkerState.STOPPED
+        self._outcomes: Counter[OutcomeKind] = Counter()
         self._in_flight: Counter[str] = Counter()
         self._drain = Drain()
         self._budget = Budget()
@@ -163,9 +166,9 @@ class Worker:
         """Stop claiming and cancel every held run with reason ``draining``, synchronously:
         told any later, a body that reads its cancellation would hear it only after the
         teardown had spent its whole budget waiting on it."""
-        if self._state == STOPPED:
+        if self._state is WorkerState.STOPPED:
             return
-        self._state = DRAINING_STATE
+        self._state = WorkerState.DRAINING
         self._stop_claiming(reason)
         if self._drain.cause is not None:
             return  # one drain, told once: a second lifecycle's accept changes nothing
@@ -174,13 +177,13 @@ class Worker:
 
     def bind(self, deadline: float) -> None:
         """Bound the teardown's waits by ``deadline`` (Trio clock); only ever tightens."""
-        if self._state == STOPPED:
+        if self._state is WorkerState.STOPPED:
             # A stopped worker's budget is the NEXT run's: a bind meant for a shutdown that
             # already ended must not pre-spend it.
             return
         self._budget.bind(deadline)
 
-    async def close(self) -> Sequence[str]:
+    async def aclose(self) -> Sequence[str]:
         await self.stop()
         return self._abandoned
 
@@ -189,14 +192,14 @@ class Worker:
     async def stop(self) -> None:
         """Stop claiming and wait for the jobs in flight to finish and be settled. Cancels
         nothing and binds nothing; idempotent, and joins a teardown already in progress."""
-        if self._state == STOPPED:
+        if self._state is WorkerState.STOPPED:
             return
-        self._state = DRAINING_STATE
+        self._state = WorkerState.DRAINING
         self._stop_claiming("stop")
         await self._teardown_done.wait()
 
     def stats(self) -> WorkerStats:
-        outcomes = {name: self._outcomes.get(name, 0) for name in OUTCOMES}
+        outcomes = {kind: self._outcomes.get(kind, 0) for kind in OutcomeKind}
         return WorkerStats(
             worker_id=self.worker_id,
             queues=self.queues,
@@ -208,17 +211,17 @@ class Worker:
         )
 
     @property
-    def state(self) -> str:
+    def state(self) -> WorkerState:
         return self._state
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run jobs until stopped; then tear down (see ``_teardown``)."""
-        if self._state != STOPPED:
+        if self._state is not WorkerState.STOPPED:
             raise ConfigError(
                 f"worker {self.worker_id} is already {self._state}",
                 fix="start a worker once; stop() it before starting it again",
             )
-        self._state = IDLE
+        self._state = WorkerState.IDLE
         self._abandoned = ()
         # Bounded by the worker's concurrency: at most one batch of finished work per slot
         # waits for the database before the claiming stops (see _claim_loop).
@@ -276,15 +279,15 @@ class Worker:
 
     async def _teardown(self, settler: Settler) -> None:
         """The teardown's waits, inside the budget scope, once the claim loops have ended."""
-        self._state = DRAINING_STATE
+        self._state = WorkerState.DRAINING
         await self._all_runs_ended()
-        settler.close()
+        settler.stop_intake()
         await settler.finished.wait()
 
     def _end_teardown(self, settler: Settler) -> None:
         if self._budget.scope.cancelled_caught:
             self._abandoned = self._report_abandoned(settler)
-            settler.close()
+            settler.stop_intake()
         self._finish_teardown()
 
     def _report_abandoned(self, settler: Settler) -> tuple[str, ...]:
@@ -344,11 +347,11 @@ class Worker:
             self._settle_peak = self._settler.peak
         self._settler = None
         # Handed back at stop, so start -> stop -> start holds one registration. A shutdown
-        # that began this teardown still asks close() what was abandoned: the lifecycle closes
+        # that began this teardown still asks aclose() what was abandoned: the lifecycle closes
         # the hooks it told, not the ones registered now.
         if self._lifecycle is not None:
             self._lifecycle.unregister(self)
-        self._state = STOPPED
+        self._state = WorkerState.STOPPED
         log_event(
             "jobs.worker.stopped",
             worker=self.worker_id,
@@ -365,7 +368,7 @@ class Worker:
     async def tick(self) -> list[Outcome]:
         """One claim-and-run round without the claim loop: claim up to each queue's limit, run
         those to their outcomes, settle them, answer the outcomes. For deterministic tests."""
-        if self._state != STOPPED:
+        if self._state is not WorkerState.STOPPED:
             raise ConfigError(
                 "tick() runs a round on a worker that is not started",
                 fix="use tick() or run(), not both at once",
@@ -502,8 +505,8 @@ class Worker:
         run = RunScope(claim, definition.timeout if definition else None)
         run.lease_deadline = trio.current_time() + self.lease
         self._in_flight[claim.queue] += 1
-        if self._state == IDLE:
-            self._state = RUNNING
+        if self._state is WorkerState.IDLE:
+            self._state = WorkerState.RUNNING
         self._drain.hold(run)
         return run, definition
 
@@ -520,14 +523,15 @@ class Worker:
         drain = self._drain
         slot_held = True
         try:
-            if definition is None:
-                outcome = parked(claim, sorted(d.name for d in self.registry))
-            else:
-                steps = Steps(self.driver, claim.lease, definition, run)
-                ctx = JobContext(claim, run, steps, self.worker_id)
-                outcome = await run_attempt(
-                    claim, definition, run, ctx, self.worker_id, self._threads
-                )
+            outcome = await run_attempt(
+                claim,
+                definition,
+                run,
+                registry=self.registry,
+                driver=self.driver,
+                worker_id=self.worker_id,
+                threads=self._threads,
+            )
             settler = self._settler
             if outcome.settlement is not None and settler is not None:
                 # Still held (its lease renewed) until the write commits: a slow database must
@@ -552,8 +556,8 @@ class Worker:
     def _free_slot(self, queue: str) -> bool:
         """Give back a run's slot (answers False: no longer held)."""
         self._in_flight[queue] -= 1
-        if self._state == RUNNING and sum(self._in_flight.values()) == 0:
-            self._state = IDLE
+        if self._state is WorkerState.RUNNING and sum(self._in_flight.values()) == 0:
+            self._state = WorkerState.IDLE
         self._slot_freed.unpark_all()
         return False
 
@@ -562,7 +566,7 @@ class Worker:
             report(outcome)
         self._outcomes[outcome.kind] += 1
         self._metrics.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
-        level = logging.DEBUG if outcome.kind == "completed" else logging.INFO
+        level = logging.DEBUG if outcome.kind is OutcomeKind.COMPLETED else logging.INFO
         log_event(
             f"jobs.attempt.{outcome.kind}",
             level,

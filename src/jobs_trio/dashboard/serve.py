@@ -19,7 +19,7 @@ from hypercorn.trio import serve
 
 from ..driver import Driver
 from ..logs import log_event
-from ..open_driver import open_driver
+from ..open_driver import DriverKind, driver_kind, open_driver
 from .app import dashboard_app
 from .cross_site import LOOPBACK_HOSTS
 
@@ -39,7 +39,7 @@ class DashboardOptions:
 def read_only_url(url: str) -> str:
     """``url`` with PostgreSQL's read-only session setting; other URLs as they are (SQLite's
     read-only open is a driver option, memory:// has no other reader to protect)."""
-    if not url.startswith(("postgresql://", "postgres://")):
+    if driver_kind(url) is not DriverKind.POSTGRES:
         return url
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != PG_READ_ONLY]
@@ -56,7 +56,7 @@ async def open_dashboard_driver(
     opened = dict(options)
     if not actions:
         url = read_only_url(url)
-        if url.startswith("sqlite:"):
+        if driver_kind(url) is DriverKind.SQLITE:
             opened.update(read_only=True, create=False)
     async with open_driver(url, **opened) as driver:
         yield driver

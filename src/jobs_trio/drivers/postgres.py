@@ -141,7 +141,8 @@ async def _open_on(
     migrate: bool,
     drop_schema_on_close: bool,
 ) -> AsyncIterator[PostgresDriver]:
-    """The driver proper, on an open bridge: schema checked (or migrated), LISTEN up."""
+    """The driver proper, on an open bridge: schema checked (or migrated), the LISTEN
+    connection made (it LISTENs once something waits for work: Listener.listen)."""
     if migrate:
         await apply_migrations(bridge, statements)
     else:
@@ -152,8 +153,10 @@ async def _open_on(
         async with trio.open_nursery() as nursery:
             if bridge.pooler.listen_url is not None:
                 await nursery.start(listener.run)
-            # else PgBouncer in transaction mode and no direct connection: no LISTEN can hold,
-            # so wait_for_work polls (DEAF_POLL) while `listening` stays False.
+            else:
+                # PgBouncer in transaction mode and no direct connection: no LISTEN can hold,
+                # so wait_for_work polls (DEAF_POLL) while `listening` stays False.
+                listener.deaf()
             try:
                 yield driver
             finally:
@@ -192,7 +195,8 @@ class PostgresDriver:
 
     @property
     def listening(self) -> bool:
-        """Whether the LISTEN connection is up (while not, wait_for_work polls on its timeout)."""
+        """Whether the driver LISTENs: from the first wait_for_work on, while its connection is
+        up (before, nothing needs waking; while down, wait_for_work polls on its timeout)."""
         return self._listener.connected
 
     def now(self) -> float:
@@ -561,6 +565,9 @@ class PostgresDriver:
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
         self._check_open()
         with self._listener.waiting(queues) as woken:
+            # LISTEN (the first time) before the look: an enqueue committed after the look then
+            # notifies us, and one committed before it is seen by it.
+            await self._listener.listen()
             try:
                 due_in = await self._next_due_in(queues)
             except DriverError as exc:

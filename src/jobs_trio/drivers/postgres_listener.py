@@ -1,6 +1,8 @@
 # Wake-ups for wait_for_work: one LISTEN connection per driver whose notifications (payload: a
-# queue name) wake the tasks waiting on that queue, reconnected with backoff when it dies. Apart
-# because it is the driver's one long-lived connection and its one background task.
+# queue name) wake the tasks waiting on that queue, reconnected with backoff when it dies. It
+# connects at open but LISTENs only once something waits for work: a process that only enqueues
+# would otherwise read its own NOTIFY back on every enqueue (~25% of the call, bench/RESULTS.md).
+# Apart because it is the driver's one long-lived connection and its one background task.
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
@@ -45,6 +47,17 @@ class Listener:
         # Unbounded: the callback must never block or drop a note, and run() drains it at once.
         self._send, self._receive = trio.open_memory_channel[tuple[str, Any]](math.inf)
         self.connected = False
+        self._wanted = trio.Event()  # something waits for work: LISTEN
+        self._tried = trio.Event()  # the first LISTEN was acknowledged, or failed, or never will be
+
+    async def listen(self) -> None:
+        """LISTEN if nothing has yet, and return once the server has acknowledged it (or the
+        first try failed: then ``connected`` stays False until a reconnect, and waiters poll).
+        A waiter calls this after registering (:meth:`waiting`) and before looking for due
+        work: LISTEN first, then look, then wait, so no enqueue falls between the look and the
+        first notification."""
+        self._wanted.set()
+        await self._tried.wait()
 
     @contextlib.contextmanager
     def waiting(self, queues: Sequence[str]) -> Iterator[trio.Event]:
@@ -63,12 +76,29 @@ class Listener:
             if queue is None or not waiter.queues or queue in waiter.queues:
                 waiter.woken.set()
 
+    def deaf(self) -> None:
+        """No LISTEN can hold (PgBouncer in transaction mode, no direct connection): waiters
+        never wait for one, and poll."""
+        self._tried.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # The first connection is made before started(): a driver whose LISTEN cannot be set
-        # up fails to open instead of starting deaf.
-        conn: Connection | None = await self._connect()
-        task_status.started()
+        # The connection is made before started(): a driver whose LISTEN connection cannot be
+        # made fails to open instead of starting deaf. It LISTENs once a waiter asks.
+        conn: Connection | None = None
         try:
+            conn = await self._bridge.connect(purpose="listen")
+            task_status.started()
+            await self._wanted.wait()
+            try:
+                await self._listen_on(conn)
+            except DriverError:
+                # Gone while idle (nothing watched it before LISTEN): connect again below.
+                await self._bridge.close_connection(conn)
+                conn = None
+                self._tried.set()  # the waiter polls meanwhile
+                conn = await self._reconnect()
+                self.wake(None)  # and looks again now that it can be woken
+            self._tried.set()
             while True:
                 assert conn is not None
                 await self._serve(conn)
@@ -82,24 +112,27 @@ class Listener:
                 self.wake(None)
         finally:
             self.connected = False
+            self._tried.set()  # a waiter still asking must not wait for a listener that is gone
             self.wake(None)
             if conn is not None:
                 await self._bridge.close_connection(conn)
 
     async def _connect(self) -> Connection:
         conn = await self._bridge.connect(purpose="listen")
+        try:
+            await self._listen_on(conn)
+        except BaseException:
+            await self._bridge.close_connection(conn)
+            raise
+        return conn
 
+    async def _listen_on(self, conn: Connection) -> None:
         async def listen() -> None:
             conn.add_termination_listener(self._on_lost)
             await conn.add_listener(self._channel, self._on_notify)
 
-        try:
-            await self._bridge.call(listen, what="LISTEN")
-        except BaseException:
-            await self._bridge.close_connection(conn)
-            raise
+        await self._bridge.call(listen, what="LISTEN")
         self.connected = True
-        return conn
 
     def _on_notify(self, conn: Connection, pid: int, channel: str, payload: str) -> None:
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):

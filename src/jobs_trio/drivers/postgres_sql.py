@@ -12,6 +12,7 @@ from importlib import resources
 import attrs
 
 from ..errors import ConfigError
+from .migration_files import Migration, read_migrations
 from .rules import JOB_COLUMNS, LIVE_STATES_SQL, SETTLEMENT_KINDS
 
 # Matched with fullmatch: `$` also matches before a trailing newline, and "jobs\n" must not
@@ -22,7 +23,6 @@ SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 SETTLE_KINDS = tuple(kind.name for kind in SETTLEMENT_KINDS.values())
 
 _NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
-_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
 def check_schema_name(schema: object) -> str:
@@ -39,13 +39,6 @@ def check_schema_name(schema: object) -> str:
             fix="pick a name without the pg_ prefix (e.g. schema='jobs_trio')",
         )
     return schema
-
-
-@attrs.frozen
-class Migration:
-    version: int
-    name: str
-    sql: str
 
 
 @attrs.frozen
@@ -103,7 +96,9 @@ def load_statements(schema: str) -> Statements:
     return Statements(
         schema=schema,
         by_name=by_name,
-        migrations=[attrs.evolve(m, sql=_fill(m.sql, fill)) for m in _read_migrations(folder)],
+        migrations=[
+            attrs.evolve(m, sql=_fill(m.sql, fill)) for m in read_migrations("postgres_migrations")
+        ],
     )
 
 
@@ -126,20 +121,3 @@ def _split_named(text: str) -> dict[str, str]:
             raise RuntimeError(f"postgres_queries.sql names {name!r} twice")
         named[name] = body.strip().rstrip(";").strip()
     return named
-
-
-def _read_migrations(folder: resources.abc.Traversable) -> list[Migration]:
-    found = []
-    for entry in (folder / "postgres_migrations").iterdir():
-        matched = _MIGRATION_FILE.match(entry.name)
-        if matched:
-            found.append(
-                Migration(int(matched.group(1)), entry.name, entry.read_text(encoding="utf-8"))
-            )
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    # A gap is allowed (each version is recorded on its own, so a later-filled gap is still
-    # applied); a repeat never.
-    if not versions or versions[0] != 1 or len(set(versions)) != len(versions):
-        raise RuntimeError(f"postgres migrations must be numbered 1..n, each once: {versions}")
-    return found

@@ -1,32 +1,25 @@
 # The SQLite driver: the whole contract on one WAL database file that worker processes on one
-# machine share. Apart because every call must leave the Trio thread and a cancelled call must
-# leave its connection usable; both happen in `SqliteDriver._transact`, the door every method uses.
+# machine share, as SQL. Apart from the door to the connection (sqlite_door.py: threads, cancel,
+# busy retry) and the file itself (sqlite_migrate.py: URL, identity, migrations, WAL).
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 import json
 import math
 import os
-import pathlib
-import random
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
-import outcome
 import trio
 
 from ..claim_slots import ClaimSlots
 from ..current_transaction import SqliteOps, Transaction, owned, unwrap
 from ..errors import (
     ConfigError,
-    DriverError,
-    SchemaVersionError,
     ValueRefused,
 )
 from ..fleet_stats import decode as decode_fleet_stats
@@ -68,294 +61,25 @@ from .rules import (
     JOB_COLUMNS,
     LAPSED_ERROR,
     LIVE_STATES_SQL,
-    driver_closed,
     effect,
     job_record,
     lapsed_out_of_attempts,
     queue_stats,
     refuse_connection,
 )
+from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
+from .sqlite_migrate import open_sqlite_file
 
 T = TypeVar("T")
-
-# Written into the file header (PRAGMA application_id): how a file says it is a jobs_trio
-# database, so a file of another application is refused instead of having tables added to it.
-APPLICATION_ID: Final = 0x4A54524F  # "JTRO"
-
-# RETURNING (3.35) is used by claim, renew and save_step.
-MIN_SQLITE: Final = (3, 35, 0)
 
 # How long wait_for_work sleeps before looking at the file again when nothing is due. SQLite has
 # no cross-process notification: a job another process enqueues is seen at the next look, so
 # this is the worst-case pickup delay across processes (this process's own writes wake at once).
 POLL_INTERVAL: Final = 0.5
 
-# SQLite's own busy handler cannot be interrupted (sqlite3_interrupt does not reach it), so it
-# is given at most this long per try; the rest of busy_timeout is waited out from Trio, where a
-# cancel is heard.
-_BUSY_SLICE: Final = 0.1
-# After busy_timeout has passed, a few more tries with a growing pause before giving up: a
-# writer that held the file a little too long should cost a delay, not a crashed worker.
-_BUSY_RETRIES: Final = 4
-_BUSY_BACKOFF: Final = 0.05
-
-# A cancelled call re-interrupts its statement this often until the thread has let go: an
-# interrupt that lands between two statements of a transaction is a no-op in SQLite.
-_INTERRUPT_AGAIN: Final = 0.05
-
-_SQLITE_HEADER: Final = b"SQLite format 3\x00"
-_SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
-
-Mode = Literal["read", "write", "bare"]  # BEGIN, BEGIN IMMEDIATE, or no transaction at all
-Work = Callable[[sqlite3.Connection, float], T]  # gets the connection and the driver's now
-
-
-# The migrations: numbered .sql files beside this module; the schema version is the last number.
-
-
-def _statements(script: str) -> list[str]:
-    """Split a script into statements: `executescript` would COMMIT the migration's transaction
-    before running it, and a half-applied migration must roll back whole."""
-    statements: list[str] = []
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
-            pending = ""
-    if any(ln.strip() and not ln.strip().startswith("--") for ln in pending.splitlines()):
-        raise RuntimeError(f"an SQLite migration ends in an unfinished statement: {pending!r}")
-    return statements
-
-
-def _load_migrations() -> list[tuple[int, list[str]]]:
-    folder = importlib.resources.files(__package__ or "jobs_trio.drivers") / "sqlite_migrations"
-    found = sorted(
-        (int(entry.name.split("_", 1)[0]), _statements(entry.read_text(encoding="utf-8")))
-        for entry in folder.iterdir()
-        if entry.name.endswith(".sql")
-    )
-    numbers = [number for number, _ in found]
-    # Increasing and unique, starting at 1; a gap is allowed (branches number their migrations
-    # apart and meet later), a repeat never: it would say two schemas are one version.
-    if not numbers or numbers[0] != 1 or len(set(numbers)) != len(numbers):
-        raise RuntimeError(f"SQLite migrations must be numbered 1, 2, 3...; found {numbers}")
-    return found
-
-
-MIGRATIONS: Final = _load_migrations()
-SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
-
-
-# The URL and the file, before any connection is made.
-
-
-def sqlite_path(url: str) -> str:
-    """The file a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URL names."""
-    fix = "write sqlite:///relative/path.db or sqlite:////absolute/path.db (three slashes, a path)"
-    prefix = "sqlite:///"
-    if not url.startswith(prefix):
-        raise ConfigError(f"SQLite URL {url!r} does not start with {prefix!r}", fix=fix)
-    path = url[len(prefix) :]
-    if not path or path.endswith("/"):
-        raise ConfigError(f"SQLite URL {url!r} names no database file", fix=fix)
-    if path == ":memory:" or path.startswith("file:"):
-        raise ConfigError(
-            f"SQLite URL {url!r} is not a file path",
-            fix="use memory:// for a store that need not outlive the process, or " + fix,
-        )
-    if "?" in path:
-        raise ConfigError(
-            f"SQLite URL {url!r} carries query options, which the driver does not read",
-            fix="drop the ?... part and pass options (busy_timeout=...) to open_driver",
-        )
-    return path
-
-
-def _refuse_a_file_that_is_not_sqlite(path: str) -> None:
-    """Read the header ourselves: SQLite would only notice at the first statement, and the WAL
-    switch that follows would be a write to somebody else's file."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(len(_SQLITE_HEADER))
-    except FileNotFoundError:
-        return  # a new database
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the SQLite database file {path!r}: {exc}",
-            fix="check the path and its permissions",
-        ) from exc
-    if head and head != _SQLITE_HEADER:
-        raise ConfigError(
-            f"{path!r} is not a SQLite database (it does not start with the SQLite header); "
-            "it was left untouched",
-            fix="point the URL at a new file or at an existing jobs_trio database",
-        )
-
-
-def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> sqlite3.Connection:
-    if read_only or not create:
-        _refuse_a_missing_file(path)
-    _refuse_a_file_that_is_not_sqlite(path)
-    if not read_only:
-        _create_for_owner_only(path)
-    try:
-        conn = sqlite3.connect(
-            # mode=ro: SQLite itself refuses every write, and never creates the file.
-            pathlib.Path(path).absolute().as_uri() + "?mode=ro" if read_only else path,
-            timeout=min(busy_timeout, _BUSY_SLICE),
-            # isolation_level=None: the module issues no BEGIN of its own; every transaction
-            # here is an explicit BEGIN / BEGIN IMMEDIATE in `_run_transaction`.
-            isolation_level=None,
-            # One connection, used by one worker thread at a time (under the driver's lock),
-            # but not always the same thread.
-            check_same_thread=False,
-            cached_statements=256,
-            uri=read_only,
-        )
-    except sqlite3.Error as exc:
-        raise ConfigError(
-            f"cannot open the SQLite database {path!r}: {exc}",
-            fix="check that the folder exists and is writable by this user",
-        ) from exc
-    return conn
-
-
-def _refuse_a_missing_file(path: str) -> None:
-    """An open that must find a database (read-only, or create=False) at a path that is not
-    there was given a mistyped path: creating (and migrating) an empty database there would
-    answer "no jobs", or "no job with id ...", about the wrong file."""
-    if not os.path.exists(path):
-        raise ConfigError(
-            f"no database at {path!r}",
-            fix=f"check the path (a relative one starts from {os.getcwd()!r}); a new database"
-            " is created only by opening it to write (`jobs-trio migrate`, `enqueue`, a worker)",
-        )
-
-
-def _create_for_owner_only(path: str) -> None:
-    """Create a new database file readable and writable by its owner alone (0600): the jobs'
-    payloads, results and errors are the application's data. SQLite itself would create it
-    0644, and gives the -wal and -shm files it adds later the database file's own mode."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return  # an existing file keeps the mode its owner gave it
-    except OSError:
-        return  # the folder is missing or not writable: sqlite3.connect says so just after
-    os.close(fd)
-
-
-# The thread side of one call.
-
-
-class _RolledBack(Exception):
-    """The call was cancelled before its COMMIT: the transaction was rolled back instead."""
-
 
 class _FireTaken(Exception):
     """A fire of this task and scheduled time is already on record: roll the advance back."""
-
-
-class _Call(Generic[T]):
-    """One unit of work handed to a worker thread, and the handshake a cancel relies on.
-
-    Trio may raise Cancelled before the thread has even started (while it waits for a thread
-    token); then nothing must wait for a thread that will never report. ``_mutex`` makes
-    "started" and "abandoned" exclusive: whichever comes first decides.
-    """
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._started = False
-        self.cancelled = False  # set on the Trio thread; the worker reads it before COMMIT
-        self.finished = trio.Event()
-        self.result: outcome.Outcome[T] | None = None
-        self._token = trio.lowlevel.current_trio_token()
-
-    def start(self) -> bool:
-        """Thread side: False when the call was abandoned before it began (touch nothing)."""
-        with self._mutex:
-            self._started = not self.cancelled
-            return self._started
-
-    def abandon(self) -> bool:
-        """Trio side, on cancel: True when a thread runs (or ran) it and must be waited for."""
-        with self._mutex:
-            self.cancelled = True
-            return self._started
-
-    def finish(self, result: outcome.Outcome[T]) -> None:
-        self.result = result
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self.finished.set)
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    # Two tries: our own re-interrupt can land on the first ROLLBACK, and an open transaction
-    # left behind would make the next BEGIN fail.
-    for _ in range(2):
-        if not conn.in_transaction:
-            return
-        with contextlib.suppress(sqlite3.OperationalError):
-            conn.execute("ROLLBACK")
-
-
-def _run_transaction(
-    conn: sqlite3.Connection, call: _Call[T], work: Work[T], now: float, mode: Mode
-) -> T:
-    _rollback(conn)  # a transaction some earlier failure left open (see _rollback)
-    if mode == "bare":
-        return work(conn, now)
-    conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")
-    try:
-        answer = work(conn, now)
-        # Checked last: a cancel that arrived while the work ran rolls it back, so a caller
-        # that sees Cancelled knows nothing was written.
-        if call.cancelled:
-            raise _RolledBack
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-    return answer
-
-
-def _in_thread(
-    conn: sqlite3.Connection, call: _Call[T], work: Work[T], now: float, mode: Mode
-) -> T:
-    if not call.start():
-        raise _RolledBack
-    result = outcome.capture(_run_transaction, conn, call, work, now, mode)
-    call.finish(result)
-    return result.unwrap()
-
-
-# What SQLite (or its Python binding, while binding the arguments) raises for the VALUES of a
-# write: a lone surrogate, an int past 64 bits, a string or blob past SQLITE_LIMIT_LENGTH,
-# a constraint (NOT NULL for a NaN, a trigger's RAISE).
-_REFUSED: Final = (
-    UnicodeError,
-    OverflowError,
-    sqlite3.DataError,
-    sqlite3.IntegrityError,
-    sqlite3.InterfaceError,
-)
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
-# Errors no retry can cure: a read-only file or folder (or a connection opened read-only), no
-# permission, a file that cannot be opened.
-_CANNOT_WRITE: Final = (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN)
-
-
-def _not_a_database(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    return code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
 
 
 # Rows to records.
@@ -559,222 +283,31 @@ class SqliteDriver:
     """Jobs in one SQLite file, reached through one connection that one worker thread at a time
     uses. Open it with `open_sqlite_driver`, which prepares the schema and closes it after."""
 
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        *,
-        url: str,
-        path: str,
-        clock: Callable[[], float] = time.time,
-        busy_timeout: float = 5.0,
-        poll_interval: float = POLL_INTERVAL,
-        synchronous: str = "FULL",
-    ) -> None:
+    def __init__(self, door: SqliteDoor, *, url: str, poll_interval: float = POLL_INTERVAL) -> None:
         self.url = url
-        self.path = path
-        self._conn = conn
-        self._clock = clock
-        self._busy_timeout = busy_timeout
+        self.path = door.path
+        self._door = door
         self._poll_interval = poll_interval
-        self._synchronous = synchronous
-        # One connection: one call on it at a time. Trio's lock is FIFO, so calls run in the
-        # order they were made.
-        self._lock = trio.Lock()
-        # The driver's own thread token, not Trio's default limiter: abandoned sync job bodies
-        # keep their tokens until they return, and enough of them would otherwise leave no
-        # thread for the settle and the close a drain depends on. One is all the lock allows.
-        self._threads = trio.CapacityLimiter(1)
         self._lot = trio.lowlevel.ParkingLot()
         # Bumped by every wake-up, so a waiter that looked at the file while a write of this
         # driver was landing does not then sleep through that write's wake-up.
         self._wakes = 0
-        self._closed = False
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        return self._door.conn
 
     def now(self) -> float:
-        return self._clock()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise driver_closed("SQLite")
+        return self._door.now()
 
     def _wake(self) -> None:
         self._wakes += 1
         self._lot.unpark_all()
 
-    # The door every call goes through.
-
     async def _transact(self, work: Work[T], *, mode: Mode = "write") -> T:
-        """Run ``work(conn, now)`` in a worker thread inside one transaction (BEGIN IMMEDIATE
-        for writes, so two processes never both claim a job), and commit it.
-
-        A lock held by another connection is waited out for ``busy_timeout`` and then a few
-        more tries; only then does a `DriverError` surface. A cancel interrupts the statement
-        and rolls the transaction back: Cancelled then means nothing was written. If the COMMIT
-        had already happened when the cancel arrived, the answer is returned instead, and the
-        cancel lands at the caller's next checkpoint.
-        """
-        self._check_open()
-        started = time.monotonic()
-        retries = 0
-        async with self._lock:
-            while True:
-                self._check_open()  # aclose() may have run while this call waited its turn
-                try:
-                    return await self._run_in_thread(work, mode)
-                except _REFUSED as exc:
-                    # Rolled back already (_run_transaction): the file is as it was, and the
-                    # same values would be refused again, so this is not worth a retry.
-                    raise ValueRefused(
-                        f"SQLite refused a write to {self.path!r}: {type(exc).__name__}: {exc}",
-                        fix="the value cannot be stored as it is: check the text and numbers"
-                        " this write carries (a lone surrogate, a value past a limit)",
-                    ) from exc
-                except sqlite3.Error as exc:
-                    if not _is_busy(exc):
-                        raise self._driver_error(exc) from exc
-                    if time.monotonic() - started < self._busy_timeout:
-                        continue  # SQLite waited one slice; wait another, from here
-                    if retries == _BUSY_RETRIES:
-                        raise DriverError(
-                            f"{self.path!r} stayed locked by another connection for"
-                            f" {time.monotonic() - started:.1f} s (busy_timeout"
-                            f" {self._busy_timeout} s, then {retries} more tries)",
-                            fix="look for a process holding a long write transaction on this"
-                            " file (a CLI, a backup, a DB browser), or raise busy_timeout",
-                        ) from exc
-                    retries += 1
-                    pause = _BUSY_BACKOFF * 2**retries
-                    await trio.sleep(pause * random.uniform(0.5, 1.0))
-
-    async def _run_in_thread(self, work: Work[T], mode: Mode) -> T:
-        call: _Call[T] = _Call()
-        try:
-            return await trio.to_thread.run_sync(
-                _in_thread,
-                self._conn,
-                call,
-                work,
-                self.now(),
-                mode,
-                abandon_on_cancel=True,
-                limiter=self._threads,
-            )
-        except trio.Cancelled:
-            if not call.abandon():
-                raise  # the thread never started: nothing ran
-            # The thread runs on after Trio abandoned it: interrupt its statement and wait,
-            # shielded, until it has rolled back and let go of the connection, so the next
-            # call finds it usable and outside any transaction.
-            with trio.CancelScope(shield=True):
-                while not call.finished.is_set():
-                    self._conn.interrupt()
-                    with trio.move_on_after(_INTERRUPT_AGAIN):
-                        await call.finished.wait()
-            if isinstance(call.result, outcome.Value):
-                committed: T = call.result.value
-                return committed
-            raise
-
-    def _driver_error(self, exc: sqlite3.Error) -> Exception:
-        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-        if _not_a_database(exc):
-            return ConfigError(
-                f"{self.path!r} is not a usable SQLite database ({exc})",
-                fix="point the URL at a new file, or restore this one from a backup",
-            )
-        if code in _CANNOT_WRITE:
-            # Trying again changes nothing: the file, its folder or this connection is
-            # read-only, and stays so until someone changes it.
-            return ConfigError(
-                f"cannot write to the SQLite database {self.path!r}: {exc}",
-                fix="make the file and its folder writable by this user (SQLite writes -wal"
-                " and -shm files beside it); show, list and stats need only to read it",
-            )
-        return DriverError(
-            f"SQLite failed on {self.path!r}: {exc}",
-            fix="check the disk (space, permissions) and the file; the call can be retried",
-        )
-
-    # Opening.
-
-    async def _prepare(self, read_only: bool) -> None:
-        if read_only:
-            # Checked, never changed: a read-only open leaves the file exactly as it was.
-            await self._transact(self._check_current, mode="read")
-            return
-        await self._transact(self._migrate, mode="write")
-        await self._transact(self._use_wal, mode="bare")
-        # Even this reads the file: it comes after the check that the file is ours.
-        await self._transact(
-            lambda conn, now: conn.execute(f"PRAGMA synchronous = {self._synchronous}"),
-            mode="bare",
-        )
-
-    def _check_schema(self, conn: sqlite3.Connection) -> tuple[int, int]:
-        """The file's (application_id, user_version), once it is known to be ours or new."""
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if app_id != APPLICATION_ID:
-            tables = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name"
-                )
-            ]
-            if tables or version or app_id:
-                # Raised inside the transaction, before any write: the file stays as it was.
-                shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
-                raise ConfigError(
-                    f"{self.path!r} is a SQLite database of another application"
-                    f" (application_id {app_id}, user_version {version},"
-                    f" tables: {shown or 'none'}); it was left untouched",
-                    fix="point the URL at a new file: jobs_trio keeps its jobs in a file of"
-                    " its own",
-                )
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path!r} has jobs_trio schema version {version}, newer than the"
-                f" {SCHEMA_VERSION} this jobs_trio knows: a newer release wrote it",
-                fix="upgrade jobs_trio here to the release that wrote the file, or use"
-                " another file",
-            )
-        return app_id, version
-
-    def _check_current(self, conn: sqlite3.Connection, now: float) -> None:
-        _, version = self._check_schema(conn)
-        if version == 0:
-            raise ConfigError(
-                f"{self.path!r} is an empty SQLite file, not a jobs_trio database yet",
-                fix="check the path; `jobs-trio migrate --db URL` makes it one",
-            )
-        if version < SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path!r} has jobs_trio schema version {version}, older than the"
-                f" {SCHEMA_VERSION} this jobs_trio reads; a read-only open does not upgrade it",
-                fix="run `jobs-trio migrate --db URL` once to upgrade it",
-            )
-
-    def _migrate(self, conn: sqlite3.Connection, now: float) -> None:
-        app_id, version = self._check_schema(conn)
-        for number, statements in MIGRATIONS:
-            if number > version:
-                for statement in statements:
-                    conn.execute(statement)
-        if app_id != APPLICATION_ID:
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        if version != SCHEMA_VERSION:
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _use_wal(self, conn: sqlite3.Connection, now: float) -> None:
-        # After the schema check, never before: the switch writes the file header, and a
-        # foreign file must be left as it was. Outside a transaction: SQLite requires it.
-        journal = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(journal).lower() != "wal":
-            raise ConfigError(
-                f"{self.path!r} could not switch to WAL (journal mode stayed {journal!r})",
-                fix="put the database on a local file system: WAL needs shared memory,"
-                " which network file systems do not offer",
-            )
+        """The door every call goes through: ``work(conn, now)`` in one transaction in a
+        worker thread (sqlite_door.py says how a cancel and a busy file are handled)."""
+        return await self._door.transact(work, mode=mode)
 
     # Enqueue and claim.
 
@@ -1258,11 +791,9 @@ class SqliteDriver:
         the application's SQL (``tx.execute``) and the jobs it enqueues commit together. Every
         other call of this driver waits for the block to end, as SQLite has one writer: keep
         the block short."""
-        self._check_open()
-        async with self._lock:
-            self._check_open()
-            ops = SqliteOps(self._conn, limiter=self._threads, busy_timeout=self._busy_timeout)
-            async with owned(Transaction(self._conn, ops)) as tx:
+        async with self._door.held() as conn:
+            ops = SqliteOps(conn, limiter=self._door.threads, busy_timeout=self._door.busy_timeout)
+            async with owned(Transaction(conn, ops)) as tx:
                 yield tx
 
     async def _on_callers(
@@ -1305,8 +836,8 @@ class SqliteDriver:
         try:
             # The driver's own connection (jobs_trio.transaction(driver)) keeps to the driver's
             # one thread token; an application's connection is the application's to pace.
-            answer = await trio.to_thread.run_sync(run, limiter=self._threads if own else None)
-        except _REFUSED as exc:
+            answer = await trio.to_thread.run_sync(run, limiter=self._door.threads if own else None)
+        except REFUSED as exc:
             raise ValueRefused(
                 f"SQLite refused a write in the caller's transaction on {self.path!r}:"
                 f" {type(exc).__name__}: {exc}",
@@ -1320,7 +851,7 @@ class SqliteDriver:
                 " runs its statements in worker threads",
             ) from exc
         except sqlite3.Error as exc:
-            raise self._driver_error(exc) from exc
+            raise self._door.error(exc) from exc
         if wake:
             if tx is not None and tx.owned:
                 # After the commit, not now: a worker woken before it finds nothing to claim.
@@ -1437,15 +968,10 @@ class SqliteDriver:
         return answers
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._door.closed:
             return
-        self._closed = True
-        self._wake()
-        # Shielded: the connection must be closed even by a cancelled caller, and only once the
-        # call in flight (if any) has let go of it.
-        with trio.CancelScope(shield=True):
-            async with self._lock:
-                await trio.to_thread.run_sync(self._conn.close, limiter=self._threads)
+        self._wake()  # a waiter's next call hears the door is closed (before any checkpoint)
+        await self._door.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -1471,30 +997,16 @@ async def open_sqlite_driver(
     last tries and then `DriverError`. ``synchronous`` is FULL (a committed job survives a power
     cut) unless you choose NORMAL (faster; survives a crash of the process, not of the OS).
     """
-    path = sqlite_path(url)
-    if sqlite3.sqlite_version_info < MIN_SQLITE:
-        raise ConfigError(
-            f"the SQLite library is {sqlite3.sqlite_version}; the driver needs"
-            f" {'.'.join(map(str, MIN_SQLITE))} or newer",
-            fix="use a Python built against a newer SQLite",
-        )
-    if synchronous.upper() not in _SYNCHRONOUS:
-        raise ConfigError(
-            f"synchronous={synchronous!r} is not a SQLite synchronous level",
-            fix="use one of " + ", ".join(_SYNCHRONOUS),
-        )
-    conn = await trio.to_thread.run_sync(_connect, path, busy_timeout, read_only, create)
-    driver = SqliteDriver(
-        conn,
-        url=url,
-        path=path,
+    async with open_sqlite_file(
+        url,
         clock=clock,
         busy_timeout=busy_timeout,
-        poll_interval=poll_interval,
-        synchronous=synchronous.upper(),
-    )
-    try:
-        await driver._prepare(read_only)
-        yield driver
-    finally:
-        await driver.aclose()
+        synchronous=synchronous,
+        read_only=read_only,
+        create=create,
+    ) as door:
+        driver = SqliteDriver(door, url=url, poll_interval=poll_interval)
+        try:
+            yield driver
+        finally:
+            await driver.aclose()

@@ -1,7 +1,11 @@
 # Small builders the conformance tests share, so every test reads as the behaviour it checks.
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
+
+import trio
 
 from jobs_trio.driver import Driver
 from jobs_trio.records import Claim, NewJob, new_job_id
@@ -38,3 +42,56 @@ async def claim_one(driver: Driver, queue: str = "default", lease: float = 30.0)
     claims = await driver.claim([queue], 1, lease=lease, worker_id="w1")
     assert len(claims) == 1, claims
     return claims[0]
+
+
+@contextlib.asynccontextmanager
+async def a_waiting_worker(
+    driver: Driver, queues: tuple[str, ...] = ("default",)
+) -> AsyncIterator[trio.Event]:
+    """A task inside ``driver.wait_for_work(queues, timeout=60)`` and past its look for due work,
+    parked on the driver's wake-up, so only a wake-up can end its wait; the block must bring one
+    within 20 s. Yields the event the task sets when its wait returns.
+
+    "Past its look" is read from the task itself, whatever the driver (a look may run in a
+    thread or on asyncio, where no Trio wait can see it end): the block starts once the task's
+    ``wait_for_work`` awaits a Trio ``ParkingLot.park`` or ``Event.wait`` directly, checked after
+    each step the task takes. Ordered so, an enqueue in the block is heard as a wake-up, never
+    found by the look."""
+    woke = trio.Event()
+    parked = trio.Event()
+
+    async def waiter(*, task_status: trio.TaskStatus[trio.lowlevel.Task]) -> None:
+        task_status.started(trio.lowlevel.current_task())
+        await driver.wait_for_work(list(queues), timeout=60)
+        woke.set()
+
+    class Watch(trio.abc.Instrument):
+        def after_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task is waiting and _parked_on_its_wake_up(task):
+                parked.set()
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            waiting = await nursery.start(waiter)
+            watch = Watch()
+            trio.lowlevel.add_instrument(watch)
+            try:
+                # No checkpoint between this look and the wait: no step of the task is missed.
+                if not _parked_on_its_wake_up(waiting):
+                    await parked.wait()
+            finally:
+                trio.lowlevel.remove_instrument(watch)
+            yield woke
+            await woke.wait()
+
+
+def _parked_on_its_wake_up(task: trio.lowlevel.Task) -> bool:
+    """Whether ``task``'s ``wait_for_work`` is awaiting a Trio wake-up itself (not its look)."""
+    awaiting: object = task.coro
+    while awaiting is not None:
+        code = getattr(awaiting, "cr_code", None)
+        if code is not None and code.co_name == "wait_for_work":
+            inner = getattr(getattr(awaiting, "cr_await", None), "cr_code", None)
+            return inner is not None and inner.co_qualname in ("ParkingLot.park", "Event.wait")
+        awaiting = getattr(awaiting, "cr_await", None)
+    return False

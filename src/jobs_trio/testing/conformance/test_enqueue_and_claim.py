@@ -6,7 +6,7 @@ from jobs_trio.driver import Driver
 from jobs_trio.records import JobState
 from jobs_trio.testing.clock import ManualClock
 
-from .helpers import claim_one, enqueue_one, new_job
+from .helpers import a_waiting_worker, claim_one, enqueue_one, new_job
 
 
 async def test_enqueue_then_claim_returns_the_job_with_attempt_one(driver: Driver) -> None:
@@ -114,20 +114,8 @@ async def test_a_lapsed_job_out_of_attempts_is_dead_lettered_not_claimed(
 
 
 async def test_wait_for_work_returns_when_a_job_is_enqueued(driver: Driver) -> None:
-    import trio
-
-    woke = trio.Event()
-
-    async def waiter() -> None:
-        await driver.wait_for_work(["default"], timeout=60)
-        woke.set()
-
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.sleep(0.05)
-            await enqueue_one(driver)
-            await woke.wait()
+    async with a_waiting_worker(driver):
+        await enqueue_one(driver)
 
 
 async def test_wait_for_work_returns_at_once_when_work_is_due(driver: Driver) -> None:
