@@ -440,7 +440,7 @@ async def test_killed_pool_connections_fail_one_operation_and_lose_nothing(
 async def test_a_killed_listener_reconnects_and_wakes_waiters_again(
     url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="jobs_trio.drivers.postgres")
+    caplog.set_level(logging.INFO, logger="jobs_trio")
     async with driver_and_admin(url, pg_schema) as (driver, admin):
         listen_name = driver.bridge.application_name + ":listen"
         await driver.wait_for_work(["default"], timeout=0)  # the first wait LISTENs

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobs_trio.drivers.memory import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
+from jobs_trio.drivers.rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres
@@ -44,21 +44,31 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
     ),
     "renew": (NOW, 30.0, RUNNING_IDS, TOKENS),
     "lock_for_settle": (RUNNING_IDS,),
-    "settle_complete": (NOW, "ch", RUNNING_IDS, TOKENS, ["null"] * 50),
+    # Each settle: ids, tokens, whether each hands its attempt back, then the kind's own.
+    "settle_complete": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["null"] * 50),
     "settle_retry": (
         NOW,
         "ch",
         RUNNING_IDS,
         TOKENS,
+        [False] * 50,
         [1.0] * 50,
         ["e"] * 50,
-        [True] * 50,
         ["c"] * 50,
     ),
-    "settle_dead": (NOW, "ch", RUNNING_IDS, TOKENS, ["e"] * 50),
-    "settle_suspend": (NOW, "ch", RUNNING_IDS, TOKENS, [1.0] * 50, [None] * 50, ["c"] * 50),
-    "settle_park": (NOW, "ch", RUNNING_IDS, TOKENS, ["r"] * 50, ["c"] * 50),
-    "settle_cancel": (NOW, "ch", RUNNING_IDS, TOKENS, ["e"] * 50),
+    "settle_dead": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["e"] * 50),
+    "settle_suspend": (
+        NOW,
+        "ch",
+        RUNNING_IDS,
+        TOKENS,
+        [True] * 50,
+        [1.0] * 50,
+        [None] * 50,
+        ["c"] * 50,
+    ),
+    "settle_park": (NOW, "ch", RUNNING_IDS, TOKENS, [True] * 50, ["r"] * 50, ["c"] * 50),
+    "settle_cancel": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["e"] * 50),
     "save_step": (RUNNING_IDS[0], "t", "s", "done", NOW, NOW, "1", None, None, None),
     "load_steps": (RUNNING_IDS[0],),
     "next_due": (["default", "other"],),

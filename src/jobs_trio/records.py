@@ -27,10 +27,6 @@ class JobState(enum.StrEnum):
         return self.value
 
 
-# A unique key is held while its job can still run; a finished job frees it.
-LIVE_STATES = frozenset({JobState.READY, JobState.RUNNING, JobState.SUSPENDED, JobState.PARKED})
-
-
 def new_job_id() -> JobId:
     """A sortable id: milliseconds since the epoch, then 64 random bits (26 hex digits)."""
     return f"{int(time.time() * 1000):011x}{os.urandom(8).hex()}"
@@ -197,27 +193,8 @@ class JobRecord:
     context: str | None = None  # as enqueued (NewJob.context)
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "queue": self.queue,
-            "state": self.state.value,
-            "payload": self.payload,
-            "priority": self.priority,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "last_error": self.last_error,
-            "result": self.result,
-            "run_at": self.run_at,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "key": self.key,
-            "lease_until": self.lease_until,
-            "worker_id": self.worker_id,
-            "cancel_requested": self.cancel_requested,
-            "wait_event": self.wait_event,
-            "context": self.context,
-        }
+        # Every field, by the class's own list (the drivers' column list is made from it too).
+        return {**attrs.asdict(self, recurse=False), "state": self.state.value}
 
 
 @attrs.frozen
@@ -249,16 +226,7 @@ class StepRecord:
     match: str | None = None  # waiting: the event key to match, if any
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "result": self.result,
-            "wake_at": self.wake_at,
-            "event": self.event,
-            "match": self.match,
-        }
+        return {**attrs.asdict(self, recurse=False), "status": self.status.value}
 
 
 @attrs.frozen

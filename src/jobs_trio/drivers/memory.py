@@ -2,6 +2,7 @@
 # Apart because it is the reference the SQLite and PostgreSQL drivers are checked against.
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -13,7 +14,7 @@ import trio
 
 from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
-from ..errors import ConfigError, ValueRefused
+from ..errors import ValueRefused
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -23,12 +24,8 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
-    LIVE_STATES,
-    CancelJob,
     Claim,
     ClaimToken,
-    Complete,
-    DeadLetter,
     Enqueued,
     EventRecord,
     JobId,
@@ -38,21 +35,28 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
-    Park,
     Pruned,
     PruneTurn,
     QueueStats,
     RenewResult,
-    Retry,
     Settlement,
     StepRecord,
-    Suspend,
     TaskAdvance,
     TaskMark,
     new_token,
 )
 from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .limit_rules import SLOT, LimitRow, decide, needs
+from .rules import (
+    FIRE_HISTORY,
+    LAPSED_ERROR,
+    LIVE_STATES,
+    driver_closed,
+    effect,
+    lapsed_out_of_attempts,
+    queue_stats,
+    refuse_connection,
+)
 
 
 def _refuse_unstorable(settlement: Settlement) -> None:
@@ -73,27 +77,12 @@ def _refuse_unstorable(settlement: Settlement) -> None:
             )
 
 
-# How many fires of each task the fire record keeps: enough to refuse a second fire of any
-# recent scheduled time; older ones are behind the task's mark, which refuses them anyway.
-FIRE_HISTORY = 100
-
-LAPSED_ERROR = "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
-
-
-# `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
-LAPSED_OUT_OF_ATTEMPTS = LAPSED_ERROR + "; no attempts left after {attempts}"
-
-
 @attrs.frozen
 class _OutboxRow:
     job: NewJob
     run_at: float
     created_at: float
     claimed_until: float | None = None
-
-
-def lapsed_out_of_attempts(attempts: int) -> str:
-    return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
 
 
 def _out_of_attempts(record: JobRecord) -> bool:
@@ -138,7 +127,7 @@ class MemoryDriver:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError("the memory driver is closed", fix="open a new driver")
+            raise driver_closed("memory")
 
     def _wake(self) -> None:
         self._lot.unpark_all()
@@ -153,11 +142,11 @@ class MemoryDriver:
     ) -> Sequence[Enqueued]:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        if connection is not None:
-            raise ConfigError(
-                "the memory driver has no transactions to enlist in",
-                fix="enqueue without connection=, or use the PostgreSQL driver",
-            )
+        refuse_connection(
+            connection,
+            driver="memory",
+            fix="enqueue without connection=, or use the SQLite or PostgreSQL driver",
+        )
         answers = self._insert(jobs, self.now())
         self._wake()
         return answers
@@ -383,40 +372,17 @@ class MemoryDriver:
                 s = cancel_instead(s) or s
             self._tokens.pop(record.id, None)
             self._release_slot(record.id, s.lease.token, now)
-            done = dict(lease_until=None, worker_id=None, cancel_requested=False)
-            if isinstance(s, Complete):
-                self._put(record, state=JobState.COMPLETED, result=s.result, **done)
-            elif isinstance(s, Retry):
-                attempts = record.attempts if s.counts_as_attempt else record.attempts - 1
-                self._put(
-                    record,
-                    state=JobState.READY,
-                    run_at=now + max(s.delay, 0.0),
-                    attempts=attempts,
-                    last_error=s.error,
-                    **done,
-                )
-            elif isinstance(s, DeadLetter):
-                self._put(record, state=JobState.DEAD, last_error=s.error, **done)
-            elif isinstance(s, Suspend):
-                self._put(
-                    record,
-                    state=JobState.SUSPENDED,
-                    run_at=now + max(s.delay, 0.0),
-                    attempts=record.attempts - 1,
-                    wait_event=s.event,
-                    **done,
-                )
-            elif isinstance(s, Park):
-                self._put(
-                    record,
-                    state=JobState.PARKED,
-                    attempts=record.attempts - 1,
-                    last_error=s.reason,
-                    **done,
-                )
-            elif isinstance(s, CancelJob):
-                self._put(record, state=JobState.CANCELLED, last_error=s.error, **done)
+            change = effect(s)
+            self._put(
+                record,
+                state=change.state,
+                attempts=record.attempts - change.hands_back,
+                run_at=record.run_at if change.delay is None else now + max(change.delay, 0.0),
+                lease_until=None,
+                worker_id=None,
+                cancel_requested=False,
+                **change.writes,
+            )
             applied.append(record.id)
         self._wake()
         return applied
@@ -468,33 +434,22 @@ class MemoryDriver:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
-        by_queue: dict[str, list[JobRecord]] = {}
+        depths = collections.Counter((r.queue, r.state.value) for r in self._jobs.values())
+        due: dict[str, list[float]] = {}
         for r in self._jobs.values():
-            by_queue.setdefault(r.queue, []).append(r)
-        answers = []
-        for queue in sorted(by_queue):
-            records = by_queue[queue]
-            depth: dict[str, int] = {}
-            for r in records:
-                depth[r.state.value] = depth.get(r.state.value, 0) + 1
-            due = [r for r in records if r.state is JobState.READY and r.run_at <= now]
-            oldest = now - min(r.run_at for r in due) if due else None
-            waiting: dict[tuple[str, str], int] = {}
-            for r in records:
-                if r.state in (JobState.READY, JobState.SUSPENDED) and r.id in self._waiting:
-                    kind = self._waiting[r.id].split(":", 1)[0]
-                    waiting[(r.name, kind)] = waiting.get((r.name, kind), 0) + 1
-            answers.append(
-                QueueStats(
-                    queue=queue,
-                    depth=depth,
-                    due=len(due),
-                    oldest_ready_age=oldest,
-                    dead=depth.get(JobState.DEAD.value, 0),
-                    limit_waiting=tuple((*k, n) for k, n in sorted(waiting.items())),
-                )
-            )
-        return answers
+            if r.state is JobState.READY and r.run_at <= now:
+                due.setdefault(r.queue, []).append(r.run_at)
+        waiting = collections.Counter(
+            (r.queue, r.name, self._waiting[r.id].split(":", 1)[0])
+            for r in self._jobs.values()
+            if r.state in (JobState.READY, JobState.SUSPENDED) and r.id in self._waiting
+        )
+        return queue_stats(
+            ((queue, state, n) for (queue, state), n in depths.items()),
+            ((queue, len(run_ats), min(run_ats)) for queue, run_ats in due.items()),
+            now,
+            ((*key, n) for key, n in waiting.items()),
+        )
 
     async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
         await trio.lowlevel.checkpoint()
@@ -609,12 +564,12 @@ class MemoryDriver:
     ) -> None:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        if unwrap(connection)[0] is not None:
-            raise ConfigError(
-                "the memory driver has no transactions to enlist in",
-                fix="write to the outbox outside jobs_trio.transaction(), or use SQLite or"
-                " PostgreSQL for the application's database",
-            )
+        refuse_connection(
+            unwrap(connection)[0],
+            driver="memory",
+            fix="write to the outbox outside jobs_trio.transaction(), or use SQLite or"
+            " PostgreSQL for the application's database",
+        )
         now = self.now()
         for job in jobs:
             self._outbox[job.job_id] = _OutboxRow(job, now + max(job.delay, 0.0), now)

@@ -17,9 +17,10 @@ import trio
 
 from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
-from ..errors import ConfigError, DriverError, JobsError
+from ..errors import DriverError, JobsError
 from ..fleet_stats import decode as decode_fleet_stats
 from ..fleet_stats import encode as encode_fleet_stats
+from ..logs import log_event
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -29,10 +30,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
-    CancelJob,
     Claim,
-    Complete,
-    DeadLetter,
     Enqueued,
     EventRecord,
     JobId,
@@ -42,33 +40,37 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
-    Park,
     Pruned,
     PruneTurn,
     QueueStats,
     RenewResult,
-    Retry,
     Settlement,
     StepRecord,
     StepStatus,
-    Suspend,
     TaskAdvance,
     TaskMark,
     outbox_job,
 )
 from ..retention import cutoffs, turn_is_free
 from .limit_rules import LimitRow, decide, needs
-from .memory import FIRE_HISTORY, LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
 from .postgres_pooler import Pooler
 from .postgres_sql import Statements, load_statements
+from .rules import (
+    FIRE_HISTORY,
+    LAPSED_ERROR,
+    LAPSED_OUT_OF_ATTEMPTS,
+    driver_closed,
+    effect,
+    job_record,
+    kind_of,
+    queue_stats,
+)
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
-
-log = logging.getLogger("jobs_trio.drivers.postgres")
 
 
 class _FireTaken(JobsError):
@@ -202,7 +204,7 @@ class PostgresDriver:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError("the PostgreSQL driver is closed", fix="open a new driver")
+            raise driver_closed("PostgreSQL")
 
     async def _run_here_or_on(
         self, connection: object | None, op: Callable[[Connection], Any], *, what: str
@@ -418,9 +420,9 @@ class PostgresDriver:
             return []
         now = self.now()
         sql = self._sql
-        by_kind: dict[str, list[Any]] = {}
+        by_kind: dict[str, list[Settlement]] = {}
         for s in firsts.values():
-            by_kind.setdefault(_KIND[type(s)], []).append(s)
+            by_kind.setdefault(kind_of(s).name, []).append(s)
 
         async def apply(conn: Connection) -> set[tuple[JobId, str]]:
             if len(by_kind) > 1:
@@ -428,7 +430,7 @@ class PostgresDriver:
             applied: set[tuple[JobId, str]] = set()
             for kind, group in by_kind.items():
                 rows = await conn.fetch(
-                    sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(kind, group)
+                    sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(group)
                 )
                 applied.update((row["id"], row["token"]) for row in rows)
             return applied
@@ -454,7 +456,7 @@ class PostgresDriver:
             return await conn.fetchrow(sql["get_job"], job_id)
 
         row = await self.bridge.run(read, what="get")
-        return None if row is None else _record(row)
+        return None if row is None else job_record(row)
 
     async def list_jobs(
         self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
@@ -466,7 +468,7 @@ class PostgresDriver:
         async def read(conn: Connection) -> list[Any]:
             return list(await conn.fetch(sql["list_jobs"], state_value, queue, max(limit, 0)))
 
-        return [_record(row) for row in await self.bridge.run(read, what="list")]
+        return [job_record(row) for row in await self.bridge.run(read, what="list")]
 
     async def retry(self, job_id: JobId) -> JobRecord:
         self._check_open()
@@ -490,7 +492,7 @@ class PostgresDriver:
             await conn.execute(sql["notify"], sql.channel, [record.queue])
             return row
 
-        return _record(await self.bridge.run(rerun, what="retry", transaction=True))
+        return job_record(await self.bridge.run(rerun, what="retry", transaction=True))
 
     async def cancel(self, job_id: JobId) -> JobRecord:
         self._check_open()
@@ -503,7 +505,7 @@ class PostgresDriver:
                 return await conn.fetchrow(sql["request_cancel"], now, job_id)
             return await conn.fetchrow(sql["cancel_job"], now, job_id, OPERATOR_CANCEL_ERROR)
 
-        return _record(await self.bridge.run(stop, what="cancel", transaction=True))
+        return job_record(await self.bridge.run(stop, what="cancel", transaction=True))
 
     async def stats(self) -> Sequence[QueueStats]:
         self._check_open()
@@ -572,11 +574,7 @@ class PostgresDriver:
             except DriverError as exc:
                 # The database is away: fall back to polling on the timeout, so the caller's
                 # next claim finds out whether it came back.
-                log.warning(
-                    "jobs.driver.wait-degraded error=%s",
-                    exc.cause,
-                    extra={"event": "jobs.driver.wait-degraded", "error": exc.cause},
-                )
+                log_event("jobs.driver.wait-degraded", logging.WARNING, error=exc.cause)
                 due_in = math.inf
             if due_in <= 0:
                 return
@@ -891,16 +889,6 @@ class PostgresDriver:
             await self.bridge.run(drop, what=f"dropping schema {self.schema!r}")
 
 
-_KIND: dict[type, str] = {
-    Complete: "complete",
-    Retry: "retry",
-    DeadLetter: "dead",
-    Suspend: "suspend",
-    Park: "park",
-    CancelJob: "cancel",
-}
-
-
 def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
     """The unnest arrays of a batch of new jobs (id, name, queue, payload, priority,
     max_attempts, delay, key, context), in that parameter order."""
@@ -930,28 +918,25 @@ def _limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
     ]
 
 
-def _settle_columns(kind: str, group: Sequence[Any]) -> list[list[Any]]:
-    """The unnest arrays for one kind's statement, in its parameter order after ``now``."""
-    ids = [s.lease.job_id for s in group]
-    tokens = [s.lease.token for s in group]
-    # What each becomes if an operator's cancel is pending: the SQL picks it by the row's flag.
+def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
+    """The unnest arrays for one kind's statement (every settlement in ``group`` is of that
+    kind), in its parameter order after ``now`` and the channel: ids, tokens, whether each hands
+    its attempt back, the delay (a kind that moves run_at), each field the kind writes (in the
+    order rules.SETTLEMENT_KINDS names them), and what each becomes under a pending cancel (a
+    kind that would leave the job live: the SQL picks it by the row's flag)."""
+    effects = [effect(s) for s in group]
+    columns: list[list[Any]] = [
+        [s.lease.job_id for s in group],
+        [s.lease.token for s in group],
+        [e.hands_back for e in effects],
+    ]
+    if effects[0].delay is not None:
+        columns.append([float(e.delay or 0.0) for e in effects])
+    columns += [[e.writes[field] for e in effects] for field in effects[0].writes]
     cancelled = [instead.error for s in group if (instead := cancel_instead(s)) is not None]
-    if kind == "complete":
-        return [ids, tokens, [s.result for s in group]]
-    if kind == "retry":
-        return [
-            ids,
-            tokens,
-            [float(s.delay) for s in group],
-            [s.error for s in group],
-            [bool(s.counts_as_attempt) for s in group],
-            cancelled,
-        ]
-    if kind == "suspend":
-        return [ids, tokens, [float(s.delay) for s in group], [s.event for s in group], cancelled]
-    if kind == "park":
-        return [ids, tokens, [s.reason for s in group], cancelled]
-    return [ids, tokens, [s.error for s in group]]  # dead, cancel
+    if cancelled:
+        columns.append(cancelled)
+    return columns
 
 
 async def _insert(
@@ -966,57 +951,16 @@ async def _insert(
 
 
 async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[QueueStats]:
-    stats = _queue_stats(await conn.fetch(sql["stats"], now), now)
-    waiting: dict[str, list[tuple[str, str, int]]] = {}
-    for row in await conn.fetch(sql["limit_waiting"]):
-        waiting.setdefault(row["queue"], []).append((row["name"], row["kind"], row["n"]))
-    return [attrs.evolve(q, limit_waiting=tuple(waiting.get(q.queue, ()))) for q in stats]
-
-
-def _queue_stats(rows: Sequence[Any], now: float) -> list[QueueStats]:
-    by_queue: dict[str, list[Any]] = {}
-    for row in rows:
-        by_queue.setdefault(row["queue"], []).append(row)
-    answers = []
-    for queue in sorted(by_queue):
-        depth = {row["state"]: row["n"] for row in by_queue[queue]}
-        due = sum(row["due"] for row in by_queue[queue])
-        oldest_run_at = [r["oldest_due"] for r in by_queue[queue] if r["oldest_due"] is not None]
-        answers.append(
-            QueueStats(
-                queue=queue,
-                depth=depth,
-                due=due,
-                oldest_ready_age=now - min(oldest_run_at) if oldest_run_at else None,
-                dead=depth.get(JobState.DEAD.value, 0),
-            )
-        )
-    return answers
-
-
-def _record(row: Any) -> JobRecord:
-    return JobRecord(
-        id=row["id"],
-        name=row["name"],
-        queue=row["queue"],
-        state=JobState(row["state"]),
-        payload=row["payload"],
-        priority=row["priority"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        run_at=row["run_at"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        key=row["key"],
-        last_error=row["last_error"],
-        result=row["result"],
-        lease_until=row["lease_until"],
-        worker_id=row["worker_id"],
-        cancel_requested=row["cancel_requested"],
-        wait_event=row["wait_event"],
-        context=row["context"],
+    # The stats rows are one per queue and state; only a queue's ready row has jobs due.
+    rows = await conn.fetch(sql["stats"], now)
+    waiting = await conn.fetch(sql["limit_waiting"])
+    return queue_stats(
+        ((row["queue"], row["state"], row["n"]) for row in rows),
+        ((row["queue"], row["due"], row["oldest_due"]) for row in rows if row["due"]),
+        now,
+        ((row["queue"], row["name"], row["kind"], row["n"]) for row in waiting),
     )
 
 
 def _record_or_raise(row: Any, job_id: JobId) -> JobRecord:
-    return _record(found(row, job_id))
+    return job_record(found(row, job_id))

@@ -18,10 +18,9 @@ import attrs
 import trio
 
 from ..errors import DriverError
+from ..logs import log_event
 from .postgres_bridge import CLEANUP_SECONDS, Bridge
 from .postgres_pool import Connection
-
-log = logging.getLogger("jobs_trio.drivers.postgres")
 
 # A LISTEN connection that dies quietly (a cable, a NAT timeout) sends no termination; an idle
 # ping finds it. Waiters poll on their own timeout meanwhile, so this only bounds latency.
@@ -170,40 +169,25 @@ class Listener:
         for attempt in itertools.count(1):
             # Jittered: a fleet that lost its server together should not return together.
             delay = min(BACKOFF_FIRST * 2 ** (attempt - 1), BACKOFF_MAX) * random.uniform(0.5, 1)
-            log.warning(
-                "jobs.driver.reconnect channel=%s attempt=%d delay=%.2fs",
-                self._channel,
-                attempt,
-                delay,
-                extra={
-                    "event": "jobs.driver.reconnect",
-                    "channel": self._channel,
-                    "attempt": attempt,
-                    "delay": delay,
-                },
+            log_event(
+                "jobs.driver.reconnect",
+                logging.WARNING,
+                channel=self._channel,
+                attempt=attempt,
+                delay=round(delay, 2),
             )
             await trio.sleep(delay)
             try:
                 conn = await self._connect()
             except DriverError as exc:
-                log.warning(
-                    "jobs.driver.reconnect-failed channel=%s attempt=%d error=%s",
-                    self._channel,
-                    attempt,
-                    exc.cause,
-                    extra={
-                        "event": "jobs.driver.reconnect-failed",
-                        "channel": self._channel,
-                        "attempt": attempt,
-                        "error": exc.cause,
-                    },
+                log_event(
+                    "jobs.driver.reconnect-failed",
+                    logging.WARNING,
+                    channel=self._channel,
+                    attempt=attempt,
+                    error=exc.cause,
                 )
                 continue
-            log.info(
-                "jobs.driver.reconnected channel=%s attempts=%d",
-                self._channel,
-                attempt,
-                extra={"event": "jobs.driver.reconnected", "channel": self._channel},
-            )
+            log_event("jobs.driver.reconnected", channel=self._channel, attempts=attempt)
             return conn
         raise AssertionError("unreachable")

@@ -1,5 +1,6 @@
 -- Every statement the PostgreSQL driver runs, by name. `{schema}` is the driver's schema (a
--- checked identifier, quoted), `{job_columns}` the columns of a JobRecord (never the token).
+-- checked identifier, quoted), `{job_columns}` the columns of a JobRecord (never the token),
+-- `{live_states}` the states whose job holds its unique key (rules.LIVE_STATES, as an SQL list).
 -- `$1` is the driver clock's now wherever a statement needs the time.
 
 -- name: enqueue
@@ -23,7 +24,7 @@ WITH created AS (
         slot_key, slots, rate_key, starts, per, ord
     )
     ORDER BY n.ord
-    ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('ready', 'running', 'suspended', 'parked')
+    ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {live_states}
     DO NOTHING
     RETURNING id, queue
 ), notified AS (
@@ -33,7 +34,7 @@ SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
 -- name: live_key_holders
 SELECT key, id FROM {schema}.jobs
-WHERE key = ANY($1::text[]) AND state IN ('ready', 'running', 'suspended', 'parked');
+WHERE key = ANY($1::text[]) AND state IN {live_states};
 
 -- name: notify
 -- One notification per queue that gained claimable work; sent at commit, so a rolled-back
@@ -231,13 +232,16 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
 -- name: settle
 -- The frame of every kind's settle statement: settle_<kind>_rows below is the unnest of the
 -- batch, settle_<kind>_set what that kind changes. Fenced: only a row whose token is still the
--- claim's changes. $1 now, $2 the NOTIFY channel, $3 ids, $4 tokens, $5… the kind's own.
+-- claim's changes. $1 now, $2 the NOTIFY channel, $3 ids, $4 tokens, $5 whether each hands
+-- its attempt back (rules.SETTLEMENT_KINDS decides), $6… the kind's own (settle_columns).
 WITH locked AS MATERIALIZED (
     -- In id order: a worker renews and settles on two connections at once (see renew).
     SELECT id FROM {schema}.jobs WHERE id = ANY($3::text[]) ORDER BY id FOR UPDATE
 ), settled AS (
     UPDATE {schema}.jobs AS j
     SET {kind_set},
+        -- An operator's pending cancel ends the job cancelled instead, its attempt counted.
+        attempts = j.attempts - CASE WHEN s.handed_back AND NOT j.cancel_requested THEN 1 ELSE 0 END,
         token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false,
         updated_at = $1
     FROM ({kind_rows}) AS s
@@ -277,58 +281,57 @@ SELECT id, token FROM settled, (SELECT count(*) FROM notified) AS sent;
 
 -- name: settle_complete_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, result);
+FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, handed_back, result);
 
 -- name: settle_complete_set
 state = 'completed', result = s.result;
 
 -- name: settle_retry_rows
 SELECT *, delay <= 0 AS ready_now
-FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[], $7::bool[], $8::text[])
-    AS u(id, token, delay, error, counted, cancelled);
+FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[])
+    AS u(id, token, handed_back, delay, error, cancelled);
 
 -- name: settle_retry_set
--- counted = false hands the attempt back (an interrupted run). Here and in suspend and park: an
--- operator's pending cancel ends the job cancelled instead, its attempt counted and s.cancelled
--- its error (operator_transitions.cancel_instead, which holds the rule); in this one statement,
--- so a cancel request that commits while it runs is seen on the row it re-reads.
+-- Here and in suspend and park: an operator's pending cancel ends the job cancelled instead,
+-- its attempt counted and s.cancelled its error (operator_transitions.cancel_instead, which
+-- holds the rule); in this one statement, so a cancel request that commits while it runs is
+-- seen on the row it re-reads.
 state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
 run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE $1 + greatest(s.delay, 0) END,
-attempts = j.attempts - CASE WHEN s.counted OR j.cancel_requested THEN 0 ELSE 1 END,
 last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.error END;
 
 -- name: settle_dead_rows
-SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, error);
+SELECT *, false AS ready_now
+FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, handed_back, error);
 
 -- name: settle_dead_set
 state = 'dead', last_error = s.error;
 
 -- name: settle_suspend_rows
 SELECT *, delay <= 0 AS ready_now
-FROM unnest($3::text[], $4::text[], $5::float8[], $6::text[], $7::text[])
-    AS u(id, token, delay, event, cancelled);
+FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[])
+    AS u(id, token, handed_back, delay, event, cancelled);
 
 -- name: settle_suspend_set
--- A suspension hands its attempt back: waiting is not failing. A pending cancel: see retry.
+-- A pending cancel: see retry.
 state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'suspended' END,
 run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE $1 + greatest(s.delay, 0) END,
-attempts = j.attempts - CASE WHEN j.cancel_requested THEN 0 ELSE 1 END,
 wait_event = CASE WHEN j.cancel_requested THEN j.wait_event ELSE s.event END,
 last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE j.last_error END;
 
 -- name: settle_park_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS u(id, token, reason, cancelled);
+FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[], $7::text[])
+    AS u(id, token, handed_back, reason, cancelled);
 
 -- name: settle_park_set
--- Parked for deploy skew (a job name this deploy does not know): the attempt is handed back.
--- A pending cancel: see retry.
+-- Parked for deploy skew (a job name this deploy does not know). A pending cancel: see retry.
 state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'parked' END,
-attempts = j.attempts - CASE WHEN j.cancel_requested THEN 0 ELSE 1 END,
 last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.reason END;
 
 -- name: settle_cancel_rows
-SELECT *, false AS ready_now FROM unnest($3::text[], $4::text[], $5::text[]) AS u(id, token, error);
+SELECT *, false AS ready_now
+FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, handed_back, error);
 
 -- name: settle_cancel_set
 state = 'cancelled', last_error = s.error;
@@ -348,7 +351,7 @@ LIMIT $3;
 -- name: key_held_elsewhere
 SELECT EXISTS (
     SELECT 1 FROM {schema}.jobs
-    WHERE key = $1 AND id <> $2 AND state IN ('ready', 'running', 'suspended', 'parked')
+    WHERE key = $1 AND id <> $2 AND state IN {live_states}
 );
 
 -- name: retry_job

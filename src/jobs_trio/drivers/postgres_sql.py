@@ -13,21 +13,14 @@ import attrs
 
 from ..errors import ConfigError
 from .migration_files import Migration, read_migrations
+from .rules import JOB_COLUMNS, LIVE_STATES_SQL, SETTLEMENT_KINDS
 
 # Matched with fullmatch: `$` also matches before a trailing newline, and "jobs\n" must not
 # pass for a plain identifier.
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-# The columns a JobRecord is built from. The token is deliberately absent: a record is what
-# operators read, and a fencing token must never leak into `show` output.
-JOB_COLUMNS = (
-    "id, name, queue, state, payload, priority, attempts, max_attempts, run_at, created_at, "
-    "updated_at, key, last_error, result, lease_until, worker_id, cancel_requested, wait_event, "
-    "context"
-)
-
 # One statement per kind of settlement, each the `settle` frame with the kind's own pieces.
-SETTLE_KINDS = ("complete", "retry", "dead", "suspend", "park", "cancel")
+SETTLE_KINDS = tuple(kind.name for kind in SETTLEMENT_KINDS.values())
 
 _NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
@@ -84,7 +77,11 @@ class Statements:
 def load_statements(schema: str) -> Statements:
     schema = check_schema_name(schema)
     # Quoted even though checked: a valid name may still be a keyword ("user", "order").
-    fill = {"{schema}": f'"{schema}"', "{job_columns}": JOB_COLUMNS}
+    fill = {
+        "{schema}": f'"{schema}"',
+        "{job_columns}": JOB_COLUMNS,
+        "{live_states}": LIVE_STATES_SQL,
+    }
     folder = resources.files("jobs_trio.drivers")
     text = (folder / "postgres_queries.sql").read_text(encoding="utf-8")
     by_name = {name: _fill(sql, fill) for name, sql in _split_named(text).items()}

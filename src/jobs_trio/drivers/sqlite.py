@@ -33,10 +33,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
-    CancelJob,
     Claim,
-    Complete,
-    DeadLetter,
     Enqueued,
     EventRecord,
     JobId,
@@ -46,23 +43,30 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
-    Park,
     Pruned,
     PruneTurn,
     QueueStats,
     RenewResult,
-    Retry,
     Settlement,
     StepRecord,
     StepStatus,
-    Suspend,
     TaskAdvance,
     TaskMark,
     outbox_job,
 )
 from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
-from .memory import FIRE_HISTORY, LAPSED_ERROR, lapsed_out_of_attempts
+from .rules import (
+    FIRE_HISTORY,
+    JOB_COLUMNS,
+    LAPSED_ERROR,
+    LIVE_STATES_SQL,
+    effect,
+    job_record,
+    lapsed_out_of_attempts,
+    queue_stats,
+    refuse_connection,
+)
 from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
 from .sqlite_migrate import open_sqlite_file
 
@@ -80,30 +84,17 @@ class _FireTaken(Exception):
 
 # Rows to records.
 
-# Column names are the record's field names, so a row maps onto its record by name.
-_JOB_FIELDS: Final = (
-    "id", "name", "queue", "state", "payload", "priority", "attempts", "max_attempts", "run_at",
-    "created_at", "updated_at", "key", "last_error", "result", "lease_until", "worker_id",
-    "cancel_requested", "wait_event", "context",
-)  # fmt: skip
+# Column names are the record's field names, so a row maps onto its record by name (the job's:
+# rules.JOB_COLUMNS).
 _STEP_FIELDS: Final = (
     "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
 )  # fmt: skip
-_JOB_COLUMNS: Final = ", ".join(_JOB_FIELDS)
 _STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
 _CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context"
 # Fencing: a write of a run applies only while its claim is the job's current one.
 _FENCE: Final = "id = ? AND token = ? AND state = 'running'"
-_LIVE: Final = "('ready', 'running', 'suspended', 'parked')"
-
-
-def _job(row: Sequence[Any]) -> JobRecord:
-    fields = dict(zip(_JOB_FIELDS, row, strict=True))
-    fields["state"] = JobState(fields["state"])
-    fields["cancel_requested"] = bool(fields["cancel_requested"])
-    return JobRecord(**fields)
 
 
 def _step(row: Sequence[Any]) -> StepRecord:
@@ -117,55 +108,25 @@ def _event(row: Any) -> EventRecord:
 
 
 def _job_or_raise(conn: sqlite3.Connection, job_id: JobId) -> JobRecord:
-    row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    return _job(found(row, job_id))
-
-
-def _refuse_a_connection(connection: object | None, doing: str) -> None:
-    # Refused rather than ignored: a caller who passes its transaction believes the write
-    # commits or rolls back with it, and here it could do neither.
-    if connection is not None:
-        raise ConfigError(
-            "the SQLite driver cannot enlist in a caller's transaction",
-            fix=f"{doing} without connection=, or use the PostgreSQL driver",
-        )
+    row = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    return job_record(found(row, job_id))
 
 
 def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
-    depths: dict[str, dict[str, int]] = {}
-    for queue, state, count in conn.execute(
-        "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
-    ):
-        depths.setdefault(queue, {})[state] = count
-    due = {
-        queue: (count, oldest)
-        for queue, count, oldest in conn.execute(
+    return queue_stats(
+        conn.execute("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"),
+        conn.execute(
             "SELECT queue, count(*), min(run_at) FROM jobs"
             " WHERE state = 'ready' AND run_at <= ? GROUP BY queue",
             (now,),
-        )
-    }
-    waiting: dict[str, list[tuple[str, str, int]]] = {}
-    for queue, name, kind, count in conn.execute(
-        "SELECT queue, name, substr(waiting_on, 1, 4), count(*) FROM jobs"
-        " WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')"
-        " GROUP BY queue, name, substr(waiting_on, 1, 4) ORDER BY queue, name, 3"
-    ):
-        waiting.setdefault(queue, []).append((name, kind, count))
-    answers = []
-    for queue in sorted(depths):
-        count, oldest = due.get(queue, (0, None))
-        answers.append(
-            QueueStats(
-                queue=queue,
-                depth=depths[queue],
-                due=count,
-                oldest_ready_age=None if oldest is None else now - oldest,
-                dead=depths[queue].get(JobState.DEAD.value, 0),
-                limit_waiting=tuple(waiting.get(queue, ())),
-            )
-        )
-    return answers
+        ),
+        now,
+        conn.execute(
+            "SELECT queue, name, substr(waiting_on, 1, 4), count(*) FROM jobs"
+            " WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')"
+            " GROUP BY queue, name, substr(waiting_on, 1, 4)"
+        ),
+    )
 
 
 def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
@@ -179,29 +140,17 @@ def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
 
 
 def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also: str = "") -> bool:
-    values: tuple[object, ...]
-    match s:
-        case Complete(result=result):
-            changes, values = "state = 'completed', result = ?", (result,)
-        case Retry(delay=delay, error=error, counts_as_attempt=counts):
-            # An interrupted attempt (counts_as_attempt=False) hands back the one its claim took.
-            changes = "state = 'ready', run_at = ?, attempts = attempts - ?, last_error = ?"
-            values = (now + max(delay, 0.0), 0 if counts else 1, error)
-        case DeadLetter(error=error):
-            changes, values = "state = 'dead', last_error = ?", (error,)
-        case Suspend(delay=delay, event=event):
-            changes = "state = 'suspended', run_at = ?, attempts = attempts - 1, wait_event = ?"
-            values = (now + max(delay, 0.0), event)
-        case Park(reason=reason):
-            changes, values = "state = 'parked', attempts = attempts - 1, last_error = ?", (reason,)
-        case CancelJob(error=error):
-            changes, values = "state = 'cancelled', last_error = ?", (error,)
-        case _:
-            raise TypeError(f"not a settlement: {s!r}")
+    change = effect(s)
+    # Column names are rules' own record field names, never a caller's text.
+    written: dict[str, object] = {"state": change.state.value, **change.writes}
+    if change.delay is not None:
+        written["run_at"] = now + max(change.delay, 0.0)
+    changes = ", ".join(f"{column} = ?" for column in written)
     row = conn.execute(
-        f"UPDATE jobs SET {changes}, lease_until = NULL, worker_id = NULL, cancel_requested = 0,"
-        f" token = NULL, updated_at = ? WHERE {_FENCE}{also} RETURNING slot_key",
-        (*values, now, s.lease.job_id, s.lease.token),
+        f"UPDATE jobs SET {changes}, attempts = attempts - ?, lease_until = NULL,"
+        f" worker_id = NULL, cancel_requested = 0, token = NULL, updated_at = ?"
+        f" WHERE {_FENCE}{also} RETURNING slot_key",
+        (*written.values(), int(change.hands_back), now, s.lease.job_id, s.lease.token),
     ).fetchone()
     if row is None:
         return False
@@ -242,7 +191,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
         "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
         " max_attempts, run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts,"
         " per, context) VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {_LIVE} DO NOTHING",
+        f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {LIVE_STATES_SQL} DO NOTHING",
         [
             (
                 job.job_id,
@@ -264,7 +213,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     holders: dict[str, JobId] = {}
     for key in {job.key for job in jobs if job.key is not None}:
         row = conn.execute(
-            f"SELECT id FROM jobs WHERE key = ? AND state IN {_LIVE}", (key,)
+            f"SELECT id FROM jobs WHERE key = ? AND state IN {LIVE_STATES_SQL}", (key,)
         ).fetchone()
         holders[key] = row[0]
     return [
@@ -562,9 +511,9 @@ class SqliteDriver:
 
     async def get(self, job_id: JobId) -> JobRecord | None:
         def work(conn: sqlite3.Connection, now: float) -> JobRecord | None:
-            row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+            row = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
             found = row.fetchone()
-            return None if found is None else _job(found)
+            return None if found is None else job_record(found)
 
         return await self._transact(work, mode="read")
 
@@ -581,11 +530,11 @@ class SqliteDriver:
 
         def work(conn: sqlite3.Connection, now: float) -> list[JobRecord]:
             rows = conn.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)}"
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)}"
                 " ORDER BY created_at DESC, id DESC LIMIT ?",
                 (*values, max(limit, 0)),
             )
-            return [_job(row) for row in rows]
+            return [job_record(row) for row in rows]
 
         return await self._transact(work, mode="read")
 
@@ -596,7 +545,7 @@ class SqliteDriver:
             if (
                 record.key is not None
                 and conn.execute(
-                    f"SELECT 1 FROM jobs WHERE key = ? AND state IN {_LIVE} AND id != ?",
+                    f"SELECT 1 FROM jobs WHERE key = ? AND state IN {LIVE_STATES_SQL} AND id != ?",
                     (record.key, job_id),
                 ).fetchone()
             ):
@@ -739,7 +688,11 @@ class SqliteDriver:
     async def send_event(
         self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
     ) -> str:
-        _refuse_a_connection(connection, "send the event")
+        refuse_connection(
+            connection,
+            driver="SQLite",
+            fix="send the event without connection=, or use the PostgreSQL driver",
+        )
         json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
 
         def work(conn: sqlite3.Connection, now: float) -> str:

@@ -16,6 +16,7 @@ import outcome
 import trio
 
 from ..errors import ConfigError, DriverError, ValueRefused
+from .rules import driver_closed
 
 T = TypeVar("T")
 
@@ -35,7 +36,6 @@ _BUSY_BACKOFF: Final = 0.05
 # interrupt that lands between two statements of a transaction is a no-op in SQLite.
 _INTERRUPT_AGAIN: Final = 0.05
 
-_DRIVER_CLOSED = "the SQLite driver is closed"
 
 # What SQLite (or its Python binding, while binding the arguments) raises for the VALUES of a
 # write: a lone surrogate, an int past 64 bits, a string or blob past SQLITE_LIMIT_LENGTH,
@@ -91,7 +91,7 @@ class SqliteDoor:
 
     def check_open(self) -> None:
         if self.closed:
-            raise ConfigError(_DRIVER_CLOSED, fix="open a new driver")
+            raise driver_closed("SQLite")
 
     async def transact(self, work: Work[T], *, mode: Mode = "write") -> T:
         """Run ``work(conn, now)`` in a worker thread inside one transaction (BEGIN IMMEDIATE

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.memory import LAPSED_ERROR, lapsed_out_of_attempts
+from jobs_trio.drivers.rules import LAPSED_ERROR, lapsed_out_of_attempts
 from jobs_trio.records import JobState
 from jobs_trio.testing.clock import ManualClock
 

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.memory import LAPSED_ERROR, lapsed_out_of_attempts
+from jobs_trio.drivers.rules import LAPSED_ERROR, lapsed_out_of_attempts
 from jobs_trio.records import (
     CancelJob,
     Claim,

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.memory import LAPSED_ERROR
+from jobs_trio.drivers.rules import LAPSED_ERROR
 from jobs_trio.errors import InvalidTransition
 from jobs_trio.operator_transitions import OPERATOR_CANCEL_ERROR
 from jobs_trio.records import (

@@ -7,7 +7,7 @@ import json
 import trio
 
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.memory import FIRE_HISTORY
+from jobs_trio.drivers.rules import FIRE_HISTORY
 from jobs_trio.records import JobState, TaskAdvance, TaskFire, TaskMark
 from jobs_trio.testing.clock import ManualClock
 

@@ -1,0 +1,175 @@
+# The one interface every storage backend implements (memory, SQLite, PostgreSQL). In drivers/
+# beside the rules they share; its semantics live in jobs_trio.testing.conformance.
+# Imported as `jobs_trio.driver` (or `jobs_trio.Driver`), its public name.
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from ..records import (
+    Claim,
+    Enqueued,
+    EventRecord,
+    JobId,
+    JobRecord,
+    JobState,
+    Lease,
+    NewJob,
+    OutboxStats,
+    Pruned,
+    PruneTurn,
+    QueueStats,
+    RenewResult,
+    Settlement,
+    StepRecord,
+    TaskAdvance,
+    TaskMark,
+)
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """Durable job storage. Every method is async and safe to call from one Trio task at a time
+    or from many; times are seconds on the driver's own clock (``now()``)."""
+
+    url: str
+
+    def now(self) -> float:
+        """The driver's clock: every run-at, lease and timestamp it stores is on it."""
+        ...
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        """Write ``jobs`` in one go, in order. A job whose key a live job already holds is not
+        written: its answer carries the live job's id and ``created=False``. ``connection``
+        enlists the write in the caller's own transaction where the driver supports that."""
+        ...
+
+    async def claim(
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> Sequence[Claim]:
+        """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at), and
+        jobs whose lease has lapsed. Each gets a fresh token, ``attempts + 1`` and a lease of
+        ``lease`` seconds. A lapsed job with no attempts left is dead-lettered, not returned.
+        A mapping ``limit`` caps each queue on its own (``claim_slots.ClaimSlots``): one
+        claim then serves all of a worker's queues, each up to its own free slots."""
+        ...
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        """Extend every lease whose token is still current, in one statement; answer which
+        were held and which an operator asked to cancel."""
+        ...
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        """Apply each settlement whose token is still current; answer the ids applied. A stale
+        token changes nothing (fencing). With an operator's cancel pending, an ending that would
+        leave the job live ends it cancelled (``operator_transitions.cancel_instead``)."""
+        ...
+
+    async def get(self, job_id: JobId) -> JobRecord | None: ...
+
+    async def list_jobs(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> Sequence[JobRecord]:
+        """Newest first; jobs of one batch (equal ``created_at``) by id, descending."""
+        ...
+
+    async def retry(self, job_id: JobId) -> JobRecord:
+        """An operator's re-run: a dead, cancelled or parked job back to ready now, with its
+        attempts reset. Raises ``JobNotFound`` / ``InvalidTransition``."""
+        ...
+
+    async def cancel(self, job_id: JobId) -> JobRecord:
+        """An operator's cancel: a ready, suspended or parked job becomes cancelled at once; a
+        running one is flagged, and its worker cancels the run at its next renewal."""
+        ...
+
+    async def stats(self) -> Sequence[QueueStats]: ...
+
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        """``stats()`` for a fleet's workers to export: the first caller after ``interval``
+        seconds since the last turn reads ``stats()`` and stores it; every other caller gets
+        the stored observation from a one-row read (see fleet_stats.py)."""
+        ...
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+        """Return when a job in ``queues`` may have become claimable, or after ``timeout``.
+        One look at the next due time for all ``queues`` at most; then a driver that hears
+        every change wakes on it (memory: in-process; PostgreSQL: LISTEN), and one that cannot
+        (SQLite across processes; PostgreSQL while its LISTEN is down) looks again on its own
+        short interval, so ``timeout`` can be a slow safety poll."""
+        ...
+
+    async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]: ...
+
+    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+        """Insert or replace one step record, fenced: False (and nothing written) when the
+        lease's token is no longer the job's current one."""
+        ...
+
+    async def send_event(
+        self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
+    ) -> str:
+        """Store an event and make every job suspended on ``name`` ready now."""
+        ...
+
+    async def find_event(
+        self, name: str, *, key: str | None, since: float | None
+    ) -> EventRecord | None:
+        """The earliest event named ``name`` (with ``key``, when given) sent at or after
+        ``since`` (any time when None)."""
+        ...
+
+    async def task_marks(self) -> Sequence[TaskMark]:
+        """Every cron task's record, by task name."""
+        ...
+
+    async def advance_task(self, advance: TaskAdvance) -> bool:
+        """Compare-and-set, in one transaction: when the task's record still says
+        ``advance.expected`` (or, with None, there is none) and no fire of the same task and
+        scheduled time is on record, move it to ``advance_to``, record each fire and enqueue its
+        job. Answers whether it applied; False wrote nothing (another worker got there first)."""
+
+    # The outbox: jobs an application wrote in its own transaction, in its own database, for a
+    # relay to move into the job store (see relay.py). A driver opened on the application's
+    # database serves its outbox; the job store's driver takes them with ``enqueue_once``.
+
+    async def outbox_write(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> None:
+        """Store ``jobs`` in this database's outbox, inside the caller's transaction when
+        ``connection`` (or a ``jobs_trio.transaction``) is given: they exist for the relay
+        once, and only if, that transaction commits. Each keeps its id, delay and key."""
+        ...
+
+    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+        """Take up to ``limit`` outbox rows, oldest first, for ``lease`` seconds, skipping rows
+        another relay holds under a live lease; a row whose lease lapsed (its relay died) is
+        taken again. Each job's ``delay`` is what remains of its delay now."""
+        ...
+
+    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+        """Remove relayed rows; answer how many were still there."""
+        ...
+
+    async def outbox_stats(self) -> OutboxStats: ...
+
+    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+        """``enqueue`` for the relay: a job whose id is already stored (relayed before, by a
+        relay that died before deleting its row, or by another relay) is not written again;
+        its answer is its own id with ``created=False``. Unique keys apply as in ``enqueue``."""
+        ...
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        """One bounded batch of retention (see ``PruneTurn``): delete finished jobs past their
+        age, with their step records, in one transaction with the turn's compare-and-set, so
+        two pruners never delete at once and a job changed since (an operator's retry) stays."""
+        ...
+
+    async def aclose(self) -> None: ...

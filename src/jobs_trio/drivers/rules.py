@@ -1,0 +1,181 @@
+# The rules every driver shares, each said once: which states hold a unique key, what each kind
+# of settlement does to its job, how a row becomes a record, and the words of shared refusals.
+# Apart so that drivers import rules, never each other; the SQL drivers render these into SQL.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from ..errors import ConfigError
+from ..records import (
+    CancelJob,
+    Complete,
+    DeadLetter,
+    JobRecord,
+    JobState,
+    Park,
+    QueueStats,
+    Retry,
+    Settlement,
+    Suspend,
+)
+
+# A unique key is held while its job can still run; a finished job frees it. In this order in
+# every SQL the drivers run (`LIVE_STATES_SQL`): SQLite matches an upsert's conflict target to
+# the partial index by the text of its WHERE, so the list must read as the index's does.
+LIVE_STATES: Final = (JobState.READY, JobState.RUNNING, JobState.SUSPENDED, JobState.PARKED)
+
+
+def sql_list(states: Iterable[JobState]) -> str:
+    """``states`` as an SQL list of string literals: ``('ready', 'running')``. The values are
+    the enum's own, never a caller's text."""
+    return "(" + ", ".join(f"'{JobState(state).value}'" for state in states) + ")"
+
+
+LIVE_STATES_SQL: Final = sql_list(LIVE_STATES)
+
+# How many fires of each task the fire record keeps: enough to refuse a second fire of any
+# recent scheduled time; older ones are behind the task's mark, which refuses them anyway.
+FIRE_HISTORY: Final = 100
+
+LAPSED_ERROR: Final = (
+    "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
+)
+
+# `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
+LAPSED_OUT_OF_ATTEMPTS: Final = LAPSED_ERROR + "; no attempts left after {attempts}"
+
+
+def lapsed_out_of_attempts(attempts: int) -> str:
+    return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
+
+
+# What a settlement does to its job: the one table every driver applies (the memory driver on
+# its records, SQLite as an UPDATE built from it, PostgreSQL as one statement per kind named
+# here, fed the hand-back column from it). An operator's pending cancel changes a settlement
+# before this applies (operator_transitions.cancel_instead).
+
+
+@attrs.frozen
+class Effect:
+    state: JobState
+    # The attempt its claim counted goes back: waiting (suspend), deploy skew (park) and an
+    # interrupted run (a retry not counted) are not failures.
+    hands_back: bool = False
+    delay: float | None = None  # run again this many seconds from now; None: run_at stays
+    writes: Mapping[str, str | None] = attrs.field(factory=dict)  # other record fields set
+
+
+@attrs.frozen
+class SettlementKind:
+    name: str  # PostgreSQL's statement for it is settle_<name>
+    effect: Callable[[Any], Effect]
+
+
+SETTLEMENT_KINDS: Final[Mapping[type, SettlementKind]] = {
+    Complete: SettlementKind(
+        "complete", lambda s: Effect(JobState.COMPLETED, writes={"result": s.result})
+    ),
+    Retry: SettlementKind(
+        "retry",
+        lambda s: Effect(
+            JobState.READY,
+            hands_back=not s.counts_as_attempt,
+            delay=s.delay,
+            writes={"last_error": s.error},
+        ),
+    ),
+    DeadLetter: SettlementKind(
+        "dead", lambda s: Effect(JobState.DEAD, writes={"last_error": s.error})
+    ),
+    Suspend: SettlementKind(
+        "suspend",
+        lambda s: Effect(
+            JobState.SUSPENDED, hands_back=True, delay=s.delay, writes={"wait_event": s.event}
+        ),
+    ),
+    Park: SettlementKind(
+        "park", lambda s: Effect(JobState.PARKED, hands_back=True, writes={"last_error": s.reason})
+    ),
+    CancelJob: SettlementKind(
+        "cancel", lambda s: Effect(JobState.CANCELLED, writes={"last_error": s.error})
+    ),
+}
+
+
+def kind_of(settlement: Settlement) -> SettlementKind:
+    try:
+        return SETTLEMENT_KINDS[type(settlement)]
+    except KeyError:
+        raise TypeError(f"not a settlement: {settlement!r}") from None
+
+
+def effect(settlement: Settlement) -> Effect:
+    return kind_of(settlement).effect(settlement)
+
+
+# Rows to records: a driver's column names are the record's field names, in this order.
+# The token is deliberately absent: a record is what operators read, and a fencing token must
+# never leak into `show` output.
+JOB_FIELDS: Final = tuple(field.name for field in attrs.fields(JobRecord))
+JOB_COLUMNS: Final = ", ".join(JOB_FIELDS)
+
+
+def job_record(row: Iterable[Any]) -> JobRecord:
+    """A job's row, its values in ``JOB_FIELDS`` order, as its record."""
+    fields = dict(zip(JOB_FIELDS, row, strict=True))
+    fields["state"] = JobState(fields["state"])
+    fields["cancel_requested"] = bool(fields["cancel_requested"])  # SQLite stores 0 / 1
+    return JobRecord(**fields)
+
+
+def queue_stats(
+    depths: Iterable[tuple[str, str, int]],
+    due: Iterable[tuple[str, int, float | None]],
+    now: float,
+    waiting: Iterable[tuple[str, str, str, int]] = (),
+) -> list[QueueStats]:
+    """``stats()``'s answer, by queue name: ``depths`` counts jobs per (queue, state value),
+    ``due`` gives a queue's count of ready jobs whose run-at has come and the earliest such
+    run-at (a queue it leaves out has none due), ``waiting`` counts the jobs a claim put off
+    for a fleet limit per (queue, job name, "slot" or "rate")."""
+    by_queue: dict[str, dict[str, int]] = {}
+    for queue, state, count in depths:
+        by_queue.setdefault(queue, {})[state] = count
+    due_by_queue = {queue: (count, oldest) for queue, count, oldest in due}
+    waiting_by_queue: dict[str, list[tuple[str, str, int]]] = {}
+    for queue, name, kind, count in waiting:
+        waiting_by_queue.setdefault(queue, []).append((name, kind, count))
+    answers = []
+    for queue in sorted(by_queue):
+        count, oldest = due_by_queue.get(queue, (0, None))
+        answers.append(
+            QueueStats(
+                queue=queue,
+                depth=by_queue[queue],
+                due=count,
+                oldest_ready_age=None if oldest is None else now - oldest,
+                dead=by_queue[queue].get(JobState.DEAD.value, 0),
+                limit_waiting=tuple(sorted(waiting_by_queue.get(queue, ()))),
+            )
+        )
+    return answers
+
+
+# Refusals every driver words the same way.
+
+
+def driver_closed(driver: str) -> ConfigError:
+    """For a call on a driver after its ``aclose()`` (``driver``: "memory", "SQLite", ...)."""
+    return ConfigError(f"the {driver} driver is closed", fix="open a new driver")
+
+
+def refuse_connection(connection: object | None, *, driver: str, fix: str) -> None:
+    """Refuse ``connection=`` on a driver that cannot write in the caller's transaction.
+    Refused rather than ignored: a caller who passes its transaction believes the write commits
+    or rolls back with it, and here it could do neither. ``fix`` says what to do instead."""
+    if connection is not None:
+        raise ConfigError(f"the {driver} driver cannot enlist in a caller's transaction", fix=fix)
