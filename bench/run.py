@@ -544,7 +544,9 @@ async def under_load(lib: str, conc: int, workdir: Path) -> Result:
                 answer = await run_once(lib, args, workdir, f"{lib}-probe", 120)
                 await wait_for(lambda: len(read_marks(mark)) >= n, 10)
                 after, fed_after, t1 = await _done_count(url, lib), fed["jobs"], time.monotonic()
-                waiting = await conn.fetchval(READY_SQL[lib])
+                # Read on a connection of its own: the feed task reads the backlog on `conn`
+                # at any moment, and asyncpg refuses a second operation in flight on one.
+                waiting = (await query_row(url, READY_SQL[lib]))[0]
             finally:
                 stop.set()
                 await feeding
