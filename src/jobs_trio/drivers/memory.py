@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
-from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import ValueRefused
 from ..operator_transitions import (
@@ -45,8 +44,9 @@ from ..records import (
     TaskMark,
     new_token,
 )
-from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
+from .claim_slots import ClaimSlots
 from .limit_rules import SLOT, LimitRow, decide, needs
+from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
     FIRE_HISTORY,
     LAPSED_ERROR,

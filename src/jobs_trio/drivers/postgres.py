@@ -15,11 +15,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..claim_slots import ClaimSlots
 from ..current_transaction import unwrap
 from ..errors import DriverError, JobsError
-from ..fleet_stats import decode as decode_fleet_stats
-from ..fleet_stats import encode as encode_fleet_stats
 from ..logs import log_event
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -51,7 +48,9 @@ from ..records import (
     TaskMark,
     outbox_job,
 )
-from ..retention import cutoffs, turn_is_free
+from .claim_slots import ClaimSlots
+from .fleet_stats import decode as decode_fleet_stats
+from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import LimitRow, decide, needs
 from .postgres_bridge import Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
@@ -59,6 +58,7 @@ from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
 from .postgres_pooler import Pooler
 from .postgres_sql import Statements, load_statements
+from .retention import cutoffs, turn_is_free
 from .rules import (
     FIRE_HISTORY,
     LAPSED_ERROR,

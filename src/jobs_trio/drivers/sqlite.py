@@ -16,14 +16,11 @@ from typing import Any, Final, TypeVar
 import attrs
 import trio
 
-from ..claim_slots import ClaimSlots
 from ..current_transaction import SqliteOps, Transaction, owned, unwrap
 from ..errors import (
     ConfigError,
     ValueRefused,
 )
-from ..fleet_stats import decode as decode_fleet_stats
-from ..fleet_stats import encode as encode_fleet_stats
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
@@ -54,8 +51,11 @@ from ..records import (
     TaskMark,
     outbox_job,
 )
-from ..retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
+from .claim_slots import ClaimSlots
+from .fleet_stats import decode as decode_fleet_stats
+from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
+from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
     FIRE_HISTORY,
     JOB_COLUMNS,

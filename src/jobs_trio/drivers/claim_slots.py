@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import attrs
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 T = TypeVar("T")
 

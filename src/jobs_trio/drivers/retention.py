@@ -11,7 +11,7 @@ compare-and-set each batch repeats, so a hundred workers do not each scan for th
 
 from __future__ import annotations
 
-from .records import JobState, PruneTurn
+from ..records import JobState, PruneTurn
 
 # Deleted after keep_finished seconds; dead jobs after keep_dead.
 FINISHED_STATES = (JobState.COMPLETED, JobState.CANCELLED)

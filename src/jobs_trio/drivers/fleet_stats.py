@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from .records import QueueStats
+from ..records import QueueStats
 
 
 def encode(stats: Sequence[QueueStats]) -> str:
