@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from jobs_trio import FleetLimit
 from jobs_trio.cli import main
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import JobRecord
@@ -496,3 +497,26 @@ def test_schema_reaches_every_command_on_postgresql(
 def test_schema_on_sqlite_is_refused(cli: Cli, db: str) -> None:
     err = cli.fails("list", "--db", db, "--schema", "other", code="X_CONFIG")
     assert "only PostgreSQL has schemas" in err
+
+
+def test_stats_shows_jobs_waiting_on_a_fleet_limit(cli: Cli, db: str) -> None:
+    limited = Registry()
+
+    @limited.job("export.run", fleet_limit=FleetLimit(1))
+    async def export(ctx: object, payload: object) -> None:
+        return None
+
+    async def hold_the_only_slot() -> None:
+        async with open_driver(db) as driver:
+            await export.enqueue_many(driver, [1, 2, 3])
+            # One claim takes the slot and puts the other two off: ready, not failed.
+            claims = await driver.claim(["default"], 3, lease=60.0, worker_id="w1")
+            assert len(claims) == 1
+
+    trio.run(hold_the_only_slot)
+    [default] = json.loads(cli.ok("stats", "--db", db, "--json"))
+    assert default["depth"]["ready"] == 2 and default["depth"]["running"] == 1
+    assert default["limit_waiting"] == [{"job": "export.run", "limit": "slot", "waiting": 2}]
+    text = cli.ok("stats", "--db", db)
+    assert "Waiting on a fleet limit" in text
+    assert text.splitlines()[-1].split() == ["default", "export.run", "slot", "2"]

@@ -206,6 +206,9 @@ def stats_json(stats: Sequence[QueueStats]) -> list[dict[str, object]]:
             "due": s.due,
             "oldest_ready_age": s.oldest_ready_age,
             "dead": s.dead,
+            "limit_waiting": [
+                {"job": job, "limit": kind, "waiting": n} for job, kind, n in s.limit_waiting
+            ],
         }
         for s in stats
     ]
@@ -222,7 +225,12 @@ def stats_table(stats: Sequence[QueueStats]) -> str:
         ]
         for s in stats
     ]
-    return table(headers, rows)
+    waiting = [[s.queue, job, kind, str(n)] for s in stats for job, kind, n in s.limit_waiting]
+    if not waiting:
+        return table(headers, rows)
+    # Ready jobs a claim put off for a fleet limit: counted in READY above, and not failing.
+    limits = table(["QUEUE", "JOB", "WAITING ON", "JOBS"], waiting)
+    return f"{table(headers, rows)}\n\nWaiting on a fleet limit (docs/limits.md):\n{limits}"
 
 
 def dumps(value: object) -> str:
