@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 from typing import Any
 
 import pytest
@@ -11,8 +12,8 @@ import trio
 
 from jobs_trio import Registry
 from jobs_trio.drivers.memory import MemoryDriver
-from jobs_trio.errors import InvalidArgument
-from jobs_trio.pruner import Retention, prune_all
+from jobs_trio.errors import DriverError, InvalidArgument
+from jobs_trio.pruner import RETRY_AFTER, Retention, prune_all
 from jobs_trio.records import JobState, Pruned, PruneTurn
 
 from .worker_helpers import trio_driver, worker
@@ -119,15 +120,64 @@ async def test_two_workers_prune_one_at_a_time_one_turn_per_interval(
             await w.stop()
 
 
-async def test_stopping_the_worker_ends_its_pruner(autojump_clock: trio.testing.MockClock) -> None:
-    driver = trio_driver()
-    w = worker(driver, registry(), retention=Retention(every=10 * HOUR))
+class StalledDriver(MemoryDriver):
+    """A database whose prune batch never answers (a lock held elsewhere, a stalled server)."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+        self.pruning = trio.Event()
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        self.pruning.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_a_stop_cancels_a_prune_batch_the_database_never_answers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The pruner is one of the claim loops' idle waits: a stalled batch is cut at the stop,
+    not waited for (the worker's teardown would otherwise spend its whole budget on it)."""
+    driver = StalledDriver()
+    w = worker(driver, registry(), retention=Retention(every=60.0))
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
+        await driver.pruning.wait()
         start = trio.current_time()
         await w.stop()
-    # The pruner sleeps ten hours between turns: a stop that waited for it would take them.
     assert trio.current_time() - start < 1.0
+    assert w.stats().state == "stopped"
+
+
+class RefusingDriver(MemoryDriver):
+    """Refuses every prune batch for the first two hours, as an unreachable database would."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+
+    async def prune(self, turn: PruneTurn) -> Pruned:
+        if trio.current_time() < 2 * HOUR:
+            raise DriverError("the test database refuses the prune", fix="none")
+        return await super().prune(turn)
+
+
+async def test_a_refused_prune_is_logged_and_tried_again_soon_and_the_worker_runs_on(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = RefusingDriver()
+    reg = registry()
+    job_id = await reg.require("t.done").enqueue(driver, None)
+    w = worker(driver, reg, retention=Retention(keep_finished=HOUR, every=3 * HOUR))
+    with caplog.at_level(logging.WARNING, logger="jobs_trio"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await trio.sleep(2 * HOUR - 1)
+            assert await states(driver) == {"t.done": "completed"}  # refused so far
+            # A refused turn is tried again RETRY_AFTER on, not `every` (3 h) on.
+            await trio.sleep(RETRY_AFTER + 1)
+            assert await driver.get(job_id) is None
+            await w.stop()
+    assert any("jobs.prune.failed" in r.getMessage() for r in caplog.records)
 
 
 async def test_prune_all_answers_none_when_another_pruner_holds_the_turn(

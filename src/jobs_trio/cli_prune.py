@@ -15,15 +15,14 @@ from . import cli_render as render
 from .driver import Driver
 from .errors import JobsError
 from .instance_id import instance_id
-from .pruner import Retention, prune_all
+from .pruner import TURN_HOLD, Retention, prune_all
 
 Command = Callable[..., argparse.ArgumentParser]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-# A worker's turn is held at most this long between its batches (Retention.turn's hold): a
-# prune asked for while one runs waits this long for it, then says who holds it.
-TURN_WAIT = 65.0
+# A prune asked for while a worker's pruner holds the turn waits out one hold, then says so.
+TURN_WAIT = TURN_HOLD + 5.0
 
 
 def age(text: str) -> float:

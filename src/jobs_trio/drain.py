@@ -27,8 +27,9 @@ class Drain:
         return None if self.cause is None else CancelReason.DRAINING
 
     def hold(self, run: RunScope) -> None:
+        if not self._held:
+            self._first_held.unpark_all()  # only the first run wakes the idle renewal loop
         self._held[run.claim.token] = run
-        self._first_held.unpark_all()
         if self.cause is not None:
             # A claim that committed after the drain was signalled (it was in flight): it must
             # not run on, and it is handed back at once.

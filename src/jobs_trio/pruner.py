@@ -18,6 +18,9 @@ from .metrics import Metrics, default_metrics
 from .records import PruneTurn
 
 DAY = 86_400.0
+# How long a pruner holds the fleet's turn between its batches: far longer than a batch, so a
+# turn frees itself only when its holder is gone.
+TURN_HOLD = 60.0
 # After a failed batch (the database away), the next tick is this far off.
 RETRY_AFTER = 30.0
 
@@ -58,13 +61,12 @@ class Retention:
     batch: int = attrs.field(default=1000, converter=_batch)
 
     def turn(self, holder: str, *, every: float | None = None) -> PruneTurn:
-        # The hold outlasts a batch by far: a turn frees itself only when its holder is gone.
         return PruneTurn(
             holder,
             keep_finished=self.keep_finished,
             keep_dead=self.keep_dead,
             limit=self.batch,
-            hold=60.0,
+            hold=TURN_HOLD,
             every=self.every if every is None else every,
         )
 
