@@ -161,7 +161,7 @@ async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
         await trio.sleep(10)  # the database stalls for 10 s while bodies keep finishing
         settler = w._settler
         assert settler is not None
-        assert settler.waiting == settler.capacity == 4
+        assert settler.waiting == settler.capacity == 2 * 4  # two per slot
         # Claimed: the settlements waiting, plus one claim's worth of slots that could not
         # hand theirs in yet; nothing more, however long the stall.
         assert driver.claimed <= settler.capacity + 4
