@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from jobs_trio import Registry
+from jobs_trio.driver import settles_with_claims
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import DriverError, ValueRefused
 from jobs_trio.lease_renewal import lease_margin
@@ -143,8 +144,15 @@ async def test_a_lease_is_renewed_until_the_settlement_is_written(autojump_clock
     assert (r.state, r.attempts) == (JobState.COMPLETED, 1) and ran == [1]
 
 
+class SettlesApart(FaultyDriver):
+    """FaultyDriver as a driver without settle_and_claim: the worker settles and claims apart."""
+
+    settle_and_claim = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("carrying", [True, False], ids=["carried", "apart"])
 async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
-    autojump_clock: object,
+    autojump_clock: object, carrying: bool
 ) -> None:
     registry = Registry()
 
@@ -152,7 +160,8 @@ async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
     async def quick(ctx: object, payload: int) -> None:
         await trio.sleep(0.01)
 
-    driver = FaultyDriver()
+    driver = FaultyDriver() if carrying else SettlesApart()
+    assert settles_with_claims(driver) is carrying
     await quick.enqueue_many(driver, list(range(500)))
     driver.settles_open = trio.Event()
     w = worker(driver, registry, concurrency=4)
@@ -161,10 +170,17 @@ async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
         await trio.sleep(10)  # the database stalls for 10 s while bodies keep finishing
         settler = w._settler
         assert settler is not None
-        assert settler.waiting == settler.capacity == 2 * 4  # two per slot
-        # Claimed: the settlements waiting, plus one claim's worth of slots that could not
-        # hand theirs in yet; nothing more, however long the stall.
-        assert driver.claimed <= settler.capacity + 4
+        assert settler.capacity == 2 * 4  # two per slot
+        if carrying:
+            # The claim that carried the first finished batch stalls with it (one write):
+            # nothing more is claimed, and the settlements wait inside that claim.
+            assert settler.waiting == 4 and driver.claimed == 4
+        else:
+            # Apart, claims go on until the settler's bound stops them.
+            assert settler.waiting == settler.capacity
+            # Claimed: the settlements waiting, plus one claim's worth of slots that could
+            # not hand theirs in yet; nothing more, however long the stall.
+            assert driver.claimed <= settler.capacity + 4
         driver.settles_open.set()
         await trio.sleep(30)
         await w.stop()

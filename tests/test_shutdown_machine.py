@@ -159,12 +159,22 @@ class CheckingDriver(MemoryDriver):
         return applied
 
 
+class ApartDriver(CheckingDriver):
+    """CheckingDriver without settle_and_claim: the worker settles and claims apart, as it does
+    on a driver that lacks it. (CheckingDriver has the memory driver's: its settlements ride on
+    its claims, and a stalled or refusing settle holds or fails the claim with it.)"""
+
+    settle_and_claim = None
+
+
 class ShutdownMachine(RuleBasedStateMachine):
+    driver_class: type[CheckingDriver] = CheckingDriver
+
     def __init__(self) -> None:
         super().__init__()
         self.bodies = Bodies()
         self.trio = GuestTrio()
-        self.driver = CheckingDriver()
+        self.driver = self.driver_class()
         registry = Registry()
         declare_jobs(registry, self.bodies)
         self.worker = worker_module.Worker(
@@ -467,14 +477,30 @@ class ShutdownMachine(RuleBasedStateMachine):
             assert self.worker._drain.reason is None
 
 
-ShutdownMachine.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def machine_settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+# Settlements carried by claims (CheckingDriver has settle_and_claim): the worker's usual path.
+ShutdownMachine.TestCase.settings = machine_settings(300)
 
 
 # The machine runs Trio itself, in guest mode: a plain (sync) test case.
 class TestShutdownMachine(ShutdownMachine.TestCase):  # type: ignore[misc]
+    pass
+
+
+class ApartMachine(ShutdownMachine):
+    driver_class = ApartDriver
+
+
+ApartMachine.TestCase.settings = machine_settings(150)
+
+
+class TestShutdownMachineSettlingApart(ApartMachine.TestCase):  # type: ignore[misc]
     pass

@@ -2,6 +2,6 @@
 # Apart only as that name: the Protocol itself lives with the drivers (drivers/contract.py).
 from __future__ import annotations
 
-from .drivers.contract import Driver
+from .drivers.contract import Driver, SettlesWithClaims, settles_with_claims
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "SettlesWithClaims", "settles_with_claims"]

@@ -4,8 +4,9 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import collections
 import logging
-import math
+from collections.abc import Collection
 
 import attrs
 import trio
@@ -41,6 +42,9 @@ class _Pending:
     done: trio.Event = attrs.Factory(trio.Event)
     applied: bool = False
     refusals: int = 0  # forms of this settlement the database refused so far
+    # Given back by a claim that carried it and failed: written alone from then on, so a
+    # settlement the database refuses is isolated here instead of failing claim after claim.
+    solo: bool = False
 
 
 class Settler:
@@ -49,7 +53,12 @@ class Settler:
 
     ``capacity`` bounds the settlements handed in and not yet written: the worker waits in
     ``room()`` before it claims, so a slow database slows the claiming instead of piling
-    finished work up in memory."""
+    finished work up in memory.
+
+    With ``carried_by_claims``, the worker's claim loop may take the waiting settlements with
+    its next claim (``take_for_claim``: one round trip writes them and claims, where there were
+    two); the writer then leaves them one scheduling pass to be taken before it writes them
+    itself, and writes whatever a claim gives back (``give_back``)."""
 
     def __init__(
         self,
@@ -58,14 +67,18 @@ class Settler:
         capacity: int = 1000,
         max_batch: int = 500,
         retry_cap: float = 5.0,
+        carried_by_claims: bool = False,
     ) -> None:
         self._driver = driver
         self._max_batch = max_batch
         self._retry_cap = retry_cap
+        self._carried_by_claims = carried_by_claims
         self.capacity = capacity
-        # Unbounded as a channel: the bound is enforced in room(), before the claim that would
-        # produce more work, never by blocking a run that already finished.
-        self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
+        # Unbounded: the bound is enforced in room(), before the claim that would produce
+        # more work, never by blocking a run that already finished. A deque rather than a
+        # channel: two takers (the writer, a claim) and a give-back to the front.
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._arrived = trio.lowlevel.ParkingLot()
         self._unwritten: dict[int, _Pending] = {}
         self._written = trio.lowlevel.ParkingLot()
         self._closed = False
@@ -107,7 +120,8 @@ class Settler:
         pending = _Pending(settlement)
         self._unwritten[id(pending)] = pending
         self.peak = max(self.peak, len(self._unwritten))
-        self._send.send_nowait(pending)
+        self._queue.append(pending)
+        self._arrived.unpark_all()
         return pending
 
     async def confirmed(self, pending: _Pending | None) -> bool:
@@ -122,7 +136,29 @@ class Settler:
         """Take no more settlements: the run loop writes what it holds and returns; a later
         ``hand_in`` writes nothing (its run was abandoned at the budget)."""
         self._closed = True
-        self._send.close()
+        self._arrived.unpark_all()
+
+    def take_for_claim(self) -> list[_Pending]:
+        """The waiting settlements a claim may carry (none once the intake stopped: the
+        teardown's writes are the writer's). The caller reports back with ``written`` or
+        ``give_back``; until then they stay unwritten (and are named if the budget ends)."""
+        if not self._carried_by_claims or self._closed:
+            return []
+        return self._take(solo=False)
+
+    def written(self, batch: list[_Pending], applied: Collection[JobId]) -> None:
+        """``batch`` (from ``take_for_claim``) was written with a claim."""
+        self._done(batch, set(applied))
+
+    def give_back(self, batch: list[_Pending], *, solo: bool) -> None:
+        """``batch`` (from ``take_for_claim``) was not written: the writer writes it, first,
+        in its order; alone from now on when ``solo`` (the database refused the claim that
+        carried it)."""
+        for pending in reversed(batch):
+            pending.solo = pending.solo or solo
+            self._queue.appendleft(pending)
+        if batch:
+            self._arrived.unpark_all()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -132,31 +168,32 @@ class Settler:
             self.finished.set()
 
     async def _write_batches(self) -> None:
-        carried: _Pending | None = None
         while True:
-            if carried is not None:
-                first, carried = carried, None
-            else:
-                try:
-                    first = await self._receive.receive()
-                except trio.EndOfChannel:
+            while not self._queue:
+                if self._closed:
                     return
-            batch = [first]
-            jobs = {first.settlement.lease.job_id}
-            while len(batch) < self._max_batch:
-                try:
-                    pending = self._receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                if pending.settlement.lease.job_id in jobs:
-                    # Two runs of one job (a lapsed claim beside its re-claim): a driver says
-                    # which settlements applied by job id, so in one batch the fenced one
-                    # would pass for written. It goes first in the next batch instead.
-                    carried = pending
-                    break
-                batch.append(pending)
-                jobs.add(pending.settlement.lease.job_id)
-            await self._write(batch)
+                await self._arrived.park()
+            if self._carried_by_claims and not self._closed:
+                # One pass for a claim loop woken by the same finished runs: it takes these
+                # with its claim, synchronously, before this task runs again.
+                await trio.lowlevel.checkpoint()
+            batch = self._take(solo=True)
+            if batch:
+                await self._write(batch)
+
+    def _take(self, *, solo: bool) -> list[_Pending]:
+        """Up to max_batch from the front. Two runs of one job (a lapsed claim beside its
+        re-claim) never share a batch: a driver says which settlements applied by job id, so
+        in one batch the fenced one would pass for written; the second waits for the next."""
+        batch: list[_Pending] = []
+        jobs: set[JobId] = set()
+        while self._queue and len(batch) < self._max_batch:
+            pending = self._queue[0]
+            if pending.settlement.lease.job_id in jobs or (pending.solo and not solo):
+                break
+            batch.append(self._queue.popleft())
+            jobs.add(pending.settlement.lease.job_id)
+        return batch
 
     async def _write(self, batch: list[_Pending]) -> None:
         """Write ``batch``, and mark each one done. A refused write is narrowed down by halves

@@ -9,7 +9,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -17,8 +17,8 @@ import trio
 from .attempt import Outcome, OutcomeKind, run_attempt
 from .budget import Budget
 from .drain import Drain
-from .driver import Driver
-from .errors import ConfigError, DriverError, JobDrained
+from .driver import Driver, SettlesWithClaims, settles_with_claims
+from .errors import ConfigError, DriverError, JobDrained, ValueRefused
 from .instance_id import instance_id
 from .lease_renewal import renew_leases
 from .lifecycle import open_own_lifecycle
@@ -228,7 +228,11 @@ class Worker:
         # claim waited for the previous batch's settle to commit, so the two round trips ran
         # one after the other; with two the next claim overlaps the settle (measured with
         # bench/run.py throughput: c=1 +40%, c=10 +15%, issue 16).
-        settler = Settler(self.driver, capacity=2 * sum(self._limits.values()))
+        settler = Settler(
+            self.driver,
+            capacity=2 * sum(self._limits.values()),
+            carried_by_claims=settles_with_claims(self.driver),
+        )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
         torn_down = False
@@ -419,9 +423,7 @@ class Worker:
                 # runs, or its jobs would sit claimed until their leases lapsed and cost them
                 # an attempt. The drain still reaches them: hold() cancels them at once. Only
                 # the budget (around the claim loop) cuts a claim short.
-                claims = await self.driver.claim(
-                    list(free), free, lease=self.lease, worker_id=self.worker_id
-                )
+                claims = await self._claim(free)
             except DriverError as exc:
                 log_event(
                     "jobs.worker.claim-failed",
@@ -443,6 +445,47 @@ class Worker:
             else:
                 # Every queue asked filled all its free slots: more may be waiting.
                 await trio.lowlevel.checkpoint()
+
+    async def _claim(self, free: dict[str, int]) -> Sequence[Claim]:
+        """One claim for ``free``, carrying the settlements that wait to be written when the
+        driver can write both in one round trip (SettlesWithClaims): at concurrency 1 every
+        job's settle then rides on the next job's claim."""
+        settler = self._settler
+        carried = settler.take_for_claim() if settler is not None else []
+        if not carried:
+            return await self.driver.claim(
+                list(free), free, lease=self.lease, worker_id=self.worker_id
+            )
+        assert settler is not None
+        driver = cast(SettlesWithClaims, self.driver)  # the settler carries only then
+        # On any failure nothing of the call was written (one write, or none), and the
+        # settler gets the settlements back to write them as it would have.
+        try:
+            applied, claims = await driver.settle_and_claim(
+                [pending.settlement for pending in carried],
+                list(free),
+                free,
+                lease=self.lease,
+                worker_id=self.worker_id,
+            )
+        except ValueRefused:
+            settler.give_back(carried, solo=True)
+        except DriverError:
+            settler.give_back(carried, solo=False)
+            raise  # the claim failed: the claim loop's own handling
+        except Exception:
+            # Not a failure we know (a driver bug, a value it chokes on): as the settler
+            # treats one, a refusal of something carried.
+            settler.give_back(carried, solo=True)
+        except BaseException:
+            settler.give_back(carried, solo=False)  # cut by the budget
+            raise
+        else:
+            settler.written(carried, applied)
+            return claims
+        # Refused: alone from now on, the settler isolates the refused settlement (it never
+        # fails a claim again), and this claim goes without them.
+        return await self.driver.claim(list(free), free, lease=self.lease, worker_id=self.worker_id)
 
     async def _wait_for_work_or_slot(self, came_up_short: Sequence[str]) -> None:
         """Wait until new work may be due in a queue whose claim came up short (the driver's

@@ -173,3 +173,31 @@ class Driver(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class SettlesWithClaims(Protocol):
+    """What a driver may add to ``Driver``: a worker's settlements written by its next claim,
+    one round trip where there were two (issue 16). A worker uses it when its driver has it;
+    a driver without it is settled and claimed apart, with the same outcomes."""
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        """``settle(settlements)`` then ``claim(queues, limit, ...)`` as ONE write: both commit
+        or neither does, so a refused or failed call leaves every settlement to be written
+        again. Answers what each would have answered. A settled job is never among the claims
+        (its lapse is the settlement's, not a candidate's)."""
+        ...
+
+
+def settles_with_claims(driver: object) -> bool:
+    """Whether ``driver`` has ``settle_and_claim``; a driver (or a test double of one) opts
+    out by setting it to None, which ``isinstance(driver, SettlesWithClaims)`` cannot see."""
+    return callable(getattr(driver, "settle_and_claim", None))

@@ -355,6 +355,21 @@ class MemoryDriver:
             held=frozenset(held), cancel_requested=frozenset(cancel), slot_lost=frozenset(lost)
         )
 
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        # In order, through the methods a test double overrides (a stalled or refusing settle
+        # holds or fails the claim with it, as one write would). settle refuses before it
+        # applies anything and this claim cannot fail after it, so it is one write here.
+        applied = await self.settle(settlements)
+        return applied, await self.claim(queues, limit, lease=lease, worker_id=worker_id)
+
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()
         self._check_open()

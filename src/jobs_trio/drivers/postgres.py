@@ -290,25 +290,79 @@ class PostgresDriver:
         async def take(conn: Connection) -> list[Any]:
             # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             return list(
-                await conn.fetch(
-                    sql["claim"],
-                    now,
-                    list(slots.caps),
-                    slots.total,
-                    float(lease),
-                    worker_id,
-                    LAPSED_ERROR,
-                    LAPSED_OUT_OF_ATTEMPTS,
-                    list(slots.caps.values()),
-                )
+                await conn.fetch(sql["claim"], *_claim_arguments(now, slots, lease, worker_id))
             )
 
         rows = await self.bridge.run(take, what="claim")
-        # A NULL token: a candidate with fleet limits, left for a transaction of its own.
+        return await self._claims(rows, now, float(lease), worker_id)
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        self._check_open()
+        slots = ClaimSlots.of(queues, limit)
+        firsts = _first_per_claim(settlements)
+        if not slots.caps or not firsts:
+            return (
+                await self.settle(settlements),
+                await self.claim(queues, limit, lease=lease, worker_id=worker_id),
+            )
+        now = self.now()
+        sql = self._sql
+        by_kind = _by_kind(firsts)
+        claiming = _claim_arguments(now, slots, lease, worker_id)
+
+        async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any]]:
+            if len(by_kind) > 1:
+                # Several kinds (rare): the settles' statements, then the claim's, in one
+                # transaction (run below with transaction=True).
+                applied = await _apply_settles(conn, sql, now, firsts, by_kind)
+                return applied, list(await conn.fetch(sql["claim"], *claiming))
+            # The usual batch, one kind: ONE statement settles and claims, one round trip.
+            [(kind, group)] = by_kind.items()
+            rows = await conn.fetch(
+                sql[f"settle_claim_{kind}"], *claiming, sql.channel, *_settle_columns(group)
+            )
+            applied = {(row["id"], row["token"]) for row in rows if not row["claimed"]}
+            claimed = sorted(
+                (row for row in rows if row["claimed"]),
+                key=lambda row: (row["priority"], row["run_at"], row["id"]),
+            )
+            return applied, claimed
+
+        applied, rows = await self.bridge.run(
+            both, what="settle and claim", transaction=len(by_kind) > 1
+        )
+        return _applied_in_order(settlements, applied), await self._claims(
+            rows, now, float(lease), worker_id
+        )
+
+    async def _claims(
+        self, rows: Sequence[Any], now: float, lease: float, worker_id: str
+    ) -> list[Claim]:
+        """The claim statement's rows as claims, in its order. A NULL token is a candidate with
+        fleet limits, left for a transaction of its own (_claim_limited); the rest committed
+        already, so a failure there costs only the limited ones their turn (they stay ready,
+        untouched), never the claims already made (they would sit claimed till their lease
+        lapsed, each an attempt spent)."""
         limited = [row["id"] for row in rows if row["token"] is None]
         granted = {}
         if limited:
-            granted = await self._claim_limited(limited, now, float(lease), worker_id)
+            try:
+                granted = await self._claim_limited(limited, now, lease, worker_id)
+            except JobsError as exc:
+                log_event(
+                    "jobs.driver.limited-claim-failed",
+                    logging.WARNING,
+                    jobs=len(limited),
+                    error=str(exc),
+                )
         return [
             Claim(
                 job_id=row["id"],
@@ -410,41 +464,21 @@ class PostgresDriver:
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         self._check_open()
-        # One settlement per claim: a second for the same lease in the batch would find the
-        # token already cleared by the first, which is what applying them in order means.
-        firsts: dict[tuple[JobId, str], Settlement] = {}
-        for s in settlements:
-            firsts.setdefault((s.lease.job_id, s.lease.token), s)
+        firsts = _first_per_claim(settlements)
         if not firsts:
             await trio.lowlevel.checkpoint()
             return []
         now = self.now()
         sql = self._sql
-        by_kind: dict[str, list[Settlement]] = {}
-        for s in firsts.values():
-            by_kind.setdefault(kind_of(s).name, []).append(s)
+        by_kind = _by_kind(firsts)
 
         async def apply(conn: Connection) -> set[tuple[JobId, str]]:
-            if len(by_kind) > 1:
-                await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
-            applied: set[tuple[JobId, str]] = set()
-            for kind, group in by_kind.items():
-                rows = await conn.fetch(
-                    sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(group)
-                )
-                applied.update((row["id"], row["token"]) for row in rows)
-            return applied
+            return await _apply_settles(conn, sql, now, firsts, by_kind)
 
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
-        # In the caller's order, each id once, as the memory driver answers: placed by the
-        # settlement that applied (by its token), not by a stale one of the same job before it.
-        return list(
-            dict.fromkeys(
-                s.lease.job_id for s in settlements if (s.lease.job_id, s.lease.token) in applied
-            )
-        )
+        return _applied_in_order(settlements, applied)
 
     # --- operators ---
 
@@ -916,6 +950,66 @@ def _limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
         [x.starts if x.rate_key is not None else None for x in limits],
         [x.per if x.rate_key is not None else None for x in limits],
     ]
+
+
+def _claim_arguments(
+    now: float, slots: ClaimSlots, lease: float, worker_id: str
+) -> tuple[Any, ...]:
+    """The claim statement's parameters, $1 to $8 (settle_claim_<kind> takes them first too)."""
+    return (
+        now,
+        list(slots.caps),
+        slots.total,
+        float(lease),
+        worker_id,
+        LAPSED_ERROR,
+        LAPSED_OUT_OF_ATTEMPTS,
+        list(slots.caps.values()),
+    )
+
+
+def _first_per_claim(settlements: Sequence[Settlement]) -> dict[tuple[JobId, str], Settlement]:
+    """One settlement per claim: a second for the same lease in the batch would find the
+    token already cleared by the first, which is what applying them in order means."""
+    firsts: dict[tuple[JobId, str], Settlement] = {}
+    for s in settlements:
+        firsts.setdefault((s.lease.job_id, s.lease.token), s)
+    return firsts
+
+
+def _by_kind(firsts: Mapping[tuple[JobId, str], Settlement]) -> dict[str, list[Settlement]]:
+    by_kind: dict[str, list[Settlement]] = {}
+    for s in firsts.values():
+        by_kind.setdefault(kind_of(s).name, []).append(s)
+    return by_kind
+
+
+async def _apply_settles(
+    conn: Connection,
+    sql: Statements,
+    now: float,
+    firsts: Mapping[tuple[JobId, str], Settlement],
+    by_kind: Mapping[str, Sequence[Settlement]],
+) -> set[tuple[JobId, str]]:
+    if len(by_kind) > 1:
+        await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
+    applied: set[tuple[JobId, str]] = set()
+    for kind, group in by_kind.items():
+        rows = await conn.fetch(sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(group))
+        applied.update((row["id"], row["token"]) for row in rows)
+    return applied
+
+
+def _applied_in_order(
+    settlements: Sequence[Settlement], applied: set[tuple[JobId, str]]
+) -> list[JobId]:
+    """In the caller's order, each id once, as the memory driver answers: placed by the
+    settlement that applied (by its token), not by a stale one of the same job before it."""
+    return list(
+        dict.fromkeys(
+            s.lease.job_id for s in settlements if (s.lease.job_id, s.lease.token) in applied
+        )
+    )
 
 
 def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:

@@ -82,6 +82,7 @@ WITH candidates AS MATERIALIZED (
                 FROM {schema}.jobs
                 WHERE queue = q.name
                   AND state = 'running' AND lease_until <= $1 AND attempts < max_attempts
+                  {not_settling}
                 ORDER BY priority, run_at, id
                 LIMIT q.n
                 FOR UPDATE SKIP LOCKED
@@ -110,6 +111,7 @@ WITH candidates AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY($2::text[])
       AND state = 'running' AND lease_until <= $1 AND attempts >= max_attempts
+      {not_settling}
     ORDER BY priority, run_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -122,6 +124,7 @@ WITH candidates AS MATERIALIZED (
     WHERE j.id = ANY (ARRAY(SELECT id FROM exhausted))
     RETURNING j.id
 )
+-- name: claim_answer
 -- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
 SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
        context
@@ -277,6 +280,7 @@ WITH locked AS MATERIALIZED (
         SELECT queue FROM settled WHERE ready_now UNION SELECT queue FROM woken
     ) AS w
 )
+-- name: settle_answer
 SELECT id, token FROM settled, (SELECT count(*) FROM notified) AS sent;
 
 -- name: settle_complete_rows

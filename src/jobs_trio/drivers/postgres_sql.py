@@ -85,20 +85,64 @@ def load_statements(schema: str) -> Statements:
     folder = resources.files("jobs_trio.drivers")
     text = (folder / "postgres_queries.sql").read_text(encoding="utf-8")
     by_name = {name: _fill(sql, fill) for name, sql in _split_named(text).items()}
+    claim_with, claim_answer = by_name["claim"], by_name.pop("claim_answer")
+    by_name["claim"] = _fill(f"{claim_with}\n{claim_answer}", {"{not_settling}": ""})
+    settle_answer = by_name.pop("settle_answer")
     for kind in SETTLE_KINDS:
-        by_name[f"settle_{kind}"] = _fill(
+        settle_with = _fill(
             by_name["settle"],
             {
                 "{kind_rows}": by_name.pop(f"settle_{kind}_rows"),
                 "{kind_set}": _strip_comments(by_name.pop(f"settle_{kind}_set")),
             },
         )
+        by_name[f"settle_{kind}"] = f"{settle_with}\n{settle_answer}"
+        by_name[f"settle_claim_{kind}"] = _settle_then_claim(settle_with, claim_with, claim_answer)
+    del by_name["settle"]
     return Statements(
         schema=schema,
         by_name=by_name,
         migrations=[
             attrs.evolve(m, sql=_fill(m.sql, fill)) for m in read_migrations("postgres_migrations")
         ],
+    )
+
+
+# The claim's parameters come first in settle_claim_<kind>; the settle's follow them.
+CLAIM_PARAMETERS = 8
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> str:
+    """One statement that settles a batch of one kind and claims (issue 16: one round trip
+    where there were two). The claim's parameters as they are ($1 now, shared), the settle's
+    $2… after them. One snapshot for both: the settled rows are still `running` in it, so the
+    claim's lapsed and exhausted candidates leave them out by id (the settle's ids, $10), or a
+    lapsed lease being settled here could be claimed and settled by one statement at once."""
+
+    def after_the_claims(match: re.Match[str]) -> str:
+        n = int(match.group(1))
+        return f"${n if n == 1 else n + CLAIM_PARAMETERS - 1}"
+
+    settle_ctes = _PARAMETER.sub(after_the_claims, settle_with)
+    settle_ids = f"${3 + CLAIM_PARAMETERS - 1}"
+    claim_ctes = _fill(
+        claim_with[claim_with.index("WITH candidates") + len("WITH ") :],
+        {"{not_settling}": f"AND NOT (id = ANY({settle_ids}::text[]))"},
+    )
+    # The settled rows are the first branch: the settle's locks (the one wait here, in id
+    # order, as a settle alone takes them) are then taken before the claim locks anything.
+    # The other way round, the claim could hold a lapsed row of this worker's (SKIP LOCKED)
+    # that its renewal waits for, while the settle waits for a row the renewal holds.
+    return (
+        f"{settle_ctes},\n{claim_ctes},\nclaim_rows AS (\n{claim_answer}\n)\n"
+        "SELECT false AS claimed, id, token, NULL AS name, NULL AS queue, NULL AS payload,"
+        " NULL AS attempts, NULL AS max_attempts, NULL AS lease_until, NULL AS priority,"
+        " NULL AS run_at, NULL AS context\n"
+        "FROM settled, (SELECT count(*) FROM notified) AS sent\n"
+        "UNION ALL\n"
+        "SELECT true, id, token, name, queue, payload, attempts, max_attempts, lease_until,"
+        " priority, run_at, context FROM claim_rows"
     )
 
 

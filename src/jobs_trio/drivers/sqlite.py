@@ -224,6 +224,92 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     ]
 
 
+def _claim_in(
+    conn: sqlite3.Connection,
+    now: float,
+    slots: ClaimSlots,
+    lease: float,
+    worker_id: str,
+) -> list[Claim]:
+    """The claim, inside the caller's transaction (claim, and settle_and_claim after its
+    settles: a job settled there is no longer running, so never a lapsed candidate; one
+    retried at once is ready, and may be claimed as any ready job would be)."""
+    # Per queue and state, each read stops after `limit` rows in claim order (the
+    # jobs_claim index); lapsed leases are few (at most the running jobs). The merge
+    # is Python's sort, so the order is the memory driver's to the letter.
+    # INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches run_at)
+    # and sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued,
+    # against 0.04 ms reading jobs_claim in order. And the lapsed leases by
+    # (queue, state): once ANALYZE has run on a queue of ready jobs, its statistics say
+    # `state = 'running'` matches every row, and SQLite scans the whole table instead
+    # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
+    candidates: list[Any] = []
+    for queue, cap in slots.caps.items():
+        for state in ("ready", "suspended"):
+            candidates += conn.execute(
+                "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
+                " slot_key IS NOT NULL OR rate_key IS NOT NULL"
+                " FROM jobs INDEXED BY jobs_claim"
+                " WHERE queue = ? AND state = ? AND run_at <= ?"
+                " ORDER BY priority, run_at, id LIMIT ?",
+                (queue, state, now, cap),
+            ).fetchall()
+        candidates += conn.execute(
+            "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
+            " slot_key IS NOT NULL OR rate_key IS NOT NULL"
+            " FROM jobs INDEXED BY jobs_next_due"
+            " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
+            (queue, now),
+        ).fetchall()
+    candidates.sort(key=lambda row: (row[0], row[1], row[2]))
+    # Attempts are counted at claim, so a job that keeps killing its worker ends here
+    # instead of looping forever. Up to `limit` of them per claim, apart from the
+    # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
+    exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
+    dead = [(lapsed_out_of_attempts(row[4]), now, row[2]) for row in exhausted[: slots.total]]
+    skipped = {row[2] for row in exhausted}
+    taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
+    conn.executemany(
+        "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
+        " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
+        dead,
+    )
+    limited = {row[2] for row in candidates if row[7]}
+    by_id: dict[str, Any] = {}
+    if limited & set(taken):
+        # Jobs with fleet limits: the shared rule decides them (limit_rules.py).
+        by_id = _claim_limited(conn, [i for i in taken if i in limited], now, lease, worker_id)
+        taken = [i for i in taken if i not in limited or i in by_id]
+    unlimited = [i for i in taken if i not in by_id]
+    if not taken:
+        return []
+    # One UPDATE for the batch; each row draws its own fresh token.
+    rows = conn.execute(
+        "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
+        " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL,"
+        " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
+        " updated_at = ?"
+        " WHERE id IN (SELECT value FROM json_each(?))"
+        f" RETURNING {_CLAIMED}",
+        (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(unlimited)),
+    ).fetchall()
+    by_id.update((row[0], row) for row in rows)
+    return [
+        Claim(
+            job_id=job_id,
+            token=by_id[job_id][1],
+            name=by_id[job_id][2],
+            queue=by_id[job_id][3],
+            payload=by_id[job_id][4],
+            attempt=by_id[job_id][5],
+            max_attempts=by_id[job_id][6],
+            lease_until=now + lease,
+            context=by_id[job_id][7],
+        )
+        for job_id in taken
+    ]
+
+
 def _claim_limited(
     conn: sqlite3.Connection, ids: Sequence[JobId], now: float, lease: float, worker_id: str
 ) -> dict[JobId, Any]:
@@ -340,84 +426,7 @@ class SqliteDriver:
         slots = ClaimSlots.of(queues, limit)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
-            # Per queue and state, each read stops after `limit` rows in claim order (the
-            # jobs_claim index); lapsed leases are few (at most the running jobs). The merge
-            # is Python's sort, so the order is the memory driver's to the letter.
-            # INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches run_at)
-            # and sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued,
-            # against 0.04 ms reading jobs_claim in order. And the lapsed leases by
-            # (queue, state): once ANALYZE has run on a queue of ready jobs, its statistics say
-            # `state = 'running'` matches every row, and SQLite scans the whole table instead
-            # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
-            candidates: list[Any] = []
-            for queue, cap in slots.caps.items():
-                for state in ("ready", "suspended"):
-                    candidates += conn.execute(
-                        "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
-                        " slot_key IS NOT NULL OR rate_key IS NOT NULL"
-                        " FROM jobs INDEXED BY jobs_claim"
-                        " WHERE queue = ? AND state = ? AND run_at <= ?"
-                        " ORDER BY priority, run_at, id LIMIT ?",
-                        (queue, state, now, cap),
-                    ).fetchall()
-                candidates += conn.execute(
-                    "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
-                    " slot_key IS NOT NULL OR rate_key IS NOT NULL"
-                    " FROM jobs INDEXED BY jobs_next_due"
-                    " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
-                    (queue, now),
-                ).fetchall()
-            candidates.sort(key=lambda row: (row[0], row[1], row[2]))
-            # Attempts are counted at claim, so a job that keeps killing its worker ends here
-            # instead of looping forever. Up to `limit` of them per claim, apart from the
-            # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
-            exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
-            dead = [
-                (lapsed_out_of_attempts(row[4]), now, row[2]) for row in exhausted[: slots.total]
-            ]
-            skipped = {row[2] for row in exhausted}
-            taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
-            conn.executemany(
-                "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
-                " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
-                dead,
-            )
-            limited = {row[2] for row in candidates if row[7]}
-            by_id: dict[str, Any] = {}
-            if limited & set(taken):
-                # Jobs with fleet limits: the shared rule decides them (limit_rules.py).
-                by_id = _claim_limited(
-                    conn, [i for i in taken if i in limited], now, lease, worker_id
-                )
-                taken = [i for i in taken if i not in limited or i in by_id]
-            unlimited = [i for i in taken if i not in by_id]
-            if not taken:
-                return []
-            # One UPDATE for the batch; each row draws its own fresh token.
-            rows = conn.execute(
-                "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
-                " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL,"
-                " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
-                " updated_at = ?"
-                " WHERE id IN (SELECT value FROM json_each(?))"
-                f" RETURNING {_CLAIMED}",
-                (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(unlimited)),
-            ).fetchall()
-            by_id.update((row[0], row) for row in rows)
-            return [
-                Claim(
-                    job_id=job_id,
-                    token=by_id[job_id][1],
-                    name=by_id[job_id][2],
-                    queue=by_id[job_id][3],
-                    payload=by_id[job_id][4],
-                    attempt=by_id[job_id][5],
-                    max_attempts=by_id[job_id][6],
-                    lease_until=now + lease,
-                    context=by_id[job_id][7],
-                )
-                for job_id in taken
-            ]
+            return _claim_in(conn, now, slots, lease, worker_id)
 
         return await self._transact(work)
 
@@ -468,6 +477,28 @@ class SqliteDriver:
         applied = await self._transact(work)
         self._wake()
         return applied
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        settlements = list(settlements)
+        slots = ClaimSlots.of(queues, limit)
+
+        def work(conn: sqlite3.Connection, now: float) -> tuple[list[JobId], list[Claim]]:
+            # One transaction, one trip through the thread door and one commit where there
+            # were two of each: the settles first, in order, as settle() applies them.
+            applied = [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
+            return applied, _claim_in(conn, now, slots, lease, worker_id)
+
+        answers = await self._transact(work)
+        self._wake()
+        return answers
 
     async def save_step(self, lease: Lease, step: StepRecord) -> bool:
         def work(conn: sqlite3.Connection, now: float) -> bool:
