@@ -94,6 +94,15 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
     "claim_limited_jobs": (NOW, RUNNING_IDS),
     "get_job": (RUNNING_IDS[0],),
 }
+# A settle batch carried by the claim (settle_and_claim): the claim's arguments, then the settle's
+# after its `now`.
+HOT_PATH.update(
+    {
+        f"settle_claim_{name.removeprefix('settle_')}": (*HOT_PATH["claim"], *args[1:])
+        for name, args in list(HOT_PATH.items())
+        if name.startswith("settle_")
+    }
+)
 
 # The plan modes a pool may run in (the driver forces generic plans; a custom plan is what a
 # fresh connection makes for its first executions), and the sort setting the pool turns off
@@ -230,3 +239,31 @@ async def test_every_hot_path_statement_reads_a_deep_table_by_index(pg_schema: s
                             f"{node['Node Type']} using {node.get('Index Name', '-')}"
                         )
         assert not unbounded_reads, "\n".join(unbounded_reads)
+
+
+async def test_plans_made_while_the_table_was_empty_still_read_by_index(pg_schema: str) -> None:
+    """A pooled connection keeps the generic plan it made at a statement's first execution for
+    as long as it lives. A worker started on an empty (or freshly analyzed, small) table made
+    them on statistics that say sequential scans are the cheapest: the claim then read the
+    whole table four times, and grew slower with every finished job (6 ms a claim after 10,000
+    jobs; issue 16's steady-load gap). With sequential scans off in the pool, the same plans
+    read by index from the start."""
+    url = require_postgres()
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+    ) as driver:
+        jobs = f'"{driver.schema}".jobs'
+
+        async def analyze_empty(conn: Any) -> None:
+            await conn.execute(f"ANALYZE {jobs}")
+
+        await driver.bridge.run(analyze_empty, what="analyzing an empty table")
+        seq_scans = []
+        for name, args in HOT_PATH.items():
+            plan = await _plan(driver, name, args, "force_generic_plan", None)
+            seq_scans += [
+                f"{name}: {node['Node Type']}"
+                for node in scans_of(plan, "jobs")
+                if node["Node Type"] == "Seq Scan"
+            ]
+        assert not seq_scans, "\n".join(seq_scans)

@@ -1045,9 +1045,14 @@ async def _insert(
 
 
 async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[QueueStats]:
-    # The stats rows are one per queue and state; only a queue's ready row has jobs due.
-    rows = await conn.fetch(sql["stats"], now)
-    waiting = await conn.fetch(sql["limit_waiting"])
+    async with conn.transaction():
+        # A count of every row reads the table through, and the pool turns sequential scans
+        # off (postgres_pool.PLANNER_SETTINGS): back on for this transaction only, or the
+        # count would walk an index and fetch every row from it (slower on a large table).
+        await conn.execute("SET LOCAL enable_seqscan = on")
+        # The stats rows are one per queue and state; only a queue's ready row has jobs due.
+        rows = await conn.fetch(sql["stats"], now)
+        waiting = await conn.fetch(sql["limit_waiting"])
     return queue_stats(
         ((row["queue"], row["state"], row["n"]) for row in rows),
         ((row["queue"], row["due"], row["oldest_due"]) for row in rows if row["due"]),

@@ -35,9 +35,18 @@ _MAX_SECONDS = (2**31 - 1) / 1000
 # postgres_queries.sql; tests/test_postgres_plans.py checks it). Sorts off: a claim must walk
 # its claim-order index even when the statistics do not yet know a queue is deep (a batch just
 # enqueued) and a sort of every waiting row looks as cheap. JIT only ever costs on statements
-# this short (the disable cost alone trips it: 0.8 s a claim). As session settings they cost
-# no round trip.
-PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off", "plan_cache_mode": "force_generic_plan"}
+# this short (the disable cost alone trips it: 0.8 s a claim). Sequential scans off: a
+# connection keeps the generic plan it made at a statement's first execution, and one made
+# while the table was empty (a fresh deploy, a drained queue just analyzed) read the whole
+# table in every claim and settle, slower with each finished job until an autovacuum's ANALYZE
+# replaced it (tests/test_postgres_plans.py; the operator's full-table statistics turn it back
+# on for themselves). As session settings they cost no round trip.
+PLANNER_SETTINGS = {
+    "enable_sort": "off",
+    "enable_seqscan": "off",
+    "jit": "off",
+    "plan_cache_mode": "force_generic_plan",
+}
 
 # PostgreSQL's own spelling of a duration, as a URL query gives it: milliseconds unless a unit.
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d)?\s*$")
