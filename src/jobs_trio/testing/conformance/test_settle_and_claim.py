@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from jobs_trio.driver import Driver, SettlesWithClaims
-from jobs_trio.errors import JobsError
+from jobs_trio.errors import JobsError, ValueRefused
 from jobs_trio.records import (
     CancelJob,
     Complete,
@@ -234,3 +234,16 @@ async def test_a_slot_the_settle_frees_goes_to_its_waiter_in_the_same_call(
     )
     assert list(applied) == [holder]
     assert [(c.job_id, c.attempt) for c in claimed] == [(waiter, 1)]
+
+
+@pytest.mark.parametrize("value", ['"\ud800"', '"\x00\ud800"'])
+async def test_a_refused_carried_value_is_a_value_refusal(driver: Driver, value: str) -> None:
+    # ValueRefused, not a plain DriverError: the worker gives a refused batch back to be
+    # isolated, and retries a failed one as it is (a plain error here would fail every claim).
+    both = carrying(driver)
+    await enqueue_one(driver, priority=0)
+    claim = await claim_one(driver)
+    with pytest.raises(ValueRefused):
+        await both.settle_and_claim(
+            [Complete(claim.lease, result=value)], ["default"], 5, lease=30, worker_id="w1"
+        )
