@@ -336,19 +336,19 @@ class PostgresDriver:
                 (row for row in rows if row["claimed"]),
                 key=lambda row: (row["priority"], row["run_at"], row["id"]),
             )
-            # One snapshot: a waiter a freed fleet slot made due was not this claim's to see.
-            woke = any(row["woke"] for row in rows if not row["claimed"])
-            return applied, claimed, woke
+            # One snapshot: a job the settle made due now was not this claim's to see.
+            made_due = any(row["made_due"] for row in rows if not row["claimed"])
+            return applied, claimed, made_due
 
-        applied, rows, woke = await self.bridge.run(
+        applied, rows, made_due = await self.bridge.run(
             both, what="settle and claim", transaction=len(by_kind) > 1
         )
         claims = await self._claims(rows, now, float(lease), worker_id)
-        if woke:
-            claims += await self._claim_woken(limit, slots, claims, lease, worker_id)
+        if made_due:
+            claims += await self._claim_made_due(limit, slots, claims, lease, worker_id)
         return _applied_in_order(settlements, applied), claims
 
-    async def _claim_woken(
+    async def _claim_made_due(
         self,
         limit: int | Mapping[str, int],
         slots: ClaimSlots,
@@ -356,11 +356,12 @@ class PostgresDriver:
         lease: float,
         worker_id: str,
     ) -> list[Claim]:
-        """After settle_and_claim's statement freed fleet slots and made their waiters due:
-        the free capacity it left, claimed as settle() then claim() would have (the statement's
-        one snapshot could not see the waiters). The settles committed already, so a failure
-        here costs only this claim (the waiters stay due, for the next), never the settles: the
-        caller would write them again, and read them as fenced."""
+        """After settle_and_claim's statement made jobs due now (a retry or suspension without
+        delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
+        claim() would have (the statement's one snapshot could not see them). The settles
+        committed already, so a failure here costs only this claim (those jobs stay due, for
+        the next), never the settles: the caller would write them again, and read them as
+        fenced."""
         taken = Counter(c.queue for c in claims)
         rest: int | dict[str, int]
         if isinstance(limit, int):
@@ -375,7 +376,7 @@ class PostgresDriver:
             return list(await self.claim(queues, rest, lease=lease, worker_id=worker_id))
         except JobsError as exc:
             log_event(
-                "jobs.driver.woken-claim-failed", logging.WARNING, queues=queues, error=str(exc)
+                "jobs.driver.made-due-claim-failed", logging.WARNING, queues=queues, error=str(exc)
             )
             return []
 

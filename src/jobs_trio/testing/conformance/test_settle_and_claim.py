@@ -247,3 +247,23 @@ async def test_a_refused_carried_value_is_a_value_refusal(driver: Driver, value:
         await both.settle_and_claim(
             [Complete(claim.lease, result=value)], ["default"], 5, lease=30, worker_id="w1"
         )
+
+
+@pytest.mark.parametrize("kind", ["retry", "suspend"])
+async def test_a_job_the_settle_makes_due_now_is_claimed_by_the_same_call(
+    driver: Driver, kind: str
+) -> None:
+    # A retry or suspension without delay is ready at once: settle() then claim() would take it
+    # again, so the one call does too (not left for a wake-up the claim loop must wait for).
+    both = carrying(driver)
+    job = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    now = (
+        Retry(claim.lease, delay=0, error="again")
+        if kind == "retry"
+        else Suspend(claim.lease, delay=0)
+    )
+    applied, claimed = await both.settle_and_claim([now], ["default"], 5, lease=30, worker_id="w1")
+    assert list(applied) == [job]
+    # A retry counts its attempt; a suspension hands it back.
+    assert [(c.job_id, c.attempt) for c in claimed] == [(job, 2 if kind == "retry" else 1)]
