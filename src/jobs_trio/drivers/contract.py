@@ -192,8 +192,10 @@ class SettlesWithClaims(Protocol):
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         """``settle(settlements)`` then ``claim(queues, limit, ...)`` as ONE write: both commit
         or neither does, so a refused or failed call leaves every settlement to be written
-        again. Answers what each would have answered. A settled job is never among the claims
-        (its lapse is the settlement's, not a candidate's)."""
+        again. Answers what each would have answered: a run it settles is never also claimed
+        as a lapsed lease (its lapse is the settlement's, not a candidate's), and a job it made
+        due now (a retry or suspension without delay, a freed fleet slot's waiter) is a
+        candidate as it would be for a claim after the settle."""
         ...
 
 

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -318,12 +319,13 @@ class PostgresDriver:
         by_kind = _by_kind(firsts)
         claiming = _claim_arguments(now, slots, lease, worker_id)
 
-        async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any]]:
+        async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
             if len(by_kind) > 1:
                 # Several kinds (rare): the settles' statements, then the claim's, in one
-                # transaction (run below with transaction=True).
+                # transaction (run below with transaction=True); the claim's own snapshot
+                # sees what the settles changed, a waiter they woke included.
                 applied = await _apply_settles(conn, sql, now, firsts, by_kind)
-                return applied, list(await conn.fetch(sql["claim"], *claiming))
+                return applied, list(await conn.fetch(sql["claim"], *claiming)), False
             # The usual batch, one kind: ONE statement settles and claims, one round trip.
             [(kind, group)] = by_kind.items()
             rows = await conn.fetch(
@@ -334,14 +336,49 @@ class PostgresDriver:
                 (row for row in rows if row["claimed"]),
                 key=lambda row: (row["priority"], row["run_at"], row["id"]),
             )
-            return applied, claimed
+            # One snapshot: a job the settle made due now was not this claim's to see.
+            made_due = any(row["made_due"] for row in rows if not row["claimed"])
+            return applied, claimed, made_due
 
-        applied, rows = await self.bridge.run(
+        applied, rows, made_due = await self.bridge.run(
             both, what="settle and claim", transaction=len(by_kind) > 1
         )
-        return _applied_in_order(settlements, applied), await self._claims(
-            rows, now, float(lease), worker_id
-        )
+        claims = await self._claims(rows, now, float(lease), worker_id)
+        if made_due:
+            claims += await self._claim_made_due(limit, slots, claims, lease, worker_id)
+        return _applied_in_order(settlements, applied), claims
+
+    async def _claim_made_due(
+        self,
+        limit: int | Mapping[str, int],
+        slots: ClaimSlots,
+        claims: Sequence[Claim],
+        lease: float,
+        worker_id: str,
+    ) -> list[Claim]:
+        """After settle_and_claim's statement made jobs due now (a retry or suspension without
+        delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
+        claim() would have (the statement's one snapshot could not see them). The settles
+        committed already, so a failure here costs only this claim (those jobs stay due, for
+        the next), never the settles: the caller would write them again, and read them as
+        fenced."""
+        taken = Counter(c.queue for c in claims)
+        rest: int | dict[str, int]
+        if isinstance(limit, int):
+            rest = limit - len(claims)
+            queues = list(slots.caps)
+        else:
+            rest = {q: cap - taken[q] for q, cap in slots.caps.items() if cap > taken[q]}
+            queues = list(rest)
+        if not queues or (isinstance(rest, int) and rest <= 0):
+            return []
+        try:
+            return list(await self.claim(queues, rest, lease=lease, worker_id=worker_id))
+        except JobsError as exc:
+            log_event(
+                "jobs.driver.made-due-claim-failed", logging.WARNING, queues=queues, error=str(exc)
+            )
+            return []
 
     async def _claims(
         self, rows: Sequence[Any], now: float, lease: float, worker_id: str

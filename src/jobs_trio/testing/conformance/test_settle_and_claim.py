@@ -3,14 +3,71 @@
 # and a refused settlement leaves nothing written, the claim included.
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from jobs_trio.driver import Driver, SettlesWithClaims
-from jobs_trio.errors import JobsError
-from jobs_trio.records import Complete, JobState, Retry
+from jobs_trio.errors import JobsError, ValueRefused
+from jobs_trio.records import (
+    CancelJob,
+    Complete,
+    DeadLetter,
+    JobRecord,
+    JobState,
+    Lease,
+    Park,
+    Retry,
+    Settlement,
+    Suspend,
+)
 from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
+from .test_fleet_limits import limited
+
+# Each kind of settlement as the call carries it, and what its job's record then says:
+# on PostgreSQL each kind is its own statement (settle_claim_<kind>, the settle's parameters
+# renumbered after the claim's), so each is tried, two settlements at once.
+KINDS: dict[str, tuple[Callable[[Lease], Settlement], Callable[[JobRecord], object]]] = {
+    "complete": (
+        lambda lease: Complete(lease, result='{"n": 1}'),
+        lambda r: (r.state, r.result, r.attempts),
+    ),
+    "retry": (
+        lambda lease: Retry(lease, delay=60, error="again"),
+        lambda r: (r.state, r.last_error, r.attempts, r.run_at),
+    ),
+    "retry-handed-back": (
+        lambda lease: Retry(lease, delay=60, error="drained", counts_as_attempt=False),
+        lambda r: (r.state, r.last_error, r.attempts, r.run_at),
+    ),
+    "dead": (
+        lambda lease: DeadLetter(lease, error="bad"),
+        lambda r: (r.state, r.last_error, r.attempts),
+    ),
+    "suspend": (
+        lambda lease: Suspend(lease, delay=60, event="ev"),
+        lambda r: (r.state, r.wait_event, r.attempts, r.run_at),
+    ),
+    "park": (
+        lambda lease: Park(lease, reason="unknown job name"),
+        lambda r: (r.state, r.last_error, r.attempts),
+    ),
+    "cancel": (
+        lambda lease: CancelJob(lease, error="cancelled by its body"),
+        lambda r: (r.state, r.last_error, r.attempts),
+    ),
+}
+EXPECTED: dict[str, Callable[[float], object]] = {
+    "complete": lambda now: (JobState.COMPLETED, '{"n": 1}', 1),
+    "retry": lambda now: (JobState.READY, "again", 1, now + 60),
+    "retry-handed-back": lambda now: (JobState.READY, "drained", 0, now + 60),
+    "dead": lambda now: (JobState.DEAD, "bad", 1),
+    "suspend": lambda now: (JobState.SUSPENDED, "ev", 0, now + 60),
+    "park": lambda now: (JobState.PARKED, "unknown job name", 0),
+    "cancel": lambda now: (JobState.CANCELLED, "cancelled by its body", 1),
+}
 
 
 def carrying(driver: Driver) -> SettlesWithClaims:
@@ -109,3 +166,104 @@ async def test_a_refused_settlement_writes_nothing_not_even_the_claim(driver: Dr
     assert untouched is not None and (untouched.state, untouched.attempts) == (JobState.READY, 0)
     # Nothing was lost: the same lease still settles once the value is one it can store.
     assert list(await driver.settle([Complete(claim.lease, result='"ok"')])) == [job]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+async def test_every_kind_settles_and_claims_in_one_call(
+    driver: Driver, manual_clock: ManualClock, kind: str
+) -> None:
+    # Two runs of the kind whose leases lapsed (still theirs: the settles apply, and neither
+    # is the claim's candidate), a waiting job the claim takes.
+    both = carrying(driver)
+    a, b = await enqueue_one(driver, priority=0), await enqueue_one(driver, priority=0)
+    waiting = await enqueue_one(driver, priority=1)
+    claims = await driver.claim(["default"], 2, lease=10, worker_id="w1")
+    assert {c.job_id for c in claims} == {a, b}
+    manual_clock.advance(11)
+    make, seen = KINDS[kind]
+    applied, claimed = await both.settle_and_claim(
+        [make(c.lease) for c in claims], ["default"], 5, lease=30, worker_id="w2"
+    )
+    assert sorted(applied) == sorted([a, b])
+    assert [(c.job_id, c.attempt) for c in claimed] == [(waiting, 1)]
+    for job in (a, b):
+        record = await driver.get(job)
+        assert record is not None
+        assert seen(record) == EXPECTED[kind](manual_clock.now)
+        assert (record.lease_until, record.worker_id) == (None, None)
+    taken = await driver.get(waiting)
+    assert taken is not None and (taken.state, taken.worker_id) == (JobState.RUNNING, "w2")
+
+
+@pytest.mark.parametrize("kind", ["retry", "suspend", "park"])
+async def test_an_operators_pending_cancel_wins_over_a_carried_settlement(
+    driver: Driver, kind: str
+) -> None:
+    both = carrying(driver)
+    job = await enqueue_one(driver, priority=0)
+    waiting = await enqueue_one(driver, priority=1)
+    claim = await claim_one(driver)
+    await driver.cancel(job)  # running: flagged, for the run's next renewal
+    make, _ = KINDS[kind]
+    applied, claimed = await both.settle_and_claim(
+        [make(claim.lease)], ["default"], 5, lease=30, worker_id="w1"
+    )
+    assert list(applied) == [job]
+    assert [c.job_id for c in claimed] == [waiting]
+    record = await driver.get(job)
+    assert record is not None
+    assert (record.state, record.attempts, record.cancel_requested) == (
+        JobState.CANCELLED,
+        1,
+        False,
+    )
+
+
+async def test_a_slot_the_settle_frees_goes_to_its_waiter_in_the_same_call(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # As settle() then claim() would: the settled run's fleet slot is free for the claim, and
+    # the job a full slot put off is taken by it (not left for a later wake-up).
+    both = carrying(driver)
+    holder, waiter = [a.job_id for a in await driver.enqueue([limited(1), limited(1, priority=1)])]
+    [claim] = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert claim.job_id == holder
+    manual_clock.advance(1)
+    applied, claimed = await both.settle_and_claim(
+        [Complete(claim.lease)], ["default"], 10, lease=30, worker_id="w1"
+    )
+    assert list(applied) == [holder]
+    assert [(c.job_id, c.attempt) for c in claimed] == [(waiter, 1)]
+
+
+@pytest.mark.parametrize("value", ['"\ud800"', '"\x00\ud800"'])
+async def test_a_refused_carried_value_is_a_value_refusal(driver: Driver, value: str) -> None:
+    # ValueRefused, not a plain DriverError: the worker gives a refused batch back to be
+    # isolated, and retries a failed one as it is (a plain error here would fail every claim).
+    both = carrying(driver)
+    await enqueue_one(driver, priority=0)
+    claim = await claim_one(driver)
+    with pytest.raises(ValueRefused):
+        await both.settle_and_claim(
+            [Complete(claim.lease, result=value)], ["default"], 5, lease=30, worker_id="w1"
+        )
+
+
+@pytest.mark.parametrize("kind", ["retry", "suspend"])
+async def test_a_job_the_settle_makes_due_now_is_claimed_by_the_same_call(
+    driver: Driver, kind: str
+) -> None:
+    # A retry or suspension without delay is ready at once: settle() then claim() would take it
+    # again, so the one call does too (not left for a wake-up the claim loop must wait for).
+    both = carrying(driver)
+    job = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    now = (
+        Retry(claim.lease, delay=0, error="again")
+        if kind == "retry"
+        else Suspend(claim.lease, delay=0)
+    )
+    applied, claimed = await both.settle_and_claim([now], ["default"], 5, lease=30, worker_id="w1")
+    assert list(applied) == [job]
+    # A retry counts its attempt; a suspension hands it back.
+    assert [(c.job_id, c.attempt) for c in claimed] == [(job, 2 if kind == "retry" else 1)]
