@@ -37,10 +37,11 @@ _MAX_SECONDS = (2**31 - 1) / 1000
 # enqueued) and a sort of every waiting row looks as cheap. JIT only ever costs on statements
 # this short (the disable cost alone trips it: 0.8 s a claim). Sequential scans off: a
 # connection keeps the generic plan it made at a statement's first execution, and one made
-# while the table was empty (a fresh deploy, a drained queue just analyzed) read the whole
-# table in every claim and settle, slower with each finished job until an autovacuum's ANALYZE
-# replaced it (tests/test_postgres_plans.py; the operator's full-table statistics turn it back
-# on for themselves). As session settings they cost no round trip.
+# while the table was empty (a fresh deploy) read the whole table in every claim and settle,
+# slower with each finished job until an autovacuum's ANALYZE replaced it (migration 0008 took
+# away the other whole-table read such a plan found; tests/test_postgres_plans.py; the
+# operator's full-table statistics turn it back on for themselves). As session settings they
+# cost no round trip.
 PLANNER_SETTINGS = {
     "enable_sort": "off",
     "enable_seqscan": "off",
