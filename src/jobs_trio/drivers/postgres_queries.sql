@@ -220,7 +220,10 @@ WITH held AS MATERIALIZED (
     RETURNING j.token, j.cancel_requested, j.slot_key IS NOT NULL AS has_slot
 ), kept AS (
     UPDATE {schema}.limit_rows AS r SET until = $1::float8 + $2::float8
-    WHERE r.kind = 'slot' AND r.token = ANY (ARRAY(SELECT token FROM renewed WHERE has_slot))
+    -- `(…) IS TRUE`: a condition no index answers, so the run's token (limit_rows_token) finds
+    -- the row. As a plain `r.kind = 'slot'`, a plan made on an empty table's statistics (all
+    -- indexes tie) read every slot row through the primary key instead.
+    WHERE r.token = ANY (ARRAY(SELECT token FROM renewed WHERE has_slot)) AND (r.kind = 'slot') IS TRUE
     RETURNING r.token
 )
 SELECT token, cancel_requested,
@@ -256,7 +259,8 @@ WITH locked AS MATERIALIZED (
     -- A settled run's fleet slot is free in the settle's own transaction (fenced: only a row
     -- its token still holds), and the first job a claim put off waiting on it is due now.
     UPDATE {schema}.limit_rows AS r SET until = NULL, token = NULL, job_id = NULL
-    WHERE r.kind = 'slot' AND r.token = ANY (ARRAY(SELECT token FROM settled WHERE has_slot))
+    -- (r.kind = 'slot') IS TRUE: found by token, never by kind (see renew's `kept`).
+    WHERE r.token = ANY (ARRAY(SELECT token FROM settled WHERE has_slot)) AND (r.kind = 'slot') IS TRUE
     RETURNING r.key
 ), woken AS (
     UPDATE {schema}.jobs AS w SET run_at = $1, updated_at = $1
