@@ -638,3 +638,35 @@ async def test_a_renewal_that_meets_a_row_lock_fails_within_the_lock_timeout(
         await admin.execute("ROLLBACK")
         renewed = await driver.renew([claim.lease], lease=30)
         assert renewed.held == {claim.token}
+
+
+# --- claims with fleet limits ---
+
+
+async def test_a_failed_limited_claim_keeps_the_claims_already_committed(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's first statement commits the unlimited jobs; the limited ones are decided in
+    a transaction of their own. When that one fails, the committed claims still reach the
+    worker (else they would sit claimed till their leases lapsed, an attempt spent each) and
+    the limited job stays ready, untouched."""
+    import attrs
+
+    from jobs_trio.records import JobLimits
+
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        limits = JobLimits(slot_key="k", slots=1, rate_key=None, starts=0, per=0.0)
+        free, limited = await driver.enqueue(
+            [new_job(priority=0), attrs.evolve(new_job(priority=1), limits=limits)]
+        )
+
+        async def refused(*args: Any) -> Any:
+            raise DriverError("lost the connection (test)", fix="none")
+
+        monkeypatch.setattr(driver, "_claim_limited", refused)
+        claims = await driver.claim(["default"], 10, lease=30, worker_id="w")
+        assert [c.job_id for c in claims] == [free.job_id]
+        record = await driver.get(limited.job_id)
+        assert record is not None and (record.state, record.attempts) == (JobState.READY, 0)

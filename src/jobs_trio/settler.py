@@ -42,8 +42,9 @@ class _Pending:
     done: trio.Event = attrs.Factory(trio.Event)
     applied: bool = False
     refusals: int = 0  # forms of this settlement the database refused so far
-    # Given back by a claim that carried it and failed: written alone from then on, so a
-    # settlement the database refuses is isolated here instead of failing claim after claim.
+    # Given back by a claim that carried it and was refused: never carried again, only the
+    # writer takes it, so a settlement the database refuses is isolated there (by halves)
+    # instead of failing claim after claim.
     solo: bool = False
 
 
@@ -144,7 +145,7 @@ class Settler:
         ``give_back``; until then they stay unwritten (and are named if the budget ends)."""
         if not self._carried_by_claims or self._closed:
             return []
-        return self._take(solo=False)
+        return self._take(include_solo=False)
 
     def written(self, batch: list[_Pending], applied: Collection[JobId]) -> None:
         """``batch`` (from ``take_for_claim``) was written with a claim."""
@@ -152,7 +153,7 @@ class Settler:
 
     def give_back(self, batch: list[_Pending], *, solo: bool) -> None:
         """``batch`` (from ``take_for_claim``) was not written: the writer writes it, first,
-        in its order; alone from now on when ``solo`` (the database refused the claim that
+        in its order; never carried again when ``solo`` (the database refused the claim that
         carried it)."""
         for pending in reversed(batch):
             pending.solo = pending.solo or solo
@@ -177,11 +178,11 @@ class Settler:
                 # One pass for a claim loop woken by the same finished runs: it takes these
                 # with its claim, synchronously, before this task runs again.
                 await trio.lowlevel.checkpoint()
-            batch = self._take(solo=True)
+            batch = self._take(include_solo=True)
             if batch:
                 await self._write(batch)
 
-    def _take(self, *, solo: bool) -> list[_Pending]:
+    def _take(self, *, include_solo: bool) -> list[_Pending]:
         """Up to max_batch from the front. Two runs of one job (a lapsed claim beside its
         re-claim) never share a batch: a driver says which settlements applied by job id, so
         in one batch the fenced one would pass for written; the second waits for the next."""
@@ -189,7 +190,7 @@ class Settler:
         jobs: set[JobId] = set()
         while self._queue and len(batch) < self._max_batch:
             pending = self._queue[0]
-            if pending.settlement.lease.job_id in jobs or (pending.solo and not solo):
+            if pending.settlement.lease.job_id in jobs or (pending.solo and not include_solo):
                 break
             batch.append(self._queue.popleft())
             jobs.add(pending.settlement.lease.job_id)

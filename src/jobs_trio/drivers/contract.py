@@ -175,7 +175,6 @@ class Driver(Protocol):
     async def aclose(self) -> None: ...
 
 
-@runtime_checkable
 class SettlesWithClaims(Protocol):
     """What a driver may add to ``Driver``: a worker's settlements written by its next claim,
     one round trip where there were two (issue 16). A worker uses it when its driver has it;
@@ -200,6 +199,6 @@ class SettlesWithClaims(Protocol):
 
 
 def settles_with_claims(driver: object) -> bool:
-    """Whether ``driver`` has ``settle_and_claim``; a driver (or a test double of one) opts
-    out by setting it to None, which ``isinstance(driver, SettlesWithClaims)`` cannot see."""
+    """Whether ``driver`` has ``settle_and_claim`` (the one way to ask: the Protocol is for
+    type checking only). A driver, or a test double of one, opts out by setting it to None."""
     return callable(getattr(driver, "settle_and_claim", None))

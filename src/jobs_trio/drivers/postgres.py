@@ -309,11 +309,10 @@ class PostgresDriver:
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         firsts = _first_per_claim(settlements)
-        if not slots.caps or not firsts:
-            return (
-                await self.settle(settlements),
-                await self.claim(queues, limit, lease=lease, worker_id=worker_id),
-            )
+        if not firsts:
+            return [], await self.claim(queues, limit, lease=lease, worker_id=worker_id)
+        if not slots.caps:
+            return await self.settle(settlements), []
         now = self.now()
         sql = self._sql
         by_kind = _by_kind(firsts)
