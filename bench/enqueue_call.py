@@ -87,8 +87,9 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
     import trio
 
     import jobs_trio
+    from jobs_trio.drivers.postgres import _job_columns, _limit_columns
     from jobs_trio.drivers.postgres_pool import session_settings
-    from jobs_trio.records import new_job_id
+    from jobs_trio.records import NewJob, new_job_id
 
     async def statement() -> tuple[str, str]:
         async with jobs_trio.open_driver(url, migrate=True) as driver:
@@ -97,9 +98,9 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
     sql, channel = trio.run(statement)
 
     async def one(conn: asyncpg.Connection, i: int) -> None:
-        payload = json.dumps({"i": i})
-        args = [[new_job_id()], ["bench.enqueue_call"], ["bench"], [payload], [0], [3], [0.0]]
-        await conn.fetch(sql, time.time(), *args, [None], channel)
+        # The driver's own argument builders: the statement's parameters change with it.
+        job = NewJob(new_job_id(), "bench.enqueue_call", "bench", json.dumps({"i": i}), 3)
+        await conn.fetch(sql, time.time(), *_job_columns([job]), channel, *_limit_columns([job]))
 
     async def timed(call: Any) -> dict[str, Any]:
         for i in range(200):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
 
@@ -14,6 +14,7 @@ import trio
 
 from ..errors import ConfigError, DriverError, JobsError, ValueRefused
 from ..redaction import redact_url
+from .asyncio_stepper import step_to_end
 from .postgres_pool import Connection, Pool, session_settings
 from .postgres_pooler import Pooler
 
@@ -114,14 +115,14 @@ class Bridge:
                     raise
             return conn
 
-        return await self._cross(connect, what=f"connecting ({purpose})")
+        return await self._cross(connect, what=f"connecting ({purpose})", as_task=True)
 
     async def _open_pooled(self) -> Connection:
         return await self.connect(purpose="pool")
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Cross with any asyncio coroutine function (a LISTEN registration, a ping)."""
-        return await self._cross(fn, what=what)
+        return await self._cross(fn, what=what, as_task=True)
 
     async def close_connection(self, connection: Connection) -> None:
         """Close a connection of our own; shielded and bounded, so it runs even under a
@@ -129,7 +130,7 @@ class Bridge:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLEANUP_SECONDS):
                 with contextlib.suppress(Exception):
-                    await self._cross(connection.close, what="close a connection")
+                    await self._cross(connection.close, what="close a connection", as_task=True)
                     return
             connection.terminate()
 
@@ -142,18 +143,24 @@ class Bridge:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLEANUP_SECONDS):
                 with contextlib.suppress(Exception):
-                    await self._cross(close_all, what="closing connections")
+                    await self._cross(close_all, what="closing connections", as_task=True)
             # Whatever did not close in time (an operation that never finished, a server that
             # stopped answering) is dropped rather than waited on.
             for conn in connections:
                 if not conn.is_closed():
                     conn.terminate()
 
-    async def _cross(self, fn: Callable[..., Awaitable[T]], *args: Any, what: str) -> T:
+    async def _cross(
+        self, fn: Callable[..., Awaitable[T]], *args: Any, what: str, as_task: bool = False
+    ) -> T:
         import trio_asyncio
 
         try:
-            return cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
+            if as_task:
+                # Wrapped in an asyncio Task: asyncpg.connect (asyncio.timeout) and a close need
+                # a current task. They are rare; every operation steps from this Trio task.
+                return cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
+            return await step_to_end(self.loop, cast(Coroutine[Any, Any, T], fn(*args)))
         except JobsError:
             raise
         except Exception as exc:
@@ -309,7 +316,7 @@ async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
         result = await op(conn)
     except BaseException:
         # A cancel thrown into `op` has already asked the server to cancel its statement; the
-        # rollback waits for that, bounded. Trio-asyncio cancels a crossing once, so this
+        # rollback waits for that, bounded. A crossing is cancelled once (asyncio_stepper), so this
         # await is not cancelled again.
         try:
             await asyncio.wait_for(tx.rollback(), CLEANUP_SECONDS)
