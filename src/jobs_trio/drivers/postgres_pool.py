@@ -123,7 +123,15 @@ class Pool:
             raise ConfigError(
                 "the PostgreSQL driver's connections are closed", fix="open a new driver"
             )
-        async with self._slots:
+        # A free slot is taken without a pass of Trio's scheduler (Semaphore's acquire always
+        # yields once): every driver operation goes through here, and the operation's own
+        # wait for the server is its checkpoint. A cancelled caller still stops here.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        try:
             conn = self._take_idle()
             if conn is None:
                 conn = await self._connect()
@@ -132,6 +140,8 @@ class Pool:
                 yield conn
             finally:
                 self._give_back(conn)
+        finally:
+            self._slots.release()
 
     def _take_idle(self) -> Connection | None:
         while self._idle:
