@@ -111,6 +111,51 @@ async def test_a_trio_cancel_cancels_the_awaited_future_once_and_cleanup_runs(lo
     assert seen == ["cancelled", "cleaned up"]
 
 
+async def test_a_timeout_in_cleanup_after_a_trio_cancel_times_out_as_its_own(loop: Any) -> None:
+    # asyncio.timeout counts the cancels already requested when it starts (cancelling()):
+    # its own expiry in cleanup is a TimeoutError there, not the Trio cancel coming back.
+    seen: list[str] = []
+
+    async def body() -> None:
+        aio = asyncio.get_running_loop()
+        try:
+            await aio.create_future()
+        except asyncio.CancelledError:
+            try:
+                async with asyncio.timeout(0):
+                    await aio.create_future()
+            except TimeoutError:
+                seen.append("cleanup timed out")
+            raise
+
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await step_to_end(loop, body())
+    assert scope.cancelled_caught
+    assert seen == ["cleanup timed out"]
+
+
+async def test_a_trio_cancel_beside_an_expiring_timeout_ends_as_trios_cancel(loop: Any) -> None:
+    # Each cancel is counted (cancel / uncancel): a timeout that expires with Trio's cancel
+    # also requested lets the CancelledError through, as it would for a Task.
+    scope = trio.CancelScope()
+
+    async def body() -> None:
+        aio = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as timeout:
+
+            def expire_then_cancel() -> None:
+                timeout.reschedule(aio.time())  # its cancel queued now
+                aio.call_soon(scope.cancel)  # Trio's right after, before the next step
+
+            aio.call_soon(expire_then_cancel)
+            await aio.create_future()
+
+    with scope:
+        await step_to_end(loop, body())
+    assert scope.cancelled_caught
+
+
 async def test_a_cancel_that_misses_its_future_lands_at_the_next_step(loop: Any) -> None:
     waiting = trio.Event()
     aio_loop: asyncio.AbstractEventLoop = loop

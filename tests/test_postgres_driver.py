@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -370,6 +371,72 @@ async def test_a_cancel_inside_a_transaction_rolls_it_back(url: str, pg_schema: 
         record = await driver.get(job.job_id)
         assert record is not None and record.state is JobState.READY
         assert (await driver.cancel(job.job_id)).state is JobState.CANCELLED
+
+
+@contextlib.asynccontextmanager
+async def slow_answers(url: str, delay: float) -> AsyncIterator[str]:
+    """A URL to the same server through a proxy that holds each of its answers ``delay``
+    seconds, so a cancel can land while a statement is on the wire."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+
+    async def pump(source: trio.abc.Stream, sink: trio.abc.Stream, hold: float) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async for chunk in source:
+                await trio.sleep(hold)
+                await sink.send_all(chunk)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await sink.aclose()
+
+    async def serve(client: trio.SocketStream) -> None:
+        async with (
+            client,
+            await trio.open_tcp_stream(host, port) as server,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(pump, client, server, 0)
+            nursery.start_soon(pump, server, client, delay)
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1")
+        )
+        netloc = f"{parts.username or 'postgres'}@127.0.0.1:{listener.socket.getsockname()[1]}"
+        query = parts.query + ("&" if parts.query else "") + "sslmode=disable"
+        yield urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_while_begin_is_in_flight_costs_no_later_write(
+    url: str, pg_schema: str
+) -> None:
+    # A cancel landing while BEGIN is on the wire: asyncpg keeps the failed transaction as the
+    # connection's top one, and the server begins it while the connection still reads as idle
+    # (its answer unread). Back in the pool, that connection made the next transaction a
+    # SAVEPOINT inside the orphaned BEGIN: reported committed, then rolled back when the pool
+    # dropped the connection.
+    async with (
+        open_postgres_driver(url, schema=pg_schema, migrate=True, drop_schema_on_close=True),
+        slow_answers(url, 0.05) as slow_url,
+        open_postgres_driver(slow_url, schema=pg_schema, pool_size=1) as driver,
+    ):
+
+        def insert(n: int) -> Callable[[Any], Awaitable[Any]]:
+            return lambda conn: conn.execute(f'INSERT INTO "{pg_schema}".w VALUES ({n})')
+
+        await driver.bridge.run(
+            lambda conn: conn.execute(f'CREATE TABLE "{pg_schema}".w (n int)'), what="table"
+        )
+        with trio.move_on_after(0.025) as scope:  # BEGIN sent, its answer 0.05 s away
+            await driver.bridge.run(insert(1), what="a write", transaction=True)
+        assert scope.cancelled_caught
+        await driver.bridge.run(insert(2), what="a write", transaction=True)
+        kept = await driver.bridge.run(
+            lambda conn: conn.fetchval(f'SELECT count(*) FROM "{pg_schema}".w'), what="count"
+        )
+        assert kept == 1
 
 
 async def test_an_error_inside_the_block_comes_out_as_itself(url: str, pg_schema: str) -> None:

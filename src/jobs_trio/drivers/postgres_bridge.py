@@ -311,7 +311,15 @@ class Bridge:
 
 async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
     tx = conn.transaction()
-    await tx.start()
+    try:
+        await tx.start()
+    except BaseException:
+        # BEGIN failed or was cancelled in flight: asyncpg keeps the failed transaction as the
+        # connection's top one (its next transaction() would only be a SAVEPOINT, released but
+        # never committed), and the server may have begun it while the connection still reads
+        # as idle (the pool would hand it on). Such a connection is never used again.
+        conn.terminate()
+        raise
     try:
         result = await op(conn)
     except BaseException:
