@@ -905,6 +905,15 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
         ]
         if loads:
             lines.append(f"- {lib}: {min(loads):.2f}–{max(loads):.2f} over {len(loads)} runs")
+    gauges = [r["gauge_ms"] for runs in results.values() for r in runs if "gauge_ms" in r]
+    if gauges:
+        lines.append("")
+        lines.append(
+            f"Speed gauge (`speed_gauge`: ms for {GAUGE_ADDITIONS:,} additions in a Python loop,"
+            f" best of 3, before each run): {min(gauges):.0f}–{max(gauges):.0f} ms. This VM's"
+            " speed changes over a day by several times (steal time): compare figures only"
+            " within one run, never with another run's."
+        )
     drains = {k: v for k, v in results.items() if k[0] == "drain"}
     if drains:
         lines.append("")
@@ -929,6 +938,22 @@ def _ratio(a: float | None, b: float | None) -> str:
 def _cell_order(cell: tuple[str, int]) -> tuple[int, int]:
     order = [*ALL, "sqlite"]
     return order.index(cell[0]), cell[1]
+
+
+GAUGE_ADDITIONS = 1_000_000
+
+
+def speed_gauge() -> float:
+    """Milliseconds for a fixed pure-Python loop, best of 3: how fast this machine runs Python
+    right now, beside each run's figures (the host lends it more or less CPU over a day)."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for i in range(GAUGE_ADDITIONS):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
 
 
 def machine() -> str:
@@ -998,11 +1023,13 @@ async def run(args: argparse.Namespace) -> dict[tuple[str, int, str], list[Resul
                 for lib in libs:  # A B C, A B C, ...: drift in the machine hits all alike
                     t0 = time.monotonic()
                     load1 = os.getloadavg()[0]  # the machine is shared: every figure beside it
+                    gauge = speed_gauge()
                     try:
                         result = await WORKLOADS[workload](lib, conc, workdir)
                     except BenchError as exc:
                         result = {"error": str(exc)}
                     result["load1"] = load1
+                    result["gauge_ms"] = gauge
                     results[(workload, conc, lib)].append(result)
                     shown = ", ".join(
                         f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in result.items()
