@@ -1,0 +1,77 @@
+# One worker's rate and CPU per job on PostgreSQL, in one process: N no-op jobs enqueued, then
+# run at concurrency C. Apart from run.py because its figure is this process's CPU per job,
+# which drifts less than wall rates when the machine is lent more or less CPU (compare trees).
+"""A worker's jobs/s and its process CPU per job.
+
+    python bench/worker_cpu.py [--jobs 3000] [--concurrency 1] [--profile FILE]
+    PYTHONPATH=/old/tree/src python bench/worker_cpu.py ...   # the same, another tree
+
+Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu`, dropped at the end), runs
+VACUUM ANALYZE, then opens a worker (every default but concurrency) and times from its open to
+the last job's start: jobs/s and time.process_time per job (this process only; the kernel's
+share of its socket calls included). ``--profile FILE`` writes a cProfile of the worker."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import time
+from typing import Any
+
+import trio
+
+import jobs_trio
+
+SCHEMA = "bench_worker_cpu"
+registry = jobs_trio.Registry()
+
+
+async def main(args: argparse.Namespace) -> None:
+    all_started = trio.Event()
+    started = 0
+
+    @registry.job("bench.worker_cpu", queue="bench_worker_cpu")
+    async def noop(ctx: jobs_trio.JobContext, payload: Any) -> None:
+        nonlocal started
+        started += 1
+        if started == args.jobs:
+            all_started.set()
+
+    async with jobs_trio.open_driver(args.db, schema=SCHEMA, migrate=True) as driver:
+        await noop.enqueue_many(driver, [{"i": i} for i in range(args.jobs)])
+        await driver.bridge.run(  # type: ignore[attr-defined]
+            lambda conn: conn.execute(f"VACUUM ANALYZE {SCHEMA}.jobs"), what="analyze"
+        )
+    try:
+        async with jobs_trio.open_driver(args.db, schema=SCHEMA) as driver:
+            profile = cProfile.Profile() if args.profile else None
+            wall, cpu = time.perf_counter(), time.process_time()
+            if profile:
+                profile.enable()
+            async with jobs_trio.open_worker(
+                driver, registry, concurrency=args.concurrency, drain_on_shutdown=False
+            ):
+                await all_started.wait()
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if profile:
+                    profile.disable()
+                    profile.dump_stats(args.profile)
+        print(
+            f"c={args.concurrency} {args.jobs / wall:,.0f} jobs/s, {cpu / args.jobs * 1e6:,.0f} µs"
+            f" CPU a job (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
+        )
+    finally:
+        async with jobs_trio.open_driver(args.db, schema=SCHEMA) as driver:
+            await driver.bridge.run(  # type: ignore[attr-defined]
+                lambda conn: conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE"), what="drop"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--profile", help="write a cProfile of the worker here")
+    trio.run(main, parser.parse_args())
