@@ -217,3 +217,35 @@ async def test_a_future_of_another_loop_is_refused_inside_the_coroutine(loop: An
 
         with pytest.raises(RuntimeError, match="only futures of the driver's own loop"):
             await step_to_end(loop, body())
+
+
+async def test_a_coroutine_that_ends_at_its_first_step_still_lets_other_tasks_run(
+    loop: Any,
+) -> None:
+    # What asyncpg does with an argument it cannot encode: it raises before sending anything,
+    # so the coroutine never waits. The pool takes a free slot without a pass of the scheduler
+    # (0d2f22e), so without one here a loop of refused writes ran no other task at all.
+    async def refused() -> None:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    async def at_once() -> int:
+        return 1
+
+    steps = 0
+
+    async def other() -> None:
+        nonlocal steps
+        while True:
+            steps += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()
+        before = steps
+        for _ in range(10):
+            with pytest.raises(UnicodeEncodeError):
+                await step_to_end(loop, refused())
+            assert await step_to_end(loop, at_once()) == 1
+        assert steps - before >= 19
+        nursery.cancel_scope.cancel()

@@ -737,3 +737,35 @@ async def test_a_failed_limited_claim_keeps_the_claims_already_committed(
         assert [c.job_id for c in claims] == [free.job_id]
         record = await driver.get(limited.job_id)
         assert record is not None and (record.state, record.attempts) == (JobState.READY, 0)
+
+
+async def test_enqueues_refused_before_reaching_the_server_let_other_tasks_run(
+    url: str, pg_schema: str
+) -> None:
+    # asyncpg refuses a lone surrogate while encoding, before anything is sent; the pool takes
+    # a free slot without a pass of the scheduler, so each refused call must still take one.
+    from jobs_trio.errors import ValueRefused
+
+    steps = 0
+
+    async def other() -> None:
+        nonlocal steps
+        while True:
+            steps += 1
+            await trio.lowlevel.checkpoint()
+
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            [good] = await driver.enqueue([new_job()])  # the statement prepared: no wait left
+            with pytest.raises(ValueRefused):
+                await driver.enqueue([new_job(name="bad\ud800")])
+            before = steps
+            for _ in range(20):
+                with pytest.raises(ValueRefused):
+                    await driver.enqueue([new_job(name="bad\ud800")])
+            assert steps - before >= 20
+            nursery.cancel_scope.cancel()
+        assert [job.id for job in await driver.list_jobs()] == [good.job_id]

@@ -31,8 +31,18 @@ T = TypeVar("T")
 
 async def step_to_end(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on ``loop`` (a running trio-asyncio loop of this Trio run) and answer what
-    it returns or raise what it raises."""
-    return await _Stepper(loop).run(coro)
+    it returns or raise what it raises.
+
+    A checkpoint's schedule point even when the coroutine ends at its first step without
+    waiting (asyncpg refusing an argument before anything is sent: a lone surrogate, an int
+    past int4): the pool takes a free slot without one, so this wait is the operation's only
+    pass of Trio's scheduler, and a loop of refused writes must not starve the other tasks."""
+    stepper = _Stepper(loop)
+    try:
+        return await stepper.run(coro)
+    finally:
+        if not stepper.waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 class _Stepper:
@@ -46,6 +56,7 @@ class _Stepper:
         self._cancels = 0  # asyncio's count of cancel requests (cancelling / uncancel)
         self._done = False
         self._raise_cancel: Any = None  # set by a Trio cancel: raises it as Trio's
+        self.waited = False  # whether the coroutine ever waited (a pass of the scheduler)
 
     # --- what asyncio asks of a current task ---
 
@@ -135,6 +146,7 @@ class _Stepper:
                         " of the driver's own loop can be awaited there"
                     )
                     continue
+                self.waited = True
                 await trio.lowlevel.wait_task_rescheduled(self._abort)
                 waited, self._waiting = self._waiting, None
                 if waited is not None:
