@@ -131,6 +131,13 @@ class Pool:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             await self._slots.acquire()
+            # Handed a slot, then cancelled before running: give it back unused rather than
+            # send a statement only to cancel it on the server.
+            try:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            except BaseException:
+                self._slots.release()
+                raise
         try:
             conn = self._take_idle()
             if conn is None:
