@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -769,3 +770,69 @@ async def test_enqueues_refused_before_reaching_the_server_let_other_tasks_run(
             assert steps - before >= 20
             nursery.cancel_scope.cancel()
         assert [job.id for job in await driver.list_jobs()] == [good.job_id]
+
+
+async def test_one_job_stores_exactly_what_a_batch_stores(url: str, pg_schema: str) -> None:
+    # A single job's enqueue is its own statement (enqueue_one, scalars); a batch is another
+    # (unnest). The same job through each must store the same row, refuse the same values and
+    # answer a live key's holder the same way.
+    from jobs_trio.errors import ValueRefused
+    from jobs_trio.records import JobLimits, NewJob, new_job_id
+
+    hostile = "\x1b[31mred\x1b[0m 'q' \"d\" {a,b} NULL \\N é 🐍"
+
+    def job(**changes: Any) -> NewJob:
+        fields: dict[str, Any] = {
+            "job_id": new_job_id(),
+            "name": f"t.{hostile}",
+            "queue": "q-é",
+            "payload": json.dumps({"text": hostile, "deep": [[[1]]]}),
+            "max_attempts": 2147483647,
+            "priority": -2147483648,
+            "delay": 30.5,
+            "key": None,
+            "limits": JobLimits(slot_key=f"s:{hostile}", slots=2, rate_key="r", starts=3, per=1.5),
+            "context": json.dumps({"tenant": hostile}),
+        }
+        fields.update(changes)
+        return NewJob(**fields)
+
+    columns = (
+        "name, queue, state, payload, priority, attempts, max_attempts, run_at - created_at,"
+        " key, slot_key, slots, rate_key, starts, per, context"
+    )
+    async with (
+        open_postgres_driver(url, schema=pg_schema, migrate=True, drop_schema_on_close=True) as d,
+        open_admin(url) as admin,
+    ):
+
+        async def row(job_id: str) -> tuple[Any, ...]:
+            found = await trio_asyncio.aio_as_trio(admin.conn.fetchrow, loop=admin.loop)(
+                f'SELECT {columns} FROM "{pg_schema}".jobs WHERE id = $1', job_id
+            )
+            return tuple(found)
+
+        alone, in_batch = job(), job()
+        await d.enqueue([alone])
+        await d.enqueue([in_batch, job(name="other")])
+        assert await row(alone.job_id) == await row(in_batch.job_id)
+
+        # A key a live job holds: both forms answer the holder, and write nothing.
+        [holder] = await d.enqueue([job(key=hostile)])
+        [one] = await d.enqueue([job(key=hostile)])
+        [two, _] = await d.enqueue([job(key=hostile), job()])
+        assert (one.job_id, one.created) == (two.job_id, two.created) == (holder.job_id, False)
+
+        # Values the server or the encoder refuses: the same error, nothing stored.
+        stored = await admin.fetchval(f'SELECT count(*) FROM "{pg_schema}".jobs')
+        for bad in (
+            {"name": "nul \x00 in text"},
+            {"name": "lone \ud800"},
+            {"priority": 2147483648},
+            {"limits": JobLimits(slot_key="s", slots=2**31)},
+        ):
+            with pytest.raises(ValueRefused):
+                await d.enqueue([job(**bad)])
+            with pytest.raises(ValueRefused):
+                await d.enqueue([job(**bad), job()])
+        assert await admin.fetchval(f'SELECT count(*) FROM "{pg_schema}".jobs') == stored
