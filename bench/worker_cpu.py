@@ -50,7 +50,11 @@ async def main(args: argparse.Namespace) -> None:
             if profile:
                 profile.enable()
             async with jobs_trio.open_worker(
-                driver, registry, concurrency=args.concurrency, drain_on_shutdown=False
+                driver,
+                registry,
+                concurrency=args.concurrency,
+                drain_on_shutdown=False,
+                **({"claim_ahead": args.ahead} if args.ahead is not None else {}),
             ):
                 await all_started.wait()
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -73,5 +77,6 @@ if __name__ == "__main__":
     parser.add_argument("--db", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--ahead", type=int, default=None, help="the worker's claim_ahead")
     parser.add_argument("--profile", help="write a cProfile of the worker here")
     trio.run(main, parser.parse_args())

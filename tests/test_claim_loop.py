@@ -23,6 +23,7 @@ class CountingDriver(MemoryDriver):
     def __init__(self, *, deaf: bool = False) -> None:
         super().__init__(clock=trio.current_time)
         self.claims: list[Mapping[str, int] | int] = []
+        self.claimed: list[str] = []  # job ids, in the order the claims answered them
         self.deaf = deaf
 
     async def claim(
@@ -34,7 +35,9 @@ class CountingDriver(MemoryDriver):
         worker_id: str,
     ) -> Sequence[Claim]:
         self.claims.append(dict(limit) if isinstance(limit, Mapping) else limit)
-        return await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        self.claimed.extend(c.job_id for c in claims)
+        return claims
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
         if self.deaf:

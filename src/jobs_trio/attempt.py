@@ -220,7 +220,7 @@ def _verdict(
         reason = run.reason
         # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
         # uncounted and ready at once (it waits there for a slot like any other).
-        if reason in (CancelReason.DRAINING, CancelReason.SLOT_LOST):
+        if reason in (CancelReason.DRAINING, CancelReason.SLOT_LOST, CancelReason.HELD_TOO_LONG):
             why = _safe_text(run.cause)
             if error is not None and not isinstance(error, AttemptCancelled):
                 why += f" (body stopped with {_safe_text(error)})"

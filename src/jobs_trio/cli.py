@@ -29,7 +29,7 @@ from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
 from .redaction import redact_url
 from .registry import JobDefinition, Registry
-from .worker import DEFAULT_LEASE, open_worker
+from .worker import DEFAULT_HOLD_LIMIT, DEFAULT_LEASE, open_worker
 
 ENV_DB = "JOBS_TRIO_DB"
 ENV_SCHEMA = "JOBS_TRIO_SCHEMA"
@@ -181,6 +181,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a queue to claim from (repeatable; default: every queue the registry declares)",
     )
     worker.add_argument("--concurrency", type=_count, default=10, metavar="N", help="per queue")
+    worker.add_argument(
+        "--claim-ahead",
+        type=_count_or_zero,
+        default=0,
+        metavar="N",
+        help="per queue, jobs claimed ahead of a free slot (default 0; see docs/model.md)",
+    )
+    worker.add_argument(
+        "--hold-limit",
+        type=_positive_seconds,
+        default=DEFAULT_HOLD_LIMIT,
+        metavar="S",
+        help="how long a job claimed ahead waits for a slot before it is handed back "
+        f"(default {DEFAULT_HOLD_LIMIT:g})",
+    )
     worker.add_argument("--no-tasks", action="store_true", help="do not fire cron tasks here")
     worker.add_argument(
         "--grace", type=_seconds, default=25.0, metavar="S", help="drain budget (default 25)"
@@ -278,6 +293,10 @@ def _whole(text: str, low: int, high: int) -> int:
 
 def _count(text: str) -> int:
     return _whole(text, 1, INT_RANGE[1])
+
+
+def _count_or_zero(text: str) -> int:
+    return _whole(text, 0, INT_RANGE[1])
 
 
 def _priority(text: str) -> int:
@@ -383,6 +402,8 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
             registry,
             queues=args.queue,
             concurrency=args.concurrency,
+            claim_ahead=args.claim_ahead,
+            hold_limit=args.hold_limit,
             lease=args.lease,
             lifecycle=lifecycle,
             schedule_tasks=not args.no_tasks,

@@ -123,6 +123,13 @@ class SlotLost(Aborted):
     code = "X_SLOT_LOST"
 
 
+class HandedBack(Aborted):
+    """Why a claim taken ahead (the worker's ``claim_ahead``) never started: no slot of its
+    worker freed within the hold limit. Handed back uncounted, ready at once."""
+
+    code = "X_HANDED_BACK"
+
+
 class JobNotFound(JobsError):
     code = "X_NOT_FOUND"
     retryable = False

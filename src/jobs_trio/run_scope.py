@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import trio
 
-from .errors import Aborted, JobsError, JobTimeout, SlotLost
+from .errors import Aborted, HandedBack, JobsError, JobTimeout, SlotLost
 from .records import Claim
 
 
@@ -23,6 +23,7 @@ class CancelReason(enum.StrEnum):
     DRAINING = "draining"  # the process is going away
     OPERATOR = "cancelled"  # an operator cancelled the job
     SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
+    HELD_TOO_LONG = "held-too-long"  # claimed ahead, no slot freed within the hold limit
 
 
 class RunScope:
@@ -39,6 +40,8 @@ class RunScope:
         self._cause: JobsError | None = None
         # A sync body's thread is waited for under a scope of its own (``thread_scope``).
         self._thread_scope: trio.CancelScope | None = None
+        # A claim taken ahead waits for a slot under a scope of its own (``waiting``).
+        self._wait_scope: trio.CancelScope | None = None
         # Set at the teardown's budget: nothing of this run is written, its lease lapses.
         self.abandoned = False
         # The worker's own view of the lease, on the Trio clock: renewals move it; when it
@@ -70,6 +73,8 @@ class RunScope:
         self._reason = reason
         self._cause = cause or self._cause_of(reason)
         self.cancel_scope.cancel(reason=reason.value)
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
         thread = self._thread_scope
         if thread is None:
             return
@@ -86,6 +91,19 @@ class RunScope:
         self.abandoned = True
         if self._thread_scope is not None:
             self._thread_scope.cancel()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """The scope a claim taken ahead waits for its slot under: cancelled with the run, so
+        a drain, a lost lease or an operator's cancel ends the wait at once."""
+        with trio.CancelScope() as scope:
+            self._wait_scope = scope
+            if self._reason is not None:
+                scope.cancel()
+            try:
+                yield
+            finally:
+                self._wait_scope = None
 
     @contextlib.contextmanager
     def thread_scope(self) -> Iterator[None]:
@@ -142,5 +160,12 @@ class RunScope:
                 " it); the job was handed back to the queue with its attempt uncounted",
                 fix="nothing for this job: it runs again when a slot frees. If it recurs, the"
                 " worker's renewals are late: look at its database latency and lease",
+            )
+        if reason is CancelReason.HELD_TOO_LONG:
+            return HandedBack(
+                f"interrupted: {job} was claimed ahead and no slot of its worker freed in time;"
+                " handed back to the queue unstarted, its attempt uncounted",
+                fix="nothing for this job: the next free worker runs it. If it recurs, lower"
+                " the worker's claim_ahead for queues whose jobs run long",
             )
         return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")

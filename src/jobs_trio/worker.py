@@ -7,7 +7,7 @@ import contextlib
 import enum
 import functools
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,7 +27,7 @@ from .metrics import Metrics, default_metrics
 from .pruner import DEFAULT_RETENTION, Pruner, Retention
 from .records import Claim, QueueStats
 from .registry import JobDefinition, Registry
-from .run_scope import RunScope
+from .run_scope import CancelReason, RunScope
 from .settler import Settler
 from .single_error import unwrap_single_error
 from .task_scheduler import TaskScheduler
@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 # even when the death comes just after a renewal; renewals every lease / 3 (~2.7 s) leave
 # two missed renewals of slack before a live worker loses its jobs.
 DEFAULT_LEASE = 8.0
+
+# How long a claim taken ahead of a free slot (``claim_ahead``) waits for one before it is handed
+# back, unstarted and uncounted: the most a job waits behind a long one on a busy worker while
+# another worker could have run it.
+DEFAULT_HOLD_LIMIT = 1.0
 
 
 class WorkerState(enum.StrEnum):
@@ -63,6 +68,8 @@ class WorkerStats:
     # Each queue's depth as the fleet last observed it (every stats_interval, by one worker of
     # the fleet: at most two intervals old; empty until the first).
     queue_depth: tuple[QueueStats, ...] = ()
+    # Jobs claimed ahead of a free slot (claim_ahead), held for one: not in ``in_flight``.
+    claimed_ahead: int = 0
 
     @property
     def interrupted(self) -> int:
@@ -97,6 +104,8 @@ class Worker:
         exit_grace: float = 10.0,
         schedule_tasks: bool = True,
         retention: Retention | None = DEFAULT_RETENTION,
+        claim_ahead: int | Mapping[str, int] | None = None,
+        hold_limit: float = DEFAULT_HOLD_LIMIT,
     ) -> None:
         self.driver = driver
         self.registry = registry
@@ -108,6 +117,10 @@ class Worker:
                 "or pass queues=",
             )
         self._limits = _limits(concurrency, self.queues)
+        self._ahead = _claim_ahead(claim_ahead, self._limits)
+        if not hold_limit > 0:
+            raise ConfigError(f"hold_limit={hold_limit!r}", fix="give hold_limit > 0 seconds")
+        self.hold_limit = float(hold_limit)
         for name, value in (
             ("lease", lease),
             ("poll_interval", poll_interval),
@@ -133,7 +146,14 @@ class Worker:
         self._stats_interval = stats_interval
         self._state = WorkerState.STOPPED
         self._outcomes: Counter[OutcomeKind] = Counter()
-        self._in_flight: Counter[str] = Counter()
+        self._in_flight: Counter[str] = Counter()  # runs holding a slot
+        self._unstarted: Counter[str] = Counter()  # claims taken ahead, not yet given a slot
+        # Claims taken ahead of a free slot, oldest first per queue (claim order is the queue's
+        # order), each waiting for a slot of its queue or its hold limit.
+        self._waiting: dict[str, deque[_Held]] = {q: deque() for q in self.queues}
+        # A queue whose held claim was handed back claims nothing ahead until a slot frees:
+        # else a worker stuck behind a long job would claim and hand back the same job forever.
+        self._ahead_paused: set[str] = set()
         self._drain = Drain()
         self._budget = Budget()
         # Claiming stops at once on accept/stop: every idle wait of a claim loop is cancelled,
@@ -145,7 +165,7 @@ class Worker:
         self._settler: Settler | None = None
         self._runs: trio.Nursery | None = None
         self._slot_freed = trio.lowlevel.ParkingLot()
-        self._threads = ThreadSlots(sum(self._limits.values()), self._slot_freed.unpark_all)
+        self._threads = ThreadSlots(sum(self._limits.values()), self._on_slot_freed)
         self._abandoned: tuple[str, ...] = ()
         self._settle_peak = 0  # the most settlements that waited at once in the last run
         self._queue_depth: tuple[QueueStats, ...] = ()
@@ -208,6 +228,7 @@ class Worker:
             outcomes=outcomes,
             abandoned=self._abandoned,
             queue_depth=self._queue_depth,
+            claimed_ahead=sum(self._unstarted.values()),
         )
 
     @property
@@ -369,7 +390,7 @@ class Worker:
         done.set()
 
     async def _all_runs_ended(self) -> None:
-        while sum(self._in_flight.values()) > 0:
+        while sum(self._in_flight.values()) + sum(self._unstarted.values()) > 0:
             await self._slot_freed.park()
 
     async def tick(self) -> list[Outcome]:
@@ -388,26 +409,44 @@ class Worker:
                     list(free), free, lease=self.lease, worker_id=self.worker_id
                 )
                 for claim in claims:
-                    nursery.start_soon(self._run_claim, claim, *self._hold(claim), outcomes.append)
+                    run, definition = self._hold(claim)
+                    self._in_flight[claim.queue] += 1
+                    nursery.start_soon(self._run_claim, claim, run, definition, outcomes.append)
         return outcomes
 
     # -- claiming and running --------------------------------------------------------------
 
+    def _open_slots(self, queue: str) -> int:
+        """``queue``'s free slots. A thread abandoned at its cancel still runs: it keeps its
+        slot until it ends."""
+        return self._limits[queue] - self._in_flight[queue] - self._threads.lingering(queue)
+
     def _free_slots(self) -> dict[str, int]:
-        """Each queue with a free slot, and how many. A thread abandoned at its cancel still
-        runs: it keeps its slot until it ends."""
-        free = {
-            q: self._limits[q] - self._in_flight[q] - self._threads.lingering(q)
-            for q in self.queues
-        }
+        """Each queue with a free slot, and how many."""
+        free = {q: self._open_slots(q) for q in self.queues}
         return {q: n for q, n in free.items() if n > 0}
+
+    def _claimable(self) -> dict[str, int]:
+        """What the next claim asks of each queue: its free slots, plus its room ahead
+        (``claim_ahead`` less the claims already waiting). The room is claimed once half of it
+        is free, not job by job: a claim ahead exists to save round trips."""
+        want: dict[str, int] = {}
+        for q in self.queues:
+            free = max(self._open_slots(q), 0)
+            ahead = self._ahead[q]
+            room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
+            if not free and room < (ahead + 1) // 2:
+                room = 0
+            if free + room > 0:
+                want[q] = free + room
+        return want
 
     async def _claim_loop(self) -> None:
         """One loop for all the worker's queues: each round is ONE claim for every queue with a
         free slot, each capped at its own (a deep queue never takes another's slots), so an
         idle worker costs the database the same with 1 queue or 50 (issue 20)."""
         while not self._claiming_stopped:
-            free = self._free_slots()
+            free = self._claimable()
             if not free:
                 with self._idle_wait():
                     await self._slot_freed.park()
@@ -436,7 +475,7 @@ class Worker:
                 continue
             assert self._runs is not None
             for claim in claims:
-                self._runs.start_soon(self._run_claim, claim, *self._hold(claim), None)
+                self._start(self._runs, claim)
             got = Counter(claim.queue for claim in claims)
             came_up_short = [q for q, n in free.items() if got[q] < n]
             if came_up_short:
@@ -499,7 +538,7 @@ class Worker:
                 waits.cancel_scope.cancel()
 
             async def slot_freed() -> None:
-                while not any(q in self._free_slots() for q in may_hold_more):
+                while not any(q in self._claimable() for q in may_hold_more):
                     await self._slot_freed.park()
                 waits.cancel_scope.cancel()
 
@@ -545,29 +584,94 @@ class Worker:
             scope.cancel()
 
     def _hold(self, claim: Claim) -> tuple[RunScope, JobDefinition | None]:
-        """Count the claim against its queue's slots and hold its run scope in the drain, at
-        once: a drain signalled before the run's task starts must still reach it."""
+        """Hold the claim's run scope in the drain (and its lease in the renewals) at once: a
+        drain signalled before the run's task starts must still reach it."""
         definition = self.registry.get(claim.name)
         run = RunScope(claim, definition.timeout if definition else None)
         run.lease_deadline = trio.current_time() + self.lease
-        self._in_flight[claim.queue] += 1
         if self._state is WorkerState.IDLE:
             self._state = WorkerState.RUNNING
         self._drain.hold(run)
         return run, definition
 
+    def _start(self, runs: trio.Nursery, claim: Claim) -> None:
+        """Run ``claim`` in a free slot of its queue, or, taken ahead, once one frees."""
+        run, definition = self._hold(claim)
+        queue = claim.queue
+        # A slot frees only through _promote, which hands it to the oldest held claim first:
+        # an open slot means none is waiting, so a claim never overtakes an older one.
+        if self._open_slots(queue) > 0:
+            self._in_flight[queue] += 1
+            runs.start_soon(self._run_claim, claim, run, definition, None)
+            return
+        held = _Held()
+        self._waiting[queue].append(held)
+        self._unstarted[queue] += 1
+        runs.start_soon(self._run_held, claim, run, definition, held)
+
+    async def _run_held(
+        self, claim: Claim, run: RunScope, definition: JobDefinition | None, held: _Held
+    ) -> None:
+        """A claim taken ahead: held (its lease renewed, reached by a drain like a running
+        one) until a slot of its queue is handed to it, then run. Never started, it is handed
+        back uncounted: at its hold limit (the slots are taken by longer jobs), or when its run
+        is cancelled while it waits (a drain, a lost lease, an operator)."""
+        queue = claim.queue
+        try:
+            with run.waiting(), trio.move_on_after(self.hold_limit):
+                await held.go.wait()
+            if held.granted:  # counted as running from here (_promote)
+                await self._run_claim(claim, run, definition, None)
+                return
+            self._waiting[queue].remove(held)
+            if run.reason is None:
+                self._ahead_paused.add(queue)
+                run.cancel(CancelReason.HELD_TOO_LONG)
+            # Still counted unstarted until its hand-back is handed to the settler: the
+            # teardown waits for it like a running job.
+            await self._run_claim(claim, run, definition, None, slot_held=False)
+        finally:
+            if not held.granted:
+                self._unstarted[queue] -= 1
+                self._slot_freed.unpark_all()  # the teardown's wait counts these too
+
+    def _promote(self, queue: str) -> None:
+        """Hand the free slots of ``queue`` to its oldest held claims."""
+        waiting = self._waiting[queue]
+        while waiting and self._open_slots(queue) > 0:
+            held = waiting.popleft()
+            held.granted = True
+            self._unstarted[queue] -= 1
+            self._in_flight[queue] += 1
+            held.go.set()
+
+    def _on_slot_freed(self) -> None:
+        for queue in self.queues:
+            self._promote(queue)
+        self._slot_freed.unpark_all()
+
     async def _run_claim(
-        self, claim: Claim, run: RunScope, definition: JobDefinition | None, report: Any
+        self,
+        claim: Claim,
+        run: RunScope,
+        definition: JobDefinition | None,
+        report: Any,
+        *,
+        slot_held: bool = True,
     ) -> None:
         # Counted as the lifecycle's in-flight work, so a shutdown's wait covers the jobs too.
         with self._lifecycle.track() if self._lifecycle else contextlib.nullcontext():
-            await self._run_tracked(claim, run, definition, report)
+            await self._run_tracked(claim, run, definition, report, slot_held)
 
     async def _run_tracked(
-        self, claim: Claim, run: RunScope, definition: JobDefinition | None, report: Any
+        self,
+        claim: Claim,
+        run: RunScope,
+        definition: JobDefinition | None,
+        report: Any,
+        slot_held: bool,
     ) -> None:
         drain = self._drain
-        slot_held = True
         try:
             outcome = await run_attempt(
                 claim,
@@ -588,7 +692,8 @@ class Worker:
                 run.settling = True
                 pending = settler.hand_in(outcome.settlement)
                 self._record(claim, outcome, report)
-                slot_held = self._free_slot(claim.queue)
+                if slot_held:
+                    slot_held = self._free_slot(claim.queue)
                 await settler.confirmed(pending)
                 return
             if outcome.settlement is not None:
@@ -602,6 +707,8 @@ class Worker:
     def _free_slot(self, queue: str) -> bool:
         """Give back a run's slot (answers False: no longer held)."""
         self._in_flight[queue] -= 1
+        self._ahead_paused.discard(queue)
+        self._promote(queue)
         if self._state is WorkerState.RUNNING and sum(self._in_flight.values()) == 0:
             self._state = WorkerState.IDLE
         self._slot_freed.unpark_all()
@@ -634,6 +741,32 @@ class Worker:
             except DriverError as exc:
                 log_event("jobs.worker.stats-failed", logging.WARNING, error=str(exc))
             await trio.sleep(interval)
+
+
+@attrs.define
+class _Held:
+    """A claim taken ahead, waiting for a slot: ``granted`` once one is handed to it."""
+
+    go: trio.Event = attrs.Factory(trio.Event)
+    granted: bool = False
+
+
+def _claim_ahead(
+    ahead: int | Mapping[str, int] | None, limits: Mapping[str, int]
+) -> dict[str, int]:
+    if ahead is None:
+        return dict.fromkeys(limits, 0)
+    if isinstance(ahead, Mapping):
+        values = {q: ahead.get(q, 0) for q in limits}
+    else:
+        values = dict.fromkeys(limits, ahead)
+    for queue, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(
+                f"claim_ahead {value!r} for queue {queue!r}",
+                fix="give each queue 0 (claim only for free slots) or more",
+            )
+    return values
 
 
 def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict[str, int]:
@@ -671,6 +804,8 @@ async def open_worker(
     exit_grace: float = 10.0,
     schedule_tasks: bool = True,
     retention: Retention | None = DEFAULT_RETENTION,
+    claim_ahead: int | Mapping[str, int] | None = None,
+    hold_limit: float = DEFAULT_HOLD_LIMIT,
 ) -> AsyncIterator[Worker]:
     """Run a worker for the duration of the block. Leaving normally stops it (waits for the
     jobs in flight); leaving by an exception or a cancel interrupts them (their attempts are
@@ -695,6 +830,8 @@ async def open_worker(
         exit_grace=exit_grace,
         schedule_tasks=schedule_tasks,
         retention=retention,
+        claim_ahead=claim_ahead,
+        hold_limit=hold_limit,
     )
     with unwrap_single_error():
         async with contextlib.AsyncExitStack() as stack:

@@ -1,0 +1,261 @@
+# Claims taken ahead of a free slot (the worker's claim_ahead): held like running jobs — renewed,
+# reached by a drain, handed back uncounted — and run in claim order as slots free, never left
+# behind a long job past the hold limit.
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from jobs_trio import ConfigError, JobContext, JobState, Registry
+from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.worker import Worker
+
+from .test_claim_loop import CountingDriver, blocking_registry
+from .worker_helpers import record, worker
+
+
+async def _enqueue(registry: Registry, driver: MemoryDriver, names: list[str]) -> list[str]:
+    """One job per name, in this order of priority (the memory driver breaks ties by id)."""
+    job = registry.get("q.job")
+    assert job is not None
+    return [await job.enqueue(driver, name, priority=i) for i, name in enumerate(names)]
+
+
+async def _drained_once_running(nursery: trio.Nursery, w: Worker, started: trio.Event) -> float:
+    """Start ``w``, and drain it (SIGTERM, 25 s grace) once a body has started and every claim
+    is held; answers when."""
+    await nursery.start(w.run)
+    await started.wait()
+    await trio.testing.wait_all_tasks_blocked()
+    t0 = trio.current_time()
+    w.accept("SIGTERM")
+    w.bind(t0 + 25)
+    return t0
+
+
+async def test_claims_ahead_run_in_claim_order_without_a_claim_each(autojump_clock: Any) -> None:
+    registry, release, running = blocking_registry(["q"])
+    driver = CountingDriver()
+    ids = await _enqueue(registry, driver, [f"j{i}" for i in range(6)])
+    name_of = dict(zip(ids, [f"j{i}" for i in range(6)], strict=True))
+    started: list[str] = []
+    w = worker(driver, registry, concurrency=1, claim_ahead=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        # One claim for the free slot and four ahead: five jobs claimed, one running.
+        assert driver.claims == [{"q": 5}]
+        assert len(driver.claimed) == 5 and running == {name_of[driver.claimed[0]]}
+        assert (w.stats().in_flight, w.stats().claimed_ahead) == (1, 4)
+        states = sorted([(await record(driver, i)).state for i in ids])
+        assert states == sorted([JobState.RUNNING] * 5 + [JobState.READY])
+        for _ in range(6):
+            (name,) = running
+            started.append(name)
+            release.setdefault(name, trio.Event()).set()
+            await trio.testing.wait_all_tasks_blocked()
+        await w.stop()
+    # The queue's order (as the claims answered it): no claim overtook an older one.
+    assert started == [name_of[i] for i in driver.claimed]
+    assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
+    # Four held, so the room ahead was claimed again only once half of it had freed (two
+    # starts), not once a job: the second claim asked for two and found only j5.
+    assert driver.claims[:2] == [{"q": 5}, {"q": 2}]
+    for job_id in ids:
+        r = await record(driver, job_id)
+        assert (r.state, r.attempts) == (JobState.COMPLETED, 1)
+
+
+async def test_a_drain_hands_held_claims_back_unstarted_and_uncounted(autojump_clock: Any) -> None:
+    registry = Registry()
+    ran: list[str] = []
+    first_started = trio.Event()
+
+    @registry.job("q.job", queue="q", attempts=1)
+    async def job(ctx: JobContext, payload: str) -> None:
+        ran.append(payload)
+        first_started.set()
+        await trio.sleep_forever()  # unwinds at the drain: interrupted
+
+    driver = CountingDriver()
+    ids = list(await job.enqueue_many(driver, ["a", "b", "c"]))
+    w = worker(driver, registry, concurrency=1, claim_ahead=2)
+    async with trio.open_nursery() as nursery:
+        t0 = await _drained_once_running(nursery, w, first_started)
+        await w.stop()
+        assert trio.current_time() == t0  # nothing waited for: no body ran on, none was held
+    assert len(ran) == 1  # the running one; the two held never started
+    for job_id in ids:
+        r = await record(driver, job_id)
+        # attempts=1 and still ready at once: a spent attempt would have dead-lettered them.
+        assert (r.state, r.attempts) == (JobState.READY, 0)
+        assert r.last_error is not None and "X_DRAINING" in r.last_error
+    assert w.stats().interrupted == 3
+
+
+async def test_a_drain_hands_held_claims_back_at_once_while_the_running_body_unwinds(
+    autojump_clock: Any,
+) -> None:
+    registry = Registry()
+    first_started = trio.Event()
+    unwound = trio.Event()
+
+    @registry.job("q.job", queue="q")
+    async def job(ctx: JobContext, payload: str) -> None:
+        first_started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(5)  # a body that takes 5 s to unwind
+            unwound.set()
+
+    driver = CountingDriver()
+    ids = [await job.enqueue(driver, name, priority=i) for i, name in enumerate("abc")]
+    w = worker(driver, registry, concurrency=1, claim_ahead=2)
+    async with trio.open_nursery() as nursery:
+        t0 = await _drained_once_running(nursery, w, first_started)
+        await trio.testing.wait_all_tasks_blocked()
+        # The held two are back in the queue at once (another worker may take them now),
+        # not when the running body has unwound or their hold limit has passed.
+        assert trio.current_time() == t0 and not unwound.is_set()
+        for job_id in ids[1:]:
+            assert (await record(driver, job_id)).state is JobState.READY
+        assert (await record(driver, ids[0])).state is JobState.RUNNING
+        await w.stop()
+        assert trio.current_time() == t0 + 5
+
+
+async def test_a_handed_back_queue_claims_nothing_ahead_while_other_queues_wake_the_loop(
+    autojump_clock: Any,
+) -> None:
+    registry, release, running = blocking_registry(["q", "other"])
+    driver = CountingDriver()
+    q, other = registry.get("q.job"), registry.get("other.job")
+    assert q is not None and other is not None
+    await q.enqueue(driver, "long", priority=0)
+    short = await q.enqueue(driver, "short", priority=1)
+    for i in range(8):
+        await other.enqueue(driver, f"o{i}", priority=i)
+    w = worker(
+        driver,
+        registry,
+        concurrency={"q": 1, "other": 1},
+        claim_ahead={"q": 1},
+        hold_limit=2.0,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert driver.claims == [{"q": 2, "other": 1}]
+        # Each of other's jobs ends 5 s apart: each end wakes the claim loop, and each time q
+        # has room ahead again — claiming into it would only hand "short" back again.
+        for i in range(8):
+            await trio.sleep(5)
+            release.setdefault(f"o{i}", trio.Event()).set()
+            await trio.testing.wait_all_tasks_blocked()
+        assert (await record(driver, short)).state is JobState.READY
+        assert [c for c in driver.claims[1:] if "q" in c] == []
+        assert w.stats().interrupted == 1  # handed back once
+        release.setdefault("long", trio.Event()).set()
+        await trio.testing.wait_all_tasks_blocked()
+        # The long job's end frees q's slot: short is claimed and run.
+        assert running == {"short"}
+        release.setdefault("short", trio.Event()).set()
+        await w.stop()
+
+
+async def test_a_held_claim_is_handed_back_at_its_hold_limit_and_not_claimed_again(
+    autojump_clock: Any,
+) -> None:
+    registry, release, running = blocking_registry(["q"])
+    driver = CountingDriver()
+    _, short_id = await _enqueue(registry, driver, ["long", "short"])
+    w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=2.0)
+    other = worker(driver, registry, concurrency=1, worker_id="other")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert running == {"long"}
+        assert (await record(driver, short_id)).state is JobState.RUNNING  # held by w
+        await trio.sleep(2.5)
+        r = await record(driver, short_id)
+        assert (r.state, r.attempts) == (JobState.READY, 0)  # handed back, uncounted
+        assert r.last_error is not None and "X_HANDED_BACK" in r.last_error
+        # While its long job runs, w claims nothing ahead again (it would only hand the job
+        # back again, every hold limit): one claim in all, and the job waits for any worker.
+        await trio.sleep(40)  # within the job's default 60 s timeout
+        assert len(driver.claims) == 1
+        await nursery.start(other.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert running == {"long", "short"}  # the other worker runs it
+        release["long"] = trio.Event()
+        release["long"].set()
+        release["short"] = trio.Event()
+        release["short"].set()
+        await w.stop()
+        await other.stop()
+    assert (await record(driver, short_id)).attempts == 1
+    assert w.stats().interrupted == 1
+
+
+async def test_a_held_claim_keeps_its_lease_and_its_timeout_counts_from_its_start(
+    autojump_clock: Any,
+) -> None:
+    registry = Registry()
+    timed_out: list[str] = []
+
+    @registry.job("q.job", queue="q", timeout=5.0)
+    async def job(ctx: JobContext, seconds: float) -> None:
+        try:
+            await trio.sleep(seconds)
+        except trio.Cancelled:
+            timed_out.append(ctx.job_id)
+            raise
+
+    driver = CountingDriver()
+    first, second = await job.enqueue_many(driver, [4.0, 4.0])
+    # Held 4 s behind the first job with an 8 s lease and a 30 s hold limit, then run 4 s:
+    # its 5 s timeout counts from its start, and its lease was renewed while it waited.
+    w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=30.0, lease=3.0)
+    rival = worker(driver, registry, concurrency=1, worker_id="rival")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        await nursery.start(rival.run)
+        await trio.sleep(20)
+        await w.stop()
+        await rival.stop()
+    assert timed_out == []
+    for job_id in (first, second):
+        r = await record(driver, job_id)
+        assert (r.state, r.attempts) == (JobState.COMPLETED, 1)  # once each: no rival run
+    assert rival.stats().outcomes == dict.fromkeys(rival.stats().outcomes, 0)
+
+
+async def test_stop_runs_the_held_claims(autojump_clock: Any) -> None:
+    registry, release, running = blocking_registry(["q"])
+    driver = CountingDriver()
+    ids = await _enqueue(registry, driver, ["a", "b", "c"])
+    w = worker(driver, registry, concurrency=1, claim_ahead=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(w.stop)  # waits for the jobs in flight, held ones included
+        for name in ("a", "b", "c"):
+            await trio.testing.wait_all_tasks_blocked()
+            assert running == {name}
+            release.setdefault(name, trio.Event()).set()
+    for job_id in ids:
+        assert (await record(driver, job_id)).state is JobState.COMPLETED
+    assert len(driver.claims) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, {"q": -2}])
+def test_claim_ahead_refuses_what_is_not_a_count(bad: Any) -> None:
+    registry, _, _ = blocking_registry(["q"])
+    with pytest.raises(ConfigError, match="claim_ahead"):
+        worker(CountingDriver(), registry, claim_ahead=bad)
