@@ -15,6 +15,8 @@ import jobs_trio
 
 registry = jobs_trio.Registry()
 _marks: Marks | None = None
+# The worker's claim_ahead: 0 (its default) here; bench/lib_jobs_trio_ahead.py sets it.
+CLAIM_AHEAD = 0
 
 
 # Every option at its default but the retry delay: the retries workload retries at once (each
@@ -56,11 +58,18 @@ async def _worker(args: argparse.Namespace) -> None:
     global _marks
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # as the CLI does
     _marks = Marks(args.mark, args.kind)
-    # As `jobs-trio worker` runs one (cli._run_worker), with every default but concurrency.
+    # As `jobs-trio worker` runs one (cli._run_worker), with every default but concurrency
+    # (and claim_ahead, for the jobs_trio_ahead column).
     async with (
         jobs_trio.open_driver(args.db) as driver,
         jobs_trio.open_lifecycle(grace=25) as lifecycle,
-        jobs_trio.open_worker(driver, registry, concurrency=args.concurrency, lifecycle=lifecycle),
+        jobs_trio.open_worker(
+            driver,
+            registry,
+            concurrency=args.concurrency,
+            claim_ahead=CLAIM_AHEAD,
+            lifecycle=lifecycle,
+        ),
     ):
         ready()
         await trio.sleep_forever()

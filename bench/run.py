@@ -40,7 +40,12 @@ from urllib.parse import urlparse, urlunparse
 import asyncpg
 
 HERE = Path(__file__).resolve().parent
-LIBS = ("jobs_trio", "pgqueuer", "procrastinate")
+LIBS = ("jobs_trio", "jobs_trio_ahead", "pgqueuer", "procrastinate")
+# jobs_trio's workers at a non-default setting: its own column (its own database, its own
+# worker process), beside the default, in the workloads where that setting changes anything.
+VARIANTS = {"jobs_trio_ahead": "jobs_trio"}  # column: the library whose tables it uses
+VARIANT_WORKLOADS = ("throughput", "latency", "load", "retries")
+OURS = ("jobs_trio", *VARIANTS)
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PREFIX = "bench_"
 
@@ -76,6 +81,8 @@ JOB_SQL = {
     ),
     "procrastinate": "SELECT status::text, attempts FROM procrastinate_jobs",
 }
+for _sql in (DONE_SQL, READY_SQL, JOB_SQL):
+    _sql.update({variant: _sql[lib] for variant, lib in VARIANTS.items()})
 # A job in one of these states will not run again: no second worker is waited for.
 FINISHED = ("completed", "succeeded", "gone, logged successful")
 
@@ -846,11 +853,19 @@ def summarise(values: list[Any], key: str) -> tuple[float | None, str]:
     return med, text
 
 
+def _libs_of(workload: str, libs: list[str]) -> list[str]:
+    if workload in ALONE:
+        return ["jobs_trio"]
+    if workload in VARIANT_WORKLOADS:
+        return libs
+    return [lib for lib in libs if lib not in VARIANTS]
+
+
 def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) -> str:
-    peers = [lib for lib in libs if lib != "jobs_trio"]
+    peers = [lib for lib in libs if lib not in OURS]
+    ours = [lib for lib in libs if lib in OURS]
     head = ["workload", "metric", *libs]
-    if "jobs_trio" in libs:
-        head += [f"jobs_trio / {p}" for p in peers]
+    head += [f"{o} / {p}" for o in ours for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for workload, conc in sorted({(w, c) for w, c, _ in results}, key=_cell_order):
         label = f"throughput c={conc}" if workload == "throughput" else workload
@@ -882,10 +897,9 @@ def table(results: dict[tuple[str, int, str], list[Result]], libs: list[str]) ->
                     text += " ‡"
                 errors = sum(1 for r in runs if "error" in r)
                 row.append(text + (f" ({errors} failed)" if errors else "") if runs else "—")
-            if "jobs_trio" in libs:
+            for o in ours:
                 for peer in peers:
-                    a, b = meds.get("jobs_trio"), meds.get(peer)
-                    row.append(_ratio(a, b))
+                    row.append(_ratio(meds.get(o), meds.get(peer)))
             lines.append("| " + " | ".join(row) + " |")
     if any(
         r.get("processed", 0) < r["jobs"] for runs in results.values() for r in runs if "jobs" in r
@@ -1019,7 +1033,7 @@ async def run(args: argparse.Namespace) -> dict[tuple[str, int, str], list[Resul
             for workload, conc in plan:
                 if workload in ONCE and rep > Sizes.event_reps:
                     continue
-                libs = ["jobs_trio"] if workload in ALONE else args.lib
+                libs = _libs_of(workload, args.lib)
                 for lib in libs:  # A B C, A B C, ...: drift in the machine hits all alike
                     t0 = time.monotonic()
                     load1 = os.getloadavg()[0]  # the machine is shared: every figure beside it
