@@ -230,3 +230,41 @@ class stalled:
                 return
             await self._admin.execute("ROLLBACK")
             await self._admin_cm.__aexit__(None, None, None)  # type: ignore[attr-defined]
+
+
+async def test_jobs_claimed_ahead_are_handed_back_at_sigterm_uncounted_and_run_once_each(
+    tmp_path: Path, database: str
+) -> None:
+    path = tmp_path / "marks.txt"
+    ahead = ("--queue", "held", "--concurrency", "1", "--claim-ahead", "4", "--grace", "10")
+    async with open_driver(database) as driver:
+        job = registry.require("drain.held")
+        ids = [await job.enqueue(driver, {"marks": str(path)}) for _ in range(6)]
+
+        async def held_ahead() -> bool:
+            states = [(await record(driver, i)).state for i in ids]
+            return states.count(JobState.RUNNING) == 5  # one running, four held
+
+        async with workers(tmp_path, database, 1, *ahead) as [first]:
+            await body_started(path)
+            await until("four jobs claimed ahead", 30, held_ahead)
+            code, took = await exit_after_sigterm(first, within=15)
+            assert code == 0, first.output()
+        after_drain = [await record(driver, i) for i in ids]
+        assert len(marks(path, "start")) == 1, path.read_text()  # the held ones never started
+        # The replacement takes all six at once: each runs exactly once, its one attempt
+        # intact (a counted drain would have dead-lettered the five it could not start).
+        async with workers(tmp_path, database, 1, "--queue", "held", "--concurrency", "6") as [
+            second
+        ]:
+            await body_started(path, 7)
+            second.signal(signal.SIGTERM)
+            assert await second.exit_code(within=15) == 0, second.output()
+    print(f"\nexit {code} {took:.2f} s after SIGTERM with one running and four held")
+    assert took < 5, f"{took:.2f} s\n{first.output()}"
+    for r in after_drain:
+        assert (r.state, r.attempts) == (JobState.READY, 0), (r, first.output())
+    drained = [r for r in after_drain if r.last_error and "X_DRAINING" in r.last_error]
+    assert len(drained) == 5  # the one running and the four held; the sixth never claimed
+    starts = marks(path, "start")
+    assert sorted(line[1] for line in starts[1:]) == sorted(ids), path.read_text()
