@@ -254,6 +254,37 @@ async def test_stop_runs_the_held_claims(autojump_clock: Any) -> None:
     assert len(driver.claims) == 1
 
 
+async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_restarted(
+    autojump_clock: Any,
+) -> None:
+    registry, release, running = blocking_registry(["q"])
+    driver = CountingDriver()
+    ids = await _enqueue(registry, driver, ["a", "b", "c"])
+    w = worker(driver, registry, concurrency=1, claim_ahead=2, lease=3.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (w.stats().in_flight, w.stats().claimed_ahead) == (1, 2)
+        nursery.cancel_scope.cancel()  # the application's own scope goes away
+    # Nothing of that run is still counted: not the slot the running job freed (it went to a
+    # held claim whose task was going away), nor a held claim left queued for the next slot.
+    assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
+    await trio.sleep(10)  # nothing was written for them: their leases lapse
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (w.stats().in_flight, w.stats().claimed_ahead) == (1, 2)
+        nursery.start_soon(w.stop)
+        for name in ("a", "b", "c"):
+            await trio.testing.wait_all_tasks_blocked()
+            assert running == {name}
+            release.setdefault(name, trio.Event()).set()
+    for job_id in ids:
+        r = await record(driver, job_id)
+        assert (r.state, r.attempts) == (JobState.COMPLETED, 2)
+    assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, {"q": -2}])
 def test_claim_ahead_refuses_what_is_not_a_count(bad: Any) -> None:
     registry, _, _ = blocking_registry(["q"])

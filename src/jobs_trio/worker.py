@@ -617,9 +617,22 @@ class Worker:
         back uncounted: at its hold limit (the slots are taken by longer jobs), or when its run
         is cancelled while it waits (a drain, a lost lease, an operator)."""
         queue = claim.queue
+        drain = self._drain
         try:
-            with run.waiting(), trio.move_on_after(self.hold_limit):
-                await held.go.wait()
+            try:
+                with run.waiting(), trio.move_on_after(self.hold_limit):
+                    await held.go.wait()
+            except BaseException:
+                # Cancelled from outside (the worker's own task, or the teardown past its
+                # budget): it never starts. Left in _waiting, the next slot to free would go
+                # to this run that is gone, and kept for good: a slot handed to it is given
+                # back here, or a restarted worker would run nothing in that queue.
+                drain.release(run)
+                if held.granted:
+                    self._free_slot(queue)
+                else:
+                    self._waiting[queue].remove(held)
+                raise
             if held.granted:  # counted as running from here (_promote)
                 await self._run_claim(claim, run, definition, None)
                 return
