@@ -3,6 +3,7 @@
 # behind a long job past the hold limit.
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -10,11 +11,12 @@ import trio
 import trio.testing
 
 from jobs_trio import ConfigError, JobContext, JobState, Registry
+from jobs_trio.attempt import OutcomeKind
 from jobs_trio.drivers.memory import MemoryDriver
-from jobs_trio.worker import Worker
+from jobs_trio.worker import Worker, WorkerState
 
 from .test_claim_loop import CountingDriver, blocking_registry
-from .worker_helpers import record, worker
+from .worker_helpers import record, trio_driver, worker
 
 
 async def _enqueue(registry: Registry, driver: MemoryDriver, names: list[str]) -> list[str]:
@@ -283,6 +285,68 @@ async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_
         r = await record(driver, job_id)
         assert (r.state, r.attempts) == (JobState.COMPLETED, 2)
     assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
+
+
+async def test_a_held_claim_that_gets_the_slot_of_an_abandoned_thread_reads_as_running() -> None:
+    registry = Registry()
+    started, release_thread, ended = threading.Event(), threading.Event(), threading.Event()
+    release: dict[str, trio.Event] = {"a": trio.Event(), "b": trio.Event()}
+    running: set[str] = set()
+
+    @registry.job("q.stuck", queue="q", timeout=0.2)
+    def stuck(ctx: JobContext, payload: None) -> None:
+        started.set()
+        try:
+            release_thread.wait(30)  # past its timeout: abandoned, its thread keeps the slot
+        finally:
+            ended.set()
+
+    @registry.job("q.quick", queue="q")
+    async def quick(ctx: JobContext, payload: str) -> None:
+        running.add(payload)
+        try:
+            await release[payload].wait()
+        finally:
+            running.discard(payload)
+
+    driver = trio_driver()
+    await stuck.enqueue(driver, priority=0)
+    await quick.enqueue(driver, "a", priority=1)
+    await quick.enqueue(driver, "b", priority=2)
+    w = worker(driver, registry, concurrency=1, claim_ahead=2, hold_limit=30.0)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await trio.to_thread.run_sync(started.wait)
+            with trio.fail_after(5):
+                while w.stats().in_flight:  # the stuck one's timeout: settled, slot lingering
+                    await trio.sleep(0.01)
+            assert w._threads.lingering("q") == 1
+            assert (w.state, w.stats().claimed_ahead) == (WorkerState.RUNNING, 2)
+            release_thread.set()
+            await trio.to_thread.run_sync(ended.wait)
+            with trio.fail_after(5):
+                while running != {"a"}:  # the thread's end hands its slot to "a"
+                    await trio.sleep(0.01)
+            stats = w.stats()
+            assert (stats.state, stats.in_flight, stats.claimed_ahead) == (
+                WorkerState.RUNNING,
+                1,
+                1,
+            )
+            release["a"].set()
+            release["b"].set()
+            with trio.fail_after(5):
+                while w.stats().outcomes[OutcomeKind.COMPLETED] < 2:
+                    await trio.sleep(0.01)
+            assert (w.state, w.stats().in_flight, w.stats().claimed_ahead) == (
+                WorkerState.IDLE,
+                0,
+                0,
+            )
+            await w.stop()
+    finally:
+        release_thread.set()
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, {"q": -2}])

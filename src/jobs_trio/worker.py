@@ -52,7 +52,7 @@ class WorkerState(enum.StrEnum):
     """Where a worker is in its run, as ``stats()`` and ``state`` report it."""
 
     IDLE = "idle"  # started, nothing in flight
-    RUNNING = "running"  # started, jobs in flight
+    RUNNING = "running"  # started, jobs in flight or held for a slot (claim_ahead)
     DRAINING = "draining"  # a teardown is in progress
     STOPPED = "stopped"  # not started, or torn down
 
@@ -646,6 +646,7 @@ class Worker:
         finally:
             if not held.granted:
                 self._unstarted[queue] -= 1
+                self._note_idle()
                 self._slot_freed.unpark_all()  # the teardown's wait counts these too
 
     def _promote(self, queue: str) -> None:
@@ -722,10 +723,16 @@ class Worker:
         self._in_flight[queue] -= 1
         self._ahead_paused.discard(queue)
         self._promote(queue)
-        if self._state is WorkerState.RUNNING and sum(self._in_flight.values()) == 0:
-            self._state = WorkerState.IDLE
+        self._note_idle()
         self._slot_freed.unpark_all()
         return False
+
+    def _note_idle(self) -> None:
+        """IDLE once the worker holds no job, running or held for a slot (a held one is held
+        like a running one: renewed, reached by a drain, waited for by stop())."""
+        held = sum(self._in_flight.values()) + sum(self._unstarted.values())
+        if self._state is WorkerState.RUNNING and held == 0:
+            self._state = WorkerState.IDLE
 
     def _record(self, claim: Claim, outcome: Outcome, report: Any) -> None:
         if report is not None:
