@@ -13,6 +13,7 @@ import trio.testing
 from jobs_trio import ConfigError, JobContext, JobState, Registry
 from jobs_trio.attempt import OutcomeKind
 from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.records import Retry
 from jobs_trio.worker import Worker, WorkerState
 
 from .test_claim_loop import CountingDriver, blocking_registry
@@ -347,6 +348,103 @@ async def test_a_held_claim_that_gets_the_slot_of_an_abandoned_thread_reads_as_r
             await w.stop()
     finally:
         release_thread.set()
+
+
+async def test_an_operator_cancel_ends_a_held_claims_wait_and_it_never_starts(
+    autojump_clock: Any,
+) -> None:
+    registry, release, running = blocking_registry(["q"])
+    driver = CountingDriver()
+    _, b, _ = await _enqueue(registry, driver, ["a", "b", "c"])
+    started: list[str] = []
+    w = worker(driver, registry, concurrency=1, claim_ahead=2, hold_limit=30.0, lease=3.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        await driver.cancel(b)
+        await trio.sleep(2)  # the next renewal (every lease / 3) hears it
+        assert (await record(driver, b)).state is JobState.CANCELLED
+        assert (w.stats().in_flight, w.stats().claimed_ahead) == (1, 1)
+        for _ in range(2):
+            (name,) = running
+            started.append(name)
+            release.setdefault(name, trio.Event()).set()
+            await trio.testing.wait_all_tasks_blocked()
+        await w.stop()
+    assert started == ["a", "c"]  # b never started; c took the slot a freed
+    assert w.stats().outcomes[OutcomeKind.CANCELLED] == 1
+
+
+async def test_a_drain_landing_as_a_slot_is_handed_to_a_held_claim_hands_it_back_unstarted(
+    autojump_clock: Any,
+) -> None:
+    registry, release, running = blocking_registry(["q"])
+    driver = CountingDriver()
+    a, b = await _enqueue(registry, driver, ["a", "b"])
+    w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=30.0)
+    promote = w._promote
+    granted: list[str] = []
+
+    def promote_then_drain(queue: str) -> None:
+        promote(queue)  # b is granted a's slot; its task has not run yet
+        if w.stats().in_flight and not granted:
+            granted.append(queue)
+            w.accept("SIGTERM")
+
+    w._promote = promote_then_drain  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert running == {"a"}
+        release.setdefault("a", trio.Event()).set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert granted == ["q"]
+        await w.stop()
+    assert (await record(driver, a)).state is JobState.COMPLETED
+    r = await record(driver, b)
+    assert (r.state, r.attempts) == (JobState.READY, 0)
+    assert r.last_error is not None and "X_DRAINING" in r.last_error
+    assert "b" not in release  # its body never ran
+    assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
+
+
+class SlowHandBack(CountingDriver):
+    """Writes a held claim's hand-back (an uncounted retry) only once ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+        self.handing_back = trio.Event()
+
+    async def settle(self, settlements: Any) -> Any:
+        if any(isinstance(s, Retry) and not s.counts_as_attempt for s in settlements):
+            self.handing_back.set()
+            await self.gate.wait()
+        return await super().settle(settlements)
+
+
+async def test_a_drain_landing_during_a_hold_limit_hand_back_keeps_it_handed_back(
+    autojump_clock: Any,
+) -> None:
+    registry, _, _ = blocking_registry(["q"])
+    driver = SlowHandBack()
+    a, b = await _enqueue(registry, driver, ["a", "b"])
+    w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=2.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await driver.handing_back.wait()  # b at its hold limit, its hand-back being written
+        w.accept("SIGTERM")
+        w.bind(trio.current_time() + 25)
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.state is WorkerState.DRAINING  # the teardown waits for the hand-back
+        driver.gate.set()
+        await w.stop()
+    for job_id, error in ((a, "X_DRAINING"), (b, "X_HANDED_BACK")):  # first reason kept
+        r = await record(driver, job_id)
+        assert (r.state, r.attempts) == (JobState.READY, 0)
+        assert r.last_error is not None and error in r.last_error
+    assert w.stats().abandoned == ()
+    assert w.stats().interrupted == 2
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, {"q": -2}])
