@@ -531,6 +531,12 @@ class Worker:
         wake-up, one look at the next due time for all of them), or a slot frees in a queue
         that may hold more (its claim filled its slots, or it had none free)."""
         may_hold_more = [q for q in self.queues if q not in came_up_short]
+        if not may_hold_more:
+            # Every queue came up short (an idle worker): only the wake-up can end the wait.
+            # Waited for in this task: a nursery's child would take a scheduler pass more to
+            # hand the claim loop its wake-up (wake-up to claim sent: 0.17-0.23 ms with one).
+            await self.driver.wait_for_work(came_up_short, timeout=self.safety_poll)
+            return
         async with trio.open_nursery() as waits:
 
             async def work_may_be_due() -> None:
