@@ -447,7 +447,7 @@ async def test_a_drain_landing_during_a_hold_limit_hand_back_keeps_it_handed_bac
     assert w.stats().interrupted == 2
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, {"q": -2}])
+@pytest.mark.parametrize("bad", [-1, 1.5, True, {"q": -2}, {"Q": 4}])
 def test_claim_ahead_refuses_what_is_not_a_count(bad: Any) -> None:
     registry, _, _ = blocking_registry(["q"])
     with pytest.raises(ConfigError, match="claim_ahead"):

@@ -783,6 +783,14 @@ def _claim_ahead(
     if ahead is None:
         return dict.fromkeys(limits, 0)
     if isinstance(ahead, Mapping):
+        # A queue this worker does not claim from is a misspelling, not a setting for another
+        # worker (this option is new): silently 0, it would turn nothing on.
+        unknown = sorted(str(q) for q in ahead if q not in limits)
+        if unknown:
+            raise ConfigError(
+                f"claim_ahead names queues this worker does not claim from: {unknown}",
+                fix=f"name only its queues ({', '.join(limits)}), or pass one int for all",
+            )
         values = {q: ahead.get(q, 0) for q in limits}
     else:
         values = dict.fromkeys(limits, ahead)
