@@ -93,10 +93,12 @@ class RunScope:
             self._thread_scope.cancel()
 
     @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        """The scope a claim taken ahead waits for its slot under: cancelled with the run, so
-        a drain, a lost lease or an operator's cancel ends the wait at once."""
-        with trio.CancelScope() as scope:
+    def waiting(self, deadline: float) -> Iterator[None]:
+        """The scope a claim taken ahead waits for its slot under, until ``deadline`` (its hold
+        limit): cancelled with the run, so a drain, a lost lease or an operator's cancel ends
+        the wait at once. One scope for both ends of the wait: a scope is most of what a job
+        costs the worker beside its body (issue 16)."""
+        with trio.CancelScope(deadline=deadline) as scope:
             self._wait_scope = scope
             if self._reason is not None:
                 scope.cancel()

@@ -626,7 +626,7 @@ class Worker:
         drain = self._drain
         try:
             try:
-                with run.waiting(), trio.move_on_after(self.hold_limit):
+                with run.waiting(trio.current_time() + self.hold_limit):
                     await held.go.wait()
             except BaseException:
                 # Cancelled from outside (the worker's own task, or the teardown past its
