@@ -84,7 +84,13 @@ class Worker:
     One claim loop serves every queue: each round claims for all queues with a free slot,
     each up to ``concurrency`` (an int for all, or per queue). Idle, it waits for its driver's
     wake-up and looks again at least every ``safety_poll`` seconds; ``poll_interval`` is the
-    pause after a failed claim. ``stats_interval`` paces the queue gauges (``fleet_stats``)."""
+    pause after a failed claim. ``stats_interval`` paces the queue gauges (``fleet_stats``).
+
+    ``claim_ahead`` (0 by default; an int for all queues, or per queue) lets each claim take
+    that many jobs beyond the free slots, held for the next slot of their queue: renewed and
+    drained like running jobs, handed back uncounted when not started within ``hold_limit``
+    seconds. Throughput for short jobs at low concurrency; a worker that dies spends an attempt
+    of each job it held (docs/model.md, "Claiming ahead")."""
 
     def __init__(
         self,
