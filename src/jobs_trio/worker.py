@@ -160,6 +160,7 @@ class Worker:
         # A queue whose held claim was handed back claims nothing ahead until a slot frees:
         # else a worker stuck behind a long job would claim and hand back the same job forever.
         self._ahead_paused: set[str] = set()
+        self._held_one = trio.lowlevel.ParkingLot()
         self._drain = Drain()
         self._budget = Budget()
         # Claiming stops at once on accept/stop: every idle wait of a claim loop is cancelled,
@@ -278,6 +279,8 @@ class Worker:
                 )
                 if self._stats_interval:
                     service.start_soon(self._observe_queues, self._stats_interval)
+                if any(self._ahead.values()):
+                    service.start_soon(self._hand_back_overdue)
                 async with trio.open_nursery() as runs:
                     self._runs = runs
                     log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
@@ -616,8 +619,9 @@ class Worker:
             self._in_flight[queue] += 1
             runs.start_soon(self._run_claim, claim, run, definition, None)
             return
-        held = _Held()
+        held = _Held(run, trio.current_time() + self.hold_limit)
         self._waiting[queue].append(held)
+        self._held_one.unpark_all()  # _hand_back_overdue may be waiting for the first
         self._unstarted[queue] += 1
         runs.start_soon(self._run_held, claim, run, definition, held)
 
@@ -632,7 +636,7 @@ class Worker:
         drain = self._drain
         try:
             try:
-                with run.waiting(trio.current_time() + self.hold_limit):
+                with run.waiting(held.go.set):
                     await held.go.wait()
             except BaseException:
                 # Cancelled from outside (the worker's own task, or the teardown past its
@@ -642,16 +646,16 @@ class Worker:
                 drain.release(run)
                 if held.granted:
                     self._free_slot(queue)
-                else:
+                elif not held.overdue:
                     self._waiting[queue].remove(held)
                 raise
             if held.granted:  # counted as running from here (_promote)
                 await self._run_claim(claim, run, definition, None)
                 return
-            self._waiting[queue].remove(held)
-            if run.reason is None:
-                self._ahead_paused.add(queue)
-                run.cancel(CancelReason.HELD_TOO_LONG)
+            # Its run was cancelled: by a drain, a lost lease or an operator, or at its hold
+            # limit by _hand_back_overdue (which took it out of _waiting itself).
+            if not held.overdue:
+                self._waiting[queue].remove(held)
             # Still counted unstarted until its hand-back is handed to the settler: the
             # teardown waits for it like a running job.
             await self._run_claim(claim, run, definition, None, slot_held=False)
@@ -660,6 +664,25 @@ class Worker:
                 self._unstarted[queue] -= 1
                 self._note_idle()
                 self._slot_freed.unpark_all()  # the teardown's wait counts these too
+
+    async def _hand_back_overdue(self) -> None:
+        """Cancel each held claim whose hold limit has passed (``HELD_TOO_LONG``: its task hands
+        it back uncounted), and pause its queue's claiming ahead until one of its jobs ends.
+        One task for every held claim: held in claim order with one hold limit, the oldest of
+        each queue is always the first due."""
+        while True:
+            due = [waiting[0].deadline for waiting in self._waiting.values() if waiting]
+            if not due:
+                await self._held_one.park()
+                continue
+            await trio.sleep_until(min(due))
+            now = trio.current_time()
+            for queue, waiting in self._waiting.items():
+                while waiting and waiting[0].deadline <= now:
+                    held = waiting.popleft()
+                    held.overdue = True
+                    self._ahead_paused.add(queue)
+                    held.run.cancel(CancelReason.HELD_TOO_LONG)
 
     def _promote(self, queue: str) -> None:
         """Hand the free slots of ``queue`` to its oldest held claims."""
@@ -777,10 +800,14 @@ class Worker:
 
 @attrs.define
 class _Held:
-    """A claim taken ahead, waiting for a slot: ``granted`` once one is handed to it."""
+    """A claim taken ahead, waiting for a slot: ``granted`` once one is handed to it, ``overdue``
+    once its hold limit (``deadline``) has passed without one."""
 
+    run: RunScope
+    deadline: float
     go: trio.Event = attrs.Factory(trio.Event)
     granted: bool = False
+    overdue: bool = False
 
 
 def _claim_ahead(
