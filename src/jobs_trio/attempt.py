@@ -4,6 +4,7 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -103,7 +104,7 @@ async def run_attempt(
         return _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
     ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
     # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
-    with attempt_span(claim, trace_of(claim.context)) as span:
+    with attempt_span(claim, lambda: trace_of(claim.context)) as span:
         outcome = await _judged(claim, definition, run, ctx, threads)
         span.ended(outcome.kind, run.reason, outcome.error)
     return outcome
@@ -118,7 +119,9 @@ async def _judged(
         payload = json.loads(claim.payload)
         # The application's context variables are set around the body (and copied into a sync
         # body's thread by Trio); a restore hook that raises fails this attempt like the body.
-        with restored(definition.restore_context, ctx.context), run.cancel_scope:
+        hook = definition.restore_context
+        # Without a hook, no context manager for it (nor a read of the run's context).
+        with restored(hook, ctx.context) if hook else contextlib.nullcontext(), run.cancel_scope:
             # A run cancelled before its body started (a claim that committed after the drain
             # was signalled) is handed back without running a line of it.
             if not run.cancel_scope.cancel_called:

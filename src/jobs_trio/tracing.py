@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .records import Claim
@@ -61,17 +61,26 @@ class AttemptSpan:
 _NO_SPAN = AttemptSpan()
 
 
-@contextlib.contextmanager
-def attempt_span(claim: Claim, trace: Mapping[str, str]) -> Iterator[AttemptSpan]:
+def attempt_span(
+    claim: Claim, trace: Callable[[], Mapping[str, str]]
+) -> contextlib.AbstractContextManager[AttemptSpan]:
     """One span around one attempt, current while its body runs (so the body's own spans are
     its children, in a sync body's thread too: Trio copies the context there). Its parent is
-    the enqueue's span (``trace``); a job enqueued outside any span starts a trace of its own,
-    never one under whatever span the worker itself was started in."""
+    the enqueue's span (``trace()``, read only when a span is made); a job enqueued outside any
+    span starts a trace of its own, never one under whatever span the worker itself was
+    started in."""
     if otel_trace is None or isinstance(otel_trace.get_tracer_provider(), _NO_PROVIDER):
         # No tracer provider set (the API alone, or a no-op one): every span would be dropped,
-        # and making one costs ~10 us an attempt; this look costs a fraction of one.
-        yield _NO_SPAN
-        return
+        # and making one costs ~10 us an attempt; this look costs a fraction of one. A plain
+        # context manager, not a generator's: the attempt's scaffolding is most of a no-op
+        # job's cost to the worker (issue 16).
+        return contextlib.nullcontext(_NO_SPAN)
+    return _recorded_span(claim, trace())
+
+
+@contextlib.contextmanager
+def _recorded_span(claim: Claim, trace: Mapping[str, str]) -> Iterator[AttemptSpan]:
+    assert otel_trace is not None
     parent = _PROPAGATOR.extract(trace, context=otel_context.Context())
     with _TRACER.start_as_current_span(
         f"run {claim.name}",
