@@ -44,7 +44,7 @@ LIBS = ("jobs_trio", "jobs_trio_ahead", "pgqueuer", "procrastinate")
 # jobs_trio's workers at a non-default setting: its own column (its own database, its own
 # worker process), beside the default, in the workloads where that setting changes anything.
 VARIANTS = {"jobs_trio_ahead": "jobs_trio"}  # column: the library whose tables it uses
-VARIANT_WORKLOADS = ("throughput", "latency", "load", "retries")
+VARIANT_WORKLOADS = ("throughput", "latency", "load", "retries", "sqlite")
 OURS = ("jobs_trio", *VARIANTS)
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PREFIX = "bench_"
@@ -413,7 +413,7 @@ async def cold(lib: str, conc: int, workdir: Path) -> Result:
 
 
 async def sqlite_throughput(lib: str, conc: int, workdir: Path) -> Result:
-    assert lib == "jobs_trio"
+    assert lib in OURS
     path = workdir / f"sqlite-{next(_counter)}.db"
     url = f"sqlite:///{path}"
 
@@ -855,7 +855,11 @@ def summarise(values: list[Any], key: str) -> tuple[float | None, str]:
 
 def _libs_of(workload: str, libs: list[str]) -> list[str]:
     if workload in ALONE:
-        return ["jobs_trio"]
+        return [
+            lib
+            for lib in libs
+            if lib in OURS and (lib == "jobs_trio" or workload in VARIANT_WORKLOADS)
+        ]
     if workload in VARIANT_WORKLOADS:
         return libs
     return [lib for lib in libs if lib not in VARIANTS]
