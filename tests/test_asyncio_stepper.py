@@ -13,6 +13,8 @@ import trio_asyncio
 
 from jobs_trio.drivers.asyncio_stepper import step_to_end
 
+from .turn_counter import TurnCounter
+
 
 @pytest.fixture
 async def loop() -> AsyncIterator[Any]:
@@ -231,21 +233,14 @@ async def test_a_coroutine_that_ends_at_its_first_step_still_lets_other_tasks_ru
     async def at_once() -> int:
         return 1
 
-    steps = 0
-
-    async def other() -> None:
-        nonlocal steps
-        while True:
-            steps += 1
-            await trio.lowlevel.checkpoint()
-
+    other = TurnCounter()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(other)
+        nursery.start_soon(other.run)
         await trio.lowlevel.checkpoint()
-        before = steps
+        before = other.turns
         for _ in range(10):
             with pytest.raises(UnicodeEncodeError):
                 await step_to_end(loop, refused())
             assert await step_to_end(loop, at_once()) == 1
-        assert steps - before >= 19
+        assert other.turns - before >= 19
         nursery.cancel_scope.cancel()
