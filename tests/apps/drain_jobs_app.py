@@ -52,11 +52,3 @@ def crunch(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str, int]
 async def wait(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
     mark(payload["marks"], "start", ctx)
     await trio.sleep(60)
-
-
-@registry.job("drain.held", queue="held", attempts=1, timeout=120)
-async def held(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
-    # For workers that claim ahead: each run marks its start and waits for the drain. One
-    # attempt each: an attempt spent by a drain would dead-letter the job at its next claim.
-    mark(payload["marks"], "start", ctx)
-    await trio.sleep(60)
