@@ -4,7 +4,6 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
@@ -119,9 +118,7 @@ async def _judged(
         payload = json.loads(claim.payload)
         # The application's context variables are set around the body (and copied into a sync
         # body's thread by Trio); a restore hook that raises fails this attempt like the body.
-        hook = definition.restore_context
-        # Without a hook, no context manager for it (nor a read of the run's context).
-        with restored(hook, ctx.context) if hook else contextlib.nullcontext(), run.cancel_scope:
+        with restored(definition.restore_context, lambda: ctx.context), run.cancel_scope:
             # A run cancelled before its body started (a claim that committed after the drain
             # was signalled) is handed back without running a line of it.
             if not run.cancel_scope.cancel_called:
