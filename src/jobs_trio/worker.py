@@ -765,8 +765,9 @@ class Worker:
     def _note_idle(self) -> None:
         """IDLE once the worker holds no job, running or held for a slot (a held one is held
         like a running one: renewed, reached by a drain, waited for by stop())."""
-        held = sum(self._in_flight.values()) + sum(self._unstarted.values())
-        if self._state is WorkerState.RUNNING and held == 0:
+        if self._state is not WorkerState.RUNNING:
+            return
+        if sum(self._in_flight.values()) + sum(self._unstarted.values()) == 0:
             self._state = WorkerState.IDLE
 
     def _record(self, claim: Claim, outcome: Outcome, report: Any) -> None:
