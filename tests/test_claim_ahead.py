@@ -17,6 +17,7 @@ from jobs_trio.records import Retry
 from jobs_trio.worker import Worker, WorkerState
 
 from .test_claim_loop import CountingDriver, blocking_registry
+from .test_settle_path import FaultyDriver
 from .worker_helpers import record, trio_driver, worker
 
 
@@ -452,3 +453,35 @@ def test_claim_ahead_refuses_what_is_not_a_count(bad: Any) -> None:
     registry, _, _ = blocking_registry(["q"])
     with pytest.raises(ConfigError, match="claim_ahead"):
         worker(CountingDriver(), registry, claim_ahead=bad)
+
+
+async def test_a_stalled_database_at_sigterm_names_every_held_job_it_could_not_hand_back(
+    autojump_clock: Any,
+) -> None:
+    # The hand-backs are settlements like any other: with the database stalled they wait under
+    # the budget, and at its end each held job is named (exit non-zero), never dropped silently.
+    registry = Registry()
+    first_started = trio.Event()
+
+    @registry.job("q.job", queue="q")
+    async def job(ctx: JobContext, payload: str) -> None:
+        first_started.set()
+        await trio.sleep_forever()
+
+    driver = FaultyDriver()
+    ids = [await job.enqueue(driver, name, priority=i) for i, name in enumerate("abc")]
+    w = worker(driver, registry, concurrency=1, claim_ahead=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await first_started.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        driver.settles_open = trio.Event()  # every write from here waits: a stalled server
+        t0 = trio.current_time()
+        w.accept("SIGTERM")
+        w.bind(t0 + 2)
+        await w.stop()
+        assert trio.current_time() == t0 + 2  # the budget, not forever
+    assert sorted(w.stats().abandoned) == sorted(ids)  # the running one and both held
+    for job_id in ids:
+        # Nothing was written: each lease lapses and the job runs again (at-least-once).
+        assert (await record(driver, job_id)).state is JobState.RUNNING
