@@ -7,10 +7,12 @@
 
 Opens a driver on the database (migrating a schema `bench_round_trip` first), warms up, then
 times N calls of each: `claim` on a queue with no jobs (the claim statement, nothing found)
-and `get` of a missing id (one indexed read), then `SELECT 1` crossed as an asyncio Task and
-stepped from Trio (drivers/asyncio_stepper.py), alternating; the schema is left for the next
-run (drop it with `DROP SCHEMA bench_round_trip CASCADE`). Prints CPU µs (time.process_time:
-this process only, the kernel's share of its socket calls included) and wall µs per call."""
+and `get` of a missing id (one indexed read), then `SELECT 1` crossed as an asyncio Task,
+stepped from Trio (drivers/asyncio_stepper.py) with the loop reading the socket, and stepped
+with the Trio task reading it (drivers/direct_reads.py), alternating; the schema is left for
+the next run (drop it with `DROP SCHEMA bench_round_trip CASCADE`). Prints CPU µs
+(time.process_time: this process only, the kernel's share of its socket calls included) and
+wall µs per call."""
 
 from __future__ import annotations
 
@@ -52,25 +54,44 @@ async def main(args: argparse.Namespace) -> None:
 
 
 async def crossings(driver: Any, n: int) -> None:
-    """`SELECT 1` on one pooled connection, crossed the two ways, alternating in 3 rounds: as an
-    asyncio Task (trio_asyncio.aio_as_trio, how the driver crossed before) and stepped from the
-    Trio task (asyncio_stepper, how every driver operation crosses now)."""
+    """`SELECT 1` on one pooled connection, crossed three ways, alternating in 3 rounds: as an
+    asyncio Task (trio_asyncio.aio_as_trio, how the driver crossed before); stepped from the
+    Trio task with the loop reading the socket (asyncio_stepper alone); and stepped with the
+    Trio task reading the socket itself (direct_reads: how every pooled operation runs now)."""
     import trio_asyncio
 
     from jobs_trio.drivers.asyncio_stepper import step_to_end
+    from jobs_trio.drivers.direct_reads import give_back, take_over, transport_of
 
     bridge = driver.bridge
     async with bridge._pool.checkout() as conn:
-        ways: dict[str, Callable[[], Awaitable[object]]] = {
-            "SELECT 1 as a Task": lambda: trio_asyncio.aio_as_trio(conn.fetchval, loop=bridge.loop)(
-                "SELECT 1"
+
+        def loop_reads() -> None:
+            give_back(conn)
+
+        ways: dict[str, tuple[Callable[[], object], Callable[[], Awaitable[object]]]] = {
+            "SELECT 1 as a Task": (
+                loop_reads,
+                lambda: trio_asyncio.aio_as_trio(conn.fetchval, loop=bridge.loop)("SELECT 1"),
             ),
-            "SELECT 1 stepped": lambda: step_to_end(bridge.loop, conn.fetchval("SELECT 1")),
+            "SELECT 1 stepped": (
+                loop_reads,
+                lambda: step_to_end(bridge.loop, conn.fetchval("SELECT 1")),
+            ),
+            "SELECT 1 read here": (
+                lambda: take_over(conn),
+                lambda: step_to_end(
+                    bridge.loop, conn.fetchval("SELECT 1"), reads=transport_of(conn)
+                ),
+            ),
         }
         for round_ in range(1, 4):
-            for name, call in ways.items():
+            for name, (setup, call) in ways.items():
+                setup()
+                await trio.sleep(0)  # the loop's reader task starts or ends
                 cpu, wall = await per_call(call, n)
                 print(f"{name:20} {cpu:6.0f} µs CPU {wall:6.0f} µs wall per call (round {round_})")
+        take_over(conn)  # back to the pool as it came out
 
 
 if __name__ == "__main__":

@@ -88,11 +88,13 @@ async def open_admin(url: str, *, drop: str | None = None) -> AsyncIterator[Admi
 
 
 @contextlib.asynccontextmanager
-async def driver_and_admin(url: str, pg_schema: str) -> AsyncIterator[tuple[PostgresDriver, Admin]]:
+async def driver_and_admin(
+    url: str, pg_schema: str, **options: Any
+) -> AsyncIterator[tuple[PostgresDriver, Admin]]:
     """A driver on a schema of its own (dropped after) and an admin connection beside it."""
     async with (
         open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, **options
         ) as driver,
         open_admin(url) as admin,
     ):

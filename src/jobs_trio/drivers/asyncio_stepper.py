@@ -20,6 +20,7 @@ What holds, as for a Task:
 from __future__ import annotations
 
 import asyncio
+import functools
 from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -29,15 +30,24 @@ import trio
 T = TypeVar("T")
 
 
-async def step_to_end(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+async def step_to_end(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, T],
+    *,
+    reads: asyncio.Transport | None = None,
+) -> T:
     """Run ``coro`` on ``loop`` (a running trio-asyncio loop of this Trio run) and answer what
     it returns or raise what it raises.
+
+    ``reads``: the transport of the one connection the coroutine uses, when the loop does not
+    read it (direct_reads.transport_of): while the coroutine waits, this task waits for that
+    socket and runs the transport's read itself, so a reply wakes this task alone.
 
     A checkpoint's schedule point even when the coroutine ends at its first step without
     waiting (asyncpg refusing an argument before anything is sent: a lone surrogate, an int
     past int4): the pool takes a free slot without one, so this wait is the operation's only
     pass of Trio's scheduler, and a loop of refused writes must not starve the other tasks."""
-    stepper = _Stepper(loop)
+    stepper = _Stepper(loop, reads)
     try:
         return await stepper.run(coro)
     finally:
@@ -48,8 +58,10 @@ async def step_to_end(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any,
 class _Stepper:
     """One coroutine's run; it stands for the coroutine's asyncio Task while it steps."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, reads: asyncio.Transport | None) -> None:
         self._loop = loop
+        self._reads = reads
+        self._read_wait: trio.CancelScope | None = None  # a wait for the socket, while one runs
         self._task = trio.lowlevel.current_task()
         self._waiting: asyncio.Future[Any] | None = None  # the future the coroutine awaits
         self._must_cancel = False
@@ -96,6 +108,39 @@ class _Stepper:
     def _wake(self, _: object) -> None:
         trio.lowlevel.reschedule(self._task)
 
+    def _end_read_wait(self, _: object) -> None:
+        # The awaited future was completed by the loop (a timer, asyncio.timeout's cancel, a
+        # write that drained, the connection lost): no reply is coming to wake the read wait.
+        if self._read_wait is not None:
+            self._read_wait.cancel()
+
+    async def _read_until(self, waiting: asyncio.Future[Any]) -> None:
+        """Wait for ``waiting`` by reading the connection's socket from this task, as the loop
+        would have read it, until the future is done."""
+        transport = self._reads
+        assert transport is not None
+        while not waiting.done():
+            if transport.is_closing() or transport.is_reading():
+                # Closing (the loop ends it and completes the future), or read by the loop again
+                # (asyncpg resumed reading): the loop's path, or two tasks would wait on one fd.
+                waiting.add_done_callback(self._wake)
+                await trio.lowlevel.wait_task_rescheduled(self._abort)
+                return
+            waiting.add_done_callback(self._end_read_wait)
+            # After a Trio cancel the coroutine is seeing its cancel through (a rollback, the
+            # server's cancel): that is not cancelled again, as _abort does on the loop's path.
+            self._read_wait = scope = trio.CancelScope(shield=self._raise_cancel is not None)
+            try:
+                with scope:
+                    await trio.lowlevel.wait_readable(transport._sock_fd)  # type: ignore[attr-defined]
+            except BaseException as exc:  # Trio's Cancelled, or KeyboardInterrupt
+                self._abort(functools.partial(_reraise, exc))
+            finally:
+                self._read_wait = None
+                waiting.remove_done_callback(self._end_read_wait)
+            if not scope.cancelled_caught:
+                transport._read_ready()  # type: ignore[attr-defined]
+
     def _step(self, coro: Coroutine[Any, Any, T], send: Any, throw: BaseException | None) -> Any:
         if self._must_cancel:
             self._must_cancel = False
@@ -106,6 +151,16 @@ class _Stepper:
             return coro.throw(throw) if throw is not None else coro.send(send)
         finally:
             _leave_task(self._loop, self)  # type: ignore[arg-type]
+
+    def _outcome(self) -> tuple[Any, BaseException | None]:
+        """What the awaited future gives the coroutine's next step, as a Task hands it on."""
+        waited, self._waiting = self._waiting, None
+        if waited is None:
+            return None, None
+        try:
+            return waited.result(), None
+        except BaseException as exc:
+            return None, exc
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         import trio_asyncio
@@ -139,6 +194,11 @@ class _Stepper:
                 ):
                     yielded._asyncio_future_blocking = False
                     self._waiting = yielded
+                    if self._reads is not None:
+                        self.waited = True
+                        await self._read_until(yielded)
+                        send, throw = self._outcome()
+                        continue
                     yielded.add_done_callback(self._wake)
                 else:
                     throw = RuntimeError(
@@ -148,12 +208,11 @@ class _Stepper:
                     continue
                 self.waited = True
                 await trio.lowlevel.wait_task_rescheduled(self._abort)
-                waited, self._waiting = self._waiting, None
-                if waited is not None:
-                    try:
-                        send = waited.result()
-                    except BaseException as exc:  # handed to the coroutine, as a Task does
-                        throw = exc
+                send, throw = self._outcome()
         finally:
             trio_asyncio.current_loop.reset(reset)
             coro.close()  # a no-op once it ended
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc

@@ -15,6 +15,7 @@ import trio
 from ..errors import ConfigError, DriverError, JobsError, ValueRefused
 from ..redaction import redact_url
 from .asyncio_stepper import step_to_end
+from .direct_reads import give_back, take_over, transport_of
 from .postgres_pool import Connection, Pool, session_settings
 from .postgres_pooler import Pooler
 
@@ -68,7 +69,9 @@ class Bridge:
         """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once."""
         async with self._pool.checkout() as conn:
             try:
-                return await self._cross(self._on_pooled, conn, op, transaction, what=what)
+                return await self._cross(
+                    self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
+                )
             except ValueRefused:
                 raise  # the server answered and rolled back: the connection is sound
             except DriverError:
@@ -118,7 +121,9 @@ class Bridge:
         return await self._cross(connect, what=f"connecting ({purpose})", as_task=True)
 
     async def _open_pooled(self) -> Connection:
-        return await self.connect(purpose="pool")
+        conn = await self.connect(purpose="pool")
+        take_over(conn)  # each operation on it reads its replies itself (direct_reads)
+        return conn
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Cross with any asyncio coroutine function (a LISTEN registration, a ping)."""
@@ -130,12 +135,15 @@ class Bridge:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLEANUP_SECONDS):
                 with contextlib.suppress(Exception):
+                    give_back(connection)  # asyncpg's close waits for the server's end
                     await self._cross(connection.close, what="close a connection", as_task=True)
                     return
             connection.terminate()
 
     async def aclose(self) -> None:
         connections = self._pool.take_all()
+        for conn in connections:
+            give_back(conn)  # asyncpg's close waits for the server's end, read by the loop
 
         async def close_all() -> None:
             await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
@@ -151,7 +159,12 @@ class Bridge:
                     conn.terminate()
 
     async def _cross(
-        self, fn: Callable[..., Awaitable[T]], *args: Any, what: str, as_task: bool = False
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        what: str,
+        as_task: bool = False,
+        reads: asyncio.Transport | None = None,
     ) -> T:
         import trio_asyncio
 
@@ -160,7 +173,8 @@ class Bridge:
                 # Wrapped in an asyncio Task: asyncpg.connect (asyncio.timeout) and a close need
                 # a current task. They are rare; every operation steps from this Trio task.
                 return cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
-            return await step_to_end(self.loop, cast(Coroutine[Any, Any, T], fn(*args)))
+            coro = cast(Coroutine[Any, Any, T], fn(*args))
+            return await step_to_end(self.loop, coro, reads=reads)
         except JobsError:
             raise
         except Exception as exc:

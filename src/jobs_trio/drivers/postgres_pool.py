@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import trio
 
 from ..errors import ConfigError
+from .direct_reads import usable
 
 Connection = Any  # asyncpg is untyped
 
@@ -153,9 +154,10 @@ class Pool:
     def _take_idle(self) -> Connection | None:
         while self._idle:
             conn = self._idle.pop()
-            if not conn.is_closed():
+            if usable(conn) and not conn.is_closed():
                 return conn
             self._open.discard(conn)
+            conn.terminate()  # ended by the server while idle
         return None
 
     def _give_back(self, conn: Connection) -> None:

@@ -1,0 +1,69 @@
+# Who reads a pooled connection's socket: the Trio task running an operation on it, not the
+# trio-asyncio loop. Apart because it reaches into asyncio's selector transport, and every rule of
+# that hand-over (when the loop must read again, what arrived while idle) lives here alone.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
+"""Why: on the trio-asyncio loop, each read of a socket is a Trio task of the loop's (waiting for
+readiness) that runs the transport's read, which completes asyncpg's future, whose callback goes
+through the loop's queue to the loop's own task, which wakes the task that awaits it; and the
+reader then waits once more for the loop to catch up. Three tasks woken per round trip, ~40 µs
+of a ~110 µs ``SELECT 1`` here (bench/round_trip.py). A pooled connection is only ever used by
+one operation at a time, stepped from one Trio task (asyncio_stepper), so that task can wait for
+the socket itself and run the transport's read in place: the round trip wakes one task.
+
+The loop stops reading such a connection when it is opened (``take_over``). Nothing reads it
+while it is idle in the pool, so a checkout looks at its socket first (``usable``): anything
+that arrived meanwhile is the server ending it, and it is dropped; and the loop reads it
+again before it is closed (``give_back``), for asyncpg's close waits for the server's end of the
+connection. TLS connections are left to the loop (their transport is not a plain socket's)."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+from asyncio import selector_events
+from typing import Any
+
+Connection = Any  # asyncpg is untyped
+# asyncio's transport of a plain socket: private, and not in typeshed.
+_PLAIN: Any = selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+
+
+def transport_of(conn: Connection) -> asyncio.Transport | None:
+    """The plain-socket transport of an asyncpg connection whose reads we own, else None (a
+    TLS connection, one the loop reads, anything that is not an asyncpg connection)."""
+    transport: Any = getattr(conn, "_transport", None)
+    if type(transport) is _PLAIN and transport._paused:
+        return transport  # type: ignore[no-any-return]
+    return None
+
+
+def take_over(conn: Connection) -> None:
+    """Stop the loop reading ``conn``: from now on the operation using it reads."""
+    transport: Any = getattr(conn, "_transport", None)
+    if type(transport) is _PLAIN and transport.is_reading():
+        transport.pause_reading()
+
+
+def give_back(conn: Connection) -> None:
+    """Let the loop read ``conn`` again (before a close, which waits for the server's end)."""
+    transport = transport_of(conn)
+    if transport is not None and not transport.is_closing():
+        transport.resume_reading()
+
+
+def usable(conn: Connection) -> bool:
+    """Whether an idle ``conn`` can be handed on, now that nobody reads it while it is idle.
+
+    An idle pooled connection is sent nothing by a working server (it LISTENs to nothing), so
+    anything waiting on its socket is a server ending it: a FATAL error (pg_terminate_backend,
+    idle_session_timeout, a restart), then its end. It is dropped unread. Read instead, the
+    error alone (its end comes later, or in the next read) leaves asyncpg's protocol mid-state,
+    and the next statement fails with "cannot switch to state" on a connection that still looks
+    open. The rare harmless message (a ParameterStatus after a reload that changed a reported
+    setting) costs one reconnect."""
+    transport = transport_of(conn)
+    if transport is None:
+        return True
+    if transport.is_closing():
+        return False
+    return not select.select([transport._sock_fd], [], [], 0)[0]  # type: ignore[attr-defined]

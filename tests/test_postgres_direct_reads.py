@@ -1,0 +1,178 @@
+# The PostgreSQL driver's pooled connections read by the Trio task that uses them
+# (drivers/direct_reads.py): one task woken per round trip, and nothing the loop's reading did
+# is lost with it (a connection killed while idle, a stalled server, a close).
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+import trio
+
+from tests.conftest import require_postgres
+from tests.test_postgres_driver import driver_and_admin, eventually
+
+pytestmark = pytest.mark.postgres
+
+asyncpg = pytest.importorskip("asyncpg")
+
+from jobs_trio.drivers import postgres_bridge  # noqa: E402
+from jobs_trio.drivers.postgres import open_postgres_driver  # noqa: E402
+
+
+@pytest.fixture
+def url() -> str:
+    return require_postgres()
+
+
+class StepCounter(trio.abc.Instrument):
+    """Which tasks ran, by name, while it was attached."""
+
+    def __init__(self) -> None:
+        self.stepped: dict[str, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.stepped[task.name] = self.stepped.get(task.name, 0) + 1
+
+
+async def test_a_pooled_round_trip_wakes_only_the_task_that_made_it(
+    url: str, pg_schema: str
+) -> None:
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+    ) as driver:
+        for _ in range(3):  # the connection is open and the statement prepared
+            assert await driver.get("no-such-job") is None
+        me = trio.lowlevel.current_task().name
+        counter = StepCounter()
+        trio.lowlevel.add_instrument(counter)
+        try:
+            for _ in range(20):
+                assert await driver.get("no-such-job") is None
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        # The reply wakes this task and nothing else on the way. Through the loop it would
+        # also wake the loop's reader task for the socket, which hands it to the loop's own
+        # task, which wakes this one, and then waits for the loop once more (twice per reply).
+        # The loop's task still runs asyncpg's own done callback for the reply, once per round
+        # trip, after this task has moved on.
+        loop_task = "trio_asyncio.BaseTrioEventLoop._main_loop"
+        assert set(counter.stepped) <= {me, loop_task}, counter.stepped
+        assert counter.stepped[me] == 20
+        assert counter.stepped.get(loop_task, 0) <= 20, counter.stepped
+
+
+async def test_pooled_connections_the_server_closed_while_idle_are_replaced_at_checkout(
+    url: str, pg_schema: str
+) -> None:
+    async with driver_and_admin(url, pg_schema, pool_size=2) as (driver, admin):
+        pool_name = driver.bridge.application_name + ":pool"
+
+        # Two connections open at once, both idle in the pool afterwards.
+        async def sleep_a_little() -> None:
+            await driver.bridge.run(
+                lambda conn: conn.execute("SELECT pg_sleep(0.2)"), what="two at once"
+            )
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(sleep_a_little)
+        killed = await admin.kill(pool_name)
+        assert len(killed) == 2
+
+        async def all_gone() -> bool:
+            return not set(killed) & set(await admin.backends(pool_name))
+
+        await eventually(all_gone)
+        # Nobody read those sockets since: the checkout reads the server's goodbye and opens a
+        # fresh connection instead of failing the operation with a lost connection.
+        for _ in range(3):
+            assert await driver.get("no-such-job") is None
+        assert not set(killed) & set(await admin.backends(pool_name))
+
+
+async def test_closing_the_driver_closes_its_pooled_connections_cleanly(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncpg's close waits for the server's end of the connection, which only a reader of the
+    # socket sees: had the loop not been reading again, each close would wait out its bound
+    # (CLEANUP_SECONDS) and be cut short there.
+    monkeypatch.setattr(postgres_bridge, "CLEANUP_SECONDS", 2.0)
+    ends: list[str] = []
+    close = asyncpg.Connection.close
+
+    async def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            await close(self, *args, **kwargs)
+        except BaseException:
+            ends.append("cut short")
+            raise
+        ends.append("closed")
+
+    monkeypatch.setattr(asyncpg.Connection, "close", spy)
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=2
+    ) as driver:
+        assert await driver.get("no-such-job") is None
+    assert ends and set(ends) == {"closed"}, ends
+
+
+async def test_a_cancel_reaching_a_stalled_server_ends_within_the_cleanup_bound(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rollback after a cancel waits on asyncio's timer, not on a reply: the loop must be
+    # able to end the operation's wait for the socket, or a stalled server hangs it forever.
+    monkeypatch.setattr(postgres_bridge, "CLEANUP_SECONDS", 0.5)
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+    ) as driver:
+        pid = await driver.bridge.run(
+            lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
+        )
+        scope = trio.CancelScope()
+        stopped = trio.Event()
+
+        stalled: list[Any] = []
+
+        async def stalls(conn: Any) -> None:
+            stalled.append(conn)
+            os.kill(pid, signal.SIGSTOP)
+            stopped.set()
+            await conn.execute("SELECT 1")
+
+        woken_by_hand = False
+
+        async def wake_the_server_at_last() -> None:
+            # A hang would otherwise leave the backend stopped and this test stuck in the
+            # shielded cleanup, for good: after 10 s the connection is ended by hand (its wait
+            # for the socket woken, its transport aborted) and the test fails.
+            nonlocal woken_by_hand
+            await trio.sleep(10)
+            woken_by_hand = True
+            [conn] = stalled
+            trio.lowlevel.notify_closing(conn._transport._sock_fd)
+            conn.terminate()
+            os.kill(pid, signal.SIGCONT)
+
+        async def run() -> None:
+            with scope:
+                await driver.bridge.run(stalls, what="a stalled write", transaction=True)
+
+        try:
+            async with trio.open_nursery() as watchdog:
+                watchdog.start_soon(wake_the_server_at_last)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(run)
+                    await stopped.wait()
+                    scope.cancel()
+                watchdog.cancel_scope.cancel()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert not woken_by_hand, "the cancelled operation waited for the stalled server"
+        assert scope.cancelled_caught
+        # The stalled connection was terminated; the next operation gets a fresh one.
+        assert await driver.get("no-such-job") is None
+        assert pid != await driver.bridge.run(
+            lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
+        )
