@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import trio
 
+from jobs_trio.errors import DriverError
 from tests.conftest import require_postgres
 from tests.test_postgres_driver import driver_and_admin, eventually
 
@@ -176,3 +177,31 @@ async def test_a_cancel_reaching_a_stalled_server_ends_within_the_cleanup_bound(
         assert pid != await driver.bridge.run(
             lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
         )
+
+
+async def test_a_read_wait_that_fails_ends_the_connection_as_lost(url: str, pg_schema: str) -> None:
+    # Should the socket be closed under the wait (here: Trio told it is closing), nothing can
+    # read that connection again: it is ended and the operation fails as a lost connection,
+    # rather than waiting for a reply nobody reads.
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+    ) as driver:
+        waiting: list[Any] = []
+
+        async def slow(conn: Any) -> None:
+            waiting.append(conn)
+            await conn.execute("SELECT pg_sleep(30)")
+
+        async def close_under_it() -> None:
+            while not waiting:
+                await trio.sleep(0)
+            await trio.sleep(0)  # the operation is now waiting for the socket
+            trio.lowlevel.notify_closing(waiting[0]._transport._sock_fd)
+
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(close_under_it)
+                with pytest.raises(DriverError) as raised:
+                    await driver.bridge.run(slow, what="a slow query")
+        assert "lost the connection" in raised.value.cause
+        assert await driver.get("no-such-job") is None

@@ -133,8 +133,13 @@ class _Stepper:
             try:
                 with scope:
                     await trio.lowlevel.wait_readable(transport._sock_fd)  # type: ignore[attr-defined]
-            except BaseException as exc:  # Trio's Cancelled, or KeyboardInterrupt
+            except (trio.Cancelled, KeyboardInterrupt) as exc:
                 self._abort(functools.partial(_reraise, exc))
+            except (OSError, trio.ClosedResourceError, trio.BusyResourceError):
+                # The wait itself failed: the socket was closed or taken under it. Nothing can
+                # read this connection now; ended, asyncpg fails what waits on it (a lost
+                # connection), and the loop's path above sees that through.
+                transport.abort()
             finally:
                 self._read_wait = None
                 waiting.remove_done_callback(self._end_read_wait)
