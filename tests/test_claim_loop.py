@@ -135,3 +135,32 @@ async def test_a_slot_freed_in_a_full_queue_claims_again_without_waiting_for_wor
         assert trio.current_time() - started < 1.0  # not at the 600 s safety poll
         release[second].set()
         await w.stop()
+
+
+async def test_jobs_a_short_claim_returned_start_before_the_loop_looks_for_more(
+    autojump_clock: Any,
+) -> None:
+    # After a claim that came up short the loop looks for more work (on PostgreSQL a round
+    # trip it sends before it waits); the jobs it just claimed must not wait behind that send.
+    registry, release, running = blocking_registry(["q"])
+    seen_at_look: list[set[str]] = []
+
+    class Looking(CountingDriver):
+        async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+            seen_at_look.append(set(running))
+            await super().wait_for_work(queues, timeout)
+
+    driver = Looking()
+    w = worker(driver, registry, concurrency=3, safety_poll=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(1)
+        looks = len(seen_at_look)
+        await registry.get("q.job").enqueue_many(driver, ["a", "b"])  # type: ignore[union-attr]
+        await trio.sleep(1)
+        # One claim took both (two of three slots): the look after it saw both running.
+        assert len(driver.claims) == 2 and len(driver.claimed) == 2
+        assert seen_at_look[looks:] == [{"a", "b"}], seen_at_look
+        for payload in ("a", "b"):
+            release.setdefault(payload, trio.Event()).set()
+        nursery.cancel_scope.cancel()

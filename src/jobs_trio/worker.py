@@ -488,6 +488,13 @@ class Worker:
             got = Counter(claim.queue for claim in claims)
             came_up_short = [q for q, n in free.items() if got[q] < n]
             if came_up_short:
+                if claims:
+                    # The jobs just claimed start before this task looks for more: the look
+                    # (a round trip on some drivers) would otherwise be sent first, and every
+                    # job wait for it. Two passes: the first lands in the batch the new tasks
+                    # run in, where Trio's order is random; the second is after it.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 with self._idle_wait():
                     await self._wait_for_work_or_slot(came_up_short)
             else:
