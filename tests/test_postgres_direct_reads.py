@@ -205,3 +205,37 @@ async def test_a_read_wait_that_fails_ends_the_connection_as_lost(url: str, pg_s
                     await driver.bridge.run(slow, what="a slow query")
         assert "lost the connection" in raised.value.cause
         assert await driver.get("no-such-job") is None
+
+
+async def test_a_checkout_takes_a_connection_whose_socket_number_is_past_1024(
+    url: str, pg_schema: str
+) -> None:
+    # A process with many files open (a web server's sockets, a worker's threads) opens the
+    # pool's sockets past select()'s FD_SETSIZE; the look at an idle connection must still work.
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2048
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"at most {hard} open files here")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    fillers: list[int] = []
+    try:
+        while not fillers or fillers[-1] < 1100:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        async with open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+        ) as driver:
+            conns: list[Any] = []
+
+            async def its_socket(conn: Any) -> int:
+                conns.append(conn)
+                return int(conn._transport._sock_fd)
+
+            assert await driver.bridge.run(its_socket, what="its socket") > 1024
+            for _ in range(3):  # each a checkout of the idle connection
+                assert await driver.get("no-such-job") is None
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -66,4 +66,9 @@ def usable(conn: Connection) -> bool:
         return True
     if transport.is_closing():
         return False
-    return not select.select([transport._sock_fd], [], [], 0)[0]  # type: ignore[attr-defined]
+    # poll, not select: select() refuses a descriptor past FD_SETSIZE (1024), which a process
+    # with many files open gives its sockets, and every checkout would fail with ValueError.
+    # Any event counts: data (POLLIN), the server's end (POLLHUP), an error (POLLERR).
+    waiting = select.poll()
+    waiting.register(transport._sock_fd, select.POLLIN)  # type: ignore[attr-defined]
+    return not waiting.poll(0)
