@@ -239,3 +239,55 @@ async def test_a_checkout_takes_a_connection_whose_socket_number_is_past_1024(
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def _backend_pid(driver: Any) -> int:
+    pid: int = await driver.bridge.run(
+        lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
+    )
+    return pid
+
+
+async def _until_sleeping(admin: Any, pid: int) -> None:
+    """Until the backend ``pid`` runs the test's ``SELECT pg_sleep(30)``."""
+
+    async def sleeping() -> bool:
+        found = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE pid = $1 AND state = 'active' AND query LIKE '%pg_sleep(30)%'",
+            pid,
+        )
+        return bool(found == 1)
+
+    await eventually(sleeping)
+
+
+async def _cancel_once_running(admin: Any, pid: int, scope: trio.CancelScope) -> None:
+    await _until_sleeping(admin, pid)
+    scope.cancel()
+
+
+@pytest.mark.parametrize("transaction", [False, True], ids=["alone", "in-a-transaction"])
+async def test_the_next_operation_right_after_a_cancelled_one_runs_on_the_same_connection(
+    url: str, pg_schema: str, transaction: bool
+) -> None:
+    # `with trio.move_on_after(...)` around a driver call, then the next call at once, in the
+    # same task and with no pass of the scheduler in between: the loop has not yet run asyncpg's
+    # own reaction to the cancel (asking the server to cancel, marking the statement as being
+    # cancelled). Seen before it, the next statement (the rollback; or the next operation,
+    # which waits out the cancel) finds the protocol still mid-statement: "another operation is
+    # in progress", a DriverError (alone) or a terminated connection (the rollback, where
+    # asyncio.wait_for runs it inline: Python 3.12 on).
+    async with driver_and_admin(url, pg_schema, pool_size=1) as (driver, admin):
+        pid = await _backend_pid(driver)
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            nursery.start_soon(_cancel_once_running, admin, pid, scope)
+            with scope:
+                await driver.bridge.run(
+                    lambda conn: conn.execute("SELECT pg_sleep(30)"),
+                    what="a long statement",
+                    transaction=transaction,
+                )
+            assert await _backend_pid(driver) == pid
+        assert scope.cancelled_caught

@@ -130,10 +130,14 @@ class _Stepper:
             # After a Trio cancel the coroutine is seeing its cancel through (a rollback, the
             # server's cancel): that is not cancelled again, as _abort does on the loop's path.
             self._read_wait = scope = trio.CancelScope(shield=self._raise_cancel is not None)
+            cancelled = False
             try:
                 with scope:
                     await trio.lowlevel.wait_readable(transport._sock_fd)  # type: ignore[attr-defined]
             except (trio.Cancelled, KeyboardInterrupt) as exc:
+                # Only the first cancels the coroutine (as _abort does on the loop's path); a
+                # later one (KeyboardInterrupt reaches a shielded wait) leaves it reading on.
+                cancelled = self._raise_cancel is None
                 self._abort(functools.partial(_reraise, exc))
             except (OSError, trio.ClosedResourceError, trio.BusyResourceError):
                 # The wait itself failed: the socket was closed or taken under it. Nothing can
@@ -143,6 +147,16 @@ class _Stepper:
             finally:
                 self._read_wait = None
                 waiting.remove_done_callback(self._end_read_wait)
+            if cancelled:
+                # _abort cancelled the awaited future, whose own done callbacks run on the loop:
+                # asyncpg's asks the server to cancel and marks the statement as being cancelled.
+                # A Task resumes only after them, and so must the coroutine here: resumed first,
+                # its next statement (the rollback; the next operation on this connection, run
+                # at once) finds the protocol still mid-statement, "another operation is in
+                # progress", instead of waiting the cancel out.
+                waiting.add_done_callback(self._wake)
+                await trio.lowlevel.wait_task_rescheduled(self._abort)
+                return
             if not scope.cancelled_caught:
                 transport._read_ready()  # type: ignore[attr-defined]
 
