@@ -291,3 +291,29 @@ async def test_the_next_operation_right_after_a_cancelled_one_runs_on_the_same_c
                 )
             assert await _backend_pid(driver) == pid
         assert scope.cancelled_caught
+
+
+async def test_a_connection_whose_cancelled_statement_ended_while_idle_is_reused(
+    url: str, pg_schema: str
+) -> None:
+    # Outside a transaction nothing reads the end of a cancelled statement before the
+    # connection goes back to the pool: it waits on the socket, and is not the server ending
+    # the connection. The next statement reads it first (asyncpg waits out the cancel), as
+    # it did when the loop read the connection; dropping it costs a reconnect per cancel.
+    async with driver_and_admin(url, pg_schema, pool_size=1) as (driver, admin):
+        pid = await _backend_pid(driver)
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            nursery.start_soon(_cancel_once_running, admin, pid, scope)
+            with scope:
+                await driver.bridge.run(
+                    lambda conn: conn.execute("SELECT pg_sleep(30)"), what="a long statement"
+                )
+        assert scope.cancelled_caught
+
+        async def cancel_answered() -> bool:
+            state = await admin.fetchval("SELECT state FROM pg_stat_activity WHERE pid = $1", pid)
+            return bool(state == "idle")
+
+        await eventually(cancel_answered)
+        assert await _backend_pid(driver) == pid

@@ -54,21 +54,35 @@ def give_back(conn: Connection) -> None:
 def usable(conn: Connection) -> bool:
     """Whether an idle ``conn`` can be handed on, now that nobody reads it while it is idle.
 
-    An idle pooled connection is sent nothing by a working server (it LISTENs to nothing), so
-    anything waiting on its socket is a server ending it: a FATAL error (pg_terminate_backend,
-    idle_session_timeout, a restart), then its end. It is dropped unread. Read instead, the
-    error alone (its end comes later, or in the next read) leaves asyncpg's protocol mid-state,
-    and the next statement fails with "cannot switch to state" on a connection that still looks
-    open. The rare harmless message (a ParameterStatus after a reload that changed a reported
-    setting) costs one reconnect."""
+    An idle pooled connection is sent nothing by a working server (it LISTENs to nothing), but
+    for the end of a statement cancelled outside a transaction, which asyncpg still waits for;
+    otherwise anything waiting on its socket is a server ending it: a FATAL error
+    (pg_terminate_backend, idle_session_timeout, a restart), then its end. It is dropped unread.
+    Read instead, the error alone (its end comes later, or in the next read) leaves asyncpg's
+    protocol mid-state, and the next statement fails with "cannot switch to state" on a
+    connection that still looks open. The rare harmless message (a ParameterStatus after a
+    reload that changed a reported setting) costs one reconnect."""
     transport = transport_of(conn)
     if transport is None:
         return True
     if transport.is_closing():
         return False
+    if _cancelling(conn):
+        # A statement cancelled outside a transaction ended with the crossing that ran it, and
+        # nobody read its end since: what waits is that (an error, ReadyForQuery), not the
+        # server ending the connection. asyncpg's next statement reads it first (it waits the
+        # cancel out), as the pool has always counted on (Pool._give_back).
+        return True
     # poll, not select: select() refuses a descriptor past FD_SETSIZE (1024), which a process
     # with many files open gives its sockets, and every checkout would fail with ValueError.
     # Any event counts: data (POLLIN), the server's end (POLLHUP), an error (POLLERR).
     waiting = select.poll()
     waiting.register(transport._sock_fd, select.POLLIN)  # type: ignore[attr-defined]
     return not waiting.poll(0)
+
+
+def _cancelling(conn: Connection) -> bool:
+    """Whether asyncpg still waits for the server's end of a cancelled statement on ``conn``."""
+    protocol: Any = getattr(conn, "_protocol", None)
+    cancelling = getattr(protocol, "_is_cancelling", None)
+    return bool(cancelling is not None and cancelling())
