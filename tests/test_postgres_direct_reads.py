@@ -12,7 +12,7 @@ import trio
 
 from jobs_trio.errors import DriverError
 from tests.conftest import require_postgres
-from tests.test_postgres_driver import driver_and_admin, eventually
+from tests.test_postgres_driver import driver_and_admin, eventually, open_admin
 
 pytestmark = pytest.mark.postgres
 
@@ -317,3 +317,36 @@ async def test_a_connection_whose_cancelled_statement_ended_while_idle_is_reused
 
         await eventually(cancel_answered)
         assert await _backend_pid(driver) == pid
+
+
+async def test_closing_the_bridge_under_a_running_operation_leaves_the_loop_no_error(
+    url: str,
+) -> None:
+    # Bridge.aclose closes every connection, those an operation still runs on too. Handing such
+    # a connection's reading back to the loop while the operation's task waits for its socket
+    # made the loop's reader fail ("another task is already reading / writing this fd").
+    errors: list[dict[str, Any]] = []
+    ended: list[str] = []
+    async with open_admin(url) as admin, trio.open_nursery() as outer:
+        bridge_open = postgres_bridge.open_bridge(
+            url, pool_size=2, application_name="jt-direct-reads-close"
+        )
+        async with bridge_open as bridge:
+            bridge.loop.set_exception_handler(lambda loop, context: errors.append(context))
+            pid = await bridge.run(
+                lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
+            )
+
+            async def long_statement() -> None:
+                try:
+                    await bridge.run(
+                        lambda conn: conn.execute("SELECT pg_sleep(30)"), what="a long statement"
+                    )
+                except DriverError:
+                    ended.append("lost")
+
+            outer.start_soon(long_statement)
+            await _until_sleeping(admin, pid)
+        # The bridge is closed: its operation ended with it, not after its 30 s.
+    assert ended == ["lost"]
+    assert not errors, errors

@@ -141,9 +141,13 @@ class Bridge:
             connection.terminate()
 
     async def aclose(self) -> None:
-        connections = self._pool.take_all()
-        for conn in connections:
+        idle, held = self._pool.take_all()
+        for conn in idle:
             give_back(conn)  # asyncpg's close waits for the server's end, read by the loop
+        # Not one an operation still holds: its task may be waiting for the socket, and the
+        # loop's reader would fail on the same descriptor ("another task is already reading").
+        # Its close fails the operation, and the pool terminates it as the operation ends.
+        connections = idle + held
 
         async def close_all() -> None:
             await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)

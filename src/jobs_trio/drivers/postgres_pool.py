@@ -169,11 +169,12 @@ class Pool:
             return
         self._idle.append(conn)
 
-    def take_all(self) -> list[Connection]:
-        """Close the pool: no more checkouts; answer every connection still open, for the
-        caller to close (idle ones) or terminate (ones an operation still holds)."""
+    def take_all(self) -> tuple[list[Connection], list[Connection]]:
+        """Close the pool: no more checkouts; answer every connection still open, idle ones
+        first, then ones an operation still holds, for the caller to close or terminate."""
         self._closed = True
-        everything = list(self._open)
+        idle = list(self._idle)
+        held = [conn for conn in self._open if conn not in idle]
         self._idle.clear()
         self._open.clear()
-        return everything
+        return idle, held
