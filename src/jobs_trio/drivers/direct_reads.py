@@ -14,7 +14,12 @@ The loop stops reading such a connection when it is opened (``take_over``). Noth
 while it is idle in the pool, so a checkout looks at its socket first (``usable``): anything
 that arrived meanwhile is the server ending it, and it is dropped; and the loop reads it
 again before it is closed (``give_back``), for asyncpg's close waits for the server's end of the
-connection. TLS connections are left to the loop (their transport is not a plain socket's)."""
+connection. TLS connections are left to the loop (their transport is not a plain socket's).
+
+Never pass asyncpg's own ``timeout=`` to a statement on a pooled connection: asyncpg's done
+callback for a reply still runs on the loop, after this task has moved on, and when the
+operation's next statement has set a timer of its own, that late callback cancels it. Nothing
+in the driver does; the server's statement_timeout bounds every statement instead."""
 
 from __future__ import annotations
 
