@@ -16,10 +16,9 @@ that arrived meanwhile is the server ending it, and it is dropped; and the loop 
 again before it is closed (``give_back``), for asyncpg's close waits for the server's end of the
 connection. TLS connections are left to the loop (their transport is not a plain socket's).
 
-Never pass asyncpg's own ``timeout=`` to a statement on a pooled connection: asyncpg's done
-callback for a reply still runs on the loop, after this task has moved on, and when the
-operation's next statement has set a timer of its own, that late callback cancels it. Nothing
-in the driver does; the server's statement_timeout bounds every statement instead."""
+asyncpg's own done callback on the future a reply completes (its statement timer's bookkeeping)
+is run by the reading task at once (asyncio_stepper._read_now), not scheduled on the loop: run
+late, after the operation's next statement had set a timer, it cancelled that timer."""
 
 from __future__ import annotations
 
