@@ -27,6 +27,13 @@ def url() -> str:
     return require_postgres()
 
 
+def own_schema(url: str, pg_schema: str, *, pool_size: int) -> Any:
+    """A driver on a schema of its own, dropped after, with ``pool_size`` connections."""
+    return open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=pool_size
+    )
+
+
 class StepCounter(trio.abc.Instrument):
     """Which tasks ran, by name, while it was attached."""
 
@@ -40,9 +47,7 @@ class StepCounter(trio.abc.Instrument):
 async def test_a_pooled_round_trip_wakes_only_the_task_that_made_it(
     url: str, pg_schema: str
 ) -> None:
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with own_schema(url, pg_schema, pool_size=1) as driver:
         for _ in range(3):  # the connection is open and the statement prepared
             assert await driver.get("no-such-job") is None
         me = trio.lowlevel.current_task().name
@@ -108,9 +113,7 @@ async def test_closing_the_driver_closes_its_pooled_connections_cleanly(
         ends.append("closed")
 
     monkeypatch.setattr(asyncpg.Connection, "close", spy)
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=2
-    ) as driver:
+    async with own_schema(url, pg_schema, pool_size=2) as driver:
         assert await driver.get("no-such-job") is None
     assert ends and set(ends) == {"closed"}, ends
 
@@ -121,9 +124,7 @@ async def test_a_cancel_reaching_a_stalled_server_ends_within_the_cleanup_bound(
     # The rollback after a cancel waits on asyncio's timer, not on a reply: the loop must be
     # able to end the operation's wait for the socket, or a stalled server hangs it forever.
     monkeypatch.setattr(postgres_bridge, "CLEANUP_SECONDS", 0.5)
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with own_schema(url, pg_schema, pool_size=1) as driver:
         pid = await driver.bridge.run(
             lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
         )
@@ -179,9 +180,7 @@ async def test_a_read_wait_that_fails_ends_the_connection_as_lost(url: str, pg_s
     # Should the socket be closed under the wait (here: Trio told it is closing), nothing can
     # read that connection again: it is ended and the operation fails as a lost connection,
     # rather than waiting for a reply nobody reads.
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with own_schema(url, pg_schema, pool_size=1) as driver:
         waiting: list[Any] = []
 
         async def slow(conn: Any) -> None:
@@ -219,9 +218,7 @@ async def test_a_checkout_takes_a_connection_whose_socket_number_is_past_1024(
     try:
         while not fillers or fillers[-1] < 1100:
             fillers.append(os.open(os.devnull, os.O_RDONLY))
-        async with open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-        ) as driver:
+        async with own_schema(url, pg_schema, pool_size=1) as driver:
             conns: list[Any] = []
 
             async def its_socket(conn: Any) -> int:
@@ -354,9 +351,7 @@ async def test_asyncpgs_own_timeout_holds_on_an_operations_second_statement(
     # asyncpg's done callback for the first reply cancels the statement timer it finds. Run on
     # the loop after this task had moved on, it found the SECOND statement's timer and
     # cancelled that: the statement below ran its full 5 s instead of timing out.
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with own_schema(url, pg_schema, pool_size=1) as driver:
 
         async def two(conn: Any) -> None:
             await conn.execute("SELECT 1")
