@@ -3,8 +3,10 @@
 # is lost with it (a connection killed while idle, a stalled server, a close).
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,6 +27,14 @@ from jobs_trio.drivers.postgres import open_postgres_driver  # noqa: E402
 @pytest.fixture
 def url() -> str:
     return require_postgres()
+
+
+async def backend_pid(bridge: Any) -> int:
+    """The server process of the pooled connection the next operation runs on."""
+    pid: int = await bridge.run(
+        lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
+    )
+    return pid
 
 
 def own_schema(url: str, pg_schema: str, *, pool_size: int) -> Any:
@@ -125,9 +135,7 @@ async def test_a_cancel_reaching_a_stalled_server_ends_within_the_cleanup_bound(
     # able to end the operation's wait for the socket, or a stalled server hangs it forever.
     monkeypatch.setattr(postgres_bridge, "CLEANUP_SECONDS", 0.5)
     async with own_schema(url, pg_schema, pool_size=1) as driver:
-        pid = await driver.bridge.run(
-            lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
-        )
+        pid = await backend_pid(driver.bridge)
         scope = trio.CancelScope()
         stopped = trio.Event()
 
@@ -171,9 +179,7 @@ async def test_a_cancel_reaching_a_stalled_server_ends_within_the_cleanup_bound(
         assert scope.cancelled_caught
         # The stalled connection was terminated; the next operation gets a fresh one.
         assert await driver.get("no-such-job") is None
-        assert pid != await driver.bridge.run(
-            lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
-        )
+        assert pid != await backend_pid(driver.bridge)
 
 
 async def test_a_read_wait_that_fails_ends_the_connection_as_lost(url: str, pg_schema: str) -> None:
@@ -234,13 +240,6 @@ async def test_a_checkout_takes_a_connection_whose_socket_number_is_past_1024(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def _backend_pid(driver: Any) -> int:
-    pid: int = await driver.bridge.run(
-        lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
-    )
-    return pid
-
-
 async def _until_sleeping(admin: Any, pid: int) -> None:
     """Until the backend ``pid`` runs the test's ``SELECT pg_sleep(30)``."""
 
@@ -255,9 +254,28 @@ async def _until_sleeping(admin: Any, pid: int) -> None:
     await eventually(sleeping)
 
 
-async def _cancel_once_running(admin: Any, pid: int, scope: trio.CancelScope) -> None:
-    await _until_sleeping(admin, pid)
-    scope.cancel()
+@contextlib.asynccontextmanager
+async def a_long_statement_cancelled(
+    driver: Any, admin: Any, pid: int, *, transaction: bool
+) -> AsyncIterator[None]:
+    """Run a 30 s statement on the backend ``pid``, cancel it (a Trio cancel) once the server
+    runs it, and enter the block at once: no pass of the scheduler since the cancel."""
+    scope = trio.CancelScope()
+
+    async def cancel_once_running() -> None:
+        await _until_sleeping(admin, pid)
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_once_running)
+        with scope:
+            await driver.bridge.run(
+                lambda conn: conn.execute("SELECT pg_sleep(30)"),
+                what="a long statement",
+                transaction=transaction,
+            )
+        yield
+    assert scope.cancelled_caught
 
 
 @pytest.mark.parametrize("transaction", [False, True], ids=["alone", "in-a-transaction"])
@@ -272,18 +290,9 @@ async def test_the_next_operation_right_after_a_cancelled_one_runs_on_the_same_c
     # in progress", a DriverError (alone) or a terminated connection (the rollback, where
     # asyncio.wait_for runs it inline: Python 3.12 on).
     async with driver_and_admin(url, pg_schema, pool_size=1) as (driver, admin):
-        pid = await _backend_pid(driver)
-        async with trio.open_nursery() as nursery:
-            scope = trio.CancelScope()
-            nursery.start_soon(_cancel_once_running, admin, pid, scope)
-            with scope:
-                await driver.bridge.run(
-                    lambda conn: conn.execute("SELECT pg_sleep(30)"),
-                    what="a long statement",
-                    transaction=transaction,
-                )
-            assert await _backend_pid(driver) == pid
-        assert scope.cancelled_caught
+        pid = await backend_pid(driver.bridge)
+        async with a_long_statement_cancelled(driver, admin, pid, transaction=transaction):
+            assert await backend_pid(driver.bridge) == pid
 
 
 async def test_a_connection_whose_cancelled_statement_ended_while_idle_is_reused(
@@ -294,22 +303,16 @@ async def test_a_connection_whose_cancelled_statement_ended_while_idle_is_reused
     # the connection. The next statement reads it first (asyncpg waits out the cancel), as
     # it did when the loop read the connection; dropping it costs a reconnect per cancel.
     async with driver_and_admin(url, pg_schema, pool_size=1) as (driver, admin):
-        pid = await _backend_pid(driver)
-        async with trio.open_nursery() as nursery:
-            scope = trio.CancelScope()
-            nursery.start_soon(_cancel_once_running, admin, pid, scope)
-            with scope:
-                await driver.bridge.run(
-                    lambda conn: conn.execute("SELECT pg_sleep(30)"), what="a long statement"
-                )
-        assert scope.cancelled_caught
+        pid = await backend_pid(driver.bridge)
+        async with a_long_statement_cancelled(driver, admin, pid, transaction=False):
+            pass
 
         async def cancel_answered() -> bool:
             state = await admin.fetchval("SELECT state FROM pg_stat_activity WHERE pid = $1", pid)
             return bool(state == "idle")
 
         await eventually(cancel_answered)
-        assert await _backend_pid(driver) == pid
+        assert await backend_pid(driver.bridge) == pid
 
 
 async def test_closing_the_bridge_under_a_running_operation_leaves_the_loop_no_error(
@@ -326,9 +329,7 @@ async def test_closing_the_bridge_under_a_running_operation_leaves_the_loop_no_e
         )
         async with bridge_open as bridge:
             bridge.loop.set_exception_handler(lambda loop, context: errors.append(context))
-            pid = await bridge.run(
-                lambda conn: conn.fetchval("SELECT pg_backend_pid()"), what="its backend"
-            )
+            pid = await backend_pid(bridge)
 
             async def long_statement() -> None:
                 try:

@@ -398,8 +398,13 @@ class Worker:
         done, self._teardown_done = self._teardown_done, trio.Event()
         done.set()
 
+    def _holds_jobs(self) -> bool:
+        """Whether any job is running or held for a slot (held like a running one: renewed,
+        reached by a drain, waited for by stop())."""
+        return sum(self._in_flight.values()) + sum(self._unstarted.values()) > 0
+
     async def _all_runs_ended(self) -> None:
-        while sum(self._in_flight.values()) + sum(self._unstarted.values()) > 0:
+        while self._holds_jobs():
             await self._slot_freed.park()
 
     async def tick(self) -> list[Outcome]:
@@ -770,11 +775,8 @@ class Worker:
         return False
 
     def _note_idle(self) -> None:
-        """IDLE once the worker holds no job, running or held for a slot (a held one is held
-        like a running one: renewed, reached by a drain, waited for by stop())."""
-        if self._state is not WorkerState.RUNNING:
-            return
-        if sum(self._in_flight.values()) + sum(self._unstarted.values()) == 0:
+        """IDLE once the worker holds no job, running or held for a slot."""
+        if self._state is WorkerState.RUNNING and not self._holds_jobs():
             self._state = WorkerState.IDLE
 
     def _record(self, claim: Claim, outcome: Outcome, report: Any) -> None:

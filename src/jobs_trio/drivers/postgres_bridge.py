@@ -135,7 +135,6 @@ class Bridge:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLEANUP_SECONDS):
                 with contextlib.suppress(Exception):
-                    give_back(connection)  # asyncpg's close waits for the server's end
                     await self._cross(connection.close, what="close a connection", as_task=True)
                     return
             connection.terminate()
