@@ -144,6 +144,41 @@ async def test_a_lease_is_renewed_until_the_settlement_is_written(autojump_clock
     assert (r.state, r.attempts) == (JobState.COMPLETED, 1) and ran == [1]
 
 
+async def a_job_the_database_will_not_settle() -> tuple[Registry, FaultyDriver, str]:
+    """One job ready whose body returns at once, on a database that takes no write until
+    ``driver.settles_open`` is set."""
+    registry = Registry()
+
+    @registry.job("finished")
+    async def finished(ctx: object, payload: None) -> str:
+        return "done"
+
+    driver = FaultyDriver()
+    job_id = await finished.enqueue(driver)
+    driver.settles_open = trio.Event()
+    return registry, driver, job_id
+
+
+async def test_a_finished_run_is_held_and_counted_until_its_write_not_by_its_task(
+    autojump_clock: object,
+) -> None:
+    registry, driver, job_id = await a_job_the_database_will_not_settle()
+    lifecycle = Lifecycle(grace=5)
+    w = worker(driver, registry, lifecycle=lifecycle)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(1)  # the body returned; its settlement waits on the stalled database
+        assert w._runs is not None and not w._runs.child_tasks  # its task has ended
+        # ...and still the run is renewed and reached by a drain, and a shutdown waits for it.
+        assert [run.job_id for run in w._drain.held] == [job_id]
+        assert lifecycle.in_flight == 1
+        driver.settles_open.set()
+        await trio.sleep(1)
+        assert (await record(driver, job_id)).state is JobState.COMPLETED
+        assert not w._drain.held and lifecycle.in_flight == 0
+        await w.stop()
+
+
 class SettlesApart(FaultyDriver):
     """FaultyDriver as a driver without settle_and_claim: the worker settles and claims apart."""
 
@@ -191,20 +226,12 @@ async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
 
 async def shut_down_with_a_result_unwritten(
     database_back_after: float | None,
-) -> tuple[FaultyDriver, str, list[Sequence[str]], float]:
+) -> tuple[FaultyDriver, str, list[Sequence[str]], float, Lifecycle]:
     """A body that returned while the database takes no write, then SIGTERM with grace 2;
     the database comes back ``database_back_after`` seconds into the shutdown (None: never).
-    Answers the driver, the job, what the lifecycle was told was abandoned, and how long the
-    shutdown took."""
-    registry = Registry()
-
-    @registry.job("finished")
-    async def finished(ctx: object, payload: None) -> str:
-        return "done"
-
-    driver = FaultyDriver()
-    job_id = await finished.enqueue(driver)
-    driver.settles_open = trio.Event()
+    Answers the driver, the job, what the lifecycle was told was abandoned, how long the
+    shutdown took, and the lifecycle."""
+    registry, driver, job_id = await a_job_the_database_will_not_settle()
     abandoned: list[Sequence[str]] = []
     lifecycle = Lifecycle(grace=2, on_abandoned=abandoned.append)
     w = worker(driver, registry, lifecycle=lifecycle)
@@ -221,16 +248,17 @@ async def shut_down_with_a_result_unwritten(
         started = trio.current_time()
         await lifecycle.shutdown("SIGTERM")
         took = trio.current_time() - started
-    return driver, job_id, abandoned, took
+    return driver, job_id, abandoned, took, lifecycle
 
 
 async def test_the_teardown_names_a_settlement_it_could_not_write(
     autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="jobs_trio")
-    driver, job_id, abandoned, took = await shut_down_with_a_result_unwritten(None)
+    driver, job_id, abandoned, took, lifecycle = await shut_down_with_a_result_unwritten(None)
     assert took <= 2 + 1
     assert abandoned == [[job_id]]
+    assert lifecycle.in_flight == 0  # given up on, no longer counted as in flight
     [line] = [
         r for r in caplog.records if getattr(r, "event", None) == "jobs.worker.settle-abandoned"
     ]
@@ -241,7 +269,7 @@ async def test_the_teardown_names_a_settlement_it_could_not_write(
 async def test_a_settlement_written_inside_the_grace_is_not_abandoned(
     autojump_clock: object,
 ) -> None:
-    driver, job_id, abandoned, _ = await shut_down_with_a_result_unwritten(1.0)
+    driver, job_id, abandoned, _, _ = await shut_down_with_a_result_unwritten(1.0)
     assert abandoned == []
     r = await record(driver, job_id)
     assert (r.state, r.result) == (JobState.COMPLETED, '"done"')

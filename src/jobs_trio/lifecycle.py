@@ -88,13 +88,29 @@ class Lifecycle:
     def track(self) -> Iterator[None]:
         """Count a piece of in-flight work (a request, say): the shutdown waits for it,
         within the budget, before it closes the hooks."""
-        self._in_flight += 1
+        done = self.counted()
         try:
             yield
         finally:
+            done()
+
+    def counted(self) -> Callable[[], None]:
+        """``track`` for work whose end is a call, not a block: counted until the answered
+        function is called (once; later calls do nothing). The worker's runs are counted so
+        until their settlement is written, which the settler tells, not the run's task."""
+        self._in_flight += 1
+        ended = False
+
+        def done() -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.unpark_all()
+
+        return done
 
     @property
     def in_flight(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import attrs
 import trio
@@ -39,7 +39,13 @@ _REFUSAL_CHARS = 400
 @attrs.define
 class _Pending:
     settlement: Settlement
-    done: trio.Event = attrs.Factory(trio.Event)
+    # Called once, synchronously, when the write is confirmed (or the settler ends without
+    # it): how a run whose task has already ended is released.
+    on_written: Callable[[], object] | None = None
+    over: bool = False  # written, refused for good, or dropped: nothing more will happen
+    # Made only for a caller that waits (``confirmed``): the worker's runs don't, and an
+    # event per job and the wake it costs were the last thing a finished run waited for.
+    done: trio.Event | None = None
     applied: bool = False
     refusals: int = 0  # forms of this settlement the database refused so far
     # Given back by a claim that carried it and was refused: never carried again, only the
@@ -106,10 +112,14 @@ class Settler:
         pending = self.hand_in(settlement)
         return await self.confirmed(pending)
 
-    def hand_in(self, settlement: Settlement) -> _Pending | None:
+    def hand_in(
+        self, settlement: Settlement, on_written: Callable[[], object] | None = None
+    ) -> _Pending | None:
         """Queue ``settlement`` for the next batch, synchronously: once handed in it is
         written before the settler finishes, even if the caller stops waiting. None when the
-        settler had stopped its intake (nothing will be written)."""
+        settler had stopped its intake (nothing will be written, and ``on_written`` is not
+        called). ``on_written`` is called once the write is confirmed, or when the settler
+        ends without having written it (its teardown's budget ran out)."""
         if self._closed:
             log_event(
                 "jobs.timeout.abandoned",
@@ -118,7 +128,7 @@ class Settler:
                 why="finished after its worker's teardown gave up on it; nothing written",
             )
             return None
-        pending = _Pending(settlement)
+        pending = _Pending(settlement, on_written)
         self._unwritten[id(pending)] = pending
         self.peak = max(self.peak, len(self._unwritten))
         self._queue.append(pending)
@@ -130,7 +140,12 @@ class Settler:
         if pending is None:
             await trio.lowlevel.checkpoint()
             return False
-        await pending.done.wait()
+        if not pending.over:
+            if pending.done is None:
+                pending.done = trio.Event()
+            await pending.done.wait()
+        else:
+            await trio.lowlevel.checkpoint()
         return pending.applied
 
     def stop_intake(self) -> None:
@@ -166,6 +181,11 @@ class Settler:
         try:
             await self._write_batches()
         finally:
+            # Cut short (the teardown's budget ran out, after it named what was unwritten):
+            # whoever waits on a write that will not happen is released, so nothing counts
+            # a run that ended as in flight for ever.
+            for pending in list(self._unwritten.values()):
+                self._release(pending)
             self.finished.set()
 
     async def _write_batches(self) -> None:
@@ -261,9 +281,16 @@ class Settler:
     def _done(self, batch: list[_Pending], applied: set[JobId]) -> None:
         for pending in batch:
             pending.applied = pending.settlement.lease.job_id in applied
-            self._unwritten.pop(id(pending), None)
-            pending.done.set()
+            self._release(pending)
         self._written.unpark_all()
+
+    def _release(self, pending: _Pending) -> None:
+        self._unwritten.pop(id(pending), None)
+        pending.over = True
+        if pending.on_written is not None:
+            pending.on_written()
+        if pending.done is not None:
+            pending.done.set()
 
 
 def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> Settlement | None:
