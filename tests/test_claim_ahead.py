@@ -261,7 +261,15 @@ async def test_stop_runs_the_held_claims(autojump_clock: Any) -> None:
 async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_restarted(
     autojump_clock: Any,
 ) -> None:
-    registry, release, running = blocking_registry(["q"])
+    registry = Registry()
+    release: dict[str, trio.Event] = {}
+    started: list[str] = []
+
+    @registry.job("q.job", queue="q")
+    async def body(ctx: object, payload: str) -> None:
+        started.append(payload)
+        await release.setdefault(payload, trio.Event()).wait()
+
     driver = CountingDriver()
     ids = await _enqueue(registry, driver, ["a", "b", "c"])
     w = worker(driver, registry, concurrency=1, claim_ahead=2, lease=3.0)
@@ -270,8 +278,10 @@ async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_
         await trio.testing.wait_all_tasks_blocked()
         assert (w.stats().in_flight, w.stats().claimed_ahead) == (1, 2)
         nursery.cancel_scope.cancel()  # the application's own scope goes away
-    # Nothing of that run is still counted: not the slot the running job freed (it went to a
-    # held claim whose task was going away), nor a held claim left queued for the next slot.
+    # No held claim started its body while the worker was going away (the running job's end
+    # frees a slot, which must not start the next one), and nothing of that run is still
+    # counted: not that slot, nor a held claim left queued for the next slot.
+    assert started == ["a"]
     assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
     await trio.sleep(10)  # nothing was written for them: their leases lapse
     async with trio.open_nursery() as nursery:
@@ -281,8 +291,9 @@ async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_
         nursery.start_soon(w.stop)
         for name in ("a", "b", "c"):
             await trio.testing.wait_all_tasks_blocked()
-            assert running == {name}
+            assert started[-1] == name
             release.setdefault(name, trio.Event()).set()
+    assert started == ["a", "a", "b", "c"]
     for job_id in ids:
         r = await record(driver, job_id)
         assert (r.state, r.attempts) == (JobState.COMPLETED, 2)

@@ -101,6 +101,10 @@ async def run_attempt(
     interrupted)."""
     if definition is None:
         return _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
+    # A run started in a worker that is being cancelled from outside (a slot freed by a run
+    # going away hands itself to the next claim): it ends here, before a line of its body,
+    # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
+    await trio.lowlevel.checkpoint_if_cancelled()
     ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
     # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
     with attempt_span(claim, lambda: trace_of(claim.context)) as span:

@@ -40,8 +40,8 @@ class RunScope:
         self._cause: JobsError | None = None
         # A sync body's thread is waited for under a scope of its own (``thread_scope``).
         self._thread_scope: trio.CancelScope | None = None
-        # A claim taken ahead waits for its slot on an event, which a cancel sets (``waiting``).
-        self._wake_waiter: Callable[[], object] | None = None
+        # A claim taken ahead hears a cancel through this while it waits for a slot (``on_cancel``).
+        self._on_cancel: Callable[[], object] | None = None
         # Set at the teardown's budget: nothing of this run is written, its lease lapses.
         self.abandoned = False
         # The worker's own view of the lease, on the Trio clock: renewals move it; when it
@@ -73,8 +73,8 @@ class RunScope:
         self._reason = reason
         self._cause = cause or self._cause_of(reason)
         self.cancel_scope.cancel(reason=reason.value)
-        if self._wake_waiter is not None:
-            self._wake_waiter()
+        if self._on_cancel is not None:
+            self._on_cancel()
         thread = self._thread_scope
         if thread is None:
             return
@@ -92,19 +92,15 @@ class RunScope:
         if self._thread_scope is not None:
             self._thread_scope.cancel()
 
-    @contextlib.contextmanager
-    def waiting(self, wake: Callable[[], object]) -> Iterator[None]:
-        """While a claim taken ahead waits for its slot, ``wake`` is called when the run is
-        cancelled (at once if it already is), so a drain, a lost lease or an operator's cancel
-        ends the wait. A callback, not a cancel scope: a scope per held claim, entered and left,
-        was 7% of the worker's CPU at concurrency 10 (py-spy, issue 16)."""
-        self._wake_waiter = wake
-        try:
-            if self._reason is not None:
-                wake()
-            yield
-        finally:
-            self._wake_waiter = None
+    def on_cancel(self, callback: Callable[[], object] | None) -> None:
+        """Call ``callback`` when the run is cancelled (at once if it already is); None stops
+        that. How a claim taken ahead, which has no task until its slot frees, hears a drain,
+        a lost lease, an operator's cancel or its hold limit: a task per held claim, waiting on
+        an event, was ~8% of the worker's CPU at concurrency 10 (issue 16); a cancel scope per
+        held claim, 7% before that."""
+        self._on_cancel = callback
+        if callback is not None and self._reason is not None:
+            callback()
 
     @contextlib.contextmanager
     def thread_scope(self) -> Iterator[None]:

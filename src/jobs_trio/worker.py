@@ -299,6 +299,7 @@ class Worker:
                         # Cancelled from outside, or failed: a sync body's thread is shielded
                         # from its run scope, so stop waiting for it here, or this nursery
                         # would wait for it forever.
+                        self._drop_held()
                         for run in self._drain.held:
                             run.abandon()
                         raise
@@ -631,51 +632,44 @@ class Worker:
             self._in_flight[queue] += 1
             runs.start_soon(self._run_claim, claim, run, definition, None)
             return
-        held = _Held(run, trio.current_time() + self.hold_limit)
+        held = _Held(claim, run, definition, trio.current_time() + self.hold_limit)
         self._waiting[queue].append(held)
         self._held_one.unpark_all()  # _hand_back_overdue may be waiting for the first
         self._unstarted[queue] += 1
-        runs.start_soon(self._run_held, claim, run, definition, held)
+        # No task until a slot frees (_promote starts one); a cancel while it waits starts one
+        # that hands it back.
+        run.on_cancel(functools.partial(self._held_cancelled, held))
 
-    async def _run_held(
-        self, claim: Claim, run: RunScope, definition: JobDefinition | None, held: _Held
-    ) -> None:
-        """A claim taken ahead: held (its lease renewed, reached by a drain like a running
-        one) until a slot of its queue is handed to it, then run. Never started, it is handed
-        back uncounted: at its hold limit (the slots are taken by longer jobs), or when its run
-        is cancelled while it waits (a drain, a lost lease, an operator)."""
-        queue = claim.queue
-        drain = self._drain
+    def _held_cancelled(self, held: _Held) -> None:
+        """A held claim's run was cancelled before a slot was handed to it: by a drain, a lost
+        lease or an operator, or at its hold limit by _hand_back_overdue (which took it out of
+        _waiting itself). It never starts: a task hands it back, uncounted."""
+        held.run.on_cancel(None)
+        if not held.overdue:
+            self._waiting[held.claim.queue].remove(held)
+        assert self._runs is not None  # held claims are dropped before the runs nursery ends
+        self._runs.start_soon(self._hand_back, held)
+
+    async def _hand_back(self, held: _Held) -> None:
+        queue = held.claim.queue
         try:
-            try:
-                with run.waiting(held.go.set):
-                    await held.go.wait()
-            except BaseException:
-                # Cancelled from outside (the worker's own task, or the teardown past its
-                # budget): it never starts. Left in _waiting, the next slot to free would go
-                # to this run that is gone, and kept for good: a slot handed to it is given
-                # back here, or a restarted worker would run nothing in that queue.
-                drain.release(run)
-                if held.granted:
-                    self._free_slot(queue)
-                elif not held.overdue:
-                    self._waiting[queue].remove(held)
-                raise
-            if held.granted:  # counted as running from here (_promote)
-                await self._run_claim(claim, run, definition, None)
-                return
-            # Its run was cancelled: by a drain, a lost lease or an operator, or at its hold
-            # limit by _hand_back_overdue (which took it out of _waiting itself).
-            if not held.overdue:
-                self._waiting[queue].remove(held)
-            # Still counted unstarted until its hand-back is handed to the settler: the
-            # teardown waits for it like a running job.
-            await self._run_claim(claim, run, definition, None, slot_held=False)
+            await self._run_claim(held.claim, held.run, held.definition, None, slot_held=False)
         finally:
-            if not held.granted:
+            # Counted unstarted until its hand-back is handed to the settler: the teardown
+            # waits for it like a running job.
+            self._unstarted[queue] -= 1
+            self._note_idle()
+            self._slot_freed.unpark_all()  # the teardown's wait counts these too
+
+    def _drop_held(self) -> None:
+        """The worker failed or was cancelled from outside: the claims still held are never
+        started nor handed back from here (their leases lapse; nothing runs them twice)."""
+        for queue, waiting in self._waiting.items():
+            for held in waiting:
+                held.run.on_cancel(None)
+                self._drain.release(held.run)
                 self._unstarted[queue] -= 1
-                self._note_idle()
-                self._slot_freed.unpark_all()  # the teardown's wait counts these too
+            waiting.clear()
 
     async def _hand_back_overdue(self) -> None:
         """Cancel each held claim whose hold limit has passed (``HELD_TOO_LONG``: its task hands
@@ -701,10 +695,11 @@ class Worker:
         waiting = self._waiting[queue]
         while waiting and self._open_slots(queue) > 0:
             held = waiting.popleft()
-            held.granted = True
+            held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
             self._unstarted[queue] -= 1
             self._in_flight[queue] += 1
-            held.go.set()
+            assert self._runs is not None
+            self._runs.start_soon(self._run_claim, held.claim, held.run, held.definition, None)
 
     def _on_slot_freed(self) -> None:
         for queue in self.queues:
@@ -819,13 +814,13 @@ class _Release:
 
 @attrs.define
 class _Held:
-    """A claim taken ahead, waiting for a slot: ``granted`` once one is handed to it, ``overdue``
-    once its hold limit (``deadline``) has passed without one."""
+    """A claim taken ahead, waiting for a slot; ``overdue`` once its hold limit (``deadline``)
+    has passed without one."""
 
+    claim: Claim
     run: RunScope
+    definition: JobDefinition | None
     deadline: float
-    go: trio.Event = attrs.Factory(trio.Event)
-    granted: bool = False
     overdue: bool = False
 
 
