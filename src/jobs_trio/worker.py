@@ -326,6 +326,10 @@ class Worker:
         if self._budget.scope.cancelled_caught:
             self._abandoned = self._report_abandoned(settler)
             settler.stop_intake()
+        # A manual stop cut by its budget (no drain) can leave claims held for a slot that a
+        # thread abandoned at the budget still takes: they have no task to end with the runs
+        # nursery, and must not start in it (nor in the next run) when that thread ends.
+        self._drop_held()
         self._finish_teardown()
 
     def _report_abandoned(self, settler: Settler) -> tuple[str, ...]:
@@ -662,8 +666,9 @@ class Worker:
             self._slot_freed.unpark_all()  # the teardown's wait counts these too
 
     def _drop_held(self) -> None:
-        """The worker failed or was cancelled from outside: the claims still held are never
-        started nor handed back from here (their leases lapse; nothing runs them twice)."""
+        """The worker failed, was cancelled from outside, or its budget ran out with claims
+        still held: those are never started nor handed back from here (their leases lapse;
+        nothing runs them twice)."""
         for queue, waiting in self._waiting.items():
             for held in waiting:
                 held.run.on_cancel(None)
