@@ -1,4 +1,4 @@
-# Claims taken ahead (claim_ahead) when a bounded manual stop runs out of budget (review of 3c0b7b4).
+# Claims taken ahead (claim_ahead) when a bounded manual stop runs out of budget (3c0b7b4).
 from __future__ import annotations
 
 import threading
@@ -124,3 +124,44 @@ async def test_a_held_claim_left_by_a_budget_cut_stop_never_runs_in_the_next_run
             await other.stop()
     finally:
         release.set()
+
+
+async def test_a_held_claim_left_by_a_budget_cut_stop_is_not_started_by_a_slow_unwind(
+    autojump_clock: Any,
+) -> None:
+    # No thread needed: a body that takes 5 s to unwind keeps the runs nursery open past a
+    # manual stop cut by its budget (the worker reads STOPPED meanwhile). The claim it held
+    # ahead stays queued for the slot; when the worker is started again within those 5 s, the
+    # unwound run's slot hands it to the new run, which runs the body of a claim the first
+    # teardown named abandoned and whose lease nothing renews.
+    registry = Registry()
+    started = trio.Event()
+    ran: list[str] = []
+
+    @registry.job("q.job", queue="q")
+    async def job(ctx: JobContext, payload: str) -> None:
+        ran.append(payload)
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(5)
+
+    driver = CountingDriver()
+    a = await job.enqueue(driver, "a", priority=0)
+    b = await job.enqueue(driver, "b", priority=1)
+    w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=1000.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await started.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = trio.current_time()
+        w.bind(t0)
+        await w.stop()
+        assert sorted(w.stats().abandoned) == sorted([a, b])
+        assert w.stats().claimed_ahead == 0
+        await nursery.start(w.run)
+        await trio.sleep(6)  # a has unwound; b's first lease (8 s) has not lapsed yet
+        assert ran == ["a"]
+        await w.stop()
