@@ -95,8 +95,9 @@ class Bridge:
             )
         return await self._cross(self._on_connection, connection, op, what=what)
 
-    async def connect(self, *, purpose: str) -> Connection:
-        """A new connection, named ``<application_name>:<purpose>`` on the server."""
+    async def connect(self, *, purpose: str, connection_class: type | None = None) -> Connection:
+        """A new connection, named ``<application_name>:<purpose>`` on the server (an instance
+        of ``connection_class``, a subclass of asyncpg's, when given)."""
         import asyncpg
 
         pooler = self.pooler
@@ -106,6 +107,8 @@ class Bridge:
             "application_name": f"{self.application_name}:{purpose}",
             **options["server_settings"],
         }
+        if connection_class is not None:
+            options["connection_class"] = connection_class
         sets = pooler.session_sets(purpose, self.session)
 
         async def connect() -> Connection:
