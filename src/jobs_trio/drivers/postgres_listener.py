@@ -19,6 +19,7 @@ import trio
 
 from ..errors import DriverError
 from ..logs import log_event
+from .direct_reads import read_while_open
 from .postgres_bridge import CLEANUP_SECONDS, Bridge
 from .postgres_pool import Connection
 
@@ -146,7 +147,14 @@ class Listener:
             self._send.send_nowait(conn)
 
     async def _serve(self, conn: Connection) -> None:
-        """Watch ``conn`` (its notifications wake waiters in ``_on_notify``) until it is lost."""
+        """Read and watch ``conn`` (its notifications wake waiters in ``_on_notify``) until it
+        is lost."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_while_open, conn)
+            await self._watch(conn)
+            nursery.cancel_scope.cancel()
+
+    async def _watch(self, conn: Connection) -> None:
         while True:
             with trio.move_on_after(PING_SECONDS) as idle:
                 lost = await self._receive.receive()
@@ -196,9 +204,10 @@ class Listener:
 @functools.cache
 def heard_at_once() -> type:
     """The LISTEN connection's class: asyncpg's, but a notification is handed to its (sync)
-    listeners as it is read, where asyncpg queues each call on the asyncio loop. Queued, a
-    wake-up waited for the loop's next pass: an enqueue's return to its job's start took
-    1.33 against 1.27 ms at p50 (bench/wake_path.py, 9 alternating runs each, median). A class
+    listeners as it is read (by the listener's own task: direct_reads.read_while_open), where
+    asyncpg queues each call on the asyncio loop. Queued, a wake-up waited for the loop's next
+    pass: an enqueue's return to its job's start took 1.33 against 1.27 ms at p50
+    (bench/wake_path.py, 9 alternating runs each, median, the loop still reading). A class
     made on first use: asyncpg is imported only with the postgres extra."""
     import asyncpg
 
