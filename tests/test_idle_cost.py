@@ -44,8 +44,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     statements: list[str] = []
     connect = Bridge.connect
 
-    async def counting(self: Bridge, *, purpose: str) -> Any:
-        conn = await connect(self, purpose=purpose)
+    async def counting(self: Bridge, *, purpose: str, **options: Any) -> Any:
+        conn = await connect(self, purpose=purpose, **options)
         conn.add_query_logger(lambda record: statements.append(record.query))
         return conn
 

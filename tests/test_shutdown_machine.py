@@ -319,6 +319,19 @@ class ShutdownMachine(RuleBasedStateMachine):
         with self.bodies.lock:
             return {job for job, n in self.bodies.running.items() if n > 0}
 
+    def _bodies_holding_their_job(self) -> set[str]:
+        """The jobs whose bodies run here and still hold them (no other worker may run them).
+        A run judged lost (its lease lapsed) or abandoned (at the teardown's budget) no longer
+        holds its job, whatever its body does: a thread left at either runs on, and the job is
+        anyone's to claim once its lease lapses, this process's next run too, which may hand
+        that claim back ready (at-least-once, docs/shutdown.md)."""
+        let_go = {
+            run.claim.job_id
+            for outcome, run, *_ in self.verdicts
+            if outcome.kind in ("lost", "abandoned")
+        }
+        return self._bodies_running() - let_go
+
     @rule(refused=st.booleans())
     def results_refused(self, refused: bool) -> None:
         """The database starts (or stops) refusing every result it is asked to store."""
@@ -361,7 +374,7 @@ class ShutdownMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_job_is_ready_while_its_body_runs(self) -> None:  # 5
-        for job_id in self._bodies_running():
+        for job_id in self._bodies_holding_their_job():
             record = self.driver._jobs[job_id]
             assert record.state is not JobState.READY, (
                 f"job {job_id} is ready (claimable by another worker) while its body still "
