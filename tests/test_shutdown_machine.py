@@ -41,6 +41,7 @@ class Bodies:
         self.threads_finish = threading.Event()  # "thread" bodies: when a rule says
         self.shield_opens = trio.Event()  # "shielded" bodies: when a rule says
         self.running: dict[str, int] = {}  # job id -> bodies of it running now
+        self.running_claims: dict[str, tuple[str, int]] = {}  # token -> (job id, bodies running)
         self.returned: set[tuple[str, int]] = set()
         self.live_threads = 0  # "thread" bodies not yet ended
         self.live_deaf = 0  # "deaf_thread" bodies not yet ended
@@ -48,10 +49,14 @@ class Bodies:
     def started(self, ctx: Any) -> None:
         with self.lock:
             self.running[ctx.job_id] = self.running.get(ctx.job_id, 0) + 1
+            _, n = self.running_claims.get(ctx._claim.token, (ctx.job_id, 0))
+            self.running_claims[ctx._claim.token] = (ctx.job_id, n + 1)
 
     def ended(self, ctx: Any, returned: bool) -> None:
         with self.lock:
             self.running[ctx.job_id] -= 1
+            job_id, n = self.running_claims[ctx._claim.token]
+            self.running_claims[ctx._claim.token] = (job_id, n - 1)
             if returned:
                 self.returned.add((ctx.job_id, ctx.attempt))
 
@@ -135,16 +140,25 @@ class CheckingDriver(MemoryDriver):
         self.settles_open = trio.Event()
         self.settles_open.set()
         self.written: set[str] = set()  # tokens whose settlement (or its replacement) applied
+        self.lease_until: dict[str, float] = {}  # token -> its lease's end, as last granted
 
     async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
         claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
         for c in claims:
             self.before_claim[c.token] = c.attempt - 1
+            self.lease_until[c.token] = self._jobs[c.job_id].lease_until or 0.0
         if claims and self.stall:
             await self.gate.wait()
             if self.drained():
                 self.returned_while_drained.extend(c.token for c in claims)
         return claims
+
+    async def renew(self, leases: Any, *, lease: float) -> Any:
+        result = await super().renew(leases, lease=lease)
+        for held in leases:
+            if held.token in result.held:
+                self.lease_until[held.token] = self._jobs[held.job_id].lease_until or 0.0
+        return result
 
     async def settle(self, settlements: Any) -> Any:
         await self.settles_open.wait()
@@ -320,17 +334,22 @@ class ShutdownMachine(RuleBasedStateMachine):
             return {job for job, n in self.bodies.running.items() if n > 0}
 
     def _bodies_holding_their_job(self) -> set[str]:
-        """The jobs whose bodies run here and still hold them (no other worker may run them).
-        A run judged lost (its lease lapsed) or abandoned (at the teardown's budget) no longer
-        holds its job, whatever its body does: a thread left at either runs on, and the job is
-        anyone's to claim once its lease lapses, this process's next run too, which may hand
-        that claim back ready (at-least-once, docs/shutdown.md)."""
+        """The jobs whose bodies run here and still hold them (no other worker may run them):
+        their claim's lease has not lapsed, and their run was not judged lost or abandoned (at
+        the teardown's budget). Past either, a body left running (a thread, a shielded body)
+        runs on, and the job is anyone's to claim, this process's too (a claim taken ahead or a
+        restarted worker), which may hand that claim back ready: at-least-once, as documented
+        (docs/shutdown.md)."""
         let_go = {
             run.claim.job_id
             for outcome, run, *_ in self.verdicts
             if outcome.kind in ("lost", "abandoned")
         }
-        return self._bodies_running() - let_go
+        now = self.trio.clock.current_time()
+        with self.bodies.lock:
+            running = [(t, job) for t, (job, n) in self.bodies.running_claims.items() if n > 0]
+        leased = self.driver.lease_until
+        return {job for token, job in running if leased.get(token, math.inf) > now} - let_go
 
     @rule(refused=st.booleans())
     def results_refused(self, refused: bool) -> None:
