@@ -636,7 +636,7 @@ class Worker:
             self._in_flight[queue] += 1
             runs.start_soon(self._run_claim, claim, run, definition, None)
             return
-        held = _Held(claim, run, definition, trio.current_time() + self.hold_limit)
+        held = _Held(run, definition, trio.current_time() + self.hold_limit)
         self._waiting[queue].append(held)
         self._held_one.unpark_all()  # _hand_back_overdue may be waiting for the first
         self._unstarted[queue] += 1
@@ -650,14 +650,14 @@ class Worker:
         _waiting itself). It never starts: a task hands it back, uncounted."""
         held.run.on_cancel(None)
         if not held.overdue:
-            self._waiting[held.claim.queue].remove(held)
+            self._waiting[held.run.claim.queue].remove(held)
         assert self._runs is not None  # held claims are dropped before the runs nursery ends
         self._runs.start_soon(self._hand_back, held)
 
     async def _hand_back(self, held: _Held) -> None:
-        queue = held.claim.queue
+        queue = held.run.claim.queue
         try:
-            await self._run_claim(held.claim, held.run, held.definition, None, slot_held=False)
+            await self._run_claim(held.run.claim, held.run, held.definition, None, slot_held=False)
         finally:
             # Counted unstarted until its hand-back is handed to the settler: the teardown
             # waits for it like a running job.
@@ -704,7 +704,7 @@ class Worker:
             self._unstarted[queue] -= 1
             self._in_flight[queue] += 1
             assert self._runs is not None
-            self._runs.start_soon(self._run_claim, held.claim, held.run, held.definition, None)
+            self._runs.start_soon(self._run_claim, held.run.claim, held.run, held.definition, None)
 
     def _on_slot_freed(self) -> None:
         for queue in self.queues:
@@ -822,8 +822,7 @@ class _Held:
     """A claim taken ahead, waiting for a slot; ``overdue`` once its hold limit (``deadline``)
     has passed without one."""
 
-    claim: Claim
-    run: RunScope
+    run: RunScope  # its claim is run.claim
     definition: JobDefinition | None
     deadline: float
     overdue: bool = False
