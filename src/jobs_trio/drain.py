@@ -3,6 +3,9 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import trio
 
 from .errors import JobDrained
@@ -21,6 +24,10 @@ class Drain:
         self._held: dict[ClaimToken, RunScope] = {}
         self.cause: JobDrained | None = None  # why it was signalled: worker and signal
         self._first_held = trio.lowlevel.ParkingLot()
+        # The lease watchdog's wait (lease_renewal.renew_leases), and how long before its
+        # lease deadline it stops a run: a run held with an earlier cutoff moves its end.
+        self._watch: trio.CancelScope | None = None
+        self._watch_margin = 0.0
 
     @property
     def reason(self) -> CancelReason | None:
@@ -30,6 +37,13 @@ class Drain:
         if not self._held:
             self._first_held.unpark_all()  # only the first run wakes the idle renewal loop
         self._held[run.claim.token] = run
+        watch = self._watch
+        if watch is not None and run.reason is None:
+            # A claim answered late (a stalled database): its lease, counted from when the
+            # claim was sent, may run out before the watchdog would next look.
+            cutoff = run.lease_deadline - self._watch_margin
+            if cutoff < watch.deadline:
+                watch.deadline = cutoff
         if self.cause is not None:
             # A claim that committed after the drain was signalled (it was in flight): it must
             # not run on, and it is handed back at once.
@@ -40,6 +54,17 @@ class Drain:
         here instead of waking every interval to renew nothing."""
         while not self._held:
             await self._first_held.park()
+
+    @contextlib.contextmanager
+    def watching(self, until: float, *, margin: float) -> Iterator[None]:
+        """The lease watchdog's wait: ends at ``until``, or at the cutoff (lease deadline less
+        ``margin``) of a run held meanwhile, if that comes sooner."""
+        with trio.CancelScope(deadline=until) as scope:
+            self._watch, self._watch_margin = scope, margin
+            try:
+                yield
+            finally:
+                self._watch = None
 
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)

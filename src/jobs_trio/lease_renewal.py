@@ -97,16 +97,20 @@ async def renew_leases(
             # Its lease was set at its claim, a moment ago: the first renewal is an interval on.
             next_round = trio.current_time() + interval
         now = trio.current_time()
-        # A run held after this point gets a lease from its claim, so its cutoff is never
-        # before now + lease - margin: waking by then is enough to catch it.
+        # A run held after this point whose claim was sent after it has a cutoff no sooner
+        # than now + lease - margin: waking by then catches it (an older claim's, watching).
         wake = min([next_round, now + lease - margin, *_cutoffs(drain.held, margin)])
-        await trio.sleep_until(wake)
+        # Ended sooner by a run held with an earlier cutoff: a claim's lease is counted from
+        # when the claim was SENT, so one answered late may run out before this wake.
+        with drain.watching(wake, margin=margin):
+            await trio.sleep_forever()
         expire_lapsed(drain.held, trio.current_time(), margin)
         if trio.current_time() >= next_round:
             next_round = trio.current_time() + interval
             # Every held run, cancelled ones too: a body still unwinding, or a settlement not
             # yet written, keeps its lease until it is done, or another worker takes the job.
-            with trio.move_on_at(min([next_round, *_cutoffs(drain.held, margin)])):
+            cutoff = min([next_round, *_cutoffs(drain.held, margin)])
+            with drain.watching(cutoff, margin=margin):
                 await renew_held(driver, drain.held, lease)
             expire_lapsed(drain.held, trio.current_time(), margin)
 

@@ -20,7 +20,7 @@ from .drain import Drain
 from .driver import Driver, SettlesWithClaims, settles_with_claims
 from .errors import ConfigError, DriverError, JobDrained, ValueRefused
 from .instance_id import instance_id
-from .lease_renewal import renew_leases
+from .lease_renewal import lease_margin, renew_leases
 from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
@@ -424,11 +424,12 @@ class Worker:
         async with trio.open_nursery() as nursery:
             free = self._free_slots()
             if free:
+                sent_at = trio.current_time()
                 claims = await self.driver.claim(
                     list(free), free, lease=self.lease, worker_id=self.worker_id
                 )
                 for claim in claims:
-                    run, definition = self._hold(claim)
+                    run, definition = self._hold(claim, sent_at)
                     self._in_flight[claim.queue] += 1
                     nursery.start_soon(self._run_claim, claim, run, definition, outcomes.append)
         return outcomes
@@ -476,6 +477,7 @@ class Worker:
                 with self._idle_wait():
                     await self._settler.room()
                 continue
+            sent_at = trio.current_time()
             try:
                 # Not cancelled when claiming stops: a claim that committed must reach its
                 # runs, or its jobs would sit claimed until their leases lapsed and cost them
@@ -494,7 +496,7 @@ class Worker:
                 continue
             assert self._runs is not None
             for claim in claims:
-                self._start(self._runs, claim)
+                self._start(self._runs, claim, sent_at)
             got = Counter(claim.queue for claim in claims)
             came_up_short = [q for q, n in free.items() if got[q] < n]
             if came_up_short:
@@ -615,20 +617,35 @@ class Worker:
         for scope in list(self._idle_waits):
             scope.cancel()
 
-    def _hold(self, claim: Claim) -> tuple[RunScope, JobDefinition | None]:
+    def _hold(self, claim: Claim, sent_at: float) -> tuple[RunScope, JobDefinition | None]:
         """Hold the claim's run scope in the drain (and its lease in the renewals) at once: a
-        drain signalled before the run's task starts must still reach it."""
+        drain signalled before the run's task starts must still reach it. Its lease is counted
+        from ``sent_at``, when the claim was sent: the database set it at some moment after
+        that, so the worker's deadline is never later than the database's."""
         definition = self.registry.get(claim.name)
         run = RunScope(claim, definition.timeout if definition else None)
-        run.lease_deadline = trio.current_time() + self.lease
+        run.lease_deadline = sent_at + self.lease
+        if trio.current_time() >= run.lease_deadline - lease_margin(self.lease):
+            # Answered after its lease ran out (a stalled database, a paused process): another
+            # worker may hold the job already, so its body must not start here. Judged lost;
+            # nothing is written (the next claim of it counts the attempt).
+            log_event(
+                "jobs.claim.late",
+                logging.WARNING,
+                job_id=claim.job_id,
+                job=claim.name,
+                waited=round(trio.current_time() - sent_at, 3),
+                why="the claim was answered after its lease ran out; the job is not started",
+            )
+            run.cancel(CancelReason.LEASE_LOST)
         if self._state is WorkerState.IDLE:
             self._state = WorkerState.RUNNING
         self._drain.hold(run)
         return run, definition
 
-    def _start(self, runs: trio.Nursery, claim: Claim) -> None:
+    def _start(self, runs: trio.Nursery, claim: Claim, sent_at: float) -> None:
         """Run ``claim`` in a free slot of its queue, or, taken ahead, once one frees."""
-        run, definition = self._hold(claim)
+        run, definition = self._hold(claim, sent_at)
         queue = claim.queue
         # A slot frees only through _promote, which hands it to the oldest held claim first:
         # an open slot means none is waiting, so a claim never overtakes an older one.

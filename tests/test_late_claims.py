@@ -1,0 +1,131 @@
+# Claims answered late (a stalled database, a paused process): a worker counts each lease from
+# when it SENT the claim, so a job whose lease ran out before the answer came never runs there.
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import trio
+
+from jobs_trio import JobContext, Registry
+from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.errors import DriverError
+from jobs_trio.records import Claim, JobState, Lease, RenewResult
+
+from .worker_helpers import record, worker
+
+LEASE = 8.0  # margin 2 s: a run is stopped 6 s after its lease was last set
+
+
+class StalledClaims(MemoryDriver):
+    """Each claim of a worker named in ``stall`` commits at once, then its answer takes that
+    many seconds to come back (the first claim that returns a job only); renewals fail from
+    ``renewals_fail_at`` on."""
+
+    def __init__(self, stall: Mapping[str, float], renewals_fail_at: float = float("inf")):
+        super().__init__(clock=trio.current_time)
+        self.stall = dict(stall)
+        self.renewals_fail_at = renewals_fail_at
+
+    async def claim(
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> Sequence[Claim]:
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        if claims and worker_id in self.stall:
+            await trio.sleep(self.stall.pop(worker_id))
+        return claims
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        if trio.current_time() >= self.renewals_fail_at:
+            raise DriverError("renewals refused (test)")
+        return await super().renew(leases, lease=lease)
+
+
+@pytest.mark.parametrize("claim_ahead", [0, 4])
+async def test_a_claim_answered_after_its_lease_ran_out_never_starts_its_body(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture, claim_ahead: int
+) -> None:
+    """Worker A's claim commits at 0 and is answered at 9, after the 8 s lease; worker B
+    claims the lapsed job at 8 and runs it until 20. Run from the answer, A would start the
+    body at 9 beside B's: two copies of one job at once."""
+    registry = Registry()
+    running: list[str] = []
+    most_at_once = 0
+    attempts: list[int] = []
+
+    @registry.job("long")
+    async def long(ctx: JobContext, payload: Any) -> None:
+        nonlocal most_at_once
+        running.append(ctx.worker_id)
+        attempts.append(ctx.attempt)
+        most_at_once = max(most_at_once, len(running))
+        try:
+            await trio.sleep(12)
+        finally:
+            running.remove(ctx.worker_id)
+
+    driver = StalledClaims({"A": 9.0})
+    job_id = await long.enqueue(driver)
+    a = worker(driver, registry, lease=LEASE, worker_id="A", claim_ahead=claim_ahead)
+    b = worker(driver, registry, lease=LEASE, worker_id="B", claim_ahead=claim_ahead)
+    with caplog.at_level(logging.WARNING, logger="jobs_trio"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await trio.sleep(8)  # A's claim is in flight; the job's lease lapses now
+            await nursery.start(b.run)
+            await trio.sleep(30)
+            await a.stop()
+            await b.stop()
+    assert most_at_once == 1
+    assert attempts == [2]  # B's claim; A's committed claim spent attempt 1
+    assert (await record(driver, job_id)).state is JobState.COMPLETED
+    late = [r for r in caplog.records if "jobs.claim.late" in r.getMessage()]
+    assert len(late) == 1 and job_id in late[0].getMessage()
+
+
+async def test_a_late_answer_inside_the_lease_is_stopped_at_its_cutoff_from_the_send(
+    autojump_clock: object,
+) -> None:
+    """The worker holds one long run (its renewals succeed until 7.5 s) when a second claim is
+    sent at 1 s and answered at 6 s. Its cutoff is 1 + 8 - 2 = 7 s. The watchdog, asleep
+    since the 5.33 s renewal round until the 8 s one, must wake for it at 7 s: at 8 s another
+    worker could already hold the job (its lease ran out at 9 s less a renewal it never got,
+    and the margin exists so the body has stopped by then)."""
+    registry = Registry()
+    stopped_at: dict[str, float] = {}
+    second_started = trio.Event()
+
+    @registry.job("long")
+    async def long(ctx: JobContext, payload: Any) -> None:
+        if payload["n"] == 2:
+            second_started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            # First stop only: each job runs again once its lease lapses (lost, not settled).
+            stopped_at.setdefault(f"job{payload['n']}", trio.current_time())
+
+    driver = StalledClaims({}, renewals_fail_at=7.5)
+    await long.enqueue(driver, {"n": 1})
+    w = worker(driver, registry, lease=LEASE, worker_id="W", concurrency=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(1)
+        driver.stall["W"] = 5.0
+        await long.enqueue(driver, {"n": 2})
+        await second_started.wait()
+        assert trio.current_time() == pytest.approx(6.0)
+        await trio.sleep(10)
+        await w.stop()
+    # Job 1 was last renewed at the 5.33 s round: its cutoff is 5.33 + 6 = 11.33 s.
+    assert stopped_at == {
+        "job1": pytest.approx(8 / 3 * 2 + 6),
+        "job2": pytest.approx(7.0),
+    }
