@@ -1,7 +1,7 @@
 # One worker's rate and CPU per job on PostgreSQL, in one process: N no-op jobs enqueued, then
 # run at concurrency C. Apart from run.py because its figure is this process's CPU per job,
 # which drifts less than wall rates when the machine is lent more or less CPU (compare trees).
-"""A worker's jobs/s and its process CPU per job.
+"""A worker's jobs/s, its process CPU per job, and the local PostgreSQL server's.
 
     python bench/worker_cpu.py [--jobs 3000] [--concurrency 1] [--profile FILE]
     PYTHONPATH=/old/tree/src python bench/worker_cpu.py ...   # the same, another tree
@@ -9,7 +9,9 @@
 Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu`, dropped at the end), runs
 VACUUM ANALYZE, then opens a worker (every default but concurrency) and times from its open to
 the last job's start: jobs/s and time.process_time per job (this process only; the kernel's
-share of its socket calls included). ``--profile FILE`` writes a cProfile of the worker."""
+share of its socket calls included), and the CPU every process named ``postgres`` on this
+machine spent meanwhile, per job (where /proc lets this user read it: 10 ms ticks, so use
+thousands of jobs). ``--profile FILE`` writes a cProfile of the worker."""
 
 from __future__ import annotations
 
@@ -25,6 +27,28 @@ import jobs_trio
 
 SCHEMA = "bench_worker_cpu"
 registry = jobs_trio.Registry()
+
+
+def postgres_cpu() -> float | None:
+    """Seconds of CPU spent so far by the processes named ``postgres`` that are alive now (the
+    server's backends and helpers), or None where /proc cannot tell."""
+    total, seen = 0, False
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        if not fields[0].endswith("(postgres"):
+            continue
+        rest = fields[1].split()
+        total += int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15
+        seen = True
+    return total / os.sysconf("SC_CLK_TCK") if seen else None
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -46,6 +70,9 @@ async def main(args: argparse.Namespace) -> None:
     try:
         async with jobs_trio.open_driver(args.db, schema=SCHEMA) as driver:
             profile = cProfile.Profile() if args.profile else None
+            # Read before the worker opens its connections: their backends' CPU since they
+            # started all counts (a backend that ends before the second read is not seen).
+            server = postgres_cpu()
             wall, cpu = time.perf_counter(), time.process_time()
             if profile:
                 profile.enable()
@@ -58,12 +85,18 @@ async def main(args: argparse.Namespace) -> None:
             ):
                 await all_started.wait()
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                after = postgres_cpu()
                 if profile:
                     profile.disable()
                     profile.dump_stats(args.profile)
+        server_share = (
+            f", PostgreSQL {(after - server) / args.jobs * 1e6:,.0f} µs"
+            if server is not None and after is not None
+            else ""
+        )
         print(
             f"c={args.concurrency} {args.jobs / wall:,.0f} jobs/s, {cpu / args.jobs * 1e6:,.0f} µs"
-            f" CPU a job (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
+            f" CPU a job{server_share} (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
         )
     finally:
         async with jobs_trio.open_driver(args.db, schema=SCHEMA) as driver:
