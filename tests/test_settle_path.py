@@ -224,6 +224,41 @@ async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
     assert len(done) == 500
 
 
+async def test_jobs_claimed_ahead_count_in_what_may_wait_to_be_settled(
+    autojump_clock: object,
+) -> None:
+    """The settler's bound is two settlements per slot AND per claim ahead: a settle batch
+    grows with the rate times its round trip, and bounded by the slots alone a worker that
+    claims ahead stopped claiming until every held claim had run, so each claim's round
+    trip was a stall (issue 16)."""
+    registry = Registry()
+
+    @registry.job("quick")
+    async def quick(ctx: object, payload: int) -> None:
+        await trio.sleep(0.01)
+
+    driver = SettlesApart()
+    await quick.enqueue_many(driver, list(range(500)))
+    driver.settles_open = trio.Event()
+    w = worker(driver, registry, concurrency=4, claim_ahead=8)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(10)  # the database takes no settle for 10 s
+        settler = w._settler
+        assert settler is not None
+        # Claims went on until 2 x (4 + 8) settlements waited, not 2 x 4 (at most 8 + 12);
+        # then the jobs already claimed ran and handed theirs in too, nothing more.
+        assert 2 * (4 + 8) <= settler.waiting <= 2 * (4 + 8) + 4 + 8
+        assert settler.capacity == 2 * (4 + 8)
+        assert driver.claimed == settler.waiting
+        driver.settles_open.set()
+        await trio.sleep(30)
+        await w.stop()
+    assert settler.peak <= settler.capacity + 4 + 8
+    done = [r for r in await driver.list_jobs(limit=1000) if r.state is JobState.COMPLETED]
+    assert len(done) == 500
+
+
 async def shut_down_with_a_result_unwritten(
     database_back_after: float | None,
 ) -> tuple[FaultyDriver, str, list[Sequence[str]], float, Lifecycle]:

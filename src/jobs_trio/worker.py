@@ -251,14 +251,18 @@ class Worker:
             )
         self._state = WorkerState.IDLE
         self._abandoned = ()
-        # Bounded by the worker's concurrency: at most two settlements per slot wait for the
-        # database before the claiming stops (see _claim_loop). Two, not one: with one, each
-        # claim waited for the previous batch's settle to commit, so the two round trips ran
-        # one after the other; with two the next claim overlaps the settle (measured with
-        # bench/run.py throughput: c=1 +40%, c=10 +15%, issue 16).
+        # Bounded by the jobs a worker holds: at most two settlements per slot and per claim
+        # ahead wait for the database before the claiming stops (see _claim_loop). Two, not
+        # one: with one, each claim waited for the previous batch's settle to commit, so the
+        # two round trips ran one after the other; with two the next claim overlaps the settle
+        # (bench/run.py throughput: c=1 +40%, c=10 +15%, issue 16). Per claim ahead too: a
+        # settle batch grows with the rate times its round trip, and bounded by the slots
+        # alone (20 at c=10) it held the claiming back until the held claims had all run, so
+        # every claim's round trip was a stall (bench/worker_cpu.py, c=10 with claim_ahead=32:
+        # 1.6 s of a 5.6 s run waiting for settler room, the claim sent with 0 held).
         settler = Settler(
             self.driver,
-            capacity=2 * sum(self._limits.values()),
+            capacity=2 * (sum(self._limits.values()) + sum(self._ahead.values())),
             carried_by_claims=settles_with_claims(self.driver),
         )
         if self._lifecycle is not None:
