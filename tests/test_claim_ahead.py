@@ -362,6 +362,48 @@ async def test_a_held_claim_that_gets_the_slot_of_an_abandoned_thread_reads_as_r
         release_thread.set()
 
 
+async def test_claims_held_behind_a_thread_when_the_worker_is_cancelled_never_start() -> None:
+    """The worker is cancelled from outside while its one slot is a sync body's thread (which
+    a cancel abandons, so the slot is still taken when the worker's nurseries end) and two
+    claims wait for it. Those two must be dropped there: left queued, the thread's end would
+    hand its slot to one of them after the worker had gone (its nursery closed), and they
+    would still read as held."""
+    registry = Registry()
+    started, release_thread, ended = threading.Event(), threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    @registry.job("q.stuck", queue="q")
+    def stuck(ctx: JobContext, payload: None) -> None:
+        started.set()
+        try:
+            release_thread.wait(30)  # deaf to its cancel: abandoned, it keeps the slot
+        finally:
+            ended.set()
+
+    @registry.job("q.quick", queue="q")
+    async def quick(ctx: JobContext, payload: str) -> None:
+        ran.append(payload)
+
+    driver = trio_driver()
+    await stuck.enqueue(driver, priority=0)
+    await quick.enqueue(driver, "a", priority=1)
+    await quick.enqueue(driver, "b", priority=2)
+    w = worker(driver, registry, concurrency=1, claim_ahead=2, hold_limit=30.0)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await trio.to_thread.run_sync(started.wait)
+            assert w.stats().claimed_ahead == 2
+            nursery.cancel_scope.cancel()  # the application's own scope goes away
+        assert w.stats().claimed_ahead == 0
+        release_thread.set()
+        await trio.to_thread.run_sync(ended.wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ran == [] and w.stats().claimed_ahead == 0
+    finally:
+        release_thread.set()
+
+
 async def test_an_operator_cancel_ends_a_held_claims_wait_and_it_never_starts(
     autojump_clock: Any,
 ) -> None:
