@@ -93,11 +93,12 @@ async def test_a_claim_answered_after_its_lease_ran_out_never_starts_its_body(
 async def test_a_late_answer_inside_the_lease_is_stopped_at_its_cutoff_from_the_send(
     autojump_clock: object,
 ) -> None:
-    """The worker holds one long run (its renewals succeed until 7.5 s) when a second claim is
+    """The worker holds one long run (its renewals succeed until 5.5 s) when a second claim is
     sent at 1 s and answered at 6 s. Its cutoff is 1 + 8 - 2 = 7 s. The watchdog, asleep
-    since the 5.33 s renewal round until the 8 s one, must wake for it at 7 s: at 8 s another
-    worker could already hold the job (its lease ran out at 9 s less a renewal it never got,
-    and the margin exists so the body has stopped by then)."""
+    since the 5.33 s renewal round until the 8 s one, must wake for it: at once, for its
+    first renewal (due at 1 + 2.67 s; it fails), then at 7 s: at 8 s another worker could
+    already hold the job (its lease ran out at 9 s less a renewal it never got, and the
+    margin exists so the body has stopped by then)."""
     registry = Registry()
     stopped_at: dict[str, float] = {}
     second_started = trio.Event()
@@ -112,7 +113,7 @@ async def test_a_late_answer_inside_the_lease_is_stopped_at_its_cutoff_from_the_
             # First stop only: each job runs again once its lease lapses (lost, not settled).
             stopped_at.setdefault(f"job{payload['n']}", trio.current_time())
 
-    driver = StalledClaims({}, renewals_fail_at=7.5)
+    driver = StalledClaims({}, renewals_fail_at=5.5)
     await long.enqueue(driver, {"n": 1})
     w = worker(driver, registry, lease=LEASE, worker_id="W", concurrency=2)
     async with trio.open_nursery() as nursery:
@@ -129,3 +130,85 @@ async def test_a_late_answer_inside_the_lease_is_stopped_at_its_cutoff_from_the_
         "job1": pytest.approx(8 / 3 * 2 + 6),
         "job2": pytest.approx(7.0),
     }
+
+
+class SlowRenewals(StalledClaims):
+    """Renewals take effect at once but are answered ``renew_takes`` seconds later (a slow
+    database, well inside the lease)."""
+
+    def __init__(self, stall: Mapping[str, float], renew_takes: float) -> None:
+        super().__init__(stall)
+        self.renew_takes = renew_takes
+
+    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+        result = await super().renew(leases, lease=lease)
+        await trio.sleep(self.renew_takes)
+        return result
+
+
+async def test_a_late_answer_during_a_renewal_does_not_cut_the_renewal_of_the_healthy_runs(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Job 1 is claimed at 0; every renewal commits at once and is answered 1 s later (rounds
+    at 2.67, 5.33, 8, ...: each extends its lease long before it runs out). Job 2's claim is
+    sent at 0.1 and answered at 5.7, during the 5.33 s round: its cutoff (0.1 + 6 = 6.1 s)
+    comes before that round's answer (6.33 s), so job 2 is stopped at 6.1. The round itself
+    must not be abandoned for it (job 2 is not even in it): abandoned, job 1's lease stays
+    at 2.67 + 8 as the worker sees it, its cutoff 8.67 s, and the 8 s round, answered at 9 s,
+    is cut there: job 1 is stopped as lost though every renewal of it succeeded."""
+    registry = Registry()
+    ended: dict[int, str] = {}
+
+    @registry.job("long")
+    async def long(ctx: JobContext, payload: Any) -> None:
+        try:
+            await trio.sleep(15)
+        except trio.Cancelled:
+            ended.setdefault(payload["n"], f"stopped at {trio.current_time():.2f}")
+            raise
+        ended.setdefault(payload["n"], "returned")
+
+    driver = SlowRenewals({}, renew_takes=1.0)
+    job1 = await long.enqueue(driver, {"n": 1})
+    w = worker(driver, registry, lease=LEASE, worker_id="W", concurrency=2)
+    with caplog.at_level(logging.WARNING, logger="jobs_trio"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await trio.sleep(0.1)
+            driver.stall["W"] = 5.6
+            await long.enqueue(driver, {"n": 2})
+            await trio.sleep(20)
+            await w.stop()
+    assert ended[1] == "returned"
+    assert ended[2] == "stopped at 6.10"
+    assert (await record(driver, job1)).state is JobState.COMPLETED
+    expired = [r.getMessage() for r in caplog.records if "jobs.lease.expired" in r.getMessage()]
+    assert not [m for m in expired if job1 in m]
+
+
+async def test_a_claim_answered_slowly_inside_its_lease_is_renewed_before_its_cutoff(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim sent at 0 and answered at 4 (lease 8 from the send, cutoff 6) by a database
+    that renews at once: its first renewal is due an interval after the claim was SENT (2.67
+    s), not after the answer (6.67 s, past the cutoff). Scheduled from the answer, the run
+    is stopped as lost at 6 s though nothing failed, and the job runs a second time."""
+    registry = Registry()
+    attempts: list[int] = []
+
+    @registry.job("long")
+    async def long(ctx: JobContext, payload: Any) -> None:
+        attempts.append(ctx.attempt)
+        await trio.sleep(10)
+
+    driver = StalledClaims({"W": 4.0})
+    job_id = await long.enqueue(driver)
+    w = worker(driver, registry, lease=LEASE, worker_id="W")
+    with caplog.at_level(logging.WARNING, logger="jobs_trio"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await trio.sleep(30)
+            await w.stop()
+    assert attempts == [1]
+    assert (await record(driver, job_id)).state is JobState.COMPLETED
+    assert not [r for r in caplog.records if "jobs.lease.expired" in r.getMessage()]

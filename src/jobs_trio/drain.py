@@ -25,7 +25,8 @@ class Drain:
         self.cause: JobDrained | None = None  # why it was signalled: worker and signal
         self._first_held = trio.lowlevel.ParkingLot()
         # The lease watchdog's wait (lease_renewal.renew_leases), and how long before its
-        # lease deadline it stops a run: a run held with an earlier cutoff moves its end.
+        # lease deadline a run held meanwhile needs it (its cutoff, or its first renewal):
+        # one held with an earlier such time moves the wait's end.
         self._watch: trio.CancelScope | None = None
         self._watch_margin = 0.0
 

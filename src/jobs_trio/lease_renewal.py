@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import trio
@@ -13,6 +14,7 @@ from .drain import Drain
 from .driver import Driver
 from .errors import JobsError
 from .logs import log_event
+from .records import ClaimToken
 from .run_scope import CancelReason, RunScope
 
 
@@ -91,28 +93,57 @@ async def renew_leases(
     margin = lease_margin(lease)
     task_status.started()
     next_round = trio.current_time() + interval
+    # The runs the last round was sent for. A run held since has its lease counted from when
+    # its claim was SENT: its first renewal is due an interval after that, which for a claim
+    # answered slowly can be before the next round, even past its cutoff (stopped as lost,
+    # though a renewal would have extended it). Runs of the last round are not pulled
+    # forward: one whose renewal failed would be renewed again at every wake.
+    renewed: set[ClaimToken] = set()
+    # How long before its lease deadline a run held meanwhile wakes the watchdog: for its
+    # first renewal, or its cutoff, whichever comes first.
+    look_ahead = max(margin, lease - interval)
     while True:
         if not drain.held:
             await drain.until_a_run_is_held()
-            # Its lease was set at its claim, a moment ago: the first renewal is an interval on.
             next_round = trio.current_time() + interval
+        first_renewals = [
+            r.lease_deadline - lease + interval for r in drain.held if r.claim.token not in renewed
+        ]
+        next_round = min([next_round, *first_renewals])
         now = trio.current_time()
         # A run held after this point whose claim was sent after it has a cutoff no sooner
         # than now + lease - margin: waking by then catches it (an older claim's, watching).
         wake = min([next_round, now + lease - margin, *_cutoffs(drain.held, margin)])
         # Ended sooner by a run held with an earlier cutoff: a claim's lease is counted from
         # when the claim was SENT, so one answered late may run out before this wake.
-        with drain.watching(wake, margin=margin):
+        with drain.watching(wake, margin=look_ahead):
             await trio.sleep_forever()
         expire_lapsed(drain.held, trio.current_time(), margin)
         if trio.current_time() >= next_round:
             next_round = trio.current_time() + interval
             # Every held run, cancelled ones too: a body still unwinding, or a settlement not
             # yet written, keeps its lease until it is done, or another worker takes the job.
-            cutoff = min([next_round, *_cutoffs(drain.held, margin)])
-            with drain.watching(cutoff, margin=margin):
-                await renew_held(driver, drain.held, lease)
+            # Cut at the cutoffs of the runs it renews, not of one held meanwhile (a claim
+            # answered late): that run is not in this round, and abandoning the round for it
+            # would drop the answer that extends the others, stopping them as lost at their
+            # own cutoffs though the database renewed them. It is stopped beside the round.
+            runs = drain.held
+            renewed = {r.claim.token for r in runs}
+            with trio.move_on_at(min([next_round, *_cutoffs(runs, margin)])):
+                async with trio.open_nursery() as beside:
+                    beside.start_soon(_expire_held_meanwhile, drain, margin)
+                    await renew_held(driver, runs, lease)
+                    beside.cancel_scope.cancel()
             expire_lapsed(drain.held, trio.current_time(), margin)
+
+
+async def _expire_held_meanwhile(drain: Drain, margin: float) -> None:
+    """Stop each run whose cutoff passes while a renewal round is in flight: a run held
+    during the round (its claim answered late) may run out before the round's answer."""
+    while True:
+        with drain.watching(min([math.inf, *_cutoffs(drain.held, margin)]), margin=margin):
+            await trio.sleep_forever()
+        expire_lapsed(drain.held, trio.current_time(), margin)
 
 
 def _cutoffs(runs: Sequence[RunScope], margin: float) -> list[float]:
