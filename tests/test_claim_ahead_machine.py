@@ -62,7 +62,8 @@ class AheadMachine(ShutdownMachine):
     def interrupted_attempts_are_handed_back(self) -> None:  # 5, with hold limits
         for outcome, run, generation, drained_at, _ in self.verdicts:
             if outcome.kind == "interrupted":
-                assert drained_at is not None or run.reason in (CancelReason.HELD_TOO_LONG,), (
+                handed_back = (CancelReason.HELD_TOO_LONG, CancelReason.CLAIM_LATE)
+                assert drained_at is not None or run.reason in handed_back, (
                     f"{outcome.name} {outcome.job_id} interrupted ({run.reason}) in {generation}"
                 )
                 assert isinstance(outcome.settlement, Retry)

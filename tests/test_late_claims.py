@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from jobs_trio import JobContext, Registry
+from jobs_trio.attempt import OutcomeKind
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import DriverError
 from jobs_trio.records import Claim, JobState, Lease, RenewResult
@@ -88,6 +89,32 @@ async def test_a_claim_answered_after_its_lease_ran_out_never_starts_its_body(
     assert (await record(driver, job_id)).state is JobState.COMPLETED
     late = [r for r in caplog.records if "jobs.claim.late" in r.getMessage()]
     assert len(late) == 1 and job_id in late[0].getMessage()
+
+
+async def test_a_claim_answered_late_that_no_one_took_meanwhile_is_handed_back_uncounted(
+    autojump_clock: object,
+) -> None:
+    """The claim commits at 0 and is answered at 9, after the 8 s lease, and no other worker
+    claimed the job: it is handed back like a drained claim (interrupted, its attempt
+    uncounted, ready at once), and the worker's next claim runs it as attempt 1."""
+    registry = Registry()
+    attempts: list[tuple[int, float]] = []
+
+    @registry.job("quick")
+    async def quick(ctx: JobContext, payload: Any) -> None:
+        attempts.append((ctx.attempt, trio.current_time()))
+
+    driver = StalledClaims({"A": 9.0})
+    job_id = await quick.enqueue(driver)
+    a = worker(driver, registry, lease=LEASE, worker_id="A")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await trio.sleep(20)
+        await a.stop()
+    assert attempts == [(1, 9.0)]  # handed back at 9, claimed again at once, not counted twice
+    r = await record(driver, job_id)
+    assert (r.state, r.attempts) == (JobState.COMPLETED, 1)
+    assert a.stats().outcomes[OutcomeKind.INTERRUPTED] == 1
 
 
 async def test_a_late_answer_inside_the_lease_is_stopped_at_its_cutoff_from_the_send(

@@ -327,6 +327,7 @@ def test_outcomes_states_and_cancel_reasons_keep_the_words_they_had_as_strings()
         "cancelled",
         "slot-lost",
         "held-too-long",
+        "claim-late",
     ]
     assert f"jobs.attempt.{OutcomeKind.DEAD_LETTERED}" == "jobs.attempt.dead-lettered"
     assert json.dumps({OutcomeKind.LOST: 1, "state": WorkerState.IDLE}) == (

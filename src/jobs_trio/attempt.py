@@ -224,7 +224,7 @@ def _verdict(
         reason = run.reason
         # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
         # uncounted and ready at once (it waits there for a slot like any other).
-        if reason in (CancelReason.DRAINING, CancelReason.SLOT_LOST, CancelReason.HELD_TOO_LONG):
+        if reason in _HANDED_BACK:
             why = _safe_text(run.cause)
             if error is not None and not isinstance(error, AttemptCancelled):
                 why += f" (body stopped with {_safe_text(error)})"
@@ -257,6 +257,17 @@ def _verdict(
         return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why), why)
     delay = definition.backoff.delay(claim.attempt)
     return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why), why)
+
+
+# Handed back unstarted or unwound, uncounted: the drain's row of the table, and the reasons
+# that are not the job's fault either (the write is fenced: a job another worker holds now is
+# left to it).
+_HANDED_BACK = (
+    CancelReason.DRAINING,
+    CancelReason.SLOT_LOST,
+    CancelReason.HELD_TOO_LONG,
+    CancelReason.CLAIM_LATE,
+)
 
 
 def _safe_text(error: BaseException | None) -> str:

@@ -124,8 +124,9 @@ class SlotLost(Aborted):
 
 
 class HandedBack(Aborted):
-    """Why a claim taken ahead (the worker's ``claim_ahead``) never started: no slot of its
-    worker freed within the hold limit. Handed back uncounted, ready at once."""
+    """Why a claim never started: taken ahead (the worker's ``claim_ahead``), no slot of its
+    worker freed within the hold limit; or the claim was answered after its lease ran out.
+    Handed back uncounted, ready at once."""
 
     code = "X_HANDED_BACK"
 

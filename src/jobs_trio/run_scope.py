@@ -24,6 +24,7 @@ class CancelReason(enum.StrEnum):
     OPERATOR = "cancelled"  # an operator cancelled the job
     SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
     HELD_TOO_LONG = "held-too-long"  # claimed ahead, no slot freed within the hold limit
+    CLAIM_LATE = "claim-late"  # the claim was answered after its lease ran out
 
 
 class RunScope:
@@ -164,5 +165,13 @@ class RunScope:
                 " handed back to the queue unstarted, its attempt uncounted",
                 fix="nothing for this job: the next free worker runs it. If it recurs, lower"
                 " the worker's claim_ahead for queues whose jobs run long",
+            )
+        if reason is CancelReason.CLAIM_LATE:
+            return HandedBack(
+                f"interrupted: {job} was claimed, but the claim was answered after its lease"
+                " ran out; handed back to the queue unstarted, its attempt uncounted (unless"
+                " another worker claimed it meanwhile: then that worker runs it)",
+                fix="nothing for this job. If it recurs, the database answers claims slower"
+                " than the lease: look at its latency and load, or raise the worker's lease",
             )
         return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")

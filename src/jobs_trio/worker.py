@@ -631,17 +631,18 @@ class Worker:
         run.lease_deadline = sent_at + self.lease
         if trio.current_time() >= run.lease_deadline - lease_margin(self.lease):
             # Answered after its lease ran out (a stalled database, a paused process): another
-            # worker may hold the job already, so its body must not start here. Judged lost;
-            # nothing is written (the next claim of it counts the attempt).
+            # worker may hold the job already, so its body must not start here. Handed back
+            # unstarted and uncounted, as a drained claim is: the write is fenced by this
+            # claim's token, so a job another worker took meanwhile is left to it.
             log_event(
                 "jobs.claim.late",
                 logging.WARNING,
                 job_id=claim.job_id,
                 job=claim.name,
                 waited=round(trio.current_time() - sent_at, 3),
-                why="the claim was answered after its lease ran out; the job is not started",
+                why="the claim was answered after its lease ran out; handed back unstarted",
             )
-            run.cancel(CancelReason.LEASE_LOST)
+            run.cancel(CancelReason.CLAIM_LATE)
         if self._state is WorkerState.IDLE:
             self._state = WorkerState.RUNNING
         self._drain.hold(run)
