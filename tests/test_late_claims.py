@@ -14,6 +14,7 @@ from jobs_trio.attempt import OutcomeKind
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import DriverError
 from jobs_trio.records import Claim, JobState, Lease, RenewResult
+from jobs_trio.testing.conformance.helpers import new_job
 
 from .worker_helpers import record, worker
 
@@ -115,6 +116,31 @@ async def test_a_claim_answered_late_that_no_one_took_meanwhile_is_handed_back_u
     r = await record(driver, job_id)
     assert (r.state, r.attempts) == (JobState.COMPLETED, 1)
     assert a.stats().outcomes[OutcomeKind.INTERRUPTED] == 1
+
+
+async def test_a_late_claim_of_a_job_this_deploy_does_not_declare_is_handed_back_not_parked(
+    autojump_clock: object,
+) -> None:
+    """Cancelled before it was looked at, a claim of an unknown name is handed back like any
+    unstarted claim (a worker that declares it may run it), not parked by this worker for an
+    operator to retry. Its next claim, by this worker, parks it as usual."""
+    registry = Registry()
+
+    @registry.job("known")
+    async def known(ctx: JobContext, payload: Any) -> None:
+        return None
+
+    driver = StalledClaims({"A": 9.0})
+    [answer] = await driver.enqueue([new_job("unknown")])
+    a = worker(driver, registry, lease=LEASE, worker_id="A")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await trio.sleep(20)
+        await a.stop()
+    outcomes = a.stats().outcomes
+    assert (outcomes[OutcomeKind.INTERRUPTED], outcomes[OutcomeKind.PARKED]) == (1, 1)
+    r = await record(driver, answer.job_id)
+    assert (r.state, r.attempts) == (JobState.PARKED, 0)
 
 
 async def test_a_late_answer_inside_the_lease_is_stopped_at_its_cutoff_from_the_send(

@@ -94,12 +94,17 @@ async def run_attempt(
     threads: ThreadSlots,
 ) -> Outcome:
     """The verdict on one claim. Parked when this deploy's ``registry`` declares no job of its
-    name (``definition`` None); else its body runs with a context of its own under ``run``'s
-    cancel scope, and is judged: a body that RETURNED completed, whatever was asked of its scope
-    meanwhile; one that UNWOUND is judged by the scope's first cancel reason, never by what it
-    raised (a body cut short by a drain may surface any error at all, and it is still
-    interrupted)."""
+    name (``definition`` None), unless a hand-back reason cancelled it first; else its body
+    runs with a context of its own under ``run``'s cancel scope, and is judged: a body that
+    RETURNED completed, whatever was asked of its scope meanwhile; one that UNWOUND is judged
+    by the scope's first cancel reason, never by what it raised (a body cut short by a drain
+    may surface any error at all, and it is still interrupted)."""
     if definition is None:
+        if run.reason in _HANDED_BACK:
+            # Cancelled before it was looked at (a claim answered late, a drain): handed back
+            # like any unstarted claim, so a worker that declares the job may run it, rather
+            # than parked here until an operator retries it.
+            return _handed_back(claim, run, None, 0.0)
         return _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
     # A run started in a worker that is being cancelled from outside (a slot freed by a run
     # going away hands itself to the next claim): it ends here, before a line of its body,
@@ -225,11 +230,7 @@ def _verdict(
         # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
         # uncounted and ready at once (it waits there for a slot like any other).
         if reason in _HANDED_BACK:
-            why = _safe_text(run.cause)
-            if error is not None and not isinstance(error, AttemptCancelled):
-                why += f" (body stopped with {_safe_text(error)})"
-            retry = Retry(lease, delay=0.0, error=why, counts_as_attempt=False)
-            return ended_as(OutcomeKind.INTERRUPTED, retry, why)
+            return _handed_back(claim, run, error, seconds)
         if reason is CancelReason.LEASE_LOST:
             return ended_as(OutcomeKind.LOST, None, "lease lost")
         if reason is CancelReason.OPERATOR:
@@ -268,6 +269,17 @@ _HANDED_BACK = (
     CancelReason.HELD_TOO_LONG,
     CancelReason.CLAIM_LATE,
 )
+
+
+def _handed_back(
+    claim: Claim, run: RunScope, error: BaseException | None, seconds: float
+) -> Outcome:
+    """Interrupted: ready at once, its attempt uncounted, its cause recorded."""
+    why = _safe_text(run.cause)
+    if error is not None and not isinstance(error, AttemptCancelled):
+        why += f" (body stopped with {_safe_text(error)})"
+    retry = Retry(claim.lease, delay=0.0, error=why, counts_as_attempt=False)
+    return Outcome(claim.job_id, claim.name, OutcomeKind.INTERRUPTED, retry, why, seconds)
 
 
 def _safe_text(error: BaseException | None) -> str:
