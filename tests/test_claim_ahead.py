@@ -300,19 +300,30 @@ async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_
     assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
 
 
+class StuckThread:
+    """``q.stuck``: a sync body whose thread blocks until ``release`` (30 s at most), never
+    polling its cancel, so a cancel abandons it and its thread keeps its slot until it ends."""
+
+    def __init__(self, registry: Registry, timeout: float | None = None) -> None:
+        self.started, self.release, self.ended = (threading.Event() for _ in range(3))
+
+        @registry.job("q.stuck", queue="q", timeout=timeout)
+        def stuck(ctx: JobContext, payload: None) -> None:
+            self.started.set()
+            try:
+                self.release.wait(30)
+            finally:
+                self.ended.set()
+
+        self.job = stuck
+
+
 async def test_a_held_claim_that_gets_the_slot_of_an_abandoned_thread_reads_as_running() -> None:
     registry = Registry()
-    started, release_thread, ended = threading.Event(), threading.Event(), threading.Event()
+    stuck = StuckThread(registry, timeout=0.2)  # past it: abandoned, its thread keeps the slot
+    started, release_thread, ended = stuck.started, stuck.release, stuck.ended
     release: dict[str, trio.Event] = {"a": trio.Event(), "b": trio.Event()}
     running: set[str] = set()
-
-    @registry.job("q.stuck", queue="q", timeout=0.2)
-    def stuck(ctx: JobContext, payload: None) -> None:
-        started.set()
-        try:
-            release_thread.wait(30)  # past its timeout: abandoned, its thread keeps the slot
-        finally:
-            ended.set()
 
     @registry.job("q.quick", queue="q")
     async def quick(ctx: JobContext, payload: str) -> None:
@@ -323,7 +334,7 @@ async def test_a_held_claim_that_gets_the_slot_of_an_abandoned_thread_reads_as_r
             running.discard(payload)
 
     driver = trio_driver()
-    await stuck.enqueue(driver, priority=0)
+    await stuck.job.enqueue(driver, priority=0)
     await quick.enqueue(driver, "a", priority=1)
     await quick.enqueue(driver, "b", priority=2)
     w = worker(driver, registry, concurrency=1, claim_ahead=2, hold_limit=30.0)
@@ -369,23 +380,16 @@ async def test_claims_held_behind_a_thread_when_the_worker_is_cancelled_never_st
     hand its slot to one of them after the worker had gone (its nursery closed), and they
     would still read as held."""
     registry = Registry()
-    started, release_thread, ended = threading.Event(), threading.Event(), threading.Event()
+    stuck = StuckThread(registry)  # deaf to its cancel: abandoned, it keeps the slot
+    started, release_thread, ended = stuck.started, stuck.release, stuck.ended
     ran: list[str] = []
-
-    @registry.job("q.stuck", queue="q")
-    def stuck(ctx: JobContext, payload: None) -> None:
-        started.set()
-        try:
-            release_thread.wait(30)  # deaf to its cancel: abandoned, it keeps the slot
-        finally:
-            ended.set()
 
     @registry.job("q.quick", queue="q")
     async def quick(ctx: JobContext, payload: str) -> None:
         ran.append(payload)
 
     driver = trio_driver()
-    await stuck.enqueue(driver, priority=0)
+    await stuck.job.enqueue(driver, priority=0)
     await quick.enqueue(driver, "a", priority=1)
     await quick.enqueue(driver, "b", priority=2)
     w = worker(driver, registry, concurrency=1, claim_ahead=2, hold_limit=30.0)

@@ -629,7 +629,8 @@ class Worker:
         definition = self.registry.get(claim.name)
         run = RunScope(claim, definition.timeout if definition else None)
         run.lease_deadline = sent_at + self.lease
-        if trio.current_time() >= run.lease_deadline - lease_margin(self.lease):
+        now = trio.current_time()
+        if now >= run.lease_deadline - lease_margin(self.lease):
             # Answered after its lease ran out (a stalled database, a paused process): another
             # worker may hold the job already, so its body must not start here. Handed back
             # unstarted and uncounted, as a drained claim is: the write is fenced by this
@@ -639,7 +640,7 @@ class Worker:
                 logging.WARNING,
                 job_id=claim.job_id,
                 job=claim.name,
-                waited=round(trio.current_time() - sent_at, 3),
+                waited=round(now - sent_at, 3),
                 why="the claim was answered after its lease ran out; handed back unstarted",
             )
             run.cancel(CancelReason.CLAIM_LATE)
