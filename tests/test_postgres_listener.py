@@ -126,9 +126,13 @@ async def test_the_listen_connection_answers_its_pings_while_its_own_task_reads_
         listener = driver._listener
         ping = listener._ping
         answers: list[bool] = []
+        read_by_the_loop: list[bool] = []
         three = trio.Event()
 
         async def counted_ping(conn: Any) -> bool:
+            # The listener's task, not the loop, reads the socket while the ping waits: else
+            # this test would pass with no reader of ours at all (the loop answering pings).
+            read_by_the_loop.append(conn._transport.is_reading())
             answers.append(await ping(conn))
             if len(answers) == 3:
                 three.set()
@@ -141,6 +145,7 @@ async def test_the_listen_connection_answers_its_pings_while_its_own_task_reads_
         with trio.fail_after(10):
             await three.wait()
         assert answers[:3] == [True, True, True]
+        assert read_by_the_loop[:3] == [False, False, False]
         assert await admin.backends(listen_name) == [before]  # the same connection
         reconnects = [r for r in caplog.records if "reconnect" in getattr(r, "event", "")]
         assert reconnects == []
