@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, precondition, rule
+from hypothesis.stateful import invariant, rule
 
 import jobs_trio.worker as worker_module
 from jobs_trio.records import JobState, Retry
@@ -30,9 +30,10 @@ class AheadMachine(ShutdownMachine):
             stats_interval=None,
         )
 
-    @precondition(lambda self: self.worker.state in ("idle", "running", "draining"))
     @rule(delay=st.sampled_from([0.0, 3.0, 40.0]))
     def manual_bind(self, delay: float) -> None:
+        if not self._worker_in("idle", "running", "draining"):
+            return
         at = self.trio.clock.current_time() + delay
         self.binds.append(at)
 
