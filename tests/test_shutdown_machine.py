@@ -246,7 +246,6 @@ class ShutdownMachine(RuleBasedStateMachine):
     def _worker_in(self, *states: str) -> bool:
         return self.worker.state in states
 
-
     @rule(kind=st.sampled_from(KINDS))
     def enqueue(self, kind: str) -> None:
         job = self.worker.registry.require(kind)
