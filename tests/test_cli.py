@@ -520,3 +520,9 @@ def test_stats_shows_jobs_waiting_on_a_fleet_limit(cli: Cli, db: str) -> None:
     text = cli.ok("stats", "--db", db)
     assert "Waiting on a fleet limit" in text
     assert text.splitlines()[-1].split() == ["default", "export.run", "slot", "2"]
+    # And `show` of one of the two says why it has not run, and what its limit is.
+    [waiting, *_] = json.loads(cli.ok("list", "--db", db, "--state", "ready", "--json"))
+    assert waiting["waiting_on"] == "slot:export.run" and waiting["slots"] == 1
+    shown = cli.ok("show", waiting["id"], "--db", db)
+    assert "put off for a full slot of key 'export.run'" in shown
+    assert "at most 1 at once of key 'export.run'" in shown

@@ -17,6 +17,7 @@ from jobs_trio.records import (
     CancelJob,
     Complete,
     DeadLetter,
+    JobLimits,
     JobState,
     Lease,
     Park,
@@ -84,8 +85,13 @@ def test_the_effects_table_hands_back_the_attempt_of_endings_that_are_not_failur
 
 def test_a_job_row_becomes_its_record_by_the_records_own_fields() -> None:
     row = ["j1", "n", "q", "ready", "{}", 0, 0, 3, 1.0, 1.0, 1.0, None, None, None, None, None]
-    record = rules.job_record([*row, 1, None, None])  # SQLite stores the flag as 1
+    # SQLite stores the flag as 1, and a job's limits whole: no slot key beside 0 slots.
+    limits = [None, 0, "api", 10, 60.0, "rate:api"]
+    record = rules.job_record([*row, 1, None, None, *limits])
     assert record.state is JobState.READY and record.cancel_requested is True
+    assert (record.slot_key, record.slots) == (None, None)  # as PostgreSQL stores it
+    assert (record.rate_key, record.starts, record.per) == ("api", 10, 60.0)
+    assert record.limits == JobLimits(rate_key="api", starts=10, per=60.0)
     with pytest.raises(ValueError):  # a row of other columns is refused, never misread
         rules.job_record(row)
     assert "token" not in rules.JOB_FIELDS  # a record never carries a fencing token

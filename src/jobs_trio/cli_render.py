@@ -141,6 +141,8 @@ def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
         fields.append(("cancel", "requested: the worker stops the run at its next lease renewal"))
     if record.wait_event:
         fields.append(("waits for", f"event {record.wait_event!r}"))
+    if record.limits is not None:
+        fields.append(("fleet limits", _limits_text(record)))
     if record.context is not None:
         fields.append(("context", short(record.context, 200)))
     fields.append(("last error", record.last_error or "-"))
@@ -154,12 +156,37 @@ def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
     return "\n".join(lines)
 
 
+def _limits_text(record: JobRecord) -> str:
+    """A job's fleet limits as its declaration reads (docs/limits.md)."""
+    parts = []
+    if record.slot_key is not None:
+        parts.append(f"at most {record.slots} at once of key {record.slot_key!r}")
+    if record.rate_key is not None:
+        parts.append(
+            f"at most {record.starts} starts per {record.per:g} s of key {record.rate_key!r}"
+        )
+    return "; ".join(parts)
+
+
 def _state_detail(record: JobRecord, now: float) -> str:
+    waiting = _waiting_text(record)
     if record.state is JobState.READY and record.run_at > now:
-        return f"ready (due {relative(record.run_at, now)})"
+        return f"ready (due {relative(record.run_at, now)}{waiting})"
+    if record.state is JobState.READY and waiting:
+        return f"ready ({waiting.removeprefix(', ')})"
     if record.state is JobState.SUSPENDED:
         return f"suspended (looks again {relative(record.run_at, now)})"
     return record.state.value
+
+
+def _waiting_text(record: JobRecord) -> str:
+    """ ", put off for a full slot of key 'K'", or for a rate: why a ready job has not run
+    (a claim put it off; it stays ready, its attempt uncounted)."""
+    if record.waiting_on is None or record.state not in (JobState.READY, JobState.SUSPENDED):
+        return ""
+    kind, _, key = record.waiting_on.partition(":")
+    what = "a full slot" if kind == "slot" else "a rate limit" if kind == "rate" else kind
+    return f", put off for {what} of key {key!r}"
 
 
 def steps_table(steps: Sequence[StepRecord], now: float) -> str:

@@ -191,6 +191,26 @@ class JobRecord:
     cancel_requested: bool = False
     wait_event: str | None = None
     context: str | None = None  # as enqueued (NewJob.context)
+    # Its fleet limits as enqueued (JobLimits, docs/limits.md), None where it has none, and
+    # what it waits for while a claim has put it off for one: "slot:KEY" or "rate:KEY".
+    slot_key: str | None = None
+    slots: int | None = None
+    rate_key: str | None = None
+    starts: int | None = None
+    per: float | None = None
+    waiting_on: str | None = None
+
+    @property
+    def limits(self) -> JobLimits | None:
+        if self.slot_key is None and self.rate_key is None:
+            return None
+        return JobLimits(
+            slot_key=self.slot_key,
+            slots=self.slots or 0,
+            rate_key=self.rate_key,
+            starts=self.starts or 0,
+            per=self.per or 0.0,
+        )
 
     def to_json(self) -> dict[str, object]:
         # Every field, by the class's own list (the drivers' column list is made from it too).

@@ -28,7 +28,6 @@ from ..records import (
     Enqueued,
     EventRecord,
     JobId,
-    JobLimits,
     JobRecord,
     JobState,
     Lease,
@@ -54,6 +53,7 @@ from .rules import (
     driver_closed,
     effect,
     lapsed_out_of_attempts,
+    limit_fields,
     queue_stats,
     refuse_connection,
 )
@@ -116,10 +116,8 @@ class MemoryDriver:
         self._fleet_observed: tuple[QueueStats, ...] = ()
         # The prune turn: who holds it, until when, and when the last turn ended.
         self._prune_turn: tuple[str | None, float | None, float | None] = (None, None, None)
-        # Fleet limits (limit_rules.py): each job's, what a put-off job waits for, and the
-        # limit rows by (kind, key) then n.
-        self._limits: dict[JobId, JobLimits] = {}
-        self._waiting: dict[JobId, str] = {}
+        # Fleet limits (limit_rules.py): a job's own, and what a put-off job waits for, are in
+        # its record (as the SQL drivers' rows hold them); the limit rows by (kind, key) then n.
         self._limit_rows: dict[tuple[str, str], dict[int, LimitRow]] = {}
 
     def now(self) -> float:
@@ -174,11 +172,10 @@ class MemoryDriver:
                 updated_at=now,
                 key=job.key,
                 context=job.context,
+                **limit_fields(job.limits),
             )
             if job.key is not None:
                 live_keys[job.key] = job.job_id
-            if job.limits is not None:
-                self._limits[job.job_id] = job.limits
             answers.append(Enqueued(job.job_id, created=True))
         return answers
 
@@ -223,10 +220,9 @@ class MemoryDriver:
         picked = slots.take((r.queue, r) for r in claimable if not _out_of_attempts(r))
         granted = self._apply_limits(picked, now, lease)
         for record in picked:
-            if record.id in self._limits and record.id not in granted:
+            if record.limits is not None and record.id not in granted:
                 continue
             token = granted.get(record.id) or new_token()
-            self._waiting.pop(record.id, None)
             last_error = record.last_error
             if record.state is JobState.RUNNING:
                 last_error = LAPSED_ERROR
@@ -238,6 +234,7 @@ class MemoryDriver:
                 worker_id=worker_id,
                 last_error=last_error,
                 wait_event=None,
+                waiting_on=None,
             )
             self._tokens[record.id] = token
             claims.append(
@@ -260,7 +257,7 @@ class MemoryDriver:
     ) -> Mapping[JobId, ClaimToken]:
         """Decide the limited jobs among ``picked``: take their rows, put off the blocked ones
         (a lapsed one goes back to ready, its lapse recorded); answer the granted tokens."""
-        limited = [(r.id, self._limits[r.id]) for r in picked if r.id in self._limits]
+        limited = [(r.id, r.limits) for r in picked if r.limits is not None]
         if not limited:
             return {}
         keys = {(kind, key) for _, limits in limited for kind, key, _ in needs(limits)}
@@ -270,7 +267,6 @@ class MemoryDriver:
             self._limit_rows.setdefault((row.kind, row.key), {})[row.n] = row
         for job_id, (run_at, waits) in decision.put_off.items():
             record = self._jobs[job_id]
-            self._waiting[job_id] = waits
             if record.state is JobState.RUNNING:
                 self._tokens.pop(job_id, None)
                 record = self._put(
@@ -280,11 +276,11 @@ class MemoryDriver:
                     worker_id=None,
                     last_error=LAPSED_ERROR,
                 )
-            self._put(record, run_at=run_at)
+            self._put(record, run_at=run_at, waiting_on=waits)
         return decision.granted
 
     def _held_slot(self, job_id: JobId, token: ClaimToken) -> LimitRow | None:
-        limits = self._limits.get(job_id)
+        limits = self._jobs[job_id].limits
         if limits is None or limits.slot_key is None:
             return None
         for row in self._limit_rows.get((SLOT, limits.slot_key), {}).values():
@@ -302,7 +298,7 @@ class MemoryDriver:
         waiting = [
             r
             for r in self._jobs.values()
-            if self._waiting.get(r.id) == waits
+            if r.waiting_on == waits
             and r.state in (JobState.READY, JobState.SUSPENDED)
             and r.run_at > now  # one woken already is due: wake the next
         ]
@@ -343,7 +339,7 @@ class MemoryDriver:
             held.add(one.token)
             if record.cancel_requested:
                 cancel.add(one.token)
-            if self._limits.get(one.job_id, JobLimits()).slot_key is not None:
+            if record.slot_key is not None:
                 slot = self._held_slot(one.job_id, one.token)
                 if slot is None:
                     lost.add(one.token)
@@ -430,9 +426,13 @@ class MemoryDriver:
             for r in self._jobs.values()
         ):
             raise key_held(job_id, record.key)
-        self._waiting.pop(job_id, None)
         updated = self._put(
-            record, state=JobState.READY, run_at=self.now(), attempts=0, cancel_requested=False
+            record,
+            state=JobState.READY,
+            run_at=self.now(),
+            attempts=0,
+            cancel_requested=False,
+            waiting_on=None,
         )
         self._wake()
         return updated
@@ -455,9 +455,9 @@ class MemoryDriver:
             if r.state is JobState.READY and r.run_at <= now:
                 due.setdefault(r.queue, []).append(r.run_at)
         waiting = collections.Counter(
-            (r.queue, r.name, self._waiting[r.id].split(":", 1)[0])
+            (r.queue, r.name, r.waiting_on.split(":", 1)[0])
             for r in self._jobs.values()
-            if r.state in (JobState.READY, JobState.SUSPENDED) and r.id in self._waiting
+            if r.state in (JobState.READY, JobState.SUSPENDED) and r.waiting_on is not None
         )
         return queue_stats(
             ((queue, state, n) for (queue, state), n in depths.items()),

@@ -14,6 +14,7 @@ from ..records import (
     CancelJob,
     Complete,
     DeadLetter,
+    JobLimits,
     JobRecord,
     JobState,
     Park,
@@ -129,7 +130,26 @@ def job_record(row: Iterable[Any]) -> JobRecord:
     fields = dict(zip(JOB_FIELDS, row, strict=True))
     fields["state"] = JobState(fields["state"])
     fields["cancel_requested"] = bool(fields["cancel_requested"])  # SQLite stores 0 / 1
+    # SQLite stores a job's limits whole (a slot count of 0 beside no slot key); a record says
+    # None for the half a job does not have, as PostgreSQL stores it.
+    if fields["slot_key"] is None:
+        fields["slots"] = None
+    if fields["rate_key"] is None:
+        fields["starts"] = fields["per"] = None
     return JobRecord(**fields)
+
+
+def limit_fields(limits: JobLimits | None) -> dict[str, Any]:
+    """A job's limits as its record's fields: None for the half it does not have."""
+    has = limits or JobLimits()
+    slot, rate = has.slot_key is not None, has.rate_key is not None
+    return {
+        "slot_key": has.slot_key,
+        "slots": has.slots if slot else None,
+        "rate_key": has.rate_key,
+        "starts": has.starts if rate else None,
+        "per": has.per if rate else None,
+    }
 
 
 def queue_stats(

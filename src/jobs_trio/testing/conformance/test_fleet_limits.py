@@ -59,6 +59,43 @@ async def test_a_full_slot_leaves_the_job_ready_uncounted_until_a_settle_frees_i
     assert stats.limit_waiting == ()
 
 
+async def test_a_record_shows_its_limits_and_what_it_waits_for(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # `jobs-trio show` reads these: an operator asking why a ready job does not run.
+    holder, waiter = await ids_of(driver, [limited(1, key="acct:7", priority=n) for n in (0, 1)])
+    [plain] = await ids_of(driver, [new_job()])
+    [rated] = await ids_of(driver, [limited(starts=5, per=60.0, key="api")])
+    shown = await driver.get(waiter)
+    assert shown is not None
+    assert (shown.slot_key, shown.slots, shown.rate_key, shown.starts, shown.per) == (
+        "acct:7",
+        1,
+        None,
+        None,
+        None,
+    )
+    assert shown.waiting_on is None  # not put off yet: no claim has looked at it
+    rated_record = await driver.get(rated)
+    assert rated_record is not None and rated_record.limits == JobLimits(
+        rate_key="api", starts=5, per=60.0
+    )
+    unlimited = await driver.get(plain)
+    assert unlimited is not None and unlimited.limits is None and unlimited.slots is None
+    claims = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert {c.job_id for c in claims} == {holder, plain, rated}
+    put_off = await driver.get(waiter)
+    assert put_off is not None and put_off.waiting_on == "slot:acct:7"
+    listed = {r.id: r for r in await driver.list_jobs(state=JobState.READY)}
+    assert listed[waiter].waiting_on == "slot:acct:7"
+    [held] = [c for c in claims if c.job_id == holder]
+    await driver.settle([Complete(held.lease)])
+    [claim] = await driver.claim(["default"], 10, lease=30, worker_id="w2")
+    assert claim.job_id == waiter
+    taken = await driver.get(waiter)
+    assert taken is not None and taken.waiting_on is None  # claimed: no longer waiting
+
+
 async def test_each_key_has_its_own_slots_and_unlimited_jobs_pass(driver: Driver) -> None:
     jobs = [limited(1, key="acct:1"), limited(1, key="acct:1"), limited(1, key="acct:2")]
     a, b, c = await ids_of(driver, jobs)
