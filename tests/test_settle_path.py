@@ -119,6 +119,35 @@ async def test_a_settlement_refused_in_every_form_is_reported_not_retried_foreve
     assert LAST_RESORT_ERROR.isascii()
 
 
+async def test_an_ending_fenced_out_by_another_run_is_reported_not_dropped_silently(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first run's lease lapsed and a second run took the job before the first run's
+    # ending (a finished body's result) reached the database: it cannot be written, and the
+    # worker says so, naming the job (it used to drop it without a word).
+    driver = FaultyDriver()
+    settler = Settler(driver)
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    await x.enqueue(driver)
+    [first] = await driver.claim(["default"], 1, lease=10, worker_id="w1")
+    await trio.sleep(11)
+    [second] = await driver.claim(["default"], 1, lease=10, worker_id="w2")
+    assert second.job_id == first.job_id and second.token != first.token
+    caplog.set_level(logging.WARNING, logger="jobs_trio")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        assert await settler.settle(Complete(first.lease, "1")) is False
+        assert await settler.settle(Complete(second.lease, "2")) is True
+        settler.stop_intake()
+    [fenced] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.settle.fenced"]
+    assert fenced.fields["job_id"] == first.job_id  # type: ignore[attr-defined]
+    assert fenced.fields["settlement"] == "Complete"  # type: ignore[attr-defined]
+
+
 async def test_a_lease_is_renewed_until_the_settlement_is_written(autojump_clock: object) -> None:
     registry = Registry()
     ran: list[int] = []

@@ -273,14 +273,26 @@ class Settler:
                 fix="the database refuses even a plain-ASCII dead-letter for this job: check"
                 " its constraints and triggers; the job runs again when its lease lapses",
             )
-            self._done(batch, set())
+            self._done(batch, set(), reported=True)
             return
         pending.settlement = replacement
         await self._write(batch)
 
-    def _done(self, batch: list[_Pending], applied: set[JobId]) -> None:
+    def _done(self, batch: list[_Pending], applied: set[JobId], *, reported: bool = False) -> None:
         for pending in batch:
             pending.applied = pending.settlement.lease.job_id in applied
+            if not pending.applied and not reported:
+                # Fenced: the claim's lease had lapsed and the job is another run's now (or
+                # was buried). That run's ending stands; this one's is dropped, and must not
+                # be dropped without a word (a finished body's result included).
+                log_event(
+                    "jobs.settle.fenced",
+                    logging.WARNING,
+                    job_id=pending.settlement.lease.job_id,
+                    settlement=type(pending.settlement).__name__,
+                    why="not written: this run's lease had lapsed and the job was taken by"
+                    " another run (or buried) before its ending reached the database",
+                )
             self._release(pending)
         self._written.unpark_all()
 
