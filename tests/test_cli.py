@@ -304,6 +304,16 @@ def test_a_payload_that_is_json_but_not_storable_writes_nothing(
     assert not (tmp_path / "jobs.db").exists()
 
 
+def test_an_integer_too_long_for_python_to_read_is_a_payload_error(
+    cli: Cli, db: str, tmp_path: Path
+) -> None:
+    # Past 4,300 digits json.loads raises a plain ValueError (int_max_str_digits): it was
+    # reported as X_UNEXPECTED, "a bug in jobs_trio".
+    err = cli.fails("enqueue", "x", "--payload", "9" * 5000, "--db", db, code="X_PAYLOAD")
+    assert "--payload: a value Python cannot read" in err and "as a string" in err
+    assert not (tmp_path / "jobs.db").exists()
+
+
 def test_with_app_the_declared_queue_and_attempts_apply(cli: Cli, db: str) -> None:
     job_id = enqueue(cli, db, "app.hello", "--app", "tests.apps.cli_app:registry")
     shown = json.loads(cli.ok("show", job_id, "--db", db, "--json"))
@@ -411,6 +421,13 @@ def test_a_registry_with_no_jobs_cannot_run_a_worker(
     )
     err = cli.fails("worker", name, "--db", db, code="X_CONFIG")
     assert "no queue to claim from" in err
+
+
+def test_a_lease_too_short_for_any_claim_is_refused(cli: Cli, db: str) -> None:
+    # --lease 0.001 used to start a worker that handed every claim back as late (thousands of
+    # jobs.claim.late lines a second), ran nothing, and exited 0.
+    err = cli.fails("worker", "tests.apps.cli_app", "--db", db, "--lease", "0.001", code="X_CONFIG")
+    assert "lease=0.001 is shorter than 1 s" in err and "give lease >= 1 seconds" in err
 
 
 def test_no_command_and_help(cli: Cli) -> None:

@@ -481,6 +481,15 @@ def _payload(text: str | None, name: str) -> Any:
             cause="nested deeper than the JSON parser can read",
             fix="flatten the payload: a few levels of objects and arrays are plenty",
         ) from exc
+    except ValueError as exc:
+        # Python refuses to read an integer of more than 4,300 digits (int_max_str_digits):
+        # not JSONDecodeError, and it used to reach the user as X_UNEXPECTED, "a bug".
+        raise PayloadNotSerialisable(
+            job=name,
+            field="--payload",
+            cause=f"a value Python cannot read: {exc}",
+            fix="send a long number as a string; payloads take ints of up to 640 digits",
+        ) from exc
 
 
 DriverCommand = Callable[[Driver, argparse.Namespace], Awaitable[None]]

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 # even when the death comes just after a renewal; renewals every lease / 3 (~2.7 s) leave
 # two missed renewals of slack before a live worker loses its jobs.
 DEFAULT_LEASE = 8.0
+# The shortest lease a worker takes (see Worker: a claim must come back well inside it).
+MIN_LEASE = 1.0
 
 # How long a claim taken ahead of a free slot (``claim_ahead``) waits for one before it is handed
 # back, unstarted and uncounted: the most a job waits behind a long one on a busy worker while
@@ -134,6 +136,16 @@ class Worker:
         ):
             if not value > 0:
                 raise ConfigError(f"{name}={value!r}", fix=f"give {name} > 0 seconds")
+        if lease < MIN_LEASE:
+            # Counted from the claim's send, less a stop margin: shorter than a slow claim's
+            # round trip, every claim came back late and was handed back unstarted (a worker
+            # that logged jobs.claim.late thousands of times a second and ran nothing).
+            raise ConfigError(
+                f"lease={lease!r} is shorter than {MIN_LEASE:g} s",
+                fix=f"give lease >= {MIN_LEASE:g} seconds (the default is {DEFAULT_LEASE:g}): a"
+                " claim must come back well inside its lease, and a run is stopped a margin"
+                " before it runs out",
+            )
         self.lease = float(lease)
         self.renew_interval = renew_interval if renew_interval is not None else self.lease / 3
         if not 0 < self.renew_interval < self.lease:
