@@ -686,29 +686,38 @@ async def test_bad_timeouts_are_refused_before_connecting(
             pass
 
 
-async def test_a_renewal_that_meets_a_row_lock_fails_within_the_lock_timeout(
+async def test_a_renewal_that_meets_a_row_lock_renews_every_other_run_and_says_busy(
     url: str, pg_schema: str
 ) -> None:
-    # An operator's open `SELECT ... FOR UPDATE` on a running job's row: the renewal must fail
-    # within the bound (the worker then judges its lease on its own clock), never hang.
+    # An operator's open `SELECT ... FOR UPDATE` on one running job's row. The renewal used to
+    # wait for it until the lock timeout and then fail as a whole: one locked row cost every
+    # run of the worker its renewal (a review found all 5 runs lost, run again). It must not
+    # wait at all (no lock timeout here would make it wait forever), renew every other run,
+    # and answer the locked one busy: still held, not extended.
     async with (
         open_postgres_driver(
-            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, lock_timeout=0.3
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True
         ) as driver,
         open_admin(url) as admin,
     ):
-        [job] = await driver.enqueue([new_job()])
-        [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w1")
+        await driver.enqueue([new_job(), new_job(), new_job()])
+        claims = await driver.claim(["default"], 3, lease=30, worker_id="w1")
+        locked, *others = claims
         await admin.execute("BEGIN")
         await admin.execute(
-            f'SELECT 1 FROM "{pg_schema}".jobs WHERE id = $1 FOR UPDATE', job.job_id
+            f'SELECT 1 FROM "{pg_schema}".jobs WHERE id = $1 FOR UPDATE', locked.job_id
         )
-        with trio.fail_after(10):  # without a lock_timeout this waits for the admin forever
-            with pytest.raises(DriverError, match="lock"):
-                await driver.renew([claim.lease], lease=30)
+        before = {c.job_id: (await driver.get(c.job_id)).lease_until for c in claims}  # type: ignore[union-attr]
+        with trio.fail_after(10):
+            renewed = await driver.renew([c.lease for c in claims], lease=60)
+        assert renewed.held == {c.token for c in others}
+        assert renewed.busy == {locked.token}
         await admin.execute("ROLLBACK")
-        renewed = await driver.renew([claim.lease], lease=30)
-        assert renewed.held == {claim.token}
+        after = {c.job_id: (await driver.get(c.job_id)).lease_until for c in claims}  # type: ignore[union-attr]
+        assert after[locked.job_id] == before[locked.job_id]  # not extended
+        assert all(after[c.job_id] > before[c.job_id] for c in others)
+        again = await driver.renew([c.lease for c in claims], lease=30)
+        assert again.held == {c.token for c in claims} and not again.busy
 
 
 # --- claims with fleet limits ---

@@ -265,3 +265,62 @@ async def test_a_lock_outlasting_the_lease_never_lets_the_job_run_twice_at_once(
     assert len(runs) >= 2, runs  # the first run was stopped, and the job ran again
     for (_, end, who), (start, _, next_who) in itertools.pairwise(runs):
         assert end <= start, f"{who} still ran the job when {next_who} started it: {runs}"
+
+
+async def test_one_locked_row_costs_no_other_job_its_renewal_or_its_settle(
+    tmp_path: Path,
+) -> None:
+    # An operator's session holds ONE running job's row FOR UPDATE. A review found the worker's
+    # renewal of all its runs waiting on it (then failing: every lease lost, every job run
+    # again) and the settle batch holding that row failing whole, so no other finished job
+    # was written while the lock lasted. Now only the locked job waits.
+    seen = tmp_path / "seen.txt"
+    async with (
+        fresh_database(require_postgres()) as url,
+        open_admin(url) as admin,
+        open_driver(url) as driver,
+    ):
+        store = Store("postgres", url, admin)
+        # Bodies longer than the lease: they live on their renewals.
+        payloads = [{"seen": str(seen), "n": n, "pause": 4.0} for n in range(10)]
+        victim, *others = await job("settle.ok").enqueue_many(driver, payloads)
+
+        async def states() -> dict[str, JobState]:
+            return {j: (await record(driver, j)).state for j in [victim, *others]}
+
+        async with workers(tmp_path, url, 1, "--concurrency", "10", "--lease", "3") as [
+            worker
+        ]:  # renewals every second
+            await started([worker])
+
+            async def all_running() -> bool:
+                return set((await states()).values()) == {JobState.RUNNING}
+
+            await until("all ten to run", 20, all_running)
+            async with store.locked(victim):
+
+                async def others_completed() -> bool:
+                    now = await states()
+                    return all(now[j] is JobState.COMPLETED for j in others)
+
+                # While the lock is held, however long that takes: the nine bodies end (4 s),
+                # their leases renewed meanwhile past the locked row, and their settlements
+                # written past it.
+                await until(
+                    "the nine others to complete while one row is locked", 30, (others_completed)
+                )
+                assert (await states())[victim] is not JobState.COMPLETED
+
+            async def victim_completed() -> bool:
+                return (await states())[victim] is JobState.COMPLETED
+
+            await until("the locked job to complete once its row is free", 30, victim_completed)
+            worker.signal(signal.SIGTERM)
+            assert await worker.exit_code(within=15) == 0, worker.output()
+        log = worker.output()
+        for job_id in others:
+            done = await record(driver, job_id)
+            assert done.attempts == 1, (job_id, done.attempts, log[-3000:])
+        assert "jobs.lease.row-locked" in log, log[-3000:]
+    runs = seen.read_text().split()
+    assert sorted(j for j in runs if j != victim) == sorted(others)  # each of the nine once

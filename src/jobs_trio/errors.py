@@ -169,6 +169,31 @@ class ValueRefused(DriverError):
     retryable = False
 
 
+class RowLocked(DriverError):
+    """Another session holds a lock on a row this write needs, past the driver's lock timeout
+    (an operator's transaction left open, a long migration). Retryable, but only the writes
+    touching that row: a batch that meets it is split so the rest land, and the one row's
+    write is retried on its own, never in front of every other."""
+
+    code = "X_LOCKED"
+    retryable = True
+
+    def __init__(
+        self,
+        cause: str,
+        *,
+        fix: str = "",
+        written: frozenset[str] = frozenset(),
+        busy: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(cause, fix=fix)
+        # A settle that skipped the locked rows instead of waiting for them: the job ids it
+        # did write (committed), and those of the rows it skipped, still the caller's claims.
+        # Both empty: nothing was written (the lock timeout failed the whole call).
+        self.written = written
+        self.busy = busy
+
+
 class TerminalError(JobsError):
     """Raise from a job body to dead-letter the job at once, whatever attempts are left."""
 

@@ -56,6 +56,19 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
         return
     for run in runs:
+        if run.claim.token in result.busy:
+            # Another session holds its row locked: still this run's, but not extended. Its
+            # own deadline stands (the watchdog stops it there if the lock outlasts it); every
+            # other run's renewal went on without waiting for that lock.
+            log_event(
+                "jobs.lease.row-locked",
+                logging.WARNING,
+                job_id=run.job_id,
+                job=run.claim.name,
+                fix="another session holds this job's row locked (pg_locks, pg_stat_activity):"
+                " end it, or the run is stopped when its lease runs out",
+            )
+            continue
         if run.claim.token not in result.held and run.settling:
             # Its settlement may have committed while this renewal was in flight: the job is
             # no longer running because it is done. Whether the write landed or was fenced,

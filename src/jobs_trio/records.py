@@ -121,6 +121,9 @@ class RenewResult:
     cancel_requested: frozenset[ClaimToken] = frozenset()  # an operator asked these to stop
     # Held leases whose fleet slot is no longer theirs (it lapsed and another run took it).
     slot_lost: frozenset[ClaimToken] = frozenset()
+    # Still ours but NOT extended: another session held the row locked (a renewal never waits
+    # for one, or one locked row would stop every run's renewal). Retried next round.
+    busy: frozenset[ClaimToken] = frozenset()
 
 
 # Settlements: how one attempt ends, written fenced by its lease.

@@ -13,7 +13,7 @@ import trio
 
 from .boundary import storable_text
 from .driver import Driver
-from .errors import JobsError, ValueRefused
+from .errors import JobsError, RowLocked, ValueRefused
 from .logs import log_event
 from .records import (
     CancelJob,
@@ -52,6 +52,8 @@ class _Pending:
     # writer takes it, so a settlement the database refuses is isolated there (by halves)
     # instead of failing claim after claim.
     solo: bool = False
+    # Its row was locked by another session: written by the retry task, alone, after this long.
+    lock_delay: float = 0.0
 
 
 class Settler:
@@ -89,6 +91,11 @@ class Settler:
         self._unwritten: dict[int, _Pending] = {}
         self._written = trio.lowlevel.ParkingLot()
         self._closed = False
+        # Settlements whose row another session holds locked: retried alone by their own task,
+        # so the writer never waits on a lock in front of every other job's settlement.
+        self._locked: collections.deque[_Pending] = collections.deque()
+        self._locked_arrived = trio.lowlevel.ParkingLot()
+        self._writer_done = False
         self.peak = 0  # the most settlements ever waiting at once (checked against capacity)
         self.finished = trio.Event()  # set once everything handed in has been written
 
@@ -179,7 +186,14 @@ class Settler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
-            await self._write_batches()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._retry_locked)
+                try:
+                    await self._write_batches()
+                finally:
+                    # The retry task ends once nothing more can be deferred to it.
+                    self._writer_done = True
+                    self._locked_arrived.unpark_all()
         finally:
             # Cut short (the teardown's budget ran out, after it named what was unwritten):
             # whoever waits on a write that will not happen is released, so nothing counts
@@ -201,6 +215,31 @@ class Settler:
             batch = self._take(include_solo=True)
             if batch:
                 await self._write(batch)
+
+    async def _retry_locked(self) -> None:
+        """Write each settlement whose row was locked, alone, with backoff, until it lands or
+        the settler is cut short; ends once the intake stopped and none is left."""
+        while True:
+            while not self._locked:
+                if self._writer_done:
+                    return
+                await self._locked_arrived.park()
+            pending = self._locked.popleft()
+            await trio.sleep(pending.lock_delay)
+            await self._write([pending])  # landed, refused for good, or locked again
+
+    def _defer_locked(self, pending: _Pending, exc: RowLocked) -> None:
+        pending.lock_delay = min(max(pending.lock_delay * 2, 0.05), self._retry_cap)
+        log_event(
+            "jobs.settle.row-locked",
+            logging.WARNING,
+            job_id=pending.settlement.lease.job_id,
+            settlement=type(pending.settlement).__name__,
+            error=str(exc),
+            retry_in=round(pending.lock_delay, 2),
+        )
+        self._locked.append(pending)
+        self._locked_arrived.unpark_all()
 
     def _take(self, *, include_solo: bool) -> list[_Pending]:
         """Up to max_batch from the front. Two runs of one job (a lapsed claim beside its
@@ -226,6 +265,25 @@ class Settler:
                 applied = set(await self._driver.settle([p.settlement for p in batch]))
             except ValueRefused as exc:
                 await self._isolate(batch, exc)
+                return
+            except RowLocked as exc:
+                # A row of the batch is locked by another session. Written past it (the driver
+                # skipped it: exc.written, exc.busy), the rest is done and the locked ones go
+                # to their own task; failed whole, every other settlement is written now, each
+                # alone (one lock wait for the locked one, not one per half).
+                if exc.written or exc.busy:
+                    self._done(
+                        [p for p in batch if p.settlement.lease.job_id not in exc.busy],
+                        set(exc.written),
+                    )
+                    for pending in batch:
+                        if pending.settlement.lease.job_id in exc.busy:
+                            self._defer_locked(pending, exc)
+                elif len(batch) == 1:
+                    self._defer_locked(batch[0], exc)
+                else:
+                    for pending in batch:
+                        await self._write([pending])
                 return
             except JobsError as exc:
                 # Unreachable, locked, or the file went bad: nothing was written, and dropping

@@ -18,7 +18,7 @@ from .attempt import Outcome, OutcomeKind, run_attempt
 from .budget import Budget
 from .drain import Drain
 from .driver import Driver, SettlesWithClaims, settles_with_claims
-from .errors import ConfigError, DriverError, JobDrained, ValueRefused
+from .errors import ConfigError, DriverError, JobDrained, RowLocked, ValueRefused
 from .instance_id import instance_id
 from .lease_renewal import lease_margin, renew_leases
 from .lifecycle import open_own_lifecycle
@@ -551,7 +551,9 @@ class Worker:
                 lease=self.lease,
                 worker_id=self.worker_id,
             )
-        except ValueRefused:
+        except (ValueRefused, RowLocked):
+            # Refused, or a row of it locked by another session: the settler writes these
+            # alone from now on, and this claim goes on without them.
             settler.give_back(carried, solo=True)
         except DriverError:
             settler.give_back(carried, solo=False)

@@ -31,7 +31,7 @@ def _append(path: str, line: str) -> None:
 @registry.job("settle.ok", queue="settle", attempts=3)
 async def ok(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str, int]:
     _append(payload["seen"], ctx.job_id)
-    await trio.sleep(0.01)
+    await trio.sleep(payload.get("pause", 0.01))
     return {"n": payload["n"]}
 
 

@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from ..current_transaction import unwrap
-from ..errors import DriverError, JobsError
+from ..errors import DriverError, JobsError, RowLocked
 from ..logs import log_event
 from ..operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -323,7 +323,8 @@ class PostgresDriver:
                 # Several kinds (rare): the settles' statements, then the claim's, in one
                 # transaction (run below with transaction=True); the claim's own snapshot
                 # sees what the settles changed, a waiter they woke included.
-                applied = await _apply_settles(conn, sql, now, firsts, by_kind)
+                # Every row locked first (waiting): none is ever skipped as busy here.
+                applied, _ = await _apply_settles(conn, sql, now, firsts, by_kind)
                 return applied, list(await conn.fetch(sql["claim"], *claiming)), False
             # The usual batch, one kind: ONE statement settles and claims, one round trip.
             [(kind, group)] = by_kind.items()
@@ -493,9 +494,10 @@ class PostgresDriver:
 
         rows = await self.bridge.run(extend, what="renew")
         return RenewResult(
-            held=frozenset(row["token"] for row in rows),
+            held=frozenset(row["token"] for row in rows if not row["busy"]),
             cancel_requested=frozenset(row["token"] for row in rows if row["cancel_requested"]),
             slot_lost=frozenset(row["token"] for row in rows if row["slot_lost"]),
+            busy=frozenset(row["token"] for row in rows if row["busy"]),
         )
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
@@ -508,13 +510,25 @@ class PostgresDriver:
         sql = self._sql
         by_kind = _by_kind(firsts)
 
-        async def apply(conn: Connection) -> set[tuple[JobId, str]]:
+        async def apply(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
             return await _apply_settles(conn, sql, now, firsts, by_kind)
 
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
-        applied = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
-        return _applied_in_order(settlements, applied)
+        applied, busy = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
+        written = _applied_in_order(settlements, applied)
+        if busy:
+            # Committed, but for rows another session holds locked: say which were written
+            # and which wait, so the settler writes those again and only those.
+            raise RowLocked(
+                f"{len(busy)} of the settle's rows are locked by another session",
+                fix="find the session that holds them (pg_locks joined to pg_stat_activity: a"
+                " transaction left open by hand?) and end it; those settlements are written"
+                " again, and only those jobs wait",
+                written=frozenset(written),
+                busy=frozenset(busy),
+            )
+        return written
 
     # --- operators ---
 
@@ -1026,14 +1040,19 @@ async def _apply_settles(
     now: float,
     firsts: Mapping[tuple[JobId, str], Settlement],
     by_kind: Mapping[str, Sequence[Settlement]],
-) -> set[tuple[JobId, str]]:
+) -> tuple[set[tuple[JobId, str]], set[JobId]]:
+    """Each kind's statement; answers what applied, and the job ids of the rows skipped for a
+    lock another session holds (only a single kind's statement skips any: several kinds lock
+    every row first, waiting at most the lock timeout)."""
     if len(by_kind) > 1:
         await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
     applied: set[tuple[JobId, str]] = set()
+    busy: set[JobId] = set()
     for kind, group in by_kind.items():
         rows = await conn.fetch(sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(group))
-        applied.update((row["id"], row["token"]) for row in rows)
-    return applied
+        applied.update((row["id"], row["token"]) for row in rows if not row["busy"])
+        busy.update(row["id"] for row in rows if row["busy"])
+    return applied, busy
 
 
 def _applied_in_order(

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import trio
 
-from ..errors import ConfigError, DriverError, JobsError, ValueRefused
+from ..errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
 from ..redaction import redact_url
 from .asyncio_stepper import step_to_end
 from .direct_reads import give_back, take_over, transport_of
@@ -35,6 +35,9 @@ CONNECT_SECONDS = 10.0
 # write fails the same way, so it is isolated rather than retried.
 REFUSED_CLASSES = ("22", "23", "54")
 REFUSED_STATES = ("P0001",)
+# A row another session holds locked: lock_not_available (the pool's lock_timeout ran out) and
+# deadlock_detected. The write can succeed later, and only the writes touching that row wait.
+ROW_LOCK_STATES = ("55P03", "40P01")
 
 
 class Bridge:
@@ -72,7 +75,7 @@ class Bridge:
                 return await self._cross(
                     self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
                 )
-            except ValueRefused:
+            except (ValueRefused, RowLocked):
                 raise  # the server answered and rolled back: the connection is sound
             except DriverError:
                 # The database failed this operation in a way we did not plan for (a lost
@@ -286,6 +289,13 @@ class Bridge:
                 f"{type(exc).__name__}: {exc}",
                 fix="check that the server is running and the URL's host and port are right; "
                 "the operation can be retried once it answers",
+            )
+        if isinstance(exc, asyncpg.PostgresError) and sqlstate in ROW_LOCK_STATES:
+            return RowLocked(
+                f"a row {what} needs is locked by another session: [{sqlstate}] {exc}",
+                fix="find the session that holds it (pg_locks joined to pg_stat_activity: a"
+                " transaction left open by hand?) and end it; the write is retried, and only the"
+                " jobs of the locked rows wait",
             )
         if isinstance(exc, asyncpg.PostgresError):
             return DriverError(

@@ -226,12 +226,15 @@ RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
 -- statements locking the same rows in different orders would deadlock. The rows are found by
 -- `id = ANY($3)`, probes of the primary key that come out in id order; joined to the unnest
 -- instead, with sorts off the planner walked the WHOLE primary key to get that order.
+-- SKIP LOCKED: a row another session holds locked (an operator's transaction left open) is
+-- answered `busy` below instead of waited for. Waited for, the lock timeout failed the whole
+-- statement, and one locked row cost every run of the worker its renewal, then its lease.
 WITH held AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs AS j
     WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
       AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($3::text[], $4::text[]) AS l(id, token))
     ORDER BY j.id
-    FOR UPDATE OF j
+    FOR UPDATE OF j SKIP LOCKED
 )
 -- A run's fleet slot row renews with it; a run with a slot whose row another run took (its lease
 -- lapsed) answers slot_lost.
@@ -249,8 +252,14 @@ WITH held AS MATERIALIZED (
     RETURNING r.token
 )
 SELECT token, cancel_requested,
-       has_slot AND token NOT IN (SELECT token FROM kept) AS slot_lost
-FROM renewed;
+       has_slot AND token NOT IN (SELECT token FROM kept) AS slot_lost, false AS busy
+FROM renewed
+UNION ALL
+-- Skipped for its lock, and still this run's in the statement's snapshot: not lost, not renewed.
+SELECT j.token, false, false, true FROM {schema}.jobs AS j
+WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
+  AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($3::text[], $4::text[]) AS l(id, token))
+  AND j.id NOT IN (SELECT id FROM held);
 
 -- name: lock_for_settle
 -- A batch of several kinds runs one statement per kind in one transaction: lock all its rows in
@@ -264,7 +273,11 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
 -- its attempt back (rules.SETTLEMENT_KINDS decides), $6… the kind's own (settle_columns).
 WITH locked AS MATERIALIZED (
     -- In id order: a worker renews and settles on two connections at once (see renew).
-    SELECT id FROM {schema}.jobs WHERE id = ANY($3::text[]) ORDER BY id FOR UPDATE
+    -- {skip_locked}: a settle alone skips a row another session holds locked (answered busy)
+    -- rather than wait for it holding the batch's other rows, whose renewals then see them
+    -- locked; one carried by a claim waits (its claim must commit whole), at most the lock
+    -- timeout, and the worker then gives its settlements to a settle alone.
+    SELECT id FROM {schema}.jobs WHERE id = ANY($3::text[]) ORDER BY id FOR UPDATE{skip_locked}
 ), settled AS (
     UPDATE {schema}.jobs AS j
     SET {kind_set},
@@ -307,7 +320,14 @@ WITH locked AS MATERIALIZED (
     ) AS w
 )
 -- name: settle_answer
-SELECT id, token FROM settled, (SELECT count(*) FROM notified) AS sent;
+SELECT id, token, false AS busy FROM settled, (SELECT count(*) FROM notified) AS sent
+UNION ALL
+-- Skipped for its lock, and still this claim's in the statement's snapshot: not written, and
+-- not fenced either.
+SELECT j.id, j.token, true FROM {schema}.jobs AS j
+WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
+  AND (j.id, j.token) IN (SELECT u.id, u.token FROM unnest($3::text[], $4::text[]) AS u(id, token))
+  AND j.id NOT IN (SELECT id FROM locked);
 
 -- name: settle_complete_rows
 SELECT *, false AS ready_now

@@ -96,8 +96,10 @@ def load_statements(schema: str) -> Statements:
                 "{kind_set}": _strip_comments(by_name.pop(f"settle_{kind}_set")),
             },
         )
-        by_name[f"settle_{kind}"] = f"{settle_with}\n{settle_answer}"
-        by_name[f"settle_claim_{kind}"] = _settle_then_claim(settle_with, claim_with, claim_answer)
+        alone = _fill(settle_with, {"{skip_locked}": " SKIP LOCKED"})
+        by_name[f"settle_{kind}"] = f"{alone}\n{settle_answer}"
+        carried = _fill(settle_with, {"{skip_locked}": ""})
+        by_name[f"settle_claim_{kind}"] = _settle_then_claim(carried, claim_with, claim_answer)
     del by_name["settle"]
     return Statements(
         schema=schema,
