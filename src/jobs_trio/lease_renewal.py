@@ -59,7 +59,10 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
         if run.claim.token in result.busy:
             # Another session holds its row locked: still this run's, but not extended. Its
             # own deadline stands (the watchdog stops it there if the lock outlasts it); every
-            # other run's renewal went on without waiting for that lock.
+            # other run's renewal went on without waiting for that lock. A settling run's row
+            # is most likely held by this worker's own settle: no news, not logged.
+            if run.settling:
+                continue
             log_event(
                 "jobs.lease.row-locked",
                 logging.WARNING,

@@ -34,6 +34,8 @@ LAST_RESORT_ERROR = (
 )
 # Refusal text kept in the stored error: enough to see what was refused, never a payload.
 _REFUSAL_CHARS = 400
+# A settlement whose row stays locked is logged once its backoff reaches this (its 4th try).
+_LOCK_WARN_AFTER = 0.4
 
 
 @attrs.define
@@ -52,8 +54,10 @@ class _Pending:
     # writer takes it, so a settlement the database refuses is isolated there (by halves)
     # instead of failing claim after claim.
     solo: bool = False
-    # Its row was locked by another session: written by the retry task, alone, after this long.
+    # Its row was locked by another session: written again by the retry task at retry_at,
+    # after a backoff of lock_delay.
     lock_delay: float = 0.0
+    retry_at: float = 0.0
 
 
 class Settler:
@@ -217,27 +221,44 @@ class Settler:
                 await self._write(batch)
 
     async def _retry_locked(self) -> None:
-        """Write each settlement whose row was locked, alone, with backoff, until it lands or
-        the settler is cut short; ends once the intake stopped and none is left."""
+        """Write the settlements whose rows were locked, each once its backoff has passed (those
+        due together in one batch), until each lands or the settler is cut short; ends once the
+        writer has ended and none is left."""
         while True:
             while not self._locked:
                 if self._writer_done:
                     return
                 await self._locked_arrived.park()
-            pending = self._locked.popleft()
-            await trio.sleep(pending.lock_delay)
-            await self._write([pending])  # landed, refused for good, or locked again
+            # A deferral that arrives meanwhile may be due sooner: look again when one does.
+            with trio.move_on_at(min(p.retry_at for p in self._locked)):
+                await self._locked_arrived.park()
+                continue
+            now = trio.current_time()
+            batch: list[_Pending] = []
+            jobs: set[JobId] = set()
+            for pending in list(self._locked):
+                job_id = pending.settlement.lease.job_id
+                if pending.retry_at <= now and job_id not in jobs:  # (see _take)
+                    self._locked.remove(pending)
+                    batch.append(pending)
+                    jobs.add(job_id)
+            await self._write(batch)  # landed, refused for good, or some locked again
 
     def _defer_locked(self, pending: _Pending, exc: RowLocked) -> None:
         pending.lock_delay = min(max(pending.lock_delay * 2, 0.05), self._retry_cap)
-        log_event(
-            "jobs.settle.row-locked",
-            logging.WARNING,
-            job_id=pending.settlement.lease.job_id,
-            settlement=type(pending.settlement).__name__,
-            error=str(exc),
-            retry_in=round(pending.lock_delay, 2),
-        )
+        pending.retry_at = trio.current_time() + pending.lock_delay
+        if pending.lock_delay >= _LOCK_WARN_AFTER:
+            # Not at once: a renewal of this worker's own runs holds their rows for a moment,
+            # and a settle meeting one is written again 50 ms later, which is no news. A lock
+            # still there after a few tries is someone else's.
+            log_event(
+                "jobs.settle.row-locked",
+                logging.WARNING,
+                job_id=pending.settlement.lease.job_id,
+                settlement=type(pending.settlement).__name__,
+                error=str(exc),
+                retry_in=round(pending.lock_delay, 2),
+            )
         self._locked.append(pending)
         self._locked_arrived.unpark_all()
 

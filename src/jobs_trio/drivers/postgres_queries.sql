@@ -256,8 +256,10 @@ SELECT token, cancel_requested,
 FROM renewed
 UNION ALL
 -- Skipped for its lock, and still this run's in the statement's snapshot: not lost, not renewed.
+-- Looked for only when fewer rows were locked than asked (a one-time filter).
 SELECT j.token, false, false, true FROM {schema}.jobs AS j
-WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
+WHERE (SELECT count(*) FROM held) < cardinality($3::text[])
+  AND j.id = ANY ($3::text[]) AND j.state = 'running'
   AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($3::text[], $4::text[]) AS l(id, token))
   AND j.id NOT IN (SELECT id FROM held);
 
@@ -323,9 +325,11 @@ WITH locked AS MATERIALIZED (
 SELECT id, token, false AS busy FROM settled, (SELECT count(*) FROM notified) AS sent
 UNION ALL
 -- Skipped for its lock, and still this claim's in the statement's snapshot: not written, and
--- not fenced either.
+-- not fenced either. Looked for only when some row was not locked (a one-time filter): the
+-- usual batch pays nothing for it.
 SELECT j.id, j.token, true FROM {schema}.jobs AS j
-WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
+WHERE (SELECT count(*) FROM locked) < cardinality($3::text[])
+  AND j.id = ANY ($3::text[]) AND j.state = 'running'
   AND (j.id, j.token) IN (SELECT u.id, u.token FROM unnest($3::text[], $4::text[]) AS u(id, token))
   AND j.id NOT IN (SELECT id FROM locked);
 
