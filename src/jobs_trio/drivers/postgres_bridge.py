@@ -28,6 +28,11 @@ Operation = Callable[[Connection], Awaitable[T]]
 # connection into a worker that cannot stop.
 CLEANUP_SECONDS = 5.0
 CONNECT_SECONDS = 10.0
+# How long closing a connection may wait for the server's end of it before it is dropped: a
+# healthy server answers within milliseconds, and the driver closes after the worker's drain,
+# past its grace period. At CLEANUP_SECONDS, a stalled server made an idle worker's exit take
+# 10 s after a 1 s grace (the LISTEN connection's close, then the pool's).
+CLOSE_SECONDS = 1.0
 
 # SQLSTATE classes in which the server refuses the statement for the values it carries: data
 # exceptions (22: a NUL or invalid byte, a number out of range), integrity (23: a constraint),
@@ -139,7 +144,7 @@ class Bridge:
         """Close a connection of our own; shielded and bounded, so it runs even under a
         cancelled scope and never hangs a teardown."""
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(CLEANUP_SECONDS):
+            with trio.move_on_after(CLOSE_SECONDS):
                 with contextlib.suppress(Exception):
                     await self._cross(connection.close, what="close a connection", as_task=True)
                     return
@@ -158,7 +163,7 @@ class Bridge:
             await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
 
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(CLEANUP_SECONDS):
+            with trio.move_on_after(CLOSE_SECONDS):
                 with contextlib.suppress(Exception):
                     await self._cross(close_all, what="closing connections", as_task=True)
             # Whatever did not close in time (an operation that never finished, a server that
