@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from jobs_trio.errors import ConfigError, DriverError, SchemaVersionError
+from jobs_trio.errors import ConfigError, DriverError, RowLocked, SchemaVersionError
 from jobs_trio.records import Complete, JobState
 from jobs_trio.testing.conformance.helpers import a_waiting_worker, new_job
 from tests.conftest import require_postgres
@@ -718,6 +718,38 @@ async def test_a_renewal_that_meets_a_row_lock_renews_every_other_run_and_says_b
         assert all(after[c.job_id] > before[c.job_id] for c in others)
         again = await driver.renew([c.lease for c in claims], lease=30)
         assert again.held == {c.token for c in claims} and not again.busy
+
+
+async def test_a_settle_past_a_locked_row_writes_the_rest_and_names_the_locked_one(
+    url: str, pg_schema: str
+) -> None:
+    # The locked row's settlement is tried again waiting, at most the lock timeout; the rest of
+    # the batch was written first, and the error says which were written and which wait.
+    async with (
+        open_postgres_driver(
+            url, schema=pg_schema, migrate=True, drop_schema_on_close=True, lock_timeout=0.3
+        ) as driver,
+        open_admin(url) as admin,
+    ):
+        await driver.enqueue([new_job(), new_job(), new_job()])
+        claims = await driver.claim(["default"], 3, lease=30, worker_id="w1")
+        locked, *others = claims
+        await admin.execute("BEGIN")
+        await admin.execute(
+            f'SELECT 1 FROM "{pg_schema}".jobs WHERE id = $1 FOR UPDATE', locked.job_id
+        )
+        with trio.fail_after(10), pytest.raises(RowLocked) as raised:
+            await driver.settle([Complete(c.lease, "1") for c in claims])
+        assert raised.value.written == {c.job_id for c in others}
+        assert raised.value.busy == {locked.job_id}
+        assert raised.value.code == "X_LOCKED" and "pg_locks" in raised.value.fix
+        states = {c.job_id: (await driver.get(c.job_id)).state for c in claims}  # type: ignore[union-attr]
+        assert states == {
+            locked.job_id: JobState.RUNNING,
+            **{c.job_id: JobState.COMPLETED for c in others},
+        }
+        await admin.execute("ROLLBACK")
+        assert await driver.settle([Complete(locked.lease, "1")]) == [locked.job_id]
 
 
 # --- claims with fleet limits ---

@@ -53,7 +53,7 @@ from .claim_slots import ClaimSlots
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import LimitRow, decide, needs
-from .postgres_bridge import Bridge, open_bridge, sole_error
+from .postgres_bridge import ROW_LOCK_STATES, Bridge, open_bridge, sole_error
 from .postgres_listener import Listener
 from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
@@ -1051,7 +1051,24 @@ async def _apply_settles(
     for kind, group in by_kind.items():
         rows = await conn.fetch(sql[f"settle_{kind}"], now, sql.channel, *_settle_columns(group))
         applied.update((row["id"], row["token"]) for row in rows if not row["busy"])
-        busy.update(row["id"] for row in rows if row["busy"])
+        skipped = {row["id"] for row in rows if row["busy"]}
+        if not skipped:
+            continue
+        # Most skipped rows are a moment's lock: a concurrent claim whose snapshot still read
+        # the row as ready locks it on its way to finding it taken, until that claim commits.
+        # Written again waiting (at most the lock timeout), the rest of the batch committed
+        # already: only a lock that outlasts the timeout is left busy.
+        again = [s for s in group if s.lease.job_id in skipped]
+        try:
+            rows = await conn.fetch(
+                sql[f"settle_wait_{kind}"], now, sql.channel, *_settle_columns(again)
+            )
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) not in ROW_LOCK_STATES:
+                raise
+            busy.update(skipped)
+            continue
+        applied.update((row["id"], row["token"]) for row in rows)
     return applied, busy
 
 

@@ -277,8 +277,10 @@ WITH locked AS MATERIALIZED (
     -- In id order: a worker renews and settles on two connections at once (see renew).
     -- {skip_locked}: a settle alone skips a row another session holds locked (answered busy)
     -- rather than wait for it holding the batch's other rows, whose renewals then see them
-    -- locked; one carried by a claim waits (its claim must commit whole), at most the lock
-    -- timeout, and the worker then gives its settlements to a settle alone.
+    -- locked; the driver then writes the busy ones waiting (settle_wait_<kind>: most are a
+    -- moment's lock, a concurrent claim's that read the row as ready). One carried by a claim
+    -- waits (its claim must commit whole), at most the lock timeout, and the worker then gives
+    -- its settlements to a settle alone.
     SELECT id FROM {schema}.jobs WHERE id = ANY($3::text[]) ORDER BY id FOR UPDATE{skip_locked}
 ), settled AS (
     UPDATE {schema}.jobs AS j

@@ -98,8 +98,9 @@ def load_statements(schema: str) -> Statements:
         )
         alone = _fill(settle_with, {"{skip_locked}": " SKIP LOCKED"})
         by_name[f"settle_{kind}"] = f"{alone}\n{settle_answer}"
-        carried = _fill(settle_with, {"{skip_locked}": ""})
-        by_name[f"settle_claim_{kind}"] = _settle_then_claim(carried, claim_with, claim_answer)
+        waits = _fill(settle_with, {"{skip_locked}": ""})
+        by_name[f"settle_wait_{kind}"] = f"{waits}\n{settle_answer}"
+        by_name[f"settle_claim_{kind}"] = _settle_then_claim(waits, claim_with, claim_answer)
     del by_name["settle"]
     return Statements(
         schema=schema,
