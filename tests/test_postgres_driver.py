@@ -686,6 +686,16 @@ async def test_bad_timeouts_are_refused_before_connecting(
             pass
 
 
+async def three_claims_one_row_locked(driver: Any, admin: Admin, schema: str) -> list[Any]:
+    """Three jobs claimed; the first one's row held FOR UPDATE by the admin's open transaction
+    (an operator's session), until the test rolls it back."""
+    await driver.enqueue([new_job(), new_job(), new_job()])
+    claims = list(await driver.claim(["default"], 3, lease=30, worker_id="w1"))
+    await admin.execute("BEGIN")
+    await admin.execute(f'SELECT 1 FROM "{schema}".jobs WHERE id = $1 FOR UPDATE', claims[0].job_id)
+    return claims
+
+
 async def test_a_renewal_that_meets_a_row_lock_renews_every_other_run_and_says_busy(
     url: str, pg_schema: str
 ) -> None:
@@ -700,13 +710,8 @@ async def test_a_renewal_that_meets_a_row_lock_renews_every_other_run_and_says_b
         ) as driver,
         open_admin(url) as admin,
     ):
-        await driver.enqueue([new_job(), new_job(), new_job()])
-        claims = await driver.claim(["default"], 3, lease=30, worker_id="w1")
+        claims = await three_claims_one_row_locked(driver, admin, pg_schema)
         locked, *others = claims
-        await admin.execute("BEGIN")
-        await admin.execute(
-            f'SELECT 1 FROM "{pg_schema}".jobs WHERE id = $1 FOR UPDATE', locked.job_id
-        )
         before = {c.job_id: (await driver.get(c.job_id)).lease_until for c in claims}  # type: ignore[union-attr]
         with trio.fail_after(10):
             renewed = await driver.renew([c.lease for c in claims], lease=60)
@@ -731,13 +736,8 @@ async def test_a_settle_past_a_locked_row_writes_the_rest_and_names_the_locked_o
         ) as driver,
         open_admin(url) as admin,
     ):
-        await driver.enqueue([new_job(), new_job(), new_job()])
-        claims = await driver.claim(["default"], 3, lease=30, worker_id="w1")
+        claims = await three_claims_one_row_locked(driver, admin, pg_schema)
         locked, *others = claims
-        await admin.execute("BEGIN")
-        await admin.execute(
-            f'SELECT 1 FROM "{pg_schema}".jobs WHERE id = $1 FOR UPDATE', locked.job_id
-        )
         with trio.fail_after(10), pytest.raises(RowLocked) as raised:
             await driver.settle([Complete(c.lease, "1") for c in claims])
         assert raised.value.written == {c.job_id for c in others}
