@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
@@ -23,7 +24,7 @@ from .cli_tasks import add_tasks_command
 from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
-from .lifecycle import open_lifecycle
+from .lifecycle import Lifecycle, open_lifecycle
 from .open_driver import DriverKind, driver_kind, migrate_database, open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
@@ -394,23 +395,33 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
     # The driver outlives the lifecycle: the drain's settlements (interrupted attempts handed
     # back) are written before the connection closes. When a body ignores its cancellation past
     # the grace period, the lifecycle ends the process itself with ABANDONED_EXIT_CODE (70).
-    async with (
-        open_driver(url, **driver_options(args, url)) as driver,
-        open_lifecycle(grace=args.grace) as lifecycle,
-        open_worker(
-            driver,
-            registry,
-            queues=args.queue,
-            concurrency=args.concurrency,
-            claim_ahead=args.claim_ahead,
-            hold_limit=args.hold_limit,
-            lease=args.lease,
-            lifecycle=lifecycle,
-            schedule_tasks=not args.no_tasks,
-        ),
-        serving_metrics(args),
-    ):
-        await trio.sleep_forever()  # ended by the lifecycle once the drain is done
+    async with open_driver(url, **driver_options(args, url)) as driver:
+        lifecycle: Lifecycle | None = None
+        try:
+            async with (
+                open_lifecycle(grace=args.grace) as lifecycle,
+                open_worker(
+                    driver,
+                    registry,
+                    queues=args.queue,
+                    concurrency=args.concurrency,
+                    claim_ahead=args.claim_ahead,
+                    hold_limit=args.hold_limit,
+                    lease=args.lease,
+                    lifecycle=lifecycle,
+                    schedule_tasks=not args.no_tasks,
+                ),
+                serving_metrics(args),
+            ):
+                await trio.sleep_forever()  # ended by the lifecycle once the drain is done
+        finally:
+            if lifecycle is not None and lifecycle.shut_down:
+                # Drained: only the driver's bounded close is left. The lifecycle handed the
+                # signals back to their default action as it ended, and a second SIGTERM then
+                # (a supervisor that sends two) killed the process: exit 143 after a clean
+                # drain. Ignored from here to the process's end.
+                for number in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(number, signal.SIG_IGN)
     return 0
 
 

@@ -120,6 +120,11 @@ class Lifecycle:
     def deadline(self) -> float:
         return self._budget.deadline
 
+    @property
+    def shut_down(self) -> bool:
+        """Whether a shutdown has begun (a signal, or ``shutdown()`` called)."""
+        return self._shutdown_started
+
     def bind(self, deadline: float) -> None:
         """Bound every wait of the shutdown by ``deadline``, every hook's too (only ever
         tightens): the same act as ``Hook.bind``, for the whole process."""
