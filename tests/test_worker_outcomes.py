@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 
 import pytest
@@ -333,3 +334,26 @@ def test_outcomes_states_and_cancel_reasons_keep_the_words_they_had_as_strings()
     assert json.dumps({OutcomeKind.LOST: 1, "state": WorkerState.IDLE}) == (
         '{"lost": 1, "state": "idle"}'
     )
+
+
+async def test_a_queue_no_declared_job_uses_is_named_at_start(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `--queue emials` (a typo) started a worker that ran nothing, silently: every job it could
+    # claim there is of a name it does not declare.
+    registry = Registry()
+
+    @registry.job("send", queue="emails")
+    async def send(ctx: object, payload: None) -> None:
+        pass
+
+    caplog.set_level(logging.WARNING, logger="jobs_trio")
+    w = worker(trio_driver(), registry, queues=["emails", "emials"])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await w.stop()
+    [warned] = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.queue-undeclared"
+    ]
+    assert warned.fields["queue"] == "emials"  # type: ignore[attr-defined]
+    assert warned.fields["declared"] == ["emails"]  # type: ignore[attr-defined]

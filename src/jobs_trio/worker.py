@@ -300,6 +300,7 @@ class Worker:
                 async with trio.open_nursery() as runs:
                     self._runs = runs
                     log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
+                    self._warn_of_undeclared_queues()
                     task_status.started()
                     # The budget covers the claim loops too: the claim each has in flight when
                     # claiming stops is waited for under it, like every other wait of the
@@ -330,6 +331,22 @@ class Worker:
             # this one's to reset.
             if not torn_down:
                 self._finish_teardown()
+
+    def _warn_of_undeclared_queues(self) -> None:
+        """A queue given that no declared job uses (a typo: --queue emials) runs nothing: every
+        job claimed from it is of a name this registry does not declare, and is parked."""
+        declared = set(self.registry.queues())
+        for queue in self.queues:
+            if queue not in declared:
+                log_event(
+                    "jobs.worker.queue-undeclared",
+                    logging.WARNING,
+                    worker=self.worker_id,
+                    queue=queue,
+                    declared=sorted(declared),
+                    fix="no job of this registry is declared on this queue: check the name, or"
+                    " declare the jobs (@registry.job(..., queue=...)) that are enqueued there",
+                )
 
     async def _teardown(self, settler: Settler) -> None:
         """The teardown's waits, inside the budget scope, once the claim loops have ended."""
