@@ -25,6 +25,7 @@ pytestmark = pytest.mark.postgres
 trio_asyncio = pytest.importorskip("trio_asyncio")
 asyncpg = pytest.importorskip("asyncpg")
 
+from jobs_trio.drivers import postgres_bridge  # noqa: E402
 from jobs_trio.drivers.postgres import PostgresDriver, migrate, open_postgres_driver  # noqa: E402
 from jobs_trio.drivers.postgres_sql import load_statements  # noqa: E402
 
@@ -876,3 +877,69 @@ async def test_one_job_stores_exactly_what_a_batch_stores(url: str, pg_schema: s
             with pytest.raises(ValueRefused):
                 await d.enqueue([job(**bad), job()])
         assert await admin.fetchval(f'SELECT count(*) FROM "{pg_schema}".jobs') == stored
+
+
+@contextlib.asynccontextmanager
+async def freezable(url: str) -> AsyncIterator[tuple[str, Callable[[], None]]]:
+    """A URL to the same server through a proxy, and a call that freezes every connection
+    open at that moment for good (kept open, nothing forwarded either way: a failover that
+    moved the address, a stuck proxy); connections made after pass as usual."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+    generation = 0
+
+    async def pump(source: trio.abc.Stream, sink: trio.abc.Stream, born: int) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async for chunk in source:
+                if generation != born:
+                    await trio.sleep_forever()  # frozen: nothing goes through, ever
+                await sink.send_all(chunk)
+
+    async def serve(client: trio.SocketStream) -> None:
+        born = generation
+        async with (
+            client,
+            await trio.open_tcp_stream(host, port) as server,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(pump, client, server, born)
+            nursery.start_soon(pump, server, client, born)
+
+    def freeze() -> None:
+        nonlocal generation
+        generation += 1
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1")
+        )
+        netloc = f"{parts.username or 'postgres'}@127.0.0.1:{listener.socket.getsockname()[1]}"
+        query = parts.query + ("&" if parts.query else "") + "sslmode=disable"
+        yield urlunsplit((parts.scheme, netloc, parts.path, query, "")), freeze
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_operation_nothing_answers_fails_retryably_and_the_next_gets_a_new_connection(
+    url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A connection whose packets go nowhere is never heard by the server, so its
+    # statement_timeout never fires: the operation waited for TCP to give up (~15 minutes of a
+    # worker that ran nothing and said nothing, in a review). Bounded now by statement_timeout
+    # and a margin (shortened here), the connection dropped.
+    monkeypatch.setattr(postgres_bridge, "ANSWER_MARGIN_SECONDS", 1.0)
+    async with (
+        open_postgres_driver(url, schema=pg_schema, migrate=True, drop_schema_on_close=True),
+        freezable(url) as (proxied, freeze),
+        open_postgres_driver(
+            proxied, schema=pg_schema, pool_size=1, statement_timeout=0.5
+        ) as driver,
+    ):
+        [job] = await driver.enqueue([new_job()])  # the one pooled connection, open
+        freeze()
+        with trio.fail_after(20), pytest.raises(DriverError, match="no answer from PostgreSQL"):
+            await driver.get(job.job_id)
+        with trio.fail_after(20):  # a new connection, through the proxy, which passes it
+            record = await driver.get(job.job_id)
+        assert record is not None and record.state is JobState.READY

@@ -286,3 +286,42 @@ async def test_connections_killed_under_a_running_worker_lose_no_job(
             assert len(done) == count
             recounted = [job for job in done if job.attempts != 1]
             print(f"completed with attempts != 1: {[(j.id, j.attempts) for j in recounted]}")
+
+
+async def test_a_worker_whose_connections_stop_answering_moves_to_new_ones(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Every connection the worker has open stops answering (a proxy freezes them: a failover
+    # that moved the address), while new ones pass. The server never hears those statements,
+    # so its statement_timeout never fires: the worker ran nothing for as long as a review
+    # watched (60 s) and logged nothing. Each operation is now bounded by statement_timeout
+    # (1 s here) and a margin (10 s), after which its connection is dropped.
+    from tests.test_postgres_driver import freezable
+
+    seen = tmp_path / "seen.txt"
+    count = 1_000
+    async with fresh_database(postgres_url) as url, freezable(url) as (proxied, freeze):
+        async with open_driver(url) as driver:
+            ids = await registry.require("app.record").enqueue_many(
+                driver, [{"seen": str(seen), "pause": 0.02}] * count
+            )
+        through = proxied + "&statement_timeout=1s"
+        async with workers(tmp_path, through, 1, "--concurrency", "10") as [worker]:
+
+            async def some_ran() -> bool:
+                return still_running(worker) and len(lines_of(seen)) >= 100
+
+            await until("100 jobs run", 30, some_ran)
+            freeze()
+            async with open_driver(url) as driver:
+
+                async def all_completed() -> bool:
+                    return still_running(worker) and await completed_in(driver, "bulk") == count
+
+                await until(
+                    f"all {count:,} jobs completed past the frozen connections", 90, (all_completed)
+                )
+            await stop([worker])
+        assert "no answer from PostgreSQL" in worker.output(), worker.output()[-3000:]
+    ran = {job_id for job_id, _ in lines_of(seen)}
+    assert ran == set(ids)  # at least once each (a frozen claim's jobs ran after their lapse)

@@ -970,7 +970,7 @@ class PostgresDriver:
             await conn.execute(sql["drop_schema"])
 
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await self.bridge.run(drop, what=f"dropping schema {self.schema!r}")
+            await self.bridge.run(drop, what=f"dropping schema {self.schema!r}", bounded=False)
 
 
 def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
@@ -33,6 +34,13 @@ CONNECT_SECONDS = 10.0
 # past its grace period. At CLEANUP_SECONDS, a stalled server made an idle worker's exit take
 # 10 s after a 1 s grace (the LISTEN connection's close, then the pool's).
 CLOSE_SECONDS = 1.0
+# How long past its statement_timeout an operation on a pooled connection may go unanswered
+# before the connection is given up on. The server bounds what it hears; a connection whose
+# packets go nowhere (a failover that moved the address, a frozen proxy) is never heard, and
+# its operation waited for the kernel to give up on TCP: ~15 minutes of a worker that ran
+# nothing and said nothing (a review's blackholing proxy). The margin covers an operation of
+# several statements and its cleanup (a rollback waits up to CLEANUP_SECONDS).
+ANSWER_MARGIN_SECONDS = 10.0
 
 # SQLSTATE classes in which the server refuses the statement for the values it carries: data
 # exceptions (22: a NUL or invalid byte, a number out of range), integrity (23: a constraint),
@@ -70,25 +78,42 @@ class Bridge:
         # The server settings of our own pooled connections (postgres_pool.session_settings),
         # never of an application's connection nor of the LISTEN one, which waits on purpose.
         self.session = dict(session)
+        self._answer_within = _answer_bound(self.session)
         self._pool = Pool(self._open_pooled, pool_size)
         self._where = _where(url)
 
-    async def run(self, op: Operation[T], *, what: str, transaction: bool = False) -> T:
-        """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once."""
+    async def run(
+        self, op: Operation[T], *, what: str, transaction: bool = False, bounded: bool = True
+    ) -> T:
+        """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once.
+        Unanswered past its statement_timeout and a margin, the connection is dropped and the
+        operation fails retryably (``bounded=False`` for a migration, which lifts the timeout)."""
         async with self._pool.checkout() as conn:
-            try:
-                return await self._cross(
-                    self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
-                )
-            except (ValueRefused, RowLocked):
-                raise  # the server answered and rolled back: the connection is sound
-            except DriverError:
-                # The database failed this operation in a way we did not plan for (a lost
-                # connection, an error mid-protocol): whatever state that left the connection
-                # in, the next operation gets a fresh one instead. Domain errors (JobNotFound,
-                # InvalidTransition) are not DriverErrors and keep the connection.
-                conn.terminate()
-                raise
+            with trio.move_on_after(self._answer_within if bounded else math.inf):
+                try:
+                    return await self._cross(
+                        self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
+                    )
+                except (ValueRefused, RowLocked):
+                    raise  # the server answered and rolled back: the connection is sound
+                except DriverError:
+                    # The database failed this operation in a way we did not plan for (a lost
+                    # connection, an error mid-protocol): whatever state that left the
+                    # connection in, the next operation gets a fresh one instead. Domain errors
+                    # (JobNotFound, InvalidTransition) are not DriverErrors and keep it.
+                    conn.terminate()
+                    raise
+            # Nothing came back: whether the statement reached the server is unknown, and the
+            # connection may still owe the end of a cancelled one, which would hang the next
+            # operation on it. Dropped; the caller retries on a fresh one.
+            conn.terminate()
+            raise DriverError(
+                f"no answer from PostgreSQL at {self._where} within {self._answer_within:g} s"
+                f" during {what}",
+                fix="the server, or something between (a proxy, a failover that moved the"
+                " address), stopped answering this connection; the operation can be retried on"
+                " a new one, which the pool opens",
+            )
 
     async def run_on(self, connection: Connection, op: Operation[T], *, what: str) -> T:
         """Run ``op`` on the caller's own connection, inside a savepoint when the caller has a
@@ -450,6 +475,16 @@ async def _open_pool(
 
 async def _nothing(conn: Connection) -> None:
     pass
+
+
+def _answer_bound(session: Mapping[str, str]) -> float:
+    """Seconds an operation may go unanswered: the session's statement_timeout (whole
+    milliseconds, as session_settings writes it) plus the margin; unbounded when it is off."""
+    timeout = session.get("statement_timeout", "0")
+    milliseconds = float(timeout.removesuffix("ms") or 0)
+    if milliseconds <= 0:
+        return math.inf
+    return milliseconds / 1000 + ANSWER_MARGIN_SECONDS
 
 
 def _where(url: str) -> str:

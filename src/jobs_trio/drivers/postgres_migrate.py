@@ -45,7 +45,11 @@ async def apply_migrations(bridge: Bridge, sql: Statements) -> list[int]:
             applied.append(migration.version)
         return applied
 
-    return await bridge.run(apply, what=f"migrating schema {sql.schema!r}", transaction=True)
+    # Unbounded: a migration lifts the statement timeout for its transaction (an index built
+    # over a large table may take minutes), so no answer bound can be derived from it.
+    return await bridge.run(
+        apply, what=f"migrating schema {sql.schema!r}", transaction=True, bounded=False
+    )
 
 
 async def check_migrated(bridge: Bridge, sql: Statements) -> None:
