@@ -57,9 +57,10 @@ async def test_the_driver_claims_settles_and_is_woken_over_tls(
 
             async def wait() -> None:
                 # The wait's own timeout (60 s) would be a missed wake-up, not a NOTIFY heard.
+                # Not cancelling the nursery once woken: the NOTIFY can wake it before the
+                # enqueue's own answer is read, and that read must not be cut.
                 with trio.fail_after(20):
                     await driver.wait_for_work(["tls"], timeout=60)
-                nursery.cancel_scope.cancel()
 
             nursery.start_soon(wait)
             await trio.testing.wait_all_tasks_blocked()
