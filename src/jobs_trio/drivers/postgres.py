@@ -1096,8 +1096,9 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
         [s.lease.token for s in group],
         [e.hands_back for e in effects],
     ]
-    if effects[0].delay is not None:
-        columns.append([float(e.delay or 0.0) for e in effects])
+    if kind_of(group[0]).moves_run_at:
+        # None where the run_at stays (an interrupted attempt keeps its place in line).
+        columns.append([None if e.delay is None else float(e.delay) for e in effects])
     columns += [[e.writes[field] for e in effects] for field in effects[0].writes]
     cancelled = [instead.error for s in group if (instead := cancel_instead(s)) is not None]
     if cancelled:

@@ -343,7 +343,8 @@ FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, hand
 state = 'completed', result = s.result;
 
 -- name: settle_retry_rows
-SELECT *, delay <= 0 AS ready_now
+-- A NULL delay: an interrupted attempt, ready now at the run_at it had (its place in line).
+SELECT *, coalesce(delay, 0) <= 0 AS ready_now
 FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[])
     AS u(id, token, handed_back, delay, error, cancelled);
 
@@ -353,7 +354,8 @@ FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::te
 -- holds the rule); in this one statement, so a cancel request that commits while it runs is
 -- seen on the row it re-reads.
 state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'ready' END,
-run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE $1 + greatest(s.delay, 0) END,
+run_at = CASE WHEN j.cancel_requested OR s.delay IS NULL THEN j.run_at
+              ELSE $1 + greatest(s.delay, 0) END,
 last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.error END;
 
 -- name: settle_dead_rows

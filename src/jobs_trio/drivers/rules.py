@@ -74,21 +74,28 @@ class Effect:
 class SettlementKind:
     name: str  # PostgreSQL's statement for it is settle_<name>
     effect: Callable[[Any], Effect]
+    moves_run_at: bool = False  # its statement takes a delay column (None: run_at stays)
+
+
+def _retry_effect(s: Retry) -> Effect:
+    # An attempt handed back at once (interrupted: a drain, a late claim, a hold limit) keeps
+    # its run_at, so its place in line: it was running, so it was first. Given a new run_at of
+    # now, it went behind every job that waited meanwhile (a deploy put the jobs it drained at
+    # the back of a deep queue).
+    keeps_place = not s.counts_as_attempt and s.delay <= 0
+    return Effect(
+        JobState.READY,
+        hands_back=not s.counts_as_attempt,
+        delay=None if keeps_place else s.delay,
+        writes={"last_error": s.error},
+    )
 
 
 SETTLEMENT_KINDS: Final[Mapping[type, SettlementKind]] = {
     Complete: SettlementKind(
         "complete", lambda s: Effect(JobState.COMPLETED, writes={"result": s.result})
     ),
-    Retry: SettlementKind(
-        "retry",
-        lambda s: Effect(
-            JobState.READY,
-            hands_back=not s.counts_as_attempt,
-            delay=s.delay,
-            writes={"last_error": s.error},
-        ),
-    ),
+    Retry: SettlementKind("retry", _retry_effect, moves_run_at=True),
     DeadLetter: SettlementKind(
         "dead", lambda s: Effect(JobState.DEAD, writes={"last_error": s.error})
     ),
@@ -97,6 +104,7 @@ SETTLEMENT_KINDS: Final[Mapping[type, SettlementKind]] = {
         lambda s: Effect(
             JobState.SUSPENDED, hands_back=True, delay=s.delay, writes={"wait_event": s.event}
         ),
+        moves_run_at=True,
     ),
     Park: SettlementKind(
         "park", lambda s: Effect(JobState.PARKED, hands_back=True, writes={"last_error": s.reason})

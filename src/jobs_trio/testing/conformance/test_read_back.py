@@ -126,10 +126,12 @@ def settled(before: JobRecord, s: Settlement, now: float) -> JobRecord:
         case Complete(result=result):
             return attrs.evolve(ended, state=JobState.COMPLETED, result=result)
         case Retry(delay=delay, error=error, counts_as_attempt=counts):
+            # Interrupted (handed back at once): its run_at, so its place in line, stays.
+            keeps_place = not counts and delay <= 0
             return attrs.evolve(
                 ended,
                 state=JobState.READY,
-                run_at=now + delay,
+                run_at=before.run_at if keeps_place else now + delay,
                 attempts=before.attempts - (0 if counts else 1),
                 last_error=error,
             )

@@ -54,6 +54,30 @@ async def test_retry_not_counted_hands_the_attempt_back_and_is_ready_now(driver:
     assert again.attempt == 1  # a job with one attempt survives a deploy
 
 
+async def test_an_interrupted_attempt_keeps_its_place_in_line(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # Drained (handed back at once, uncounted), a job that was running goes back ahead of the
+    # jobs that waited behind it: given a run_at of now, a deploy put it behind them all.
+    first = await enqueue_one(driver)
+    manual_clock.advance(1)
+    second = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    assert claim.job_id == first
+    manual_clock.advance(1)
+    await driver.settle(
+        [Retry(claim.lease, delay=0, error="interrupted: draining", counts_as_attempt=False)]
+    )
+    assert (await claim_one(driver)).job_id == first
+    # A counted retry, or one handed back with a delay, goes where its delay puts it.
+    [again] = await driver.claim(["default"], 1, lease=30, worker_id="w")
+    assert again.job_id == second
+    manual_clock.advance(1)
+    await driver.settle([Retry(again.lease, delay=0, error="boom")])
+    record = await driver.get(second)
+    assert record is not None and record.run_at == driver.now()
+
+
 async def test_dead_letter_park_and_cancel(driver: Driver) -> None:
     ids = [a.job_id for a in await driver.enqueue([new_job() for _ in range(3)])]
     claims = {c.job_id: c for c in await driver.claim(["default"], 3, lease=30, worker_id="w")}
