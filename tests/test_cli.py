@@ -2,6 +2,7 @@
 # what each prints (text and --json), and every user mistake as `error [CODE]` with exit 2.
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
@@ -312,6 +313,21 @@ def test_an_integer_too_long_for_python_to_read_is_a_payload_error(
     err = cli.fails("enqueue", "x", "--payload", "9" * 5000, "--db", db, code="X_PAYLOAD")
     assert "--payload: a value Python cannot read" in err and "as a string" in err
     assert not (tmp_path / "jobs.db").exists()
+
+
+def test_a_row_written_outside_jobs_trio_as_a_blob_does_not_break_the_json_listing(
+    cli: Cli, db: str, tmp_path: Path
+) -> None:
+    # One job whose payload another program stored as a BLOB made `list --json` (every job)
+    # and `show --json` fail X_UNEXPECTED: one bad row hid them all.
+    good = enqueue(cli, db, "x")
+    bad = enqueue(cli, db, "x")
+    with contextlib.closing(sqlite3.connect(tmp_path / "jobs.db")) as conn, conn:
+        conn.execute("UPDATE jobs SET payload = CAST(payload AS BLOB) WHERE id = ?", (bad,))
+    listed = {job["id"]: job for job in json.loads(cli.ok("list", "--db", db, "--json"))}
+    assert listed[good]["payload"] == "null"
+    assert listed[bad]["payload"] == "<4 bytes, not text: b'null'>"
+    assert json.loads(cli.ok("show", bad, "--db", db, "--json"))["payload"].startswith("<4 bytes")
 
 
 def test_with_app_the_declared_queue_and_attempts_apply(cli: Cli, db: str) -> None:

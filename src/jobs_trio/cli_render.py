@@ -261,7 +261,17 @@ def stats_table(stats: Sequence[QueueStats]) -> str:
 
 
 def dumps(value: object) -> str:
-    return json.dumps(value, indent=2, sort_keys=False)
+    return json.dumps(value, indent=2, sort_keys=False, default=_not_json)
+
+
+def _not_json(value: object) -> str:
+    """What --json prints for a stored value JSON has no form for: a payload or result written
+    outside jobs_trio as a SQLite BLOB made the whole listing fail (X_UNEXPECTED), one bad row
+    hiding every other."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        return f"<{len(data)} bytes, not text: {data[:200]!r}>"
+    return f"<{type(value).__name__}: {value!r}>"
 
 
 def _indent(text: str, prefix: str) -> str:
