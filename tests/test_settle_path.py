@@ -14,7 +14,7 @@ import trio.testing
 from jobs_trio import Registry
 from jobs_trio.driver import settles_with_claims
 from jobs_trio.drivers.memory import MemoryDriver
-from jobs_trio.errors import DriverError, ValueRefused
+from jobs_trio.errors import DriverError, RowLocked, ValueRefused
 from jobs_trio.lease_renewal import lease_margin
 from jobs_trio.lifecycle import Lifecycle
 from jobs_trio.records import Complete, JobState, Lease, RenewResult, Settlement
@@ -146,6 +146,45 @@ async def test_an_ending_fenced_out_by_another_run_is_reported_not_dropped_silen
     [fenced] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.settle.fenced"]
     assert fenced.fields["job_id"] == first.job_id  # type: ignore[attr-defined]
     assert fenced.fields["settlement"] == "Complete"  # type: ignore[attr-defined]
+
+
+async def test_settlements_a_claim_carried_past_a_locked_row_are_kept_or_retried_not_rewritten(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A settle that wrote part of what a claim carried and skipped a locked row (RowLocked with
+    # written and busy): the written one is done, applied, never written a second time (that
+    # write would be fenced, and read as a lost ending); the locked one is written again alone.
+    driver = FaultyDriver()
+    settler = Settler(driver, carried_by_claims=True)
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    await x.enqueue_many(driver, [None, None])
+    first, second = await driver.claim(["default"], 2, lease=30, worker_id="w")
+    caplog.set_level(logging.WARNING, logger="jobs_trio")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        written = settler.hand_in(Complete(first.lease, "1"))
+        locked = settler.hand_in(Complete(second.lease, "2"))
+        carried = settler.take_for_claim()
+        assert len(carried) == 2
+        # The carrying call wrote the first (as the driver would have) and skipped the second.
+        assert await driver.settle([Complete(first.lease, "1")]) == [first.job_id]
+        settler.give_back_locked(
+            carried,
+            RowLocked(
+                "1 row locked", written=frozenset({first.job_id}), busy=frozenset({second.job_id})
+            ),
+        )
+        assert await settler.confirmed(written) is True
+        assert await settler.confirmed(locked) is True  # written by the retry task
+        settler.stop_intake()
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "jobs.settle.fenced" not in events
+    done = await driver.get(second.job_id)
+    assert done is not None and done.state is JobState.COMPLETED and done.result == "2"
 
 
 async def test_a_lease_is_renewed_until_the_settlement_is_written(autojump_clock: object) -> None:

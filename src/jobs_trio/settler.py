@@ -177,6 +177,27 @@ class Settler:
         """``batch`` (from ``take_for_claim``) was written with a claim."""
         self._done(batch, set(applied))
 
+    def give_back_locked(self, batch: list[_Pending], exc: RowLocked) -> None:
+        """``batch`` (from ``take_for_claim``) met a row another session holds locked: what the
+        call wrote is done, the locked ones go to the retry task, and when it wrote nothing
+        the writer writes them all, alone from now on."""
+        if not self._written_past_lock(batch, exc):
+            self.give_back(batch, solo=True)
+
+    def _written_past_lock(self, batch: list[_Pending], exc: RowLocked) -> bool:
+        """When the driver wrote ``batch`` past a locked row (exc.written, exc.busy): mark the
+        written done (and the rest, fenced), hand the locked ones to the retry task; True. A
+        RowLocked that wrote nothing: False, nothing done."""
+        if not (exc.written or exc.busy):
+            return False
+        self._done(
+            [p for p in batch if p.settlement.lease.job_id not in exc.busy], set(exc.written)
+        )
+        for pending in batch:
+            if pending.settlement.lease.job_id in exc.busy:
+                self._defer_locked(pending, exc)
+        return True
+
     def give_back(self, batch: list[_Pending], *, solo: bool) -> None:
         """``batch`` (from ``take_for_claim``) was not written: the writer writes it, first,
         in its order; never carried again when ``solo`` (the database refused the claim that
@@ -288,23 +309,16 @@ class Settler:
                 await self._isolate(batch, exc)
                 return
             except RowLocked as exc:
-                # A row of the batch is locked by another session. Written past it (the driver
-                # skipped it: exc.written, exc.busy), the rest is done and the locked ones go
-                # to their own task; failed whole, every other settlement is written now, each
+                # A row of the batch is locked by another session. Written past it, see
+                # _written_past_lock; failed whole, every other settlement is written now, each
                 # alone (one lock wait for the locked one, not one per half).
-                if exc.written or exc.busy:
-                    self._done(
-                        [p for p in batch if p.settlement.lease.job_id not in exc.busy],
-                        set(exc.written),
-                    )
-                    for pending in batch:
-                        if pending.settlement.lease.job_id in exc.busy:
-                            self._defer_locked(pending, exc)
-                elif len(batch) == 1:
+                if self._written_past_lock(batch, exc):
+                    return
+                if len(batch) == 1:
                     self._defer_locked(batch[0], exc)
-                else:
-                    for pending in batch:
-                        await self._write([pending])
+                    return
+                for pending in batch:
+                    await self._write([pending])
                 return
             except JobsError as exc:
                 # Unreachable, locked, or the file went bad: nothing was written, and dropping

@@ -568,9 +568,12 @@ class Worker:
                 lease=self.lease,
                 worker_id=self.worker_id,
             )
-        except (ValueRefused, RowLocked):
-            # Refused, or a row of it locked by another session: the settler writes these
-            # alone from now on, and this claim goes on without them.
+        except RowLocked as exc:
+            # A row of it locked by another session: a settle alone (no slot to claim for)
+            # may have written the rest; the settler keeps what was written and writes the
+            # others alone from now on, and this claim goes on without them.
+            settler.give_back_locked(carried, exc)
+        except ValueRefused:
             settler.give_back(carried, solo=True)
         except DriverError:
             settler.give_back(carried, solo=False)

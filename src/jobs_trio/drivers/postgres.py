@@ -68,6 +68,7 @@ from .rules import (
     effect,
     job_record,
     kind_of,
+    limit_fields,
     queue_stats,
 )
 
@@ -992,13 +993,9 @@ def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
 def _limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
     """The unnest arrays of the jobs' fleet limits (slot_key, slots, rate_key, starts, per),
     after enqueue's channel parameter; all NULL for a job without limits."""
-    limits = [j.limits or JobLimits() for j in jobs]
+    fields = [limit_fields(j.limits) for j in jobs]
     return [
-        [x.slot_key for x in limits],
-        [x.slots if x.slot_key is not None else None for x in limits],
-        [x.rate_key for x in limits],
-        [x.starts if x.rate_key is not None else None for x in limits],
-        [x.per if x.rate_key is not None else None for x in limits],
+        [f[name] for f in fields] for name in ("slot_key", "slots", "rate_key", "starts", "per")
     ]
 
 
