@@ -28,6 +28,25 @@ async def _enqueue(registry: Registry, driver: MemoryDriver, names: list[str]) -
     return [await job.enqueue(driver, name, priority=i) for i, name in enumerate(names)]
 
 
+def _recording_registry(
+    quick: str | None = None,
+) -> tuple[Registry, dict[str, trio.Event], list[str]]:
+    """``q.job`` (queue ``q``): each run appends its payload to the list answered, then waits
+    for the payload's event in the dict (made on first use) — except the payload ``quick``,
+    which ends at once."""
+    registry = Registry()
+    release: dict[str, trio.Event] = {}
+    started: list[str] = []
+
+    @registry.job("q.job", queue="q")
+    async def body(ctx: object, payload: str) -> None:
+        started.append(payload)
+        if payload != quick:
+            await release.setdefault(payload, trio.Event()).wait()
+
+    return registry, release, started
+
+
 async def _drained_once_running(nursery: trio.Nursery, w: Worker, started: trio.Event) -> float:
     """Start ``w``, and drain it (SIGTERM, 25 s grace) once a body has started and every claim
     is held; answers when."""
@@ -261,15 +280,7 @@ async def test_stop_runs_the_held_claims(autojump_clock: Any) -> None:
 async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_restarted(
     autojump_clock: Any,
 ) -> None:
-    registry = Registry()
-    release: dict[str, trio.Event] = {}
-    started: list[str] = []
-
-    @registry.job("q.job", queue="q")
-    async def body(ctx: object, payload: str) -> None:
-        started.append(payload)
-        await release.setdefault(payload, trio.Event()).wait()
-
+    registry, release, started = _recording_registry()
     driver = CountingDriver()
     ids = await _enqueue(registry, driver, ["a", "b", "c"])
     w = worker(driver, registry, concurrency=1, claim_ahead=2, lease=3.0)
@@ -294,10 +305,55 @@ async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_
             assert started[-1] == name
             release.setdefault(name, trio.Event()).set()
     assert started == ["a", "a", "b", "c"]
-    for job_id in ids:
-        r = await record(driver, job_id)
-        assert (r.state, r.attempts) == (JobState.COMPLETED, 2)
+    # The lapse cost the job that ran its attempt; the two held ones, never started, got
+    # theirs back (Claim.ahead).
+    finished = [await record(driver, job_id) for job_id in ids]
+    assert [(r.state, r.attempts) for r in finished] == [
+        (JobState.COMPLETED, 2),
+        (JobState.COMPLETED, 1),
+        (JobState.COMPLETED, 1),
+    ]
     assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
+
+
+@pytest.mark.parametrize("renewed_after_start", [False, True])
+async def test_a_held_job_started_costs_its_attempt_on_a_crash_once_a_renewal_records_it(
+    autojump_clock: Any, renewed_after_start: bool
+) -> None:
+    registry, _, started = _recording_registry(quick="quick")
+    driver = CountingDriver()
+    ids = await _enqueue(registry, driver, ["quick", "promoted", "held"])
+    # Lease 3 s: renewed every second.
+    w = worker(driver, registry, concurrency=1, claim_ahead=2, lease=3.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        # "quick" ended at once and handed its slot to "promoted", claimed ahead; "held" waits.
+        assert started == ["quick", "promoted"]
+        assert (w.stats().in_flight, w.stats().claimed_ahead) == (1, 1)
+        if renewed_after_start:
+            await trio.sleep(1.5)  # a renewal records the promoted one's start
+        nursery.cancel_scope.cancel()  # the worker dies (as far as the database can tell)
+    await trio.sleep(10)  # their leases lapse
+    again = await driver.claim(["q"], 2, lease=30, worker_id="next")
+    attempts = {c.job_id: c.attempt for c in again}
+    # Once its start is recorded a run's attempt counts, as any running job's; before that the
+    # database cannot tell it from the held one beside it, which never started: both given back.
+    assert attempts == {ids[1]: 2 if renewed_after_start else 1, ids[2]: 1}
+
+
+async def test_claim_ahead_with_a_driver_that_cannot_mark_claims_ahead_is_refused() -> None:
+    class OldDriver(MemoryDriver):
+        async def claim(  # type: ignore[override]
+            self, queues: Any, limit: Any, *, lease: float, worker_id: str
+        ) -> Any:
+            return await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+
+    registry, _, _ = blocking_registry(["q"])
+    with pytest.raises(ConfigError, match=r"claim\(\) takes free=") as refused:
+        worker(OldDriver(), registry, claim_ahead=4)
+    assert "claim_ahead at 0" in str(refused.value)
+    worker(OldDriver(), registry)  # without claiming ahead it is asked nothing new
 
 
 class StuckThread:

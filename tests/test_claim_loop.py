@@ -33,9 +33,10 @@ class CountingDriver(MemoryDriver):
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> Sequence[Claim]:
         self.claims.append(dict(limit) if isinstance(limit, Mapping) else limit)
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
         self.claimed.extend(c.job_id for c in claims)
         return claims
 

@@ -176,8 +176,10 @@ class ClaimsInFlight(MemoryDriver):
         self.gate = trio.Event()
         self.committed = trio.Event()
 
-    async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+    async def claim(
+        self, queues: Any, limit: int, *, lease: float, worker_id: str, **ahead: Any
+    ) -> Any:
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, **ahead)
         if claims:
             self.committed.set()
             await self.gate.wait()

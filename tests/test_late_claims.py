@@ -38,16 +38,19 @@ class StalledClaims(MemoryDriver):
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> Sequence[Claim]:
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
         if claims and worker_id in self.stall:
             await trio.sleep(self.stall.pop(worker_id))
         return claims
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[str] = ()
+    ) -> RenewResult:
         if trio.current_time() >= self.renewals_fail_at:
             raise DriverError("renewals refused (test)")
-        return await super().renew(leases, lease=lease)
+        return await super().renew(leases, lease=lease, started=started)
 
 
 @pytest.mark.parametrize("claim_ahead", [0, 4])
@@ -193,8 +196,10 @@ class SlowRenewals(StalledClaims):
         super().__init__(stall)
         self.renew_takes = renew_takes
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
-        result = await super().renew(leases, lease=lease)
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[str] = ()
+    ) -> RenewResult:
+        result = await super().renew(leases, lease=lease, started=started)
         await trio.sleep(self.renew_takes)
         return result
 

@@ -35,8 +35,8 @@ class SlowAnswerDriver(MemoryDriver):
         await self.renewed_after_commit.wait()
         return written
 
-    async def renew(self, leases: Any, *, lease: float) -> Any:
-        result = await super().renew(leases, lease=lease)
+    async def renew(self, leases: Any, *, lease: float, started: Any = ()) -> Any:
+        result = await super().renew(leases, lease=lease, started=started)
         if self.committed:
             self.renewed_after_commit.set()
         return result

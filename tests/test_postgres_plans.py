@@ -41,8 +41,9 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         LAPSED_ERROR,
         LAPSED_OUT_OF_ATTEMPTS,
         [40, 10],
+        [20, 10],  # free slots: the rest of each queue's cap claimed ahead
     ),
-    "renew": (NOW, 30.0, RUNNING_IDS, TOKENS),
+    "renew": (NOW, 30.0, RUNNING_IDS, TOKENS, TOKENS[:5]),  # five of them started since
     "lock_for_settle": (RUNNING_IDS,),
     # Each settle: ids, tokens, whether each hands its attempt back, then the kind's own.
     "settle_complete": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["null"] * 50),

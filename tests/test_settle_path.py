@@ -37,8 +37,10 @@ class FaultyDriver(MemoryDriver):
         self.settle_calls: list[int] = []  # batch sizes, in call order
         self.claimed = 0
 
-    async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+    async def claim(
+        self, queues: Any, limit: int, *, lease: float, worker_id: str, **ahead: Any
+    ) -> Any:
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, **ahead)
         self.claimed += len(claims)
         return claims
 
@@ -50,9 +52,11 @@ class FaultyDriver(MemoryDriver):
             raise ValueRefused("the test database refuses this result", fix="none")
         return await super().settle(settlements)
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[str] = ()
+    ) -> RenewResult:
         await self.renewals_open.wait()
-        return await super().renew(leases, lease=lease)
+        return await super().renew(leases, lease=lease, started=started)
 
 
 async def test_a_refused_settlement_fails_its_own_job_and_no_other(autojump_clock: object) -> None:

@@ -142,8 +142,10 @@ class CheckingDriver(MemoryDriver):
         self.written: set[str] = set()  # tokens whose settlement (or its replacement) applied
         self.lease_until: dict[str, float] = {}  # token -> its lease's end, as last granted
 
-    async def claim(self, queues: Any, limit: int, *, lease: float, worker_id: str) -> Any:
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id)
+    async def claim(
+        self, queues: Any, limit: int, *, lease: float, worker_id: str, **ahead: Any
+    ) -> Any:
+        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, **ahead)
         for c in claims:
             self.before_claim[c.token] = c.attempt - 1
             self.lease_until[c.token] = self._jobs[c.job_id].lease_until or 0.0
@@ -153,8 +155,8 @@ class CheckingDriver(MemoryDriver):
                 self.returned_while_drained.extend(c.token for c in claims)
         return claims
 
-    async def renew(self, leases: Any, *, lease: float) -> Any:
-        result = await super().renew(leases, lease=lease)
+    async def renew(self, leases: Any, *, lease: float, started: Any = ()) -> Any:
+        result = await super().renew(leases, lease=lease, started=started)
         for held in leases:
             if held.token in result.held:
                 self.lease_until[held.token] = self._jobs[held.job_id].lease_until or 0.0

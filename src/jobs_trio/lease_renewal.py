@@ -49,8 +49,17 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
     if not runs:
         return
     sent_at = trio.current_time()
+    # Claims taken ahead whose bodies started since the last round: recorded with the renewal
+    # they ride on (no write of their own), so from here a crash costs them the attempt. Only
+    # asked of a driver when there are some: a worker that never claims ahead asks nothing new.
+    started = [r.claim.token for r in runs if r.start_unrecorded]
+    recorded = frozenset(started)
     try:
-        result = await driver.renew([r.claim.lease for r in runs], lease=lease)
+        leases = [r.claim.lease for r in runs]
+        if started:
+            result = await driver.renew(leases, lease=lease, started=started)
+        else:
+            result = await driver.renew(leases, lease=lease)
     except JobsError as exc:
         # The watchdog stops each run at its own deadline; nothing more to do here than say so.
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
@@ -85,6 +94,8 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
             # From when the renewal was SENT: the database set its lease at some moment after
             # that, so this deadline is never later than the database's.
             run.lease_deadline = sent_at + lease
+            if run.start_unrecorded and run.claim.token in recorded:
+                run.start_unrecorded = False
             if run.claim.token in result.slot_lost:
                 if run.reason is None:
                     log_event(

@@ -107,6 +107,10 @@ class Claim:
     max_attempts: int
     lease_until: float
     context: str | None = None  # as enqueued (NewJob.context)
+    # Claimed ahead of a free slot (the driver was told the queue's free slots): until a renewal
+    # records its start, a lapse of its lease gives its attempt back (docs/model.md, "Claiming
+    # ahead"), so a worker that dies holding it costs it nothing.
+    ahead: bool = False
 
     @property
     def lease(self) -> Lease:

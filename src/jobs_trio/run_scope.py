@@ -52,6 +52,9 @@ class RunScope:
         # The body has ended and its settlement waits to be written: still renewed (a slow
         # database must not turn a finished job into a lapsed one), no longer stopped.
         self.settling = False
+        # A claim taken ahead whose body has started, the start not yet recorded by a renewal:
+        # until it is, a crash of this worker gives the attempt back (Claim.ahead).
+        self.start_unrecorded = False
 
     @property
     def job_id(self) -> str:

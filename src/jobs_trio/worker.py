@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import inspect
 import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -91,8 +92,8 @@ class Worker:
     ``claim_ahead`` (0 by default; an int for all queues, or per queue) lets each claim take
     that many jobs beyond the free slots, held for the next slot of their queue: renewed and
     drained like running jobs, handed back uncounted when not started within ``hold_limit``
-    seconds. Throughput for short jobs at low concurrency; a worker that dies spends an attempt
-    of each job it held (docs/model.md, "Claiming ahead")."""
+    seconds. Throughput for short jobs at low concurrency; a worker that dies costs the jobs it
+    held no attempt (Claim.ahead; docs/model.md, "Claiming ahead")."""
 
     def __init__(
         self,
@@ -126,6 +127,8 @@ class Worker:
             )
         self._limits = _limits(concurrency, self.queues)
         self._ahead = _claim_ahead(claim_ahead, self._limits)
+        if any(self._ahead.values()):
+            _check_claims_ahead(driver)
         if not hold_limit > 0:
             raise ConfigError(f"hold_limit={hold_limit!r}", fix="give hold_limit > 0 seconds")
         self.hold_limit = float(hold_limit)
@@ -552,9 +555,10 @@ class Worker:
         job's settle then rides on the next job's claim."""
         settler = self._settler
         carried = settler.take_for_claim() if settler is not None else []
+        ahead = self._marks_ahead(free)
         if not carried:
             return await self.driver.claim(
-                list(free), free, lease=self.lease, worker_id=self.worker_id
+                list(free), free, lease=self.lease, worker_id=self.worker_id, **ahead
             )
         assert settler is not None
         driver = cast(SettlesWithClaims, self.driver)  # the settler carries only then
@@ -567,6 +571,7 @@ class Worker:
                 free,
                 lease=self.lease,
                 worker_id=self.worker_id,
+                **ahead,
             )
         except RowLocked as exc:
             # A row of it locked by another session: a settle alone (no slot to claim for)
@@ -590,7 +595,18 @@ class Worker:
             return claims
         # Refused: alone from now on, the settler isolates the refused settlement (it never
         # fails a claim again), and this claim goes without them.
-        return await self.driver.claim(list(free), free, lease=self.lease, worker_id=self.worker_id)
+        return await self.driver.claim(
+            list(free), free, lease=self.lease, worker_id=self.worker_id, **ahead
+        )
+
+    def _marks_ahead(self, want: Mapping[str, int]) -> dict[str, Mapping[str, int]]:
+        """A claim asking past a queue's free slots tells the driver those slots (``free=``):
+        the claims past them are marked ahead, and a crash here gives their attempts back.
+        Nothing when it asks for free slots only: a driver is then asked nothing new."""
+        free = {q: max(self._open_slots(q), 0) for q in want}
+        if all(n <= free[q] for q, n in want.items()):
+            return {}
+        return {"free": free}
 
     async def _wait_for_work_or_slot(self, came_up_short: Sequence[str]) -> None:
         """Wait until new work may be due in a queue whose claim came up short (the driver's
@@ -690,8 +706,7 @@ class Worker:
         # A slot frees only through _promote, which hands it to the oldest held claim first:
         # an open slot means none is waiting, so a claim never overtakes an older one.
         if self._open_slots(queue) > 0:
-            self._in_flight[queue] += 1
-            runs.start_soon(self._run_claim, claim, run, definition, None)
+            self._begin(runs, run, definition)
             return
         held = _Held(run, definition, trio.current_time() + self.hold_limit)
         self._waiting[queue].append(held)
@@ -759,9 +774,15 @@ class Worker:
             held = waiting.popleft()
             held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
             self._unstarted[queue] -= 1
-            self._in_flight[queue] += 1
             assert self._runs is not None
-            self._runs.start_soon(self._run_claim, held.run.claim, held.run, held.definition, None)
+            self._begin(self._runs, held.run, held.definition)
+
+    def _begin(self, runs: trio.Nursery, run: RunScope, definition: JobDefinition | None) -> None:
+        """Start ``run`` in a slot of its queue. A claim the database marked ahead is recorded
+        started by the next renewal; till then a crash here gives its attempt back."""
+        self._in_flight[run.claim.queue] += 1
+        run.start_unrecorded = run.claim.ahead
+        runs.start_soon(self._run_claim, run.claim, run, definition, None)
 
     def _on_slot_freed(self) -> None:
         for queue in self.queues:
@@ -909,6 +930,25 @@ def _claim_ahead(
                 fix="give each queue 0 (claim only for free slots) or more",
             )
     return values
+
+
+def _check_claims_ahead(driver: Driver) -> None:
+    """A worker claiming ahead tells its driver each queue's free slots (``claim(free=)``) and
+    which held claims have started (``renew(started=)``): a driver written before those
+    existed would fail the first claim ahead with a TypeError, so it is refused here."""
+    for method, keyword in (("claim", "free"), ("renew", "started")):
+        try:
+            parameters = inspect.signature(getattr(driver, method)).parameters
+        except (TypeError, ValueError):  # no signature to read: trust the Protocol
+            continue
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        if keyword not in parameters and not takes_any:
+            raise ConfigError(
+                f"claim_ahead needs a driver whose {method}() takes {keyword}=;"
+                f" {type(driver).__name__}.{method}() does not",
+                fix=f"update the driver to the current contract (docs/drivers.md: {method}), or"
+                " leave claim_ahead at 0",
+            )
 
 
 def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict[str, int]:

@@ -39,6 +39,19 @@ class ClaimSlots:
             return cls(caps={}, total=0)
         return cls(caps=dict.fromkeys(names, limit), total=limit)
 
+    def ahead(self, taken: Iterable[tuple[str, T]], free: Mapping[str, int] | None) -> list[T]:
+        """Of ``taken`` (``(queue, candidate)`` in claim order), the ones past their queue's
+        ``free`` slots: claimed ahead, held for a slot (none when ``free`` is None)."""
+        if free is None:
+            return []
+        per_queue: Counter[str] = Counter()
+        ahead: list[T] = []
+        for queue, candidate in taken:
+            per_queue[queue] += 1
+            if per_queue[queue] > free.get(queue, 0):
+                ahead.append(candidate)
+        return ahead
+
     def take(self, candidates: Iterable[tuple[str, T]]) -> list[T]:
         """From ``(queue, candidate)`` pairs in claim order, the ones this claim takes: each
         while its queue is under its cap, until the total is reached."""

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 from ..records import (
     Claim,
+    ClaimToken,
     Enqueued,
     EventRecord,
     JobId,
@@ -53,17 +54,29 @@ class Driver(Protocol):
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> Sequence[Claim]:
         """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at), and
         jobs whose lease has lapsed. Each gets a fresh token, ``attempts + 1`` and a lease of
         ``lease`` seconds. A lapsed job with no attempts left is dead-lettered, not returned.
         A mapping ``limit`` caps each queue on its own (``claim_slots.ClaimSlots``): one
-        claim then serves all of a worker's queues, each up to its own free slots."""
+        claim then serves all of a worker's queues, each up to its own free slots.
+
+        ``free`` (given only by a worker that claims ahead) is each queue's free slots: a
+        queue's claims past that many (without fleet limits) are marked ``Claim.ahead``, and a
+        lapsed job so marked, never recorded started (``renew(started=)``), is claimed again
+        with its attempt given back, at most ``max_attempts`` times in its life
+        (``rules.gives_back_lapse``): a worker that dies holding jobs ahead costs them
+        nothing, and a job that kills its worker still runs out of attempts."""
         ...
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
+    ) -> RenewResult:
         """Extend every lease whose token is still current, in one statement; answer which
-        were held and which an operator asked to cancel."""
+        were held and which an operator asked to cancel. ``started`` (tokens of claims marked
+        ahead whose bodies have since started) records those starts: their attempts count
+        from here whatever ends them."""
         ...
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
@@ -188,6 +201,7 @@ class SettlesWithClaims(Protocol):
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         """``settle(settlements)`` then ``claim(queues, limit, ...)`` as ONE write: both commit
         or neither does, so a refused or failed call leaves every settlement to be written

@@ -52,6 +52,7 @@ from .rules import (
     LIVE_STATES,
     driver_closed,
     effect,
+    gives_back_lapse,
     lapsed_out_of_attempts,
     limit_fields,
     queue_stats,
@@ -85,11 +86,6 @@ class _OutboxRow:
     claimed_until: float | None = None
 
 
-def _out_of_attempts(record: JobRecord) -> bool:
-    """A lapsed job whose attempts are used up: dead-lettered by a claim, never run again."""
-    return record.state is JobState.RUNNING and record.attempts >= record.max_attempts
-
-
 class MemoryDriver:
     """Jobs in a dict. ``clock`` defaults to the wall clock; tests on Trio's ``MockClock`` pass
     ``trio.current_time`` so leases and delays move with the mock time."""
@@ -101,6 +97,11 @@ class MemoryDriver:
         # The current token of each running job: kept beside the record because a record is
         # what operators read, and a token must never leak into `show` output.
         self._tokens: dict[JobId, str] = {}
+        # Claims marked ahead whose start no renewal has recorded, and how many lapses of each
+        # job gave its attempt back (rules.gives_back_lapse): kept beside the record, as the
+        # SQL drivers keep them in columns no record shows.
+        self._ahead: set[JobId] = set()
+        self._ahead_lapses: collections.Counter[JobId] = collections.Counter()
         self._steps: dict[JobId, dict[str, StepRecord]] = {}
         self._events: list[EventRecord] = []
         self._event_ids = itertools.count(1)
@@ -197,6 +198,20 @@ class MemoryDriver:
         due.sort(key=lambda r: (r.priority, r.run_at, r.id))
         return due
 
+    def _gives_back(self, record: JobRecord) -> bool:
+        """A lapsed job claimed again with its attempt given back (rules.gives_back_lapse)."""
+        return record.state is JobState.RUNNING and gives_back_lapse(
+            record.id in self._ahead, self._ahead_lapses[record.id], record.max_attempts
+        )
+
+    def _out_of_attempts(self, record: JobRecord) -> bool:
+        """A lapsed job whose attempts are used up: dead-lettered by a claim, never run again."""
+        return (
+            record.state is JobState.RUNNING
+            and record.attempts >= record.max_attempts
+            and not self._gives_back(record)
+        )
+
     async def claim(
         self,
         queues: Sequence[str],
@@ -204,6 +219,7 @@ class MemoryDriver:
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> Sequence[Claim]:
         await trio.lowlevel.checkpoint()
         self._check_open()
@@ -213,11 +229,12 @@ class MemoryDriver:
         # Attempts are counted at claim, so a job that keeps killing its worker ends here
         # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
         # taken: bounded work, and the rest stay lapsed (due at once) for the next claim.
-        exhausted = [r for r in claimable if _out_of_attempts(r)]
+        exhausted = [r for r in claimable if self._out_of_attempts(r)]
         for record in exhausted[: slots.total]:
             self._dead_from_lapse(record)
         claims: list[Claim] = []
-        picked = slots.take((r.queue, r) for r in claimable if not _out_of_attempts(r))
+        picked = slots.take((r.queue, r) for r in claimable if not self._out_of_attempts(r))
+        ahead = {r.id for r in slots.ahead(((r.queue, r) for r in picked), free) if not r.limits}
         granted = self._apply_limits(picked, now, lease)
         for record in picked:
             if record.limits is not None and record.id not in granted:
@@ -226,10 +243,16 @@ class MemoryDriver:
             last_error = record.last_error
             if record.state is JobState.RUNNING:
                 last_error = LAPSED_ERROR
+            given_back = self._gives_back(record)
+            self._ahead_lapses[record.id] += given_back
+            if record.id in ahead:
+                self._ahead.add(record.id)
+            else:
+                self._ahead.discard(record.id)
             updated = self._put(
                 record,
                 state=JobState.RUNNING,
-                attempts=record.attempts + 1,
+                attempts=record.attempts + (0 if given_back else 1),
                 lease_until=now + lease,
                 worker_id=worker_id,
                 last_error=last_error,
@@ -248,6 +271,7 @@ class MemoryDriver:
                     max_attempts=record.max_attempts,
                     lease_until=now + lease,
                     context=record.context,
+                    ahead=record.id in ahead,
                 )
             )
         return claims
@@ -324,7 +348,9 @@ class MemoryDriver:
             return None
         return record
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
+    ) -> RenewResult:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
@@ -337,6 +363,8 @@ class MemoryDriver:
                 continue
             self._put(record, lease_until=now + lease)
             held.add(one.token)
+            if one.token in started:
+                self._ahead.discard(one.job_id)
             if record.cancel_requested:
                 cancel.add(one.token)
             if record.slot_key is not None:
@@ -359,12 +387,14 @@ class MemoryDriver:
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         # In order, through the methods a test double overrides (a stalled or refusing settle
         # holds or fails the claim with it, as one write would). settle refuses before it
         # applies anything and this claim cannot fail after it, so it is one write here.
         applied = await self.settle(settlements)
-        return applied, await self.claim(queues, limit, lease=lease, worker_id=worker_id)
+        claims = await self.claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
+        return applied, claims
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()
@@ -434,6 +464,7 @@ class MemoryDriver:
             cancel_requested=False,
             waiting_on=None,
         )
+        self._ahead_lapses.pop(job_id, None)  # a fresh start: its attempts, and their bound
         self._wake()
         return updated
 

@@ -29,6 +29,7 @@ from ..operator_transitions import (
 )
 from ..records import (
     Claim,
+    ClaimToken,
     Enqueued,
     EventRecord,
     JobId,
@@ -280,6 +281,7 @@ class PostgresDriver:
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> Sequence[Claim]:
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
@@ -292,7 +294,9 @@ class PostgresDriver:
         async def take(conn: Connection) -> list[Any]:
             # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             return list(
-                await conn.fetch(sql["claim"], *_claim_arguments(now, slots, lease, worker_id))
+                await conn.fetch(
+                    sql["claim"], *_claim_arguments(now, slots, lease, worker_id, free)
+                )
             )
 
         rows = await self.bridge.run(take, what="claim")
@@ -306,18 +310,20 @@ class PostgresDriver:
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         firsts = _first_per_claim(settlements)
         if not firsts:
-            return [], await self.claim(queues, limit, lease=lease, worker_id=worker_id)
+            claims = await self.claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
+            return [], claims
         if not slots.caps:
             return await self.settle(settlements), []
         now = self.now()
         sql = self._sql
         by_kind = _by_kind(firsts)
-        claiming = _claim_arguments(now, slots, lease, worker_id)
+        claiming = _claim_arguments(now, slots, lease, worker_id, free)
 
         async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
             if len(by_kind) > 1:
@@ -346,7 +352,7 @@ class PostgresDriver:
         )
         claims = await self._claims(rows, now, float(lease), worker_id)
         if made_due:
-            claims += await self._claim_made_due(limit, slots, claims, lease, worker_id)
+            claims += await self._claim_made_due(limit, slots, claims, lease, worker_id, free)
         return _applied_in_order(settlements, applied), claims
 
     async def _claim_made_due(
@@ -356,6 +362,7 @@ class PostgresDriver:
         claims: Sequence[Claim],
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None,
     ) -> list[Claim]:
         """After settle_and_claim's statement made jobs due now (a retry or suspension without
         delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
@@ -373,8 +380,11 @@ class PostgresDriver:
             queues = list(rest)
         if not queues or (isinstance(rest, int) and rest <= 0):
             return []
+        still_free = None if free is None else {q: max(n - taken[q], 0) for q, n in free.items()}
         try:
-            return list(await self.claim(queues, rest, lease=lease, worker_id=worker_id))
+            return list(
+                await self.claim(queues, rest, lease=lease, worker_id=worker_id, free=still_free)
+            )
         except JobsError as exc:
             log_event(
                 "jobs.driver.made-due-claim-failed", logging.WARNING, queues=queues, error=str(exc)
@@ -412,6 +422,7 @@ class PostgresDriver:
                 max_attempts=row["max_attempts"],
                 lease_until=row["lease_until"],
                 context=row["context"],
+                ahead=row["ahead"],
             )
             for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
             if row is not None
@@ -474,7 +485,9 @@ class PostgresDriver:
         )
         return granted
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
+    ) -> RenewResult:
         self._check_open()
         if not leases:
             await trio.lowlevel.checkpoint()
@@ -490,6 +503,7 @@ class PostgresDriver:
                     float(lease),
                     [one.job_id for one in leases],
                     [one.token for one in leases],
+                    list(started),
                 )
             )
 
@@ -1000,9 +1014,15 @@ def _limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
 
 
 def _claim_arguments(
-    now: float, slots: ClaimSlots, lease: float, worker_id: str
+    now: float,
+    slots: ClaimSlots,
+    lease: float,
+    worker_id: str,
+    free: Mapping[str, int] | None,
 ) -> tuple[Any, ...]:
-    """The claim statement's parameters, $1 to $8 (settle_claim_<kind> takes them first too)."""
+    """The claim statement's parameters, $1 to $9 (settle_claim_<kind> takes them first too).
+    With no ``free`` given, every claim has a slot: none is marked ahead."""
+    caps = list(slots.caps.values())
     return (
         now,
         list(slots.caps),
@@ -1011,7 +1031,8 @@ def _claim_arguments(
         worker_id,
         LAPSED_ERROR,
         LAPSED_OUT_OF_ATTEMPTS,
-        list(slots.caps.values()),
+        caps,
+        caps if free is None else [free.get(q, 0) for q in slots.caps],
     )
 
 

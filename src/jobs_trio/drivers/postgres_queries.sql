@@ -84,10 +84,17 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 -- * a candidate with fleet limits (issue 15) is not claimed here but answered with a NULL token:
 --   the driver decides it in a transaction of its own (claim_limited_*), so a queue without
 --   limits never pays for them.
+-- * $9 is each queue's free slots: its candidates past that many are claimed ahead (`ahead`),
+--   and a lapsed job so marked, its start never recorded, is claimed again with its attempt
+--   given back while its ahead_lapses are under max_attempts (rules.gives_back_lapse, the rule
+--   the other drivers apply in Python; here in the lapsed walk, `exhausted` and `claimed`).
 WITH candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at, c.limited FROM unnest($2::text[], $8::int[]) AS q(name, n)
+    SELECT c.id, c.priority, c.run_at, c.limited, c.ahead
+    FROM unnest($2::text[], $8::int[], $9::int[]) AS q(name, n, free)
     CROSS JOIN LATERAL (
-        SELECT u.id, u.priority, u.run_at, u.limited FROM (
+        SELECT u.id, u.priority, u.run_at, u.limited,
+               row_number() OVER (ORDER BY u.priority, u.run_at, u.id) > q.free AS ahead
+        FROM (
             SELECT w.id, w.priority, w.run_at, w.limited FROM (
                 SELECT id, priority, run_at,
                        slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
@@ -103,7 +110,8 @@ WITH candidates AS MATERIALIZED (
                        slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
                 FROM {schema}.jobs
                 WHERE queue = q.name
-                  AND state = 'running' AND lease_until <= $1 AND attempts < max_attempts
+                  AND state = 'running' AND lease_until <= $1
+                  AND (attempts < max_attempts OR (ahead AND ahead_lapses < max_attempts))
                   {not_settling}
                 ORDER BY priority, run_at, id
                 LIMIT q.n
@@ -118,21 +126,28 @@ WITH candidates AS MATERIALIZED (
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET state = 'running',
-        attempts = j.attempts + 1,
+        -- SET reads the row as it was: a job still 'running' here had its lease lapse.
+        attempts = j.attempts + CASE
+            WHEN j.state = 'running' AND j.ahead AND j.ahead_lapses < j.max_attempts THEN 0
+            ELSE 1 END,
+        ahead_lapses = j.ahead_lapses + CASE
+            WHEN j.state = 'running' AND j.ahead AND j.ahead_lapses < j.max_attempts THEN 1
+            ELSE 0 END,
+        ahead = j.id = ANY (ARRAY(SELECT id FROM candidates WHERE ahead)),
         lease_until = $1::float8 + $4::float8,
         worker_id = $5,
         token = gen_random_uuid()::text,
-        -- SET reads the row as it was: a job still 'running' here had its lease lapse.
         last_error = CASE WHEN j.state = 'running' THEN $6 ELSE j.last_error END,
         wait_event = NULL,
         updated_at = $1
     WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
-              j.lease_until, j.priority, j.run_at, j.context
+              j.lease_until, j.priority, j.run_at, j.context, j.ahead
 ), exhausted AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY($2::text[])
       AND state = 'running' AND lease_until <= $1 AND attempts >= max_attempts
+      AND NOT (ahead AND ahead_lapses < max_attempts)
       {not_settling}
     ORDER BY priority, run_at, id
     LIMIT $3
@@ -149,10 +164,10 @@ WITH candidates AS MATERIALIZED (
 -- name: claim_answer
 -- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
 SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
-       context
+       context, ahead
 FROM claimed
 UNION ALL
-SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL
+SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL, false
 FROM candidates WHERE limited
 ORDER BY priority, run_at, id;
 
@@ -219,7 +234,7 @@ SET state = 'running',
 FROM unnest($14::text[], $15::text[]) AS g(id, token)
 WHERE j.id = g.id
 RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until,
-          j.context;
+          j.context, false AS ahead;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two
@@ -240,7 +255,9 @@ WITH held AS MATERIALIZED (
 -- lapsed) answers slot_lost.
 , renewed AS (
     UPDATE {schema}.jobs AS j
-    SET lease_until = $1::float8 + $2::float8, updated_at = $1
+    SET lease_until = $1::float8 + $2::float8, updated_at = $1,
+        -- $5: the claims ahead whose bodies have started since: their attempts count now.
+        ahead = j.ahead AND NOT (j.token = ANY ($5::text[]))
     WHERE j.id = ANY (ARRAY(SELECT id FROM held))
     RETURNING j.token, j.cancel_requested, j.slot_key IS NOT NULL AS has_slot
 ), kept AS (
@@ -414,8 +431,8 @@ SELECT EXISTS (
 
 -- name: retry_job
 UPDATE {schema}.jobs
-SET state = 'ready', run_at = $1, attempts = 0, cancel_requested = false, waiting_on = NULL,
-    updated_at = $1
+SET state = 'ready', run_at = $1, attempts = 0, ahead_lapses = 0, cancel_requested = false,
+    waiting_on = NULL, updated_at = $1
 WHERE id = $2
 RETURNING {job_columns};
 

@@ -112,7 +112,7 @@ def load_statements(schema: str) -> Statements:
 
 
 # The claim's parameters come first in settle_claim_<kind>; the settle's follow them.
-CLAIM_PARAMETERS = 8
+CLAIM_PARAMETERS = 9
 _PARAMETER = re.compile(r"\$(\d+)")
 
 
@@ -120,7 +120,7 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
     """One statement that settles a batch of one kind and claims (issue 16: one round trip
     where there were two). The claim's parameters as they are ($1 now, shared), the settle's
     $2… after them. One snapshot for both: the settled rows are still `running` in it, so the
-    claim's lapsed and exhausted candidates leave them out by id (the settle's ids, $10), or a
+    claim's lapsed and exhausted candidates leave them out by id (the settle's ids, $11), or a
     lapsed lease being settled here could be claimed and settled by one statement at once.
     Nor does the claim see the jobs the settle made due now (a retry or suspension without
     delay, the waiters its freed fleet slots woke): each settled row says how many there were
@@ -144,13 +144,13 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
         f"{settle_ctes},\n{claim_ctes},\nclaim_rows AS (\n{claim_answer}\n)\n"
         "SELECT false AS claimed, id, token, NULL AS name, NULL AS queue, NULL AS payload,"
         " NULL AS attempts, NULL AS max_attempts, NULL AS lease_until, NULL AS priority,"
-        " NULL AS run_at, NULL AS context, made_due.n AS made_due\n"
+        " NULL AS run_at, NULL AS context, NULL AS ahead, made_due.n AS made_due\n"
         "FROM settled, (SELECT count(*) FROM notified) AS sent,"
         " (SELECT (SELECT count(*) FROM woken) + (SELECT count(*) FROM settled WHERE ready_now)"
         " AS n) AS made_due\n"
         "UNION ALL\n"
         "SELECT true, id, token, name, queue, payload, attempts, max_attempts, lease_until,"
-        " priority, run_at, context, 0 FROM claim_rows"
+        " priority, run_at, context, ahead, 0 FROM claim_rows"
     )
 
 

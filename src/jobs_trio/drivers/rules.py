@@ -54,6 +54,16 @@ def lapsed_out_of_attempts(attempts: int) -> str:
     return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
 
 
+def gives_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
+    """Whether a lapsed job's attempt is given back when it is claimed again: it was claimed
+    ahead of a slot and its start never recorded (it most likely never ran: its worker died
+    holding it), and fewer than ``max_attempts`` such lapses were given back before. The bound
+    is for the job that DID start and killed its worker before a renewal recorded the start:
+    it still runs out of attempts, after at most twice its ``max_attempts`` runs. The
+    PostgreSQL claim says the same in SQL (postgres_queries.sql, `claim`)."""
+    return ahead and ahead_lapses < max_attempts
+
+
 # What a settlement does to its job: the one table every driver applies (the memory driver on
 # its records, SQLite as an UPDATE built from it, PostgreSQL as one statement per kind named
 # here, fed the hand-back column from it). An operator's pending cancel changes a settlement

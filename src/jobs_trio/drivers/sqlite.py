@@ -31,6 +31,7 @@ from ..operator_transitions import (
 )
 from ..records import (
     Claim,
+    ClaimToken,
     Enqueued,
     EventRecord,
     JobId,
@@ -62,6 +63,7 @@ from .rules import (
     LAPSED_ERROR,
     LIVE_STATES_SQL,
     effect,
+    gives_back_lapse,
     job_record,
     lapsed_out_of_attempts,
     queue_stats,
@@ -230,6 +232,7 @@ def _claim_in(
     slots: ClaimSlots,
     lease: float,
     worker_id: str,
+    free: Mapping[str, int] | None = None,
 ) -> list[Claim]:
     """The claim, inside the caller's transaction (claim, and settle_and_claim after its
     settles: a job settled there is no longer running, so never a lapsed candidate; one
@@ -248,7 +251,7 @@ def _claim_in(
         for state in ("ready", "suspended"):
             candidates += conn.execute(
                 "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
-                " slot_key IS NOT NULL OR rate_key IS NOT NULL"
+                " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
                 " FROM jobs INDEXED BY jobs_claim"
                 " WHERE queue = ? AND state = ? AND run_at <= ?"
                 " ORDER BY priority, run_at, id LIMIT ?",
@@ -256,7 +259,7 @@ def _claim_in(
             ).fetchall()
         candidates += conn.execute(
             "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
-            " slot_key IS NOT NULL OR rate_key IS NOT NULL"
+            " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
             " FROM jobs INDEXED BY jobs_next_due"
             " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
             (queue, now),
@@ -265,7 +268,16 @@ def _claim_in(
     # Attempts are counted at claim, so a job that keeps killing its worker ends here
     # instead of looping forever. Up to `limit` of them per claim, apart from the
     # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
-    exhausted = [row for row in candidates if row[3] == "running" and row[4] >= row[5]]
+    given_back = {
+        row[2]
+        for row in candidates
+        if row[3] == "running" and gives_back_lapse(bool(row[8]), row[9], row[5])
+    }
+    exhausted = [
+        row
+        for row in candidates
+        if row[3] == "running" and row[4] >= row[5] and row[2] not in given_back
+    ]
     dead = [(lapsed_out_of_attempts(row[4]), now, row[2]) for row in exhausted[: slots.total]]
     skipped = {row[2] for row in exhausted}
     taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
@@ -275,6 +287,8 @@ def _claim_in(
         dead,
     )
     limited = {row[2] for row in candidates if row[7]}
+    queue_of = {row[2]: row[6] for row in candidates}
+    ahead = set(slots.ahead(((queue_of[i], i) for i in taken), free)) - limited
     by_id: dict[str, Any] = {}
     if limited & set(taken):
         # Jobs with fleet limits: the shared rule decides them (limit_rules.py).
@@ -284,14 +298,27 @@ def _claim_in(
     if not taken:
         return []
     # One UPDATE for the batch; each row draws its own fresh token.
+    given_back_json = json.dumps(sorted(given_back & set(unlimited)))
     rows = conn.execute(
-        "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
+        "UPDATE jobs SET state = 'running', lease_until = ?,"
+        " attempts = attempts + 1 - (id IN (SELECT value FROM json_each(?))),"
+        " ahead_lapses = ahead_lapses + (id IN (SELECT value FROM json_each(?))),"
+        " ahead = (id IN (SELECT value FROM json_each(?))),"
         " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL,"
         " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
         " updated_at = ?"
         " WHERE id IN (SELECT value FROM json_each(?))"
         f" RETURNING {_CLAIMED}",
-        (now + lease, worker_id, LAPSED_ERROR, now, json.dumps(unlimited)),
+        (
+            now + lease,
+            given_back_json,
+            given_back_json,
+            json.dumps(sorted(ahead)),
+            worker_id,
+            LAPSED_ERROR,
+            now,
+            json.dumps(unlimited),
+        ),
     ).fetchall()
     by_id.update((row[0], row) for row in rows)
     return [
@@ -305,6 +332,7 @@ def _claim_in(
             max_attempts=by_id[job_id][6],
             lease_until=now + lease,
             context=by_id[job_id][7],
+            ahead=job_id in ahead,
         )
         for job_id in taken
     ]
@@ -422,29 +450,34 @@ class SqliteDriver:
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> Sequence[Claim]:
         slots = ClaimSlots.of(queues, limit)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
-            return _claim_in(conn, now, slots, lease, worker_id)
+            return _claim_in(conn, now, slots, lease, worker_id, free)
 
         return await self._transact(work)
 
     # Writes of a run, fenced by its lease.
 
-    async def renew(self, leases: Sequence[Lease], *, lease: float) -> RenewResult:
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
+    ) -> RenewResult:
         pairs = json.dumps([[one.job_id, one.token] for one in leases])
+        starts = json.dumps(list(started))
 
         def work(conn: sqlite3.Connection, now: float) -> RenewResult:
             # One statement for every lease the worker holds; the row-value IN is the fence
             # (id, token, running) for all of them at once, searched by primary key.
             rows = conn.execute(
-                "UPDATE jobs SET lease_until = ?, updated_at = ?"
+                "UPDATE jobs SET lease_until = ?, updated_at = ?,"
+                " ahead = ahead AND token NOT IN (SELECT value FROM json_each(?))"
                 " WHERE state = 'running' AND (id, token) IN"
                 " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
                 "  FROM json_each(?))"
                 " RETURNING token, cancel_requested, slot_key IS NOT NULL",
-                (now + lease, now, pairs),
+                (now + lease, now, starts, pairs),
             ).fetchall()
             with_slot = [row[0] for row in rows if row[2]]
             kept = set()
@@ -486,6 +519,7 @@ class SqliteDriver:
         *,
         lease: float,
         worker_id: str,
+        free: Mapping[str, int] | None = None,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         settlements = list(settlements)
         slots = ClaimSlots.of(queues, limit)
@@ -494,7 +528,7 @@ class SqliteDriver:
             # One transaction, one trip through the thread door and one commit where there
             # were two of each: the settles first, in order, as settle() applies them.
             applied = [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
-            return applied, _claim_in(conn, now, slots, lease, worker_id)
+            return applied, _claim_in(conn, now, slots, lease, worker_id, free)
 
         answers = await self._transact(work)
         self._wake()
@@ -582,7 +616,7 @@ class SqliteDriver:
             ):
                 raise key_held(job_id, record.key)
             conn.execute(
-                "UPDATE jobs SET state = 'ready', run_at = ?, attempts = 0,"
+                "UPDATE jobs SET state = 'ready', run_at = ?, attempts = 0, ahead_lapses = 0,"
                 " cancel_requested = 0, waiting_on = NULL, updated_at = ? WHERE id = ?",
                 (now, now, job_id),
             )
