@@ -56,6 +56,85 @@ async def test_a_recorded_step_is_not_run_again_after_a_sleep(autojump_clock: ob
     assert steps["cool-off"].finished_at == pytest.approx(3600)
 
 
+@pytest.mark.parametrize("wait", ["sleep", "wait_for_event"])
+async def test_a_step_that_suspends_inside_the_bodys_own_nursery_suspends_the_job(
+    autojump_clock: object, wait: str
+) -> None:
+    # A helper task beside the steps (a heartbeat, say): Trio hands the suspension up wrapped
+    # in an exception group, which cost the job an attempt at every sleep until it was dead.
+    registry = Registry()
+    calls: Counter[str] = Counter()
+
+    def fetch() -> str:
+        calls["fetch"] += 1
+        return "a"
+
+    @registry.job("wf", attempts=2, timeout=None)
+    async def wf(ctx: jobs_trio.JobContext, payload: None) -> object:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            fetched = await ctx.step.run("fetch", fetch)
+            if wait == "sleep":
+                woke = await ctx.step.sleep("nap", 60)
+            else:
+                woke = await ctx.step.wait_for_event("go", "go", timeout=120)
+            nursery.cancel_scope.cancel()
+        return [fetched, woke]
+
+    driver = trio_driver()
+    job_id = await wf.enqueue(driver)
+    w = worker(driver, registry)
+    assert [o.kind for o in await w.tick()] == ["suspended"]
+    r = await record(driver, job_id)
+    assert (r.state, r.attempts) == (JobState.SUSPENDED, 0)
+    if wait == "sleep":
+        await trio.sleep(60)
+    else:
+        await send_event(driver, "go", {"ok": 1})
+    assert [o.kind for o in await w.tick()] == ["completed"]
+    done = await record(driver, job_id)
+    assert done.attempts == 1 and calls == {"fetch": 1}
+
+
+async def test_an_error_beside_a_suspension_in_a_nursery_is_the_jobs_failure() -> None:
+    registry = Registry()
+
+    async def fails() -> None:
+        raise ValueError("the helper task failed")
+
+    @registry.job("wf", attempts=1, timeout=None)
+    async def wf(ctx: jobs_trio.JobContext, payload: None) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fails)
+            nursery.start_soon(ctx.step.sleep, "nap", 60)
+
+    driver = trio_driver()
+    job_id = await wf.enqueue(driver)
+    [outcome] = await worker(driver, registry).tick()
+    assert outcome.kind == "dead-lettered"
+    # The stored error names what failed inside the group, not only the group.
+    error = (await record(driver, job_id)).last_error or ""
+    assert error.startswith("ExceptionGroup: ") and "[ValueError: the helper task failed]" in error
+
+
+async def test_a_terminal_step_error_inside_a_nursery_is_still_terminal() -> None:
+    registry = Registry()
+
+    @registry.job("dup", attempts=5)
+    async def dup(ctx: jobs_trio.JobContext, payload: None) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            for _ in range(2):
+                await ctx.step.run("send", lambda: 1)
+
+    driver = trio_driver()
+    job_id = await dup.enqueue(driver)
+    [outcome] = await worker(driver, registry).tick()
+    assert outcome.kind == "dead-lettered"
+    r = await record(driver, job_id)
+    assert r.attempts == 1 and "X_STEP" in (r.last_error or "")
+
+
 async def test_a_step_name_used_twice_is_a_clear_terminal_error() -> None:
     registry = Registry()
 

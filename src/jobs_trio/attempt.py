@@ -73,6 +73,10 @@ def describe(error: BaseException) -> str:
     except BaseException as exc:  # whatever a hostile __str__ raises
         message = f"<str() of this error raised {type(exc).__name__}>"
     text = f"{type(error).__name__}: {message}"
+    if isinstance(error, BaseExceptionGroup):
+        # "Exceptions from Trio nursery (1 sub-exception)" says nothing of what failed: the
+        # errors inside it do (a body's own nursery wraps whatever its tasks raised).
+        text += " [" + "; ".join(describe(leaf) for leaf in _leaves(error)[:_LEAVES]) + "]"
     if not isinstance(error, JobsError):
         try:
             code = getattr(error, "code", None)
@@ -156,10 +160,26 @@ async def _judged(
             raise
         if isinstance(exc, GeneratorExit) and not _in_trio_run():
             raise  # this coroutine itself is being closed (garbage-collected), not the body
-
-        ended.error = exc
+        ended.suspension = _suspended_in(exc)
+        if ended.suspension is None:
+            ended.error = exc
     seconds = trio.current_time() - started
     return _verdict(claim, definition, run, ended, seconds)
+
+
+def _suspended_in(exc: BaseException) -> Suspension | None:
+    """The suspension a body raised from inside a nursery of its own: Trio hands it up wrapped
+    in an exception group, and read as an error it cost the job an attempt at every sleep (a
+    helper task beside the steps is a common shape). Only a group of nothing but suspensions:
+    one that also carries an error is that error's failure."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return None
+    suspended, rest = exc.split(Suspension)
+    if suspended is None or rest is not None:
+        return None
+    first = _leaves(suspended)[0]
+    assert isinstance(first, Suspension)
+    return first
 
 
 def _parked(claim: Claim, known: list[str]) -> Outcome:
@@ -294,10 +314,27 @@ def _traceback_tail(error: BaseException) -> str:
 
 
 def _is_terminal(definition: JobDefinition, error: BaseException) -> bool:
+    """Whether ``error`` ends the job at once. A group from the body's own nursery is terminal
+    when every error in it is: a StepError raised beside a helper task is still a mistake no
+    retry fixes."""
     try:
+        if isinstance(error, BaseExceptionGroup):
+            return all(definition.is_terminal(leaf) for leaf in _leaves(error))
         return definition.is_terminal(error)
     except BaseException:
         return False  # a hostile `code` attribute: judged by the attempt count alone
+
+
+# How many of a group's errors its stored text names (the text is cut to MAX_ERROR_CHARS anyway).
+_LEAVES = 3
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The errors inside ``group`` and its nested groups, in order."""
+    found: list[BaseException] = []
+    for inner in group.exceptions:
+        found += _leaves(inner) if isinstance(inner, BaseExceptionGroup) else [inner]
+    return found
 
 
 def _result_json(result: Any, definition: JobDefinition) -> str:
