@@ -278,6 +278,69 @@ async def test_a_step_finished_after_the_drain_is_not_recorded(autojump_clock: o
     assert "X_DRAINING" in (r.last_error or "")
 
 
+async def test_a_drain_waits_for_a_sync_steps_thread_and_records_what_it_returns() -> None:
+    # Abandoned at the drain, the step's thread ran on while its job went back to the queue,
+    # and the next worker ran the same step beside it: two runs at once.
+    registry = Registry()
+    in_step, release = threading.Event(), threading.Event()
+    calls: Counter[str] = Counter()
+
+    def charge() -> str:  # sync: runs in a thread, never looks at its cancellation
+        calls["charge"] += 1
+        in_step.set()
+        release.wait(30)
+        return "charged"
+
+    async def notify() -> str:
+        calls["notify"] += 1
+        await trio.lowlevel.checkpoint()  # where the drain's cancel reaches the body
+        return "sent"
+
+    @registry.job("pay", timeout=None)
+    async def pay(ctx: jobs_trio.JobContext, payload: None) -> list[str]:
+        return [await ctx.step.run("charge", charge), await ctx.step.run("notify", notify)]
+
+    driver = trio_driver()
+    job_id = await pay.enqueue(driver)
+    w = worker(driver, registry)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.to_thread.run_sync(in_step.wait, 10)
+        w.accept("SIGTERM")
+        w.bind(trio.current_time() + 60)
+        await trio.testing.wait_all_tasks_blocked()
+        # The drain waits for the thread: the job is still this worker's, not back in the queue.
+        assert (await record(driver, job_id)).state is JobState.RUNNING
+        release.set()
+    r = await record(driver, job_id)
+    assert (r.state, r.attempts) == (JobState.READY, 0) and "X_DRAINING" in (r.last_error or "")
+    [charged] = await driver.load_steps(job_id)  # what the thread returned, recorded
+    assert (charged.name, charged.result) == ("charge", '"charged"')
+    [done] = await worker(driver, registry).tick()
+    assert done.kind == "completed" and (await record(driver, job_id)).attempts == 1
+    assert calls == {"charge": 1, "notify": 2}  # charge replayed, not run again
+
+
+async def test_a_sync_step_past_its_step_timeout_is_abandoned_as_too_slow() -> None:
+    registry = Registry()
+    release = threading.Event()
+
+    @registry.job("slow", step_timeout=0.05, timeout=None, attempts=1)
+    async def slow(ctx: jobs_trio.JobContext, payload: None) -> None:
+        await ctx.step.run("crawl", release.wait, 30)
+
+    driver = trio_driver()
+    job_id = await slow.enqueue(driver)
+    try:
+        [outcome] = await worker(driver, registry).tick()
+    finally:
+        release.set()
+    assert outcome.kind == "dead-lettered"
+    error = (await record(driver, job_id)).last_error or ""
+    assert "TooSlowError" in error and "step 'crawl'" in error
+    assert await driver.load_steps(job_id) == []
+
+
 async def test_a_sync_body_that_finishes_after_it_was_abandoned_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -39,8 +39,9 @@ class RunScope:
         self.cancel_scope = trio.CancelScope()
         self._reason: CancelReason | None = None
         self._cause: JobsError | None = None
-        # A sync body's thread is waited for under a scope of its own (``thread_scope``).
-        self._thread_scope: trio.CancelScope | None = None
+        # A sync body's thread, or a sync step's, is waited for under a scope of its own
+        # (``thread_scope``); several at once when a body runs sync steps side by side.
+        self._thread_scopes: set[trio.CancelScope] = set()
         # A claim taken ahead hears a cancel through this while it waits for a slot (``on_cancel``).
         self._on_cancel: Callable[[], object] | None = None
         # Set at the teardown's budget: nothing of this run is written, its lease lapses.
@@ -66,8 +67,9 @@ class RunScope:
             return
         deadline = trio.current_time() + self.timeout
         self.cancel_scope.deadline = deadline
-        if self._thread_scope is not None and self._reason is not CancelReason.DRAINING:
-            self._thread_scope.deadline = deadline
+        if self._reason is not CancelReason.DRAINING:
+            for thread in self._thread_scopes:
+                thread.deadline = min(thread.deadline, deadline)
 
     def cancel(self, reason: CancelReason, cause: JobsError | None = None) -> None:
         # Reading cancel_called first lets a deadline that has already passed register as
@@ -79,22 +81,21 @@ class RunScope:
         self.cancel_scope.cancel(reason=reason.value)
         if self._on_cancel is not None:
             self._on_cancel()
-        thread = self._thread_scope
-        if thread is None:
-            return
-        if reason is CancelReason.DRAINING:
-            # A drain WAITS for a thread (Trio cannot stop one, and handing the job back while
-            # it runs is two runs at once): from here the budget bounds it, not its timeout.
-            thread.deadline = math.inf
-        else:
-            thread.cancel()  # abandoned: the thread runs on, its result goes nowhere
+        for thread in self._thread_scopes:
+            if reason is CancelReason.DRAINING:
+                # A drain WAITS for a thread (Trio cannot stop one, and handing the job back
+                # while it runs is two runs at once): from here the budget bounds it, not its
+                # timeout (nor a step's).
+                thread.deadline = math.inf
+            else:
+                thread.cancel()  # abandoned: the thread runs on, its result goes nowhere
 
     def abandon(self) -> None:
         """The teardown's budget is spent: stop waiting for this run (a thread is left to end on
         its own), and write nothing for it."""
         self.abandoned = True
-        if self._thread_scope is not None:
-            self._thread_scope.cancel()
+        for thread in self._thread_scopes:
+            thread.cancel()
 
     def on_cancel(self, callback: Callable[[], object] | None) -> None:
         """Call ``callback`` when the run is cancelled (at once if it already is); None stops
@@ -107,18 +108,21 @@ class RunScope:
             callback()
 
     @contextlib.contextmanager
-    def thread_scope(self) -> Iterator[None]:
-        """The scope a sync body's thread is waited for under: shielded from the run scope, so
-        a drain does not abandon the thread; cancelled — the thread abandoned — by the run's
-        own deadline, a lost lease, an operator's cancel, or ``abandon``."""
-        with trio.CancelScope(shield=True) as scope:
-            self._thread_scope = scope
+    def thread_scope(self, deadline: float = math.inf) -> Iterator[trio.CancelScope]:
+        """The scope a sync body's or sync step's thread is waited for under: shielded from
+        the run scope, so a drain does not abandon the thread; cancelled — the thread
+        abandoned — by the run's own deadline, ``deadline`` (a step's timeout), a lost lease,
+        an operator's cancel, or ``abandon``. It swallows its own cancel: a caller tells a
+        thread that returned by what it set inside."""
+        deadline = min(deadline, self.cancel_scope.deadline)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            self._thread_scopes.add(scope)
             if self.abandoned or self._reason not in (None, CancelReason.DRAINING):
                 scope.cancel()
             try:
-                yield
+                yield scope
             finally:
-                self._thread_scope = None
+                self._thread_scopes.discard(scope)
 
     @property
     def reason(self) -> CancelReason | None:

@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple, overload
 
@@ -19,6 +20,7 @@ from .run_scope import CancelReason
 if TYPE_CHECKING:
     from .driver import Driver
     from .run_scope import RunScope
+    from .thread_slots import ThreadSlots
 
 
 _Args = TypeVarTuple("_Args")
@@ -61,11 +63,19 @@ class EventTimedOut(JobsError):
 class Steps:
     """``ctx.step``: one per attempt; replays the job's records from the driver."""
 
-    def __init__(self, driver: Driver, lease: Lease, definition: StepLimits, run: RunScope) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        lease: Lease,
+        definition: StepLimits,
+        run: RunScope,
+        threads: ThreadSlots,
+    ) -> None:
         self._driver = driver
         self._lease = lease
         self._definition = definition
         self._run = run
+        self._threads = threads
         self._records: dict[str, StepRecord] | None = None
         self._used: set[str] = set()
         self.ran: list[str] = []  # steps whose function ran in this attempt (not replayed)
@@ -123,11 +133,36 @@ class Steps:
             return json.loads(record.result or "null")
         started = self._driver.now()
         ceiling = self._definition.step_timeout
+        if not inspect.iscoroutinefunction(fn):
+            return await self._run_in_thread(name, started, fn, *args)
         with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
-            if inspect.iscoroutinefunction(fn):
-                result = await fn(*args)
-            else:
-                result = await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+            result = await fn(*args)
+        return await self._record(name, started, result)
+
+    async def _run_in_thread(
+        self, name: str, started: float, fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        """A sync step: its thread is held like a sync body's (the worker's thread slots, the
+        run's thread scope). A drain WAITS for it and records what it returns: abandoned at
+        the drain, the job went back to the queue while the thread ran on, and the next worker
+        ran the same step beside it (two runs at once). Its timeout, the run's own, a lost
+        lease or an operator's cancel still abandon it."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # a run already stopped starts no thread
+        ceiling = self._definition.step_timeout
+        deadline = math.inf if ceiling is None else trio.current_time() + ceiling
+        recorded: list[Any] = []
+        with self._run.thread_scope(deadline):
+            result = await self._threads.run(self._run, fn, *args, starts_clock=False)
+            # Inside the shield: a result the drain waited for is recorded, not lost.
+            recorded.append(await self._record(name, started, result))
+        if recorded:
+            return recorded[0]
+        if self._run.cancel_scope.cancel_called:
+            await trio.lowlevel.checkpoint()  # the run's own cancel: its reason judges it
+        raise trio.TooSlowError(f"step {name!r} ran past its step_timeout of {ceiling} s")
+
+    async def _record(self, name: str, started: float, result: Any) -> Any:
+        """Record a step's result, answer it as replay will (the JSON round trip)."""
         self.ran.append(name)
         try:
             text = dump_json(
