@@ -151,6 +151,48 @@ async def test_a_step_name_used_twice_is_a_clear_terminal_error() -> None:
     assert "X_STEP" in (r.last_error or "") and "'send' is used twice" in (r.last_error or "")
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "recorded"),
+    [
+        ("wait_for_event", "sleep", "step.wait_for_event"),
+        ("run", "wait_for_event", "a finished step.run or step.sleep"),
+        ("sleep", "run", "step.sleep"),
+        ("sleep", "wait_for_event", "step.sleep"),
+    ],
+)
+async def test_a_step_name_reused_for_another_kind_by_a_deploy_is_a_clear_terminal_error(
+    autojump_clock: object, before: str, after: str, recorded: str
+) -> None:
+    # Misread as the new kind's record, the old one failed with an AssertionError or an
+    # AttributeError, retried to the last attempt.
+    async def call(ctx: jobs_trio.JobContext, kind: str) -> None:
+        if kind == "run":
+            await ctx.step.run("approval", lambda: ["id-1"])
+        elif kind == "sleep":
+            await ctx.step.sleep("approval", 60)
+        else:
+            await ctx.step.wait_for_event("approval", "approved")
+        await ctx.step.sleep("then", 60)  # every old deploy's run stops here at the latest
+
+    old, new = Registry(), Registry()
+    for registry, kind in ((old, before), (new, after)):
+
+        async def wf(ctx: jobs_trio.JobContext, payload: None, kind: str = kind) -> None:
+            await call(ctx, kind)
+
+        registry.job("wf", attempts=3, timeout=None)(wf)
+    driver = trio_driver()
+    job_id = await old.require("wf").enqueue(driver)
+    assert [o.kind for o in await worker(driver, old).tick()] == ["suspended"]
+    await trio.sleep(60)
+    [outcome] = await worker(driver, new).tick()
+    assert outcome.kind == "dead-lettered"
+    r = await record(driver, job_id)
+    assert r.attempts == 1 and "X_STEP" in (r.last_error or "")
+    assert f"'approval' of job 'wf' is recorded as {recorded}" in (r.last_error or "")
+    assert f"now called as step.{after}" in (r.last_error or "")
+
+
 async def test_an_unserialisable_step_result_names_the_step() -> None:
     registry = Registry()
 

@@ -95,6 +95,31 @@ class Steps:
             )
         self._used.add(name)
 
+    def _kind_checked(self, name: str, record: StepRecord | None, called: str) -> StepRecord | None:
+        """``record`` if it was written by a step of the kind now ``called`` (run, sleep,
+        wait_for_event). A deploy that reuses a name for another kind of step would read the
+        old record as the new kind's: an assertion or an AttributeError, retried to the last
+        attempt. A finished run's record and a finished sleep's look alike (a sleep's result
+        is null): either is taken for the other."""
+        if record is None:
+            return None
+        if record.event is not None or record.status is StepStatus.WAITING:
+            recorded = "step.wait_for_event"
+        elif record.status is StepStatus.SLEEPING:
+            recorded = "step.sleep"
+        else:
+            recorded = "a finished step.run or step.sleep"
+        if recorded == f"step.{called}" or (
+            recorded.startswith("a finished") and called != "wait_for_event"
+        ):
+            return record
+        raise StepError(
+            f"step {name!r} of job {self._definition.name!r} is recorded as {recorded} (by an"
+            f" earlier deploy) and is now called as step.{called}",
+            fix=f"give a step of another kind a name of its own (e.g. {name + '-v2'!r}): a job"
+            " the old deploy left part-way then runs the new step instead of misreading the old",
+        )
+
     async def _save(self, record: StepRecord) -> None:
         # After the run scope was cancelled (timeout, lost lease, operator) nothing of this run
         # may be written: another attempt may already own the records. A drain is not such a
@@ -128,7 +153,7 @@ class Steps:
         return dicts with string keys, lists, strings, numbers, booleans or None — a tuple
         comes back a list)."""
         self._use(name)
-        record = (await self._load()).get(name)
+        record = self._kind_checked(name, (await self._load()).get(name), "run")
         if record is not None and record.status is StepStatus.DONE:
             return json.loads(record.result or "null")
         started = self._driver.now()
@@ -188,7 +213,7 @@ class Steps:
         # PostgreSQL and fails SQLite's NOT NULL, blocking the settle.
         duration = check_seconds(seconds, argument=f"step.sleep({name!r}) seconds")
         self._use(name)
-        record = (await self._load()).get(name)
+        record = self._kind_checked(name, (await self._load()).get(name), "sleep")
         if record is None:
             now = self._driver.now()
             record = StepRecord(name, StepStatus.SLEEPING, now, wake_at=now + duration)
@@ -200,7 +225,7 @@ class Steps:
         now = self._driver.now()
         wait = seconds_until(when, argument=f"step.sleep_until({name!r}) when", now=now)
         self._use(name)
-        record = (await self._load()).get(name)
+        record = self._kind_checked(name, (await self._load()).get(name), "sleep")
         if record is None:
             record = StepRecord(name, StepStatus.SLEEPING, now, wake_at=now + wait)
             await self._save(record)
@@ -236,7 +261,7 @@ class Steps:
         if timeout is not None:
             timeout = check_seconds(timeout, argument=f"wait_for_event({name!r}) timeout")
         self._use(name)
-        record = (await self._load()).get(name)
+        record = self._kind_checked(name, (await self._load()).get(name), "wait_for_event")
         now = self._driver.now()
         if record is None:
             record = StepRecord(
