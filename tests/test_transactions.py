@@ -118,6 +118,32 @@ async def test_sqlite_the_drivers_own_connection_as_the_transaction(tmp_path: Pa
         assert [r.id for r in await driver.list_jobs()] == [job_id]
 
 
+@pytest.mark.parametrize("own_connection", [True, False])
+async def test_sqlite_an_event_sent_in_the_block_joins_it_and_wakes_the_suspended_job(
+    tmp_path: Path, own_connection: bool
+) -> None:
+    # Sent on the driver's own connection while the block's task held it, send_event raised
+    # "attempt to re-acquire an already held Lock" and took the whole block down with it.
+    async with sqlite_app(tmp_path) as (driver, conn):
+        target: Any = driver if own_connection else conn
+        job_id = await confirm.enqueue(driver, {"order": 0})
+        [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w")
+        await driver.settle([jobs_trio.records.Suspend(claim.lease, 3600, event="order.paid")])
+        with pytest.raises(Boom):
+            async with jobs_trio.transaction(target) as tx:
+                await jobs_trio.send_event(driver, "order.paid", {"order": 1}, key="1")
+                raise Boom
+        assert await driver.find_event("order.paid", key=None, since=None) is None
+        assert (await driver.get(job_id)).state is jobs_trio.JobState.SUSPENDED  # type: ignore[union-attr]
+        with trio.fail_after(10):
+            async with jobs_trio.transaction(target) as tx:
+                await tx.execute(SQLITE_INSERT, 2)
+                event_id = await jobs_trio.send_event(driver, "order.paid", {"order": 2}, key="2")
+        found = await driver.find_event("order.paid", key="2", since=None)
+        assert found is not None and found.id == event_id and orders_in(driver.path) == [2]
+        assert (await driver.get(job_id)).state is jobs_trio.JobState.READY  # type: ignore[union-attr]
+
+
 async def test_sqlite_a_connection_to_another_file_is_refused(tmp_path: Path) -> None:
     async with sqlite_app(tmp_path) as (driver, _):
         other = sqlite3.connect(tmp_path / "other.db", check_same_thread=False)

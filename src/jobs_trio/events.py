@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .boundary import check_key, check_name, dump_json
+from .current_transaction import joined
 from .driver import Driver
 
 
@@ -17,8 +18,9 @@ async def send_event(
     connection: object | None = None,
 ) -> str:
     """Store event ``name`` (matched by jobs waiting on it, and on ``key`` when they asked) and
-    wake the jobs suspended on it; answer its id. With ``connection`` (PostgreSQL), the event
-    is written in the caller's transaction: rolled back, nobody sees it."""
+    wake the jobs suspended on it; answer its id. Inside ``jobs_trio.transaction(...)``, or with
+    ``connection`` (the application's own, on SQLite or PostgreSQL), the event is written in
+    that transaction: rolled back, nobody sees it."""
     check_name(name, argument="event name")
     if key is not None:
         check_key(key, argument="event key")
@@ -28,4 +30,6 @@ async def send_event(
         what="payload",
         too_large_fix="send a small event (an id or a storage key), not the data itself",
     )
-    return await driver.send_event(name, text, key=key, connection=connection)
+    # Inside `jobs_trio.transaction(...)` the event joins the block as an enqueue does: sent on
+    # the driver's own connection instead, it waited for the lock the block's task held.
+    return await driver.send_event(name, text, key=key, connection=joined(connection))

@@ -67,7 +67,6 @@ from .rules import (
     job_record,
     lapsed_out_of_attempts,
     queue_stats,
-    refuse_connection,
 )
 from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
 from .sqlite_migrate import open_sqlite_file
@@ -753,12 +752,8 @@ class SqliteDriver:
     async def send_event(
         self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
     ) -> str:
-        refuse_connection(
-            connection,
-            driver="SQLite",
-            fix="send the event without connection=, or use the PostgreSQL driver",
-        )
         json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
+        conn, tx = unwrap(connection)
 
         def work(conn: sqlite3.Connection, now: float) -> str:
             cursor = conn.execute(
@@ -772,6 +767,10 @@ class SqliteDriver:
             )
             return str(cursor.lastrowid)
 
+        if conn is not None:
+            # In the caller's transaction, as an enqueue is: the order row, its job and the
+            # event a waiting workflow needs land together, and the wake-up waits for the commit.
+            return await self._on_callers(conn, tx, work, wake=True)
         event_id = await self._transact(work)
         self._wake()
         return event_id
