@@ -257,7 +257,7 @@ async def test_enqueue_on_the_applications_transaction(url: str, pg_schema: str)
             await app.execute("COMMIT")
         record = await driver.get(kept.job_id)
         assert record is not None and record.state is JobState.READY
-        assert await driver.find_event("paid", key="order-1", since=None) is not None
+        assert (await driver.look_for_event("paid", key="order-1", since=None)).found is not None
 
 
 async def test_a_keyed_enqueue_that_fails_part_way_commits_none_of_its_batch(

@@ -65,8 +65,9 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         TOKENS,
         [True] * 50,
         [1.0] * 50,
-        [None] * 50,
+        ["shipped"] * 50,
         ["c"] * 50,
+        [7] * 50,  # the marks of the looks before the suspends (events past them wake)
     ),
     "settle_park": (NOW, "ch", RUNNING_IDS, TOKENS, [True] * 50, ["r"] * 50, ["c"] * 50),
     "settle_cancel": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["e"] * 50),

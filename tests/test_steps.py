@@ -451,4 +451,4 @@ async def test_send_event_checks_its_input_at_the_boundary() -> None:
     with pytest.raises(jobs_trio.PayloadNotSerialisable) as caught:
         await send_event(driver, "shipped", {"at": object()})
     assert caught.value.field == "payload.at"
-    assert await driver.find_event("shipped", key=None, since=None) is None
+    assert (await driver.look_for_event("shipped", key=None, since=None)).found is None

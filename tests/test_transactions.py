@@ -133,13 +133,13 @@ async def test_sqlite_an_event_sent_in_the_block_joins_it_and_wakes_the_suspende
             async with jobs_trio.transaction(target) as tx:
                 await jobs_trio.send_event(driver, "order.paid", {"order": 1}, key="1")
                 raise Boom
-        assert await driver.find_event("order.paid", key=None, since=None) is None
+        assert (await driver.look_for_event("order.paid", key=None, since=None)).found is None
         assert (await driver.get(job_id)).state is jobs_trio.JobState.SUSPENDED  # type: ignore[union-attr]
         with trio.fail_after(10):
             async with jobs_trio.transaction(target) as tx:
                 await tx.execute(SQLITE_INSERT, 2)
                 event_id = await jobs_trio.send_event(driver, "order.paid", {"order": 2}, key="2")
-        found = await driver.find_event("order.paid", key="2", since=None)
+        found = (await driver.look_for_event("order.paid", key="2", since=None)).found
         assert found is not None and found.id == event_id and orders_in(driver.path) == [2]
         assert (await driver.get(job_id)).state is jobs_trio.JobState.READY  # type: ignore[union-attr]
 

@@ -259,7 +259,8 @@ def _verdict(
         if reason is CancelReason.TIMEOUT:
             error = run.cause
         elif ended.suspension is not None:
-            settle = Suspend(lease, delay=ended.suspension.delay, event=ended.suspension.event)
+            suspension = ended.suspension
+            settle = Suspend(lease, suspension.delay, suspension.event, seen=suspension.seen)
             return ended_as(OutcomeKind.SUSPENDED, settle, None)
     if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
         error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")

@@ -160,6 +160,10 @@ class Suspend:
     lease: Lease
     delay: float
     event: str | None = None
+    # The mark of the look that found no such event (EventLook.seen). An event of the name
+    # stored past it was sent while the job was still running, where the send woke nothing:
+    # the settle wakes the job for it instead (rules.woken). None: no look to compare with.
+    seen: str | None = None
 
 
 @attrs.frozen
@@ -271,6 +275,20 @@ class EventRecord:
     key: str | None
     payload: str  # JSON text
     created_at: float
+
+
+@attrs.frozen
+class EventLook:
+    """A waiting step's look for its event: the earliest match, and a mark of what the look
+    could see of the name, taken in the same read. The suspension that follows a look that
+    found nothing carries the mark (Suspend.seen), so that its settle sees a send that landed
+    between the look and the suspend, when no job was suspended on the name for it to wake."""
+
+    found: EventRecord | None
+    # The id of the newest event of the name, of any key or time, the look could see ("0":
+    # none). Past every event the look read, so a re-look's mark covers the events that woke it
+    # and an event of another key wakes the job once, never in a loop.
+    seen: str
 
 
 # Cron tasks: the durable record that makes a scheduled time fire once per fleet.

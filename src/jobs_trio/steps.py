@@ -49,10 +49,11 @@ class Suspension(BaseException):
     """Ends the attempt as ``suspended``. A BaseException, like trio.Cancelled, so a body's
     ``except Exception`` cannot swallow it and run on past a sleep."""
 
-    def __init__(self, delay: float, event: str | None = None) -> None:
+    def __init__(self, delay: float, event: str | None = None, seen: str | None = None) -> None:
         super().__init__(f"suspended for {delay:.3f}s" + (f" or event {event!r}" if event else ""))
         self.delay = max(delay, 0.0)
         self.event = event
+        self.seen = seen  # the mark of the look that found no event (EventLook.seen)
 
 
 class EventTimedOut(JobsError):
@@ -277,7 +278,8 @@ class Steps:
             return _event_result(name, record)
         # The body passes the same arguments on every replay: nothing about them is stored.
         since = None if include_earlier else record.started_at
-        found = await self._driver.find_event(event, key=match, since=since)
+        look = await self._driver.look_for_event(event, key=match, since=since)
+        found = look.found
         if found is not None:
             text = json.dumps({"payload": json.loads(found.payload), "event_id": found.id})
             done = StepRecord(
@@ -299,7 +301,9 @@ class Steps:
             return _event_result(name, done)
         poll = self._definition.event_poll
         delay = poll if record.wake_at is None else min(poll, record.wake_at - now)
-        raise Suspension(delay, event=event)
+        # With the look's mark: a send that lands before the suspend is settled finds the job
+        # still running and wakes nothing; the settle sees its event past the mark instead.
+        raise Suspension(delay, event=event, seen=look.seen)
 
 
 def _event_result(name: str, record: StepRecord) -> Any:

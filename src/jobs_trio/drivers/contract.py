@@ -10,7 +10,7 @@ from ..records import (
     Claim,
     ClaimToken,
     Enqueued,
-    EventRecord,
+    EventLook,
     JobId,
     JobRecord,
     JobState,
@@ -132,11 +132,11 @@ class Driver(Protocol):
         """Store an event and make every job suspended on ``name`` ready now."""
         ...
 
-    async def find_event(
-        self, name: str, *, key: str | None, since: float | None
-    ) -> EventRecord | None:
-        """The earliest event named ``name`` (with ``key``, when given) sent at or after
-        ``since`` (any time when None)."""
+    async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
+        """One read: the earliest event named ``name`` (with ``key``, when given) sent at or
+        after ``since`` (any time when None), and the mark of what it could see of ``name``
+        that a suspension after it carries (Suspend.seen): its settle makes the job ready now
+        when an event of the name was stored past the mark (rules.woken)."""
         ...
 
     async def task_marks(self) -> Sequence[TaskMark]:

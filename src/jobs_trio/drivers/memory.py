@@ -26,6 +26,7 @@ from ..records import (
     Claim,
     ClaimToken,
     Enqueued,
+    EventLook,
     EventRecord,
     JobId,
     JobRecord,
@@ -50,13 +51,16 @@ from .rules import (
     FIRE_HISTORY,
     LAPSED_ERROR,
     LIVE_STATES,
+    Unseen,
     driver_closed,
     effect,
+    event_mark,
     gives_back_lapse,
     lapsed_out_of_attempts,
     limit_fields,
     queue_stats,
     refuse_connection,
+    woken,
 )
 
 
@@ -414,6 +418,8 @@ class MemoryDriver:
             self._tokens.pop(record.id, None)
             self._release_slot(record.id, s.lease.token, now)
             change = effect(s)
+            if change.unseen is not None and self._stored_past(change.unseen):
+                change = woken(change)
             self._put(
                 record,
                 state=change.state,
@@ -558,18 +564,21 @@ class MemoryDriver:
         self._wake()
         return event.id
 
-    async def find_event(
-        self, name: str, *, key: str | None, since: float | None
-    ) -> EventRecord | None:
+    async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        for event in self._events:
-            if event.name != name or (key is not None and event.key != key):
+        named = [event for event in self._events if event.name == name]
+        seen = event_mark(int(named[-1].id) if named else None)
+        for event in named:
+            if key is not None and event.key != key:
                 continue
             if since is not None and event.created_at < since:
                 continue
-            return event
-        return None
+            return EventLook(event, seen)
+        return EventLook(None, seen)
+
+    def _stored_past(self, unseen: Unseen) -> bool:
+        return any(e.name == unseen.event and int(e.id) > unseen.mark for e in self._events)
 
     async def task_marks(self) -> Sequence[TaskMark]:
         await trio.lowlevel.checkpoint()

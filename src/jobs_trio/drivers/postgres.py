@@ -31,6 +31,7 @@ from ..records import (
     Claim,
     ClaimToken,
     Enqueued,
+    EventLook,
     EventRecord,
     JobId,
     JobLimits,
@@ -67,6 +68,7 @@ from .rules import (
     LAPSED_OUT_OF_ATTEMPTS,
     driver_closed,
     effect,
+    event_mark,
     job_record,
     kind_of,
     limit_fields,
@@ -757,25 +759,25 @@ class PostgresDriver:
         event_id: str = await self._run_here_or_on(connection, write, what="send_event")
         return event_id
 
-    async def find_event(
-        self, name: str, *, key: str | None, since: float | None
-    ) -> EventRecord | None:
+    async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
         self._check_open()
         sql = self._sql
 
         async def read(conn: Connection) -> Any:
-            return await conn.fetchrow(sql["find_event"], name, key, since)
+            return await conn.fetchrow(sql["look_for_event"], name, key, since)
 
-        row = await self.bridge.run(read, what="find_event")
-        if row is None:
-            return None
-        return EventRecord(
+        row = await self.bridge.run(read, what="look_for_event")
+        seen = event_mark(row["newest"])
+        if row["id"] is None:
+            return EventLook(None, seen)
+        found = EventRecord(
             id=str(row["id"]),
             name=row["name"],
             key=row["key"],
             payload=row["payload"],
             created_at=row["created_at"],
         )
+        return EventLook(found, seen)
 
     # --- cron tasks ---
 
@@ -1106,8 +1108,9 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     """The unnest arrays for one kind's statement (every settlement in ``group`` is of that
     kind), in its parameter order after ``now`` and the channel: ids, tokens, whether each hands
     its attempt back, the delay (a kind that moves run_at), each field the kind writes (in the
-    order rules.SETTLEMENT_KINDS names them), and what each becomes under a pending cancel (a
-    kind that would leave the job live: the SQL picks it by the row's flag)."""
+    order rules.SETTLEMENT_KINDS names them), what each becomes under a pending cancel (a
+    kind that would leave the job live: the SQL picks it by the row's flag), and its look's
+    mark (a kind that reads events)."""
     effects = [effect(s) for s in group]
     columns: list[list[Any]] = [
         [s.lease.job_id for s in group],
@@ -1121,6 +1124,9 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     cancelled = [instead.error for s in group if (instead := cancel_instead(s)) is not None]
     if cancelled:
         columns.append(cancelled)
+    if kind_of(group[0]).reads_events:
+        # The SQL makes the job ready now when an event is stored past the mark (rules.woken).
+        columns.append([None if e.unseen is None else e.unseen.mark for e in effects])
     return columns
 
 

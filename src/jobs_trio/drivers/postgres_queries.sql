@@ -383,14 +383,27 @@ FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, hand
 state = 'dead', last_error = s.error;
 
 -- name: settle_suspend_rows
-SELECT *, delay <= 0 AS ready_now
-FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[])
-    AS u(id, token, handed_back, delay, event, cancelled);
+-- $9 the mark of each suspension's look (NULL: no look). `woken`: an event of the name stored
+-- past it was sent while the job ran, and woke nothing then; the job is ready now instead, as
+-- the send would have left it (rules.woken, which holds the rule and what it does not cover).
+-- OFFSET 0 keeps the subquery whole: flattened, each use of `woken` probed the events again.
+SELECT *, delay <= 0 OR woken AS ready_now
+FROM (
+    SELECT u.*, CASE WHEN u.seen IS NULL THEN false ELSE EXISTS (
+        SELECT FROM {schema}.events AS e WHERE e.name = u.event AND e.id > u.seen
+    ) END AS woken
+    FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[],
+                $9::bigint[])
+        AS u(id, token, handed_back, delay, event, cancelled, seen)
+    OFFSET 0
+) AS u;
 
 -- name: settle_suspend_set
 -- A pending cancel: see retry.
-state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'suspended' END,
-run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE $1 + greatest(s.delay, 0) END,
+state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN s.woken THEN 'ready'
+             ELSE 'suspended' END,
+run_at = CASE WHEN j.cancel_requested THEN j.run_at WHEN s.woken THEN $1
+              ELSE $1 + greatest(s.delay, 0) END,
 wait_event = CASE WHEN j.cancel_requested THEN j.wait_event ELSE s.event END,
 last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE j.last_error END;
 
@@ -529,11 +542,18 @@ WITH event AS (
 )
 SELECT (SELECT id FROM event) AS id, (SELECT count(*) FROM notified) AS sent;
 
--- name: find_event
-SELECT id, name, key, payload, created_at FROM {schema}.events
-WHERE name = $1 AND ($2::text IS NULL OR key = $2) AND ($3::float8 IS NULL OR created_at >= $3)
-ORDER BY id
-LIMIT 1;
+-- name: look_for_event
+-- The earliest match, and the newest id of the name (any key or time): one statement, so one
+-- snapshot, and the mark covers every event the look read (rules.event_mark).
+SELECT f.id, f.name, f.key, f.payload, f.created_at,
+       (SELECT max(id) FROM {schema}.events WHERE name = $1) AS newest
+FROM (SELECT) AS one LEFT JOIN (
+    SELECT id, name, key, payload, created_at FROM {schema}.events
+    WHERE name = $1 AND ($2::text IS NULL OR key = $2)
+      AND ($3::float8 IS NULL OR created_at >= $3)
+    ORDER BY id
+    LIMIT 1
+) AS f ON true;
 
 -- name: unbounded_waits
 -- For the migrating transaction only (SET LOCAL): the pool's statement and lock timeouts do not

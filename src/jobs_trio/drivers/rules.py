@@ -71,6 +71,15 @@ def gives_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
 
 
 @attrs.frozen
+class Unseen:
+    """The events a suspension's look could not see: those named ``event`` with an id past
+    ``mark`` (the look's EventLook.seen, as a number)."""
+
+    event: str
+    mark: int
+
+
+@attrs.frozen
 class Effect:
     state: JobState
     # The attempt its claim counted goes back: waiting (suspend), deploy skew (park) and an
@@ -78,6 +87,9 @@ class Effect:
     hands_back: bool = False
     delay: float | None = None  # run again this many seconds from now; None: run_at stays
     writes: Mapping[str, str | None] = attrs.field(factory=dict)  # other record fields set
+    # A suspension after a look: when one of these events is stored at the settle, the effect
+    # is `woken(...)` instead.
+    unseen: Unseen | None = None
 
 
 @attrs.frozen
@@ -85,6 +97,51 @@ class SettlementKind:
     name: str  # PostgreSQL's statement for it is settle_<name>
     effect: Callable[[Any], Effect]
     moves_run_at: bool = False  # its statement takes a delay column (None: run_at stays)
+    # Its statement takes a column of look marks (None: no look; Unseen.mark otherwise).
+    reads_events: bool = False
+
+
+# A look's mark when it saw no event of the name: every event id is past it (ids start at 1).
+NO_EVENT_SEEN: Final = "0"
+
+
+def event_mark(newest_id: int | None) -> str:
+    """EventLook.seen for a look whose newest event of the name had id ``newest_id`` (None:
+    it saw none). Read in the same snapshot as the look: an event the look missed because it
+    was stored after it has an id past the mark (see `woken` for PostgreSQL's exception)."""
+    return NO_EVENT_SEEN if newest_id is None else str(newest_id)
+
+
+def woken(change: Effect) -> Effect:
+    """A suspension whose look missed a stored event of its name (Effect.unseen) settles as the
+    send would have left it had it come just after the settle: ready now, its wait_event kept.
+
+    Why: send_event wakes the jobs already suspended on the name, and a job between its look
+    and its suspend is still running, so a send then wakes nothing; without this the job slept
+    its whole event_poll with its event stored. A spurious wake (an event of another key) costs
+    one look, and the next look's mark covers that event: it never wakes the job again.
+
+    Exact on memory and SQLite (one writer at a time: ids are given in commit order). On
+    PostgreSQL an event whose transaction commits after the look can hold an id below the
+    mark (another send of the name took a higher id and committed first), and a send whose
+    statement started before the settle's and commits after it is seen by neither: a send
+    still in flight as the look or the settle starts can be missed, as before this rule.
+    A send in an application's transaction that commits after the settle is not covered
+    either (docs/steps.md)."""
+    return attrs.evolve(change, state=JobState.READY, delay=0.0, unseen=None)
+
+
+def _suspend_effect(s: Suspend) -> Effect:
+    unseen = None
+    if s.event is not None and s.seen is not None:
+        unseen = Unseen(s.event, int(s.seen))
+    return Effect(
+        JobState.SUSPENDED,
+        hands_back=True,
+        delay=s.delay,
+        writes={"wait_event": s.event},
+        unseen=unseen,
+    )
 
 
 def _retry_effect(s: Retry) -> Effect:
@@ -109,13 +166,7 @@ SETTLEMENT_KINDS: Final[Mapping[type, SettlementKind]] = {
     DeadLetter: SettlementKind(
         "dead", lambda s: Effect(JobState.DEAD, writes={"last_error": s.error})
     ),
-    Suspend: SettlementKind(
-        "suspend",
-        lambda s: Effect(
-            JobState.SUSPENDED, hands_back=True, delay=s.delay, writes={"wait_event": s.event}
-        ),
-        moves_run_at=True,
-    ),
+    Suspend: SettlementKind("suspend", _suspend_effect, moves_run_at=True, reads_events=True),
     Park: SettlementKind(
         "park", lambda s: Effect(JobState.PARKED, hands_back=True, writes={"last_error": s.reason})
     ),

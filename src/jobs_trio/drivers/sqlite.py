@@ -33,6 +33,7 @@ from ..records import (
     Claim,
     ClaimToken,
     Enqueued,
+    EventLook,
     EventRecord,
     JobId,
     JobLimits,
@@ -62,11 +63,14 @@ from .rules import (
     JOB_COLUMNS,
     LAPSED_ERROR,
     LIVE_STATES_SQL,
+    Unseen,
     effect,
+    event_mark,
     gives_back_lapse,
     job_record,
     lapsed_out_of_attempts,
     queue_stats,
+    woken,
 )
 from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
 from .sqlite_migrate import open_sqlite_file
@@ -142,6 +146,10 @@ def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
 
 def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also: str = "") -> bool:
     change = effect(s)
+    # In the settle's write transaction: a send either committed before it (its event is read
+    # here) or commits after it (and finds the job suspended, to wake it).
+    if change.unseen is not None and _stored_past(conn, change.unseen):
+        change = woken(change)
     # Column names are rules' own record field names, never a caller's text.
     written: dict[str, object] = {"state": change.state.value, **change.writes}
     if change.delay is not None:
@@ -158,6 +166,14 @@ def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also:
     if row[0] is not None:
         _release_slot(conn, s.lease.token, now)
     return True
+
+
+def _stored_past(conn: sqlite3.Connection, unseen: Unseen) -> bool:
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM events INDEXED BY events_by_name WHERE name = ? AND id > ?)",
+        (unseen.event, unseen.mark),
+    ).fetchone()
+    return bool(row[0])
 
 
 def _release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
@@ -775,9 +791,7 @@ class SqliteDriver:
         self._wake()
         return event_id
 
-    async def find_event(
-        self, name: str, *, key: str | None, since: float | None
-    ) -> EventRecord | None:
+    async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
         where, values = ["name = ?"], list[object]([name])
         if key is not None:
             where.append("key = ?")
@@ -786,13 +800,17 @@ class SqliteDriver:
             where.append("created_at >= ?")
             values.append(since)
 
-        def work(conn: sqlite3.Connection, now: float) -> EventRecord | None:
+        def work(conn: sqlite3.Connection, now: float) -> EventLook:
+            # One read transaction, one snapshot: the mark covers every event the look read.
+            (newest,) = conn.execute(
+                "SELECT max(id) FROM events WHERE name = ?", (name,)
+            ).fetchone()
             row = conn.execute(
                 f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)}"
                 " ORDER BY id LIMIT 1",
                 values,
             ).fetchone()
-            return None if row is None else _event(row)
+            return EventLook(None if row is None else _event(row), event_mark(newest))
 
         return await self._transact(work, mode="read")
 

@@ -33,7 +33,7 @@ def nested(depth: int) -> Any:
 
 async def nothing_written(driver: Driver) -> None:
     assert await driver.list_jobs() == []
-    assert await driver.find_event("shipped", key=None, since=None) is None
+    assert (await driver.look_for_event("shipped", key=None, since=None)).found is None
 
 
 async def refused(

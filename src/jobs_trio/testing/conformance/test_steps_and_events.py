@@ -48,16 +48,18 @@ async def test_an_event_wakes_a_job_suspended_on_it(
     assert (await claim_one(driver)).job_id == job_id
 
 
-async def test_find_event_by_name_key_and_time(driver: Driver, manual_clock: ManualClock) -> None:
+async def test_look_for_event_finds_by_name_key_and_time(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
     await driver.send_event("shipped", '{"n": 1}', key="a")
     manual_clock.advance(10)
     since = driver.now()
     await driver.send_event("shipped", '{"n": 2}', key="b")
     await driver.send_event("shipped", '{"n": 3}', key="a")
-    first_a = await driver.find_event("shipped", key="a", since=None)
+    first_a = (await driver.look_for_event("shipped", key="a", since=None)).found
     assert first_a is not None and first_a.payload == '{"n": 1}'
-    late_a = await driver.find_event("shipped", key="a", since=since)
+    late_a = (await driver.look_for_event("shipped", key="a", since=since)).found
     assert late_a is not None and late_a.payload == '{"n": 3}'
-    any_late = await driver.find_event("shipped", key=None, since=since)
+    any_late = (await driver.look_for_event("shipped", key=None, since=since)).found
     assert any_late is not None and any_late.payload == '{"n": 2}'
-    assert await driver.find_event("shipped", key="zzz", since=None) is None
+    assert (await driver.look_for_event("shipped", key="zzz", since=None)).found is None
