@@ -383,6 +383,42 @@ async def test_a_sync_step_past_its_step_timeout_is_abandoned_as_too_slow() -> N
     assert await driver.load_steps(job_id) == []
 
 
+async def test_abandoned_sync_steps_never_hold_the_thread_another_queues_sync_body_waits_for() -> (
+    None
+):
+    # On the worker's body-thread limiter (one thread per slot), two sync steps side by side,
+    # abandoned at their step_timeout and still running, took both threads: queue b's sync
+    # body sat claimed in its free slot, never started, past its own timeout.
+    registry = Registry()
+    release, b_ran = threading.Event(), threading.Event()
+
+    @registry.job("a.two", queue="a", step_timeout=0.05, timeout=None, attempts=1)
+    async def two(ctx: jobs_trio.JobContext, payload: None) -> None:
+        async with trio.open_nursery() as nursery:
+            for name in ("s1", "s2"):
+                nursery.start_soon(ctx.step.run, name, release.wait, 30)
+
+    @registry.job("b.sync", queue="b", timeout=10)
+    def b_sync(ctx: jobs_trio.JobContext, payload: None) -> None:
+        b_ran.set()
+
+    driver = trio_driver()
+    a_id = await two.enqueue(driver)
+    w = worker(driver, registry, concurrency={"a": 1, "b": 1})
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            with trio.fail_after(10):
+                while (await record(driver, a_id)).state is not JobState.DEAD:
+                    await trio.sleep(0.01)
+            await b_sync.enqueue(driver)
+            # Both of a's step threads still run (release is not set): b's body starts anyway.
+            assert await trio.to_thread.run_sync(b_ran.wait, 10)
+            nursery.cancel_scope.cancel()
+    finally:
+        release.set()
+
+
 async def test_a_sync_body_that_finishes_after_it_was_abandoned_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -114,7 +114,7 @@ async def run_attempt(
     # going away hands itself to the next claim): it ends here, before a line of its body,
     # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
     await trio.lowlevel.checkpoint_if_cancelled()
-    ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run, threads), worker_id)
+    ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
     # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
     with attempt_span(claim, lambda: trace_of(claim.context)) as span:
         outcome = await _judged(claim, definition, run, ctx, threads)

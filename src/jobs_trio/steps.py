@@ -20,7 +20,6 @@ from .run_scope import CancelReason
 if TYPE_CHECKING:
     from .driver import Driver
     from .run_scope import RunScope
-    from .thread_slots import ThreadSlots
 
 
 _Args = TypeVarTuple("_Args")
@@ -70,13 +69,11 @@ class Steps:
         lease: Lease,
         definition: StepLimits,
         run: RunScope,
-        threads: ThreadSlots,
     ) -> None:
         self._driver = driver
         self._lease = lease
         self._definition = definition
         self._run = run
-        self._threads = threads
         self._records: dict[str, StepRecord] | None = None
         self._used: set[str] = set()
         self.ran: list[str] = []  # steps whose function ran in this attempt (not replayed)
@@ -168,17 +165,20 @@ class Steps:
     async def _run_in_thread(
         self, name: str, started: float, fn: Callable[..., Any], *args: Any
     ) -> Any:
-        """A sync step: its thread is held like a sync body's (the worker's thread slots, the
-        run's thread scope). A drain WAITS for it and records what it returns: abandoned at
-        the drain, the job went back to the queue while the thread ran on, and the next worker
-        ran the same step beside it (two runs at once). Its timeout, the run's own, a lost
-        lease or an operator's cancel still abandon it."""
+        """A sync step: its thread is waited for under the run's thread scope, as a sync body's
+        is. A drain WAITS for it and records what it returns: abandoned at the drain, the job
+        went back to the queue while the thread ran on, and the next worker ran the same step
+        beside it (two runs at once). Its timeout, the run's own, a lost lease or an
+        operator's cancel still abandon it. Trio's own thread limiter, not the worker's body
+        threads: a run may hold several step threads (side by side, or abandoned ones still
+        running), and on the worker's limiter they took the thread another queue's sync body,
+        holding its slot, was waiting for."""
         await trio.lowlevel.checkpoint_if_cancelled()  # a run already stopped starts no thread
         ceiling = self._definition.step_timeout
         deadline = math.inf if ceiling is None else trio.current_time() + ceiling
         recorded: list[Any] = []
         with self._run.thread_scope(deadline):
-            result = await self._threads.run(self._run, fn, *args, starts_clock=False)
+            result = await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
             # Inside the shield: a result the drain waited for is recorded, not lost.
             recorded.append(await self._record(name, started, result))
         if recorded:

@@ -30,13 +30,10 @@ class ThreadSlots:
         """Threads of ``queue`` abandoned at their cancel and still running."""
         return self._lingering[queue]
 
-    async def run(
-        self, run: RunScope, fn: Callable[..., T], *args: Any, starts_clock: bool = True
-    ) -> T:
+    async def run(self, run: RunScope, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a thread; call it inside ``run.thread_scope()``, whose cancel
-        abandons the thread. A sync body's timeout starts when its thread does
-        (``starts_clock``); a sync step's thread starts no clock (its body's runs already)."""
-        body = _BodyThread(self, run, starts_clock)
+        abandons the thread. The run's timeout starts when the thread does."""
+        body = _BodyThread(self, run)
         try:
             return await trio.to_thread.run_sync(
                 fn,
@@ -61,10 +58,9 @@ class ThreadSlots:
 class _BodyThread:
     """The limiter handed to ``trio.to_thread.run_sync`` for one body."""
 
-    def __init__(self, slots: ThreadSlots, run: RunScope, starts_clock: bool) -> None:
+    def __init__(self, slots: ThreadSlots, run: RunScope) -> None:
         self._slots = slots
         self._run = run
-        self._starts_clock = starts_clock
         self._started = False
         self._ended = False
         self._lingering = False
@@ -72,8 +68,7 @@ class _BodyThread:
     async def acquire_on_behalf_of(self, borrower: object) -> None:
         await self._slots.limiter.acquire_on_behalf_of(borrower)
         self._started = True
-        if self._starts_clock:
-            self._run.start_clock()
+        self._run.start_clock()
 
     def release_on_behalf_of(self, borrower: object) -> None:
         self._slots.limiter.release_on_behalf_of(borrower)

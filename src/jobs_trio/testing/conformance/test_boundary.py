@@ -19,7 +19,6 @@ from jobs_trio.records import DeadLetter
 from jobs_trio.run_scope import RunScope
 from jobs_trio.steps import Steps
 from jobs_trio.testing.clock import ManualClock
-from jobs_trio.thread_slots import ThreadSlots
 
 from .helpers import claim_one
 
@@ -162,7 +161,7 @@ async def test_step_durations_are_checked_before_any_step_record(
 
     job_id = await t.enqueue(driver)
     claim = await claim_one(driver)
-    steps = Steps(driver, claim.lease, t, RunScope(claim, None), ThreadSlots(1, lambda: None))
+    steps = Steps(driver, claim.lease, t, RunScope(claim, None))
     calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
         (lambda: steps.sleep("s1", math.nan), "step.sleep('s1') seconds"),
         (lambda: steps.sleep("s2", math.inf), "step.sleep('s2') seconds"),
