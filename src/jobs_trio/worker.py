@@ -400,9 +400,10 @@ class Worker:
                 job_id=run.job_id,
                 job=run.claim.name,
                 fix="the body did not stop within the grace period (an async body that "
-                "swallows Cancelled or shields itself, or a sync one that does not call "
-                "ctx.check_cancelled()); its lease lapses and it runs again elsewhere. "
-                "Let it stop, or raise grace",
+                "swallows Cancelled or shields itself, a sync body or sync step that does not "
+                "call ctx.check_cancelled(), or a step whose record the database did not take "
+                "in time); its lease lapses and it runs again elsewhere. Let it stop, check "
+                "the database, or raise grace",
             )
         for settlement in unwritten.values():  # handed in by a run no longer held (tick())
             abandoned.append(settlement.lease.job_id)
