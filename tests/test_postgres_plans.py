@@ -66,6 +66,7 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         [True] * 50,
         [1.0] * 50,
         ["shipped"] * 50,
+        ["order-7"] * 50,  # the keys they wait for
         ["c"] * 50,
         [7] * 50,  # the marks of the looks before the suspends (events past them wake)
     ),

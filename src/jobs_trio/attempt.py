@@ -260,7 +260,13 @@ def _verdict(
             error = run.cause
         elif ended.suspension is not None:
             suspension = ended.suspension
-            settle = Suspend(lease, suspension.delay, suspension.event, seen=suspension.seen)
+            settle = Suspend(
+                lease,
+                suspension.delay,
+                suspension.event,
+                seen=suspension.seen,
+                match=suspension.match,
+            )
             return ended_as(OutcomeKind.SUSPENDED, settle, None)
     if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
         error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")

@@ -140,7 +140,8 @@ def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
     if record.cancel_requested:
         fields.append(("cancel", "requested: the worker stops the run at its next lease renewal"))
     if record.wait_event:
-        fields.append(("waits for", f"event {record.wait_event!r}"))
+        key = "" if record.wait_key is None else f" with key {record.wait_key!r}"
+        fields.append(("waits for", f"event {record.wait_event!r}{key}"))
     if record.limits is not None:
         fields.append(("fleet limits", _limits_text(record)))
     if record.context is not None:

@@ -164,6 +164,9 @@ class Suspend:
     # stored past it was sent while the job was still running, where the send woke nothing:
     # the settle wakes the job for it instead (rules.woken). None: no look to compare with.
     seen: str | None = None
+    # The event's key the wait matches (wait_for_event's match), None for any: a send of
+    # another key leaves the job asleep.
+    match: str | None = None
 
 
 @attrs.frozen
@@ -210,6 +213,9 @@ class JobRecord:
     starts: int | None = None
     per: float | None = None
     waiting_on: str | None = None
+    # Suspended waiting for an event: the key it waits for (wait_for_event's match), None for
+    # any. A send of another key does not wake it (every waiter of a name woke for every send).
+    wait_key: str | None = None
 
     @property
     def limits(self) -> JobLimits | None:

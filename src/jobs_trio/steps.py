@@ -48,11 +48,18 @@ class Suspension(BaseException):
     """Ends the attempt as ``suspended``. A BaseException, like trio.Cancelled, so a body's
     ``except Exception`` cannot swallow it and run on past a sleep."""
 
-    def __init__(self, delay: float, event: str | None = None, seen: str | None = None) -> None:
+    def __init__(
+        self,
+        delay: float,
+        event: str | None = None,
+        seen: str | None = None,
+        match: str | None = None,
+    ) -> None:
         super().__init__(f"suspended for {delay:.3f}s" + (f" or event {event!r}" if event else ""))
         self.delay = max(delay, 0.0)
         self.event = event
         self.seen = seen  # the mark of the look that found no event (EventLook.seen)
+        self.match = match  # the event's key it waits for (None: any)
 
 
 class EventTimedOut(JobsError):
@@ -303,7 +310,7 @@ class Steps:
         delay = poll if record.wake_at is None else min(poll, record.wake_at - now)
         # With the look's mark: a send that lands before the suspend is settled finds the job
         # still running and wakes nothing; the settle sees its event past the mark instead.
-        raise Suspension(delay, event=event, seen=look.seen)
+        raise Suspension(delay, event=event, seen=look.seen, match=match)
 
 
 def _event_result(name: str, record: StepRecord) -> Any:

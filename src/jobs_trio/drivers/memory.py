@@ -60,6 +60,7 @@ from .rules import (
     limit_fields,
     queue_stats,
     refuse_connection,
+    send_wakes,
     woken,
 )
 
@@ -261,6 +262,7 @@ class MemoryDriver:
                 worker_id=worker_id,
                 last_error=last_error,
                 wait_event=None,
+                wait_key=None,
                 waiting_on=None,
             )
             self._tokens[record.id] = token
@@ -559,7 +561,7 @@ class MemoryDriver:
         )
         self._events.append(event)
         for record in list(self._jobs.values()):
-            if record.state is JobState.SUSPENDED and record.wait_event == name:
+            if send_wakes(record, name, key):
                 self._put(record, state=JobState.READY, run_at=now)
         self._wake()
         return event.id
@@ -578,7 +580,7 @@ class MemoryDriver:
         return EventLook(None, seen)
 
     def _stored_past(self, unseen: Unseen) -> bool:
-        return any(e.name == unseen.event and int(e.id) > unseen.mark for e in self._events)
+        return any(unseen.covers(e.name, e.key, int(e.id)) for e in self._events)
 
     async def task_marks(self) -> Sequence[TaskMark]:
         await trio.lowlevel.checkpoint()

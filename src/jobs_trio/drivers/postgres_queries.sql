@@ -141,6 +141,7 @@ WITH candidates AS MATERIALIZED (
         token = gen_random_uuid()::text,
         last_error = CASE WHEN j.state = 'running' THEN $6 ELSE j.last_error END,
         wait_event = NULL,
+        wait_key = NULL,
         updated_at = $1
     WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
@@ -231,6 +232,7 @@ SET state = 'running',
     token = g.token,
     last_error = CASE WHEN j.state = 'running' THEN $11 ELSE j.last_error END,
     wait_event = NULL,
+    wait_key = NULL,
     waiting_on = NULL,
     updated_at = $7
 FROM unnest($14::text[], $15::text[]) AS g(id, token)
@@ -385,18 +387,19 @@ FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, hand
 state = 'dead', last_error = s.error;
 
 -- name: settle_suspend_rows
--- $9 the mark of each suspension's look (NULL: no look). `woken`: an event of the name stored
+-- $8 the event key each waits for (NULL: any), $10 the mark of each suspension's look (NULL: no look). `woken`: an event of the name stored
 -- past it was sent while the job ran, and woke nothing then; the job is ready now instead, as
 -- the send would have left it (rules.woken, which holds the rule and what it does not cover).
 -- OFFSET 0 keeps the subquery whole: flattened, each use of `woken` probed the events again.
 SELECT *, delay <= 0 OR woken AS ready_now
 FROM (
     SELECT u.*, CASE WHEN u.seen IS NULL THEN false ELSE EXISTS (
-        SELECT FROM {schema}.events AS e WHERE e.name = u.event AND e.id > u.seen
+        SELECT FROM {schema}.events AS e
+        WHERE e.name = u.event AND e.id > u.seen AND (u.match IS NULL OR e.key = u.match)
     ) END AS woken
     FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[],
-                $9::bigint[])
-        AS u(id, token, handed_back, delay, event, cancelled, seen)
+                $9::text[], $10::bigint[])
+        AS u(id, token, handed_back, delay, event, match, cancelled, seen)
     OFFSET 0
 ) AS u;
 
@@ -407,6 +410,7 @@ state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN s.woken THEN 'ready'
 run_at = CASE WHEN j.cancel_requested THEN j.run_at WHEN s.woken THEN $1
               ELSE $1 + greatest(s.delay, 0) END,
 wait_event = CASE WHEN j.cancel_requested THEN j.wait_event ELSE s.event END,
+wait_key = CASE WHEN j.cancel_requested THEN j.wait_key ELSE s.match END,
 last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE j.last_error END;
 
 -- name: settle_park_rows
@@ -537,7 +541,9 @@ WITH event AS (
     RETURNING id
 ), woken AS (
     UPDATE {schema}.jobs SET state = 'ready', run_at = $1, updated_at = $1
-    WHERE state = 'suspended' AND wait_event = $2
+    -- A job waiting for another key sleeps on: each send of a name woke every waiter of it,
+    -- a whole fleet of workflows keyed by order id for each order's event.
+    WHERE state = 'suspended' AND wait_event = $2 AND (wait_key IS NULL OR wait_key = $3)
     RETURNING queue
 ), notified AS (
     SELECT pg_notify($5, queue) FROM (SELECT DISTINCT queue FROM woken) AS q

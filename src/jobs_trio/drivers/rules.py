@@ -54,6 +54,18 @@ def lapsed_out_of_attempts(attempts: int) -> str:
     return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
 
 
+def send_wakes(record: JobRecord, name: str, key: str | None) -> bool:
+    """Whether a send of event ``name`` with ``key`` wakes ``record``: suspended on the name,
+    waiting for that key or for any. A wait for another key sleeps on: each send of a name woke
+    every waiter of it, a fleet of workflows keyed by order id for each order's event. The SQL
+    drivers say the same in their send_event."""
+    return (
+        record.state is JobState.SUSPENDED
+        and record.wait_event == name
+        and record.wait_key in (None, key)
+    )
+
+
 def gives_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
     """Whether a lapsed job's attempt is given back when it is claimed again: it was claimed
     ahead of a slot and its start never recorded (it most likely never ran: its worker died
@@ -72,11 +84,15 @@ def gives_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
 
 @attrs.frozen
 class Unseen:
-    """The events a suspension's look could not see: those named ``event`` with an id past
-    ``mark`` (the look's EventLook.seen, as a number)."""
+    """The events a suspension's look could not see: those named ``event`` (with ``key``, when
+    the wait matches one) with an id past ``mark`` (the look's EventLook.seen, as a number)."""
 
     event: str
     mark: int
+    key: str | None = None
+
+    def covers(self, name: str, key: str | None, event_id: int) -> bool:
+        return name == self.event and event_id > self.mark and self.key in (None, key)
 
 
 @attrs.frozen
@@ -134,12 +150,12 @@ def woken(change: Effect) -> Effect:
 def _suspend_effect(s: Suspend) -> Effect:
     unseen = None
     if s.event is not None and s.seen is not None:
-        unseen = Unseen(s.event, int(s.seen))
+        unseen = Unseen(s.event, int(s.seen), s.match)
     return Effect(
         JobState.SUSPENDED,
         hands_back=True,
         delay=s.delay,
-        writes={"wait_event": s.event},
+        writes={"wait_event": s.event, "wait_key": s.match},
         unseen=unseen,
     )
 

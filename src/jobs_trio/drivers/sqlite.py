@@ -170,8 +170,9 @@ def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also:
 
 def _stored_past(conn: sqlite3.Connection, unseen: Unseen) -> bool:
     row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM events INDEXED BY events_by_name WHERE name = ? AND id > ?)",
-        (unseen.event, unseen.mark),
+        "SELECT EXISTS (SELECT 1 FROM events INDEXED BY events_by_name WHERE name = ? AND id > ?"
+        " AND (? IS NULL OR key = ?))",
+        (unseen.event, unseen.mark, unseen.key, unseen.key),
     ).fetchone()
     return bool(row[0])
 
@@ -319,7 +320,7 @@ def _claim_in(
         " attempts = attempts + 1 - (id IN (SELECT value FROM json_each(?))),"
         " ahead_lapses = ahead_lapses + (id IN (SELECT value FROM json_each(?))),"
         " ahead = (id IN (SELECT value FROM json_each(?))),"
-        " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL,"
+        " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL, wait_key = NULL,"
         " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
         " updated_at = ?"
         " WHERE id IN (SELECT value FROM json_each(?))"
@@ -402,7 +403,7 @@ def _claim_limited(
     for job_id, token in decision.granted.items():
         granted[job_id] = conn.execute(
             "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
-            " worker_id = ?, token = ?, wait_event = NULL, waiting_on = NULL,"
+            " worker_id = ?, token = ?, wait_event = NULL, wait_key = NULL, waiting_on = NULL,"
             " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
             " updated_at = ? WHERE id = ?"
             f" RETURNING {_CLAIMED}",
@@ -778,8 +779,9 @@ class SqliteDriver:
             )
             conn.execute(
                 "UPDATE jobs SET state = 'ready', run_at = ?, updated_at = ?"
-                " WHERE state = 'suspended' AND wait_event = ?",
-                (now, now, name),
+                " WHERE state = 'suspended' AND wait_event = ?"
+                " AND (wait_key IS NULL OR wait_key = ?)",  # rules.send_wakes
+                (now, now, name, key),
             )
             return str(cursor.lastrowid)
 
