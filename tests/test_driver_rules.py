@@ -87,8 +87,9 @@ def test_a_job_row_becomes_its_record_by_the_records_own_fields() -> None:
     row = ["j1", "n", "q", "ready", "{}", 0, 0, 3, 1.0, 1.0, 1.0, None, None, None, None, None]
     # SQLite stores the flag as 1, and a job's limits whole: no slot key beside 0 slots.
     limits = [None, 0, "api", 10, 60.0, "rate:api"]
-    record = rules.job_record([*row, 1, None, None, *limits])
+    record = rules.job_record([*row, 1, None, None, *limits, "order-7"])
     assert record.state is JobState.READY and record.cancel_requested is True
+    assert record.wait_key == "order-7"
     assert (record.slot_key, record.slots) == (None, None)  # as PostgreSQL stores it
     assert (record.rate_key, record.starts, record.per) == ("api", 10, 60.0)
     assert record.limits == JobLimits(rate_key="api", starts=10, per=60.0)
