@@ -70,13 +70,7 @@ class EventTimedOut(JobsError):
 class Steps:
     """``ctx.step``: one per attempt; replays the job's records from the driver."""
 
-    def __init__(
-        self,
-        driver: Driver,
-        lease: Lease,
-        definition: StepLimits,
-        run: RunScope,
-    ) -> None:
+    def __init__(self, driver: Driver, lease: Lease, definition: StepLimits, run: RunScope) -> None:
         self._driver = driver
         self._lease = lease
         self._definition = definition

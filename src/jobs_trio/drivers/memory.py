@@ -56,6 +56,7 @@ from .rules import (
     effect,
     event_mark,
     gives_back_lapse,
+    key_matches,
     lapsed_out_of_attempts,
     limit_fields,
     queue_stats,
@@ -572,7 +573,7 @@ class MemoryDriver:
         named = [event for event in self._events if event.name == name]
         seen = event_mark(int(named[-1].id) if named else None)
         for event in named:
-            if key is not None and event.key != key:
+            if not key_matches(key, event.key):
                 continue
             if since is not None and event.created_at < since:
                 continue

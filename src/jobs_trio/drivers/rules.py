@@ -54,6 +54,12 @@ def lapsed_out_of_attempts(attempts: int) -> str:
     return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
 
 
+def key_matches(wanted: str | None, key: str | None) -> bool:
+    """Whether an event of ``key`` is one a wait for ``wanted`` takes (None: any key). The SQL
+    drivers say the same where they match events to waits."""
+    return wanted is None or wanted == key
+
+
 def send_wakes(record: JobRecord, name: str, key: str | None) -> bool:
     """Whether a send of event ``name`` with ``key`` wakes ``record``: suspended on the name,
     waiting for that key or for any. A wait for another key sleeps on: each send of a name woke
@@ -62,7 +68,7 @@ def send_wakes(record: JobRecord, name: str, key: str | None) -> bool:
     return (
         record.state is JobState.SUSPENDED
         and record.wait_event == name
-        and record.wait_key in (None, key)
+        and key_matches(record.wait_key, key)
     )
 
 
@@ -92,7 +98,7 @@ class Unseen:
     key: str | None = None
 
     def covers(self, name: str, key: str | None, event_id: int) -> bool:
-        return name == self.event and event_id > self.mark and self.key in (None, key)
+        return name == self.event and event_id > self.mark and key_matches(self.key, key)
 
 
 @attrs.frozen
@@ -134,8 +140,9 @@ def woken(change: Effect) -> Effect:
 
     Why: send_event wakes the jobs already suspended on the name, and a job between its look
     and its suspend is still running, so a send then wakes nothing; without this the job slept
-    its whole event_poll with its event stored. A spurious wake (an event of another key) costs
-    one look, and the next look's mark covers that event: it never wakes the job again.
+    its whole event_poll with its event stored. Only an event the wait's key matches wakes it;
+    one its next look still does not take (sent before the wait began, by the clocks) costs
+    that one look, and the next look's mark covers it: it never wakes the job again.
 
     Exact on memory and SQLite (one writer at a time: ids are given in commit order). On
     PostgreSQL an event whose transaction commits after the look can hold an id below the
