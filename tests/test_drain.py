@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import trio.testing
 from jobs_trio import JobContext, Registry
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import AttemptCancelled, JobDrained, JobsError
+from jobs_trio.lifecycle import open_lifecycle
 from jobs_trio.records import Claim, JobState
 from jobs_trio.run_scope import RunScope
 from jobs_trio.thread_slots import ThreadSlots
@@ -398,3 +400,67 @@ async def test_a_shielded_last_step_after_the_drain_is_recorded_and_the_job_comp
     assert (r.state, r.result, charged) == (JobState.COMPLETED, '"receipt-1"', [42])
     [step] = await driver.load_steps(job_id)
     assert step.name == "charge" and step.result == '"receipt-1"'
+
+
+class SlowSettles(MemoryDriver):
+    """Every settle takes ``write`` seconds to commit: thirty hand-backs are ~15 ms of writing."""
+
+    def __init__(self, write: float) -> None:
+        super().__init__(clock=trio.current_time)
+        self.write = write
+
+    async def settle(self, settlements: Any) -> Any:
+        await trio.sleep(self.write)
+        return await super().settle(settlements)
+
+
+@pytest.mark.parametrize("second_after", [0.0, 0.005])
+async def test_a_second_signal_cuts_the_wait_for_bodies_never_the_hand_backs_they_decided(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture, second_after: float
+) -> None:
+    # Issue 32: SIGTERM, then 5 ms later SIGTERM again (a wrapper that signals twice): the
+    # thirty bodies had all unwound, but the cut to zero dropped their hand-backs unwritten,
+    # and every job lost an attempt to a signal. One deaf body is abandoned at the cut; the
+    # thirty that stopped as asked are written under the floor.
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    registry = Registry()
+    running = 0
+    all_running = trio.Event()
+
+    @registry.job("polite", timeout=None)
+    async def polite(ctx: JobContext, payload: None) -> None:
+        nonlocal running
+        running += 1
+        if running == 31:
+            all_running.set()
+        await trio.sleep_forever()
+
+    @registry.job("deaf", timeout=None)
+    async def deaf(ctx: JobContext, payload: None) -> None:
+        nonlocal running
+        running += 1
+        if running == 31:
+            all_running.set()
+        with trio.CancelScope(shield=True):
+            await trio.sleep(3600)
+
+    driver = SlowSettles(write=0.01)
+    polite_ids = await polite.enqueue_many(driver, [None] * 30)
+    deaf_id = await deaf.enqueue(driver)
+    reported: list[Sequence[str]] = []
+    async with open_lifecycle(grace=25, signals=(), on_abandoned=reported.append) as lifecycle:
+        w = worker(driver, registry, lifecycle=lifecycle, concurrency=40)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await all_running.wait()
+            nursery.start_soon(lifecycle.shutdown, "SIGTERM")
+            await trio.sleep(second_after)
+            nursery.start_soon(lifecycle.shutdown, "SIGTERM")
+            await lifecycle.closed.wait()
+            nursery.cancel_scope.cancel()  # the deaf body: its process would end here (exit 70)
+    assert reported == [[deaf_id]]
+    for job_id in polite_ids:
+        r = await record(driver, job_id)
+        assert (r.state, r.attempts) == (JobState.READY, 0), job_id
+    cut = [r for r in caplog.records if r.getMessage().startswith("jobs.lifecycle.budget-cut")]
+    assert cut and cut[0].levelno == logging.WARNING

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import trio
 
-from .budget import Budget
+from .budget import WRITE_FLOOR, Budget
 from .errors import ConfigError
 from .logs import log_event
 from .single_error import unwrap_single_error
@@ -129,7 +129,10 @@ class Lifecycle:
         """Bound every wait of the shutdown by ``deadline``, every hook's too (only ever
         tightens): the same act as ``Hook.bind``, for the whole process."""
         self._budget.bind(deadline)
-        self._close_budget.bind(deadline + CLOSE_MARGIN)
+        # The hooks' decided writes may run to their floor past a cut (Budget.writes): the
+        # close waits for them, or a second signal would end the process before the hand-backs
+        # it promised to write, and with nothing abandoned reported.
+        self._close_budget.bind(max(deadline, trio.current_time() + WRITE_FLOOR) + CLOSE_MARGIN)
         for hook in list(self._hooks) + [h for h in self._told if h not in self._hooks]:
             hook.bind(deadline)
 
@@ -138,7 +141,16 @@ class Lifecycle:
         hook concurrently, all bounded by ``grace``; then end the ``open_lifecycle`` block.
         A second call (a second signal) cuts the remaining budget to zero."""
         if self._shutdown_started:
-            log_event("jobs.lifecycle.budget-cut", reason=reason)
+            log_event(
+                "jobs.lifecycle.budget-cut",
+                logging.WARNING,
+                reason=reason,
+                first=self.reason,
+                cut="the wait for running bodies: a body still running now is abandoned (its"
+                " lease lapses; it runs again elsewhere)",
+                kept=f"the writes of endings already decided (hand-backs, results): up to"
+                f" {WRITE_FLOOR:g} s more",
+            )
             self.bind(trio.current_time())
             await self.closed.wait()
             return

@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from .attempt import Outcome, OutcomeKind, run_attempt
-from .budget import Budget
+from .budget import WRITE_FLOOR, Budget
 from .drain import Drain
 from .driver import Driver, SettlesWithClaims, settles_with_claims
 from .errors import ConfigError, DriverError, JobDrained, RowLocked, ValueRefused
@@ -49,6 +49,10 @@ MIN_LEASE = 1.0
 # back, unstarted and uncounted: the most a job waits behind a long one on a busy worker while
 # another worker could have run it.
 DEFAULT_HOLD_LIMIT = 1.0
+
+# Scheduling passes a teardown whose wait for bodies was cut gives the bodies told to stop
+# before it abandons them: enough for a body, and a nursery of its own, to unwind.
+_UNWIND_PASSES = 3
 
 
 class WorkerState(enum.StrEnum):
@@ -307,9 +311,11 @@ class Worker:
                     task_status.started()
                     # The budget covers the claim loops too: the claim each has in flight when
                     # claiming stops is waited for under it, like every other wait of the
-                    # teardown (a slow database must not hold a drain past its grace).
+                    # teardown (a slow database must not hold a drain past its grace). Under
+                    # its WRITES deadline: a claim that committed is an ending decided (its
+                    # runs are handed back), which a second signal must not cut to nothing.
                     try:
-                        with self._budget.scope:
+                        with self._budget.writes:
                             async with trio.open_nursery() as claimers:
                                 for started in self._services:
                                     await claimers.start(self._until_claiming_stops, started)
@@ -352,15 +358,30 @@ class Worker:
                 )
 
     async def _teardown(self, settler: Settler) -> None:
-        """The teardown's waits, inside the budget scope, once the claim loops have ended."""
+        """The teardown's waits, under the budget's writes deadline, once the claim loops have
+        ended: first for the bodies (under the budget proper, which a second signal ends at
+        once), then for the settlements they handed in (which it does not: see Budget)."""
         self._state = WorkerState.DRAINING
-        await self._all_runs_ended()
+        with self._budget.scope:
+            await self._all_runs_ended()
+        if self._budget.scope.cancelled_caught:
+            # A body told to stop a moment ago is most likely unwinding already: a few passes
+            # let it hand its ending in (an interrupted attempt, written under the floor),
+            # rather than abandon a job that stopped as asked one pass too late.
+            for _ in range(_UNWIND_PASSES):
+                if not self._bodies_running():
+                    break
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            self._abandon_bodies()
         settler.stop_intake()
         await settler.finished.wait()
 
     def _end_teardown(self, settler: Settler) -> None:
-        if self._budget.scope.cancelled_caught:
-            self._abandoned = self._report_abandoned(settler)
+        if self._budget.writes.cancelled_caught:
+            # Both deadlines passed at once: the outer scope caught it, and the bodies still
+            # running were not named yet.
+            self._abandon_bodies()
+            self._abandoned += self._report_unwritten(settler)
             settler.stop_intake()
         # A manual stop cut by its budget (no drain) can leave claims held for a slot that a
         # thread abandoned at the budget still takes: they have no task to end with the runs
@@ -368,28 +389,30 @@ class Worker:
         self._drop_held()
         self._finish_teardown()
 
-    def _report_abandoned(self, settler: Settler) -> tuple[str, ...]:
-        """Name every job the budget ran out on: a body still running, or a finished one whose
-        settlement is still unwritten. Each is logged and counted, so the process exits
-        non-zero rather than drop a result silently."""
-        unwritten = {s.lease.token: s for s in settler.unwritten()}
+    def _bodies_running(self) -> bool:
+        """Whether a run whose body has not ended is still held (or a claim held for a slot
+        whose hand-back has not been handed in)."""
+        return any(not run.settling for run in self._drain.held)
+
+    def _abandon_bodies(self) -> None:
+        """The budget ran out on bodies still running: each is named and counted (the process
+        exits non-zero), and nothing of it is written: its lease lapses and it runs again
+        elsewhere. The settlements already handed in are still written, under the floor."""
+        running = [run for run in self._drain.held if not (run.settling or run.abandoned)]
+        if running:
+            log_event(
+                "jobs.worker.wait-cut",
+                logging.WARNING,
+                worker=self.worker_id,
+                running=len(running),
+                settling=len(self._drain) - len(running),
+                writes_within=round(max(self._budget.writes_deadline - trio.current_time(), 0), 3),
+                why="the teardown's budget for bodies ran out (the grace period, or a second"
+                " signal); the endings already decided are still written",
+            )
         abandoned: list[str] = []
-        for run in self._drain.held:
+        for run in running:
             abandoned.append(run.job_id)
-            settlement = unwritten.pop(run.claim.token, None)
-            if run.settling:
-                log_event(
-                    "jobs.worker.settle-abandoned",
-                    logging.ERROR,
-                    worker=self.worker_id,
-                    job_id=run.job_id,
-                    job=run.claim.name,
-                    outcome=type(settlement).__name__ if settlement else "unknown",
-                    fix="the database did not take this attempt's settlement within the grace"
-                    " period; its lease lapses and it runs again elsewhere (at-least-once)."
-                    " Check the database, or raise grace",
-                )
-                continue
             # A sync body's thread stops being waited for (its slot stays taken until it
             # really ends); nothing of this run is written.
             run.abandon()
@@ -404,6 +427,29 @@ class Worker:
                 "call ctx.check_cancelled(), or a step whose record the database did not take "
                 "in time); its lease lapses and it runs again elsewhere. Let it stop, check "
                 "the database, or raise grace",
+            )
+        self._abandoned += tuple(abandoned)
+
+    def _report_unwritten(self, settler: Settler) -> tuple[str, ...]:
+        """The writes deadline ran out with settlements unwritten: each job is named and
+        counted, so the process exits non-zero rather than drop a result silently."""
+        unwritten = {s.lease.token: s for s in settler.unwritten()}
+        abandoned: list[str] = []
+        for run in self._drain.held:
+            if not run.settling:
+                continue  # a body still running: named with the bodies
+            abandoned.append(run.job_id)
+            settlement = unwritten.pop(run.claim.token, None)
+            log_event(
+                "jobs.worker.settle-abandoned",
+                logging.ERROR,
+                worker=self.worker_id,
+                job_id=run.job_id,
+                job=run.claim.name,
+                outcome=type(settlement).__name__ if settlement else "unknown",
+                fix="the database did not take this attempt's settlement before the teardown's"
+                f" deadline (the grace period, or {WRITE_FLOOR:g} s after a second signal); its"
+                " lease lapses and it runs again elsewhere (at-least-once). Check the database",
             )
         for settlement in unwritten.values():  # handed in by a run no longer held (tick())
             abandoned.append(settlement.lease.job_id)
