@@ -3,10 +3,11 @@
 # leave one behind. Apart because both tests/test_processes_*.py files drive processes this way.
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -43,10 +44,16 @@ class WorkerProcess:
 
 @asynccontextmanager
 async def worker_processes(
-    app: str, tmp_path: Path, url: str, count: int, *options: str
+    app: str,
+    tmp_path: Path,
+    url: str,
+    count: int,
+    *options: str,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[list[WorkerProcess]]:
-    """``count`` processes of ``jobs-trio worker APP --db URL OPTIONS...``, killed on the way
-    out if still running (a failed test must not leave workers behind)."""
+    """``count`` processes of ``jobs-trio worker APP --db URL OPTIONS...`` (``env`` added to
+    theirs), killed on the way out if still running (a failed test must not leave workers
+    behind)."""
     started: list[WorkerProcess] = []
     first = len(list(tmp_path.glob("worker-*.log")))
     try:
@@ -58,6 +65,7 @@ async def worker_processes(
                     cwd=ROOT,  # where `tests.apps.*` is importable from
                     stdin=subprocess.DEVNULL,
                     stderr=stderr,
+                    env={**os.environ, **(env or {})},
                 )
             started.append(WorkerProcess(process, log))
         yield started

@@ -1,48 +1,106 @@
 # jobs_trio: durable background jobs for Trio applications.
-# The public surface; everything else is reachable from its own module.
+# The public surface, loaded on first use: `import jobs_trio` costs nothing until a name is read,
+# so the console script can hold SIGTERM before the second its imports take (early_signals.py).
 from __future__ import annotations
 
-from .attempt import OutcomeKind
-from .backoff import Backoff
-from .context import JobContext
-from .current_transaction import Transaction, current_transaction, transaction
-from .driver import Driver
-from .errors import (
-    Aborted,
-    AttemptCancelled,
-    ConfigError,
-    DriverError,
-    DuplicateJob,
-    DuplicateJobName,
-    HandedBack,
-    InvalidArgument,
-    InvalidTransition,
-    JobDrained,
-    JobNotFound,
-    JobsError,
-    JobTimeout,
-    PayloadNotSerialisable,
-    ResultNotStorable,
-    RowLocked,
-    SchemaVersionError,
-    SlotLost,
-    StepError,
-    TerminalError,
-    TooLarge,
-    UnknownJob,
-    ValueRefused,
-)
-from .events import send_event
-from .fleet_limits import FleetLimit, RateLimit
-from .lifecycle import Lifecycle, open_lifecycle
-from .open_driver import open_driver
-from .outbox import Outbox
-from .pruner import Retention
-from .records import JobRecord, JobState
-from .registry import JobDefinition, Registry
-from .relay import Relay, open_relay
-from .steps import EventTimedOut
-from .worker import Worker, WorkerState, WorkerStats, open_worker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .attempt import OutcomeKind
+    from .backoff import Backoff
+    from .context import JobContext
+    from .current_transaction import Transaction, current_transaction, transaction
+    from .driver import Driver
+    from .errors import (
+        Aborted,
+        AttemptCancelled,
+        ConfigError,
+        DriverError,
+        DuplicateJob,
+        DuplicateJobName,
+        HandedBack,
+        InvalidArgument,
+        InvalidTransition,
+        JobDrained,
+        JobNotFound,
+        JobsError,
+        JobTimeout,
+        PayloadNotSerialisable,
+        ResultNotStorable,
+        RowLocked,
+        SchemaVersionError,
+        SlotLost,
+        StepError,
+        TerminalError,
+        TooLarge,
+        UnknownJob,
+        ValueRefused,
+    )
+    from .events import send_event
+    from .fleet_limits import FleetLimit, RateLimit
+    from .lifecycle import Lifecycle, open_lifecycle
+    from .open_driver import open_driver
+    from .outbox import Outbox
+    from .pruner import Retention
+    from .records import JobRecord, JobState
+    from .registry import JobDefinition, Registry
+    from .relay import Relay, open_relay
+    from .steps import EventTimedOut
+    from .worker import Worker, WorkerState, WorkerStats, open_worker
+
+# Each public name, and the module it lives in.
+_WHERE: dict[str, str] = {
+    "OutcomeKind": ".attempt",
+    "Backoff": ".backoff",
+    "JobContext": ".context",
+    "Transaction": ".current_transaction",
+    "current_transaction": ".current_transaction",
+    "transaction": ".current_transaction",
+    "Driver": ".driver",
+    "Aborted": ".errors",
+    "AttemptCancelled": ".errors",
+    "ConfigError": ".errors",
+    "DriverError": ".errors",
+    "DuplicateJob": ".errors",
+    "DuplicateJobName": ".errors",
+    "HandedBack": ".errors",
+    "InvalidArgument": ".errors",
+    "InvalidTransition": ".errors",
+    "JobDrained": ".errors",
+    "JobNotFound": ".errors",
+    "JobsError": ".errors",
+    "JobTimeout": ".errors",
+    "PayloadNotSerialisable": ".errors",
+    "ResultNotStorable": ".errors",
+    "RowLocked": ".errors",
+    "SchemaVersionError": ".errors",
+    "SlotLost": ".errors",
+    "StepError": ".errors",
+    "TerminalError": ".errors",
+    "TooLarge": ".errors",
+    "UnknownJob": ".errors",
+    "ValueRefused": ".errors",
+    "send_event": ".events",
+    "FleetLimit": ".fleet_limits",
+    "RateLimit": ".fleet_limits",
+    "Lifecycle": ".lifecycle",
+    "open_lifecycle": ".lifecycle",
+    "open_driver": ".open_driver",
+    "Outbox": ".outbox",
+    "Retention": ".pruner",
+    "JobRecord": ".records",
+    "JobState": ".records",
+    "JobDefinition": ".registry",
+    "Registry": ".registry",
+    "Relay": ".relay",
+    "open_relay": ".relay",
+    "EventTimedOut": ".steps",
+    "Worker": ".worker",
+    "WorkerState": ".worker",
+    "WorkerStats": ".worker",
+    "open_worker": ".worker",
+}
 
 __all__ = [
     "Aborted",
@@ -95,3 +153,16 @@ __all__ = [
     "send_event",
     "transaction",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'jobs_trio' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value  # read once: from here a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

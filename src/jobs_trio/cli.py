@@ -22,9 +22,11 @@ from . import cli_render as render
 from .cli_prune import add_prune_command
 from .cli_tasks import add_tasks_command
 from .driver import Driver
+from .early_signals import EarlySignals
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
 from .lifecycle import Lifecycle, open_lifecycle
+from .logs import log_event
 from .open_driver import DriverKind, driver_kind, migrate_database, open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
@@ -48,15 +50,17 @@ INT_RANGE = (-(2**31), 2**31 - 1)
 MAX_DELAY_DAYS = 36_525
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, early: EarlySignals | None = None) -> int:
     """The console script: ``jobs-trio COMMAND ...``. Answers the exit status (setuptools'
-    wrapper passes it to ``sys.exit``); tests call it in-process with a list of arguments."""
+    wrapper passes it to ``sys.exit``); tests call it in-process with a list of arguments.
+    ``early``: the signals console.py held while this module loaded (a long-running command)."""
     try:
         args = build_parser().parse_args(_text_only(sys.argv[1:] if argv is None else argv))
     except SystemExit as stop:  # --help or --version: printed, and not an error
         return stop.code if isinstance(stop.code, int) else USAGE_ERROR
     except JobsError as usage:  # a bad command line (see _Parser.error)
         return report(usage)
+    args.early = early
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
@@ -388,6 +392,10 @@ def _worker(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.early is not None and args.early.received:
+        # Signalled while the application loaded: nothing was claimed, nothing to drain.
+        log_event("jobs.worker.stopped-at-start", signals=tuple(args.early.received))
+        return 0
     return trio.run(_run_worker, url, registry, args)
 
 
@@ -399,7 +407,7 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
         lifecycle: Lifecycle | None = None
         try:
             async with (
-                open_lifecycle(grace=args.grace) as lifecycle,
+                open_lifecycle(grace=args.grace, early=args.early) as lifecycle,
                 open_worker(
                     driver,
                     registry,

@@ -14,6 +14,7 @@ from typing import Protocol
 import trio
 
 from .budget import WRITE_FLOOR, Budget
+from .early_signals import EarlySignals
 from .errors import ConfigError
 from .logs import log_event
 from .single_error import unwrap_single_error
@@ -205,15 +206,21 @@ async def open_lifecycle(
     *,
     signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
     on_abandoned: Callable[[Sequence[str]], None] = _exit_abandoned,
+    early: EarlySignals | None = None,
 ) -> AsyncIterator[Lifecycle]:
     """Listen for ``signals``; on the first, shut down (see ``Lifecycle.shutdown``) and end
     this block; a second cuts the budget to zero. The block also ends, unshut, if its body
-    returns first."""
+    returns first. ``early``: signals held before this listened (the console script's), acted
+    on as if they arrived now."""
     lifecycle = Lifecycle(grace, on_abandoned=on_abandoned)
     with unwrap_single_error():
         async with trio.open_nursery() as nursery:
             if signals:
                 await nursery.start(lifecycle._listen, tuple(signals))
+            # After the receiver is in place, so a signal is either recorded before (and
+            # read here) or heard by it: none falls between the two.
+            for name in early.received if early is not None else ():
+                nursery.start_soon(lifecycle.shutdown, name)
             with lifecycle._body_scope:
                 yield lifecycle
             nursery.cancel_scope.cancel()

@@ -1,0 +1,28 @@
+# SIGTERM and SIGINT held from a long-running command's first moments until its lifecycle listens.
+# Apart (and importing nothing heavy) because it must run before the imports that take a second.
+# Internal: not part of the public API (docs/reference.md lists the public modules).
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from types import FrameType
+
+
+class EarlySignals:
+    """Records SIGTERM and SIGINT instead of dying of them: a worker signalled while it still
+    imports its application and opens its database (~1 s) exited -15 with an empty log (issue
+    32). The lifecycle takes over the signals when it listens, and acts on the ones recorded
+    here as if they had just arrived."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+
+    @classmethod
+    def install(cls, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> EarlySignals:
+        early = cls()
+        for number in signals:
+            signal.signal(number, early._record)
+        return early
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signal.Signals(signum).name)

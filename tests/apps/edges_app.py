@@ -1,0 +1,67 @@
+# Jobs that go to the edges of the worker's promise (issue 32), run by `jobs-trio worker` in
+# tests/test_edges_processes.py: a body that waits for its cancellation, one that leaves a thread
+# behind, one that forks, one that blocks the event loop, and short ones for a busy run.
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+import jobs_trio
+
+# A slow application import (a large app, a cold disk): the window issue 32 found a SIGTERM
+# in, before the worker listened for it.
+time.sleep(float(os.environ.get("EDGES_IMPORT_SECONDS", "0")))
+
+registry = jobs_trio.Registry()
+# Each body that returns appends a line here (one write, O_APPEND: whole lines from every
+# process): how the tests count bodies that returned, and where.
+RETURNS = os.environ.get("EDGES_RETURNS")
+
+
+def returned(job_id: str, what: str) -> None:
+    if RETURNS:
+        with Path(RETURNS).open("a") as out:
+            out.write(f"{job_id} {what} {os.getpid()} {time.time():.6f}\n")
+
+
+@registry.job("edge.wait", timeout=None, attempts=3)
+async def wait(ctx: jobs_trio.JobContext, payload: None) -> None:
+    await trio.sleep_forever()
+
+
+def _forever() -> None:
+    threading.Event().wait()
+
+
+@registry.job("edge.thread", timeout=None, attempts=3)
+async def leave_a_thread(ctx: jobs_trio.JobContext, payload: None) -> str:
+    # Non-daemon, never ends: the interpreter waits for it at exit.
+    threading.Thread(target=_forever, name="left-behind-by-edge.thread").start()
+    returned(ctx.job_id, "thread")
+    return "left"
+
+
+@registry.job("edge.fork", timeout=None, attempts=3)
+async def fork(ctx: jobs_trio.JobContext, payload: None) -> str:
+    child = os.fork()
+    # Both processes return: the child carries on as if it were the worker.
+    returned(ctx.job_id, "child" if child == 0 else "parent")
+    return "child" if child == 0 else "parent"
+
+
+@registry.job("edge.block", timeout=60, attempts=3)
+async def block(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> str:
+    time.sleep(payload["seconds"])  # a synchronous client in an async body
+    returned(ctx.job_id, "block")
+    return "blocked"
+
+
+@registry.job("edge.short", timeout=60, attempts=3)
+async def short(ctx: jobs_trio.JobContext, payload: None) -> str:
+    await trio.sleep(0.02)
+    returned(ctx.job_id, "short")
+    return "done"
