@@ -78,3 +78,80 @@ async def test_two_sigterms_5_ms_apart_cost_no_running_job_an_attempt(
         r = await record(driver, job_id)
         assert (r.state, r.attempts) == (JobState.READY, 0), (job_id, output)
     assert "jobs.lifecycle.budget-cut" in output
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped (ended all the same)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _returns(path: Path) -> list[tuple[str, str, int]]:
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(job_id, what, int(pid)) for job_id, what, pid, _ in rows]
+
+
+async def test_a_body_that_leaves_a_thread_behind_cannot_keep_the_worker_alive(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import leave_a_thread
+
+    returns = tmp_path / "returns"
+    job_id = await leave_a_thread.enqueue(driver)
+    env = {"EDGES_RETURNS": str(returns)}
+    async with workers(tmp_path, url, 1, "--grace", "3", env=env) as [worker]:
+        await until("the body to return", 30, lambda: _async(bool(_returns(returns))))
+
+        async def completed() -> bool:
+            return (await record(driver, job_id)).state is JobState.COMPLETED
+
+        await until("the job to complete", 30, completed)
+        sent = trio.current_time()
+        worker.signal(signal.SIGTERM)
+        code = await worker.exit_code(within=30)
+        took = trio.current_time() - sent
+    output = worker.output()
+    # It used to log jobs.lifecycle.closed and then hang for ever, deaf to SIGTERM and SIGINT.
+    assert code == 70, output
+    assert took < 3 + 2, output  # the grace, and the interpreter's start of its exit
+    assert "jobs.lifecycle.exit-forced" in output and "left-behind-by-edge.thread" in output
+
+
+async def test_a_body_that_forks_never_has_its_child_act_as_a_worker(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import fork, fork_in_a_thread
+
+    returns = tmp_path / "returns"
+    # Forked from an async body (the child has the worker's Trio loop) and from a sync body's
+    # thread (the child has nothing but that thread).
+    job_ids = [await fork.enqueue(driver), await fork_in_a_thread.enqueue(driver)]
+    env = {"EDGES_RETURNS": str(returns)}
+    async with workers(tmp_path, url, 1, "--grace", "5", env=env) as [worker]:
+
+        async def completed() -> bool:
+            states = {(await record(driver, job_id)).state for job_id in job_ids}
+            return states == {JobState.COMPLETED}
+
+        await until("the jobs to complete", 30, completed)
+        await until("all four to return", 30, lambda: _async(len(_returns(returns)) == 4))
+        children = [pid for _, what, pid in _returns(returns) if what == "child"]
+        await until("the children to end", 10, lambda: _async(all(map(_ended, children))))
+        worker.signal(signal.SIGTERM)
+        code = await worker.exit_code(within=30)
+    output = worker.output()
+    assert code == 0, output
+    for job_id in job_ids:
+        # The child used to settle the job with its own result, and outlive its parent.
+        assert (await record(driver, job_id)).result == '"parent"', output
+    assert output.count("jobs.worker.forked-child") == 2, output
+
+
+async def _async(value: bool) -> bool:
+    await trio.lowlevel.checkpoint()
+    return value

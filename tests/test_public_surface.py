@@ -15,6 +15,14 @@ def test_every_public_name_resolves_and_each_is_said_once() -> None:
     assert set(jobs_trio.__all__) <= set(dir(jobs_trio))
 
 
+def test_a_public_name_that_is_also_a_module_name_stays_the_function() -> None:
+    import jobs_trio.current_transaction
+    import jobs_trio.open_driver
+
+    assert callable(jobs_trio.open_driver)
+    assert callable(jobs_trio.current_transaction)
+
+
 def test_the_console_script_loads_nothing_heavy_before_it_holds_the_signals() -> None:
     # `import jobs_trio` used to import trio and every module (~1 s on a loaded machine), and a
     # SIGTERM in that second killed a starting worker with nothing in its log (issue 32).

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -153,6 +155,20 @@ __all__ = [
     "send_event",
     "transaction",
 ]
+
+
+class _Surface(types.ModuleType):
+    """The package module. Importing a submodule binds it on the package under its own name,
+    and two public names are their modules' names (``open_driver``, ``current_transaction``):
+    bound here, such a name stays the function it was, never the module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _WHERE.get(name) == f".{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Surface
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import os
 import traceback
 from typing import Any
 
@@ -17,6 +18,7 @@ from .boundary import dump_json, storable_text
 from .context import JobContext
 from .driver import Driver
 from .errors import AttemptCancelled, JobsError, ResultNotStorable
+from .forked_child import end_if_forked
 from .logs import log_event
 from .operator_transitions import OPERATOR_CANCEL_ERROR
 from .records import (
@@ -160,9 +162,12 @@ async def _judged(
             raise
         if isinstance(exc, GeneratorExit) and not _in_trio_run():
             raise  # this coroutine itself is being closed (garbage-collected), not the body
+        end_if_forked(run.owner, job_id=claim.job_id, code=_exit_code(exc))
         ended.suspension = _suspended_in(exc)
         if ended.suspension is None:
             ended.error = exc
+    # A child the body forked that returned (or raised) here is not this attempt's worker.
+    end_if_forked(run.owner, job_id=claim.job_id)
     seconds = trio.current_time() - started
     return _verdict(claim, definition, run, ended, seconds)
 
@@ -211,7 +216,15 @@ class _Ended:
 
 
 def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) -> Any:
-    result = definition.fn(ctx, payload)
+    owner = os.getpid()
+    try:
+        result = definition.fn(ctx, payload)
+    except SystemExit as exc:
+        end_if_forked(owner, job_id=ctx.job_id, code=_exit_code(exc))
+        raise
+    finally:
+        # Forked in this thread, the child has no Trio loop to hand its ending to: it ends here.
+        end_if_forked(owner, job_id=ctx.job_id)
     try:
         trio.from_thread.check_cancelled()
     except trio.Cancelled:
@@ -220,6 +233,14 @@ def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) ->
         log_event("jobs.timeout.abandoned", logging.WARNING, job_id=ctx.job_id, job=ctx.name)
         raise
     return result
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    """The status a forked child that raised ``exc`` asked to exit with (``sys.exit(0)`` in the
+    child is the common way to end one), else None."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return None
 
 
 def _verdict(

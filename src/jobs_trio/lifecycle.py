@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -47,12 +48,50 @@ def _exit_abandoned(jobs: Sequence[str]) -> None:
     os._exit(ABANDONED_EXIT_CODE)
 
 
+def bound_exit(deadline: float, signal_name: str) -> None:
+    """Make sure this process ends by ``deadline`` (``time.monotonic``) once its main code has:
+    a thread that is not a daemon and never ends — left behind by a job body, a library's pool
+    — kept a drained worker alive for ever after ``jobs.lifecycle.closed``, deaf to every
+    further signal (issue 32). A daemon thread waits for the main thread to finish; the threads
+    still alive then get until ``deadline`` to end, and if any is left the process exits with
+    ``ABANDONED_EXIT_CODE``, naming them. It waits on joins, never polls, and does nothing in
+    a process whose threads all end."""
+
+    def guard() -> None:
+        # Returns once the interpreter is shutting down: threading._shutdown stops the main
+        # thread, then waits for every non-daemon thread (this one is a daemon).
+        threading.main_thread().join()
+        for thread in _lingering():
+            thread.join(max(deadline - time.monotonic(), 0))
+        left = _lingering()
+        if not left:
+            return
+        log_event(
+            "jobs.lifecycle.exit-forced",
+            logging.ERROR,
+            signal=signal_name,
+            threads=[thread.name for thread in left],
+            why="the program had ended, but these threads (not daemons) were still running at"
+            " the end of the grace period and would have kept the process alive",
+            fix="end them when the job ends, or start them with daemon=True",
+        )
+        _exit_abandoned([])
+
+    threading.Thread(target=guard, name="jobs_trio-exit-guard", daemon=True).start()
+
+
+def _lingering() -> list[threading.Thread]:
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if not t.daemon and t is not main and t.is_alive()]
+
+
 class Lifecycle:
     def __init__(
         self,
         grace: float,
         *,
         on_abandoned: Callable[[Sequence[str]], None] = _exit_abandoned,
+        guard_exit: bool = True,
     ) -> None:
         if not grace >= 0:
             raise ConfigError(f"grace={grace!r}", fix="give grace >= 0 seconds")
@@ -70,6 +109,8 @@ class Lifecycle:
         # The hooks this shutdown told to accept, and closes: a worker unregisters itself when
         # its teardown ends, which may be before the aclose phase that asks what it abandoned.
         self._told: list[Hook] = []
+        self._guard_exit = guard_exit
+        self._exit_guarded = False
 
     def register(self, hook: Hook) -> None:
         if hook not in self._hooks:
@@ -197,7 +238,15 @@ class Lifecycle:
             async with trio.open_nursery() as nursery:
                 async for signum in received:
                     name = signal.Signals(signum).name
+                    self.signalled(name)
                     nursery.start_soon(self.shutdown, name)
+
+    def signalled(self, name: str) -> None:
+        """A signal asks this process to end: from the first, its end is bounded by the grace
+        period whatever the code after the lifecycle does (see ``bound_exit``)."""
+        if not self._exit_guarded and self._guard_exit:
+            self._exit_guarded = True
+            bound_exit(time.monotonic() + self.grace, name)
 
 
 @contextlib.asynccontextmanager
@@ -207,12 +256,14 @@ async def open_lifecycle(
     signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
     on_abandoned: Callable[[Sequence[str]], None] = _exit_abandoned,
     early: EarlySignals | None = None,
+    guard_exit: bool = True,
 ) -> AsyncIterator[Lifecycle]:
     """Listen for ``signals``; on the first, shut down (see ``Lifecycle.shutdown``) and end
     this block; a second cuts the budget to zero. The block also ends, unshut, if its body
     returns first. ``early``: signals held before this listened (the console script's), acted
-    on as if they arrived now."""
-    lifecycle = Lifecycle(grace, on_abandoned=on_abandoned)
+    on as if they arrived now. ``guard_exit`` (on by default): once signalled, the process ends
+    within ``grace`` even if a thread left behind would keep it alive (see ``bound_exit``)."""
+    lifecycle = Lifecycle(grace, on_abandoned=on_abandoned, guard_exit=guard_exit)
     with unwrap_single_error():
         async with trio.open_nursery() as nursery:
             if signals:
@@ -220,6 +271,7 @@ async def open_lifecycle(
             # After the receiver is in place, so a signal is either recorded before (and
             # read here) or heard by it: none falls between the two.
             for name in early.received if early is not None else ():
+                lifecycle.signalled(name)
                 nursery.start_soon(lifecycle.shutdown, name)
             with lifecycle._body_scope:
                 yield lifecycle

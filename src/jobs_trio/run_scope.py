@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import os
 from collections.abc import Callable, Iterator
 
 import trio
@@ -34,6 +35,8 @@ class RunScope:
     def __init__(self, claim: Claim, timeout: float | None) -> None:
         self.claim = claim
         self.timeout = timeout
+        # The worker's process: a child a body forks is not it, and ends (forked_child.py).
+        self.owner = os.getpid()
         # No deadline until the body starts (``start_clock``): a job's timeout is its body's
         # time, not the time it spent waiting for a thread.
         self.cancel_scope = trio.CancelScope()

@@ -53,6 +53,13 @@ async def fork(ctx: jobs_trio.JobContext, payload: None) -> str:
     return "child" if child == 0 else "parent"
 
 
+@registry.job("edge.fork-sync", timeout=None, attempts=3)
+def fork_in_a_thread(ctx: jobs_trio.JobContext, payload: None) -> str:
+    child = os.fork()
+    returned(ctx.job_id, "child" if child == 0 else "parent")
+    return "child" if child == 0 else "parent"
+
+
 @registry.job("edge.block", timeout=60, attempts=3)
 async def block(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> str:
     time.sleep(payload["seconds"])  # a synchronous client in an async body

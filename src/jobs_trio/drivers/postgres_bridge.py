@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 import trio
 
 from ..errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
+from ..forked_child import end_if_forked
 from ..redaction import redact_url
 from .asyncio_stepper import step_to_end
 from .direct_reads import give_back, take_over, transport_of
@@ -81,6 +83,7 @@ class Bridge:
         self._answer_within = _answer_bound(self.session)
         self._pool = Pool(self._open_pooled, pool_size)
         self._where = _where(url)
+        self._owner = os.getpid()
 
     async def run(
         self, op: Operation[T], *, what: str, transaction: bool = False, bounded: bool = True
@@ -207,6 +210,8 @@ class Bridge:
     ) -> T:
         import trio_asyncio
 
+        # A child forked by a job body shares these sockets: it must never speak on them.
+        end_if_forked(self._owner)
         try:
             if as_task:
                 # Wrapped in an asyncio Task: asyncpg.connect (asyncio.timeout) and a close need

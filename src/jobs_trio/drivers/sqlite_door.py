@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import sqlite3
 import threading
@@ -16,6 +17,7 @@ import outcome
 import trio
 
 from ..errors import ConfigError, DriverError, ValueRefused
+from ..forked_child import end_if_forked
 from .rules import driver_closed
 
 T = TypeVar("T")
@@ -81,6 +83,9 @@ class SqliteDoor:
         # thread for the settle and the close a drain depends on. One is all the lock allows.
         self.threads = trio.CapacityLimiter(1)
         self.closed = False
+        # The process this connection belongs to: a child forked by a job body shares its
+        # file descriptor, and must never write through it (forked_child.py).
+        self._owner = os.getpid()
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -103,6 +108,7 @@ class SqliteDoor:
         had already happened when the cancel arrived, the answer is returned instead, and the
         cancel lands at the caller's next checkpoint.
         """
+        end_if_forked(self._owner)
         self.check_open()
         started = time.monotonic()
         retries = 0
