@@ -65,3 +65,29 @@ async def test_a_cancelled_caller_takes_no_free_slot() -> None:
         async with pool.checkout():
             raise AssertionError("a cancelled caller got a connection")
     assert scope.cancelled_caught
+
+
+async def test_a_connection_whose_operation_was_cancelled_is_never_handed_on() -> None:
+    # Issue 32: under pg_terminate_backend chaos a connection whose operation a cancel cut
+    # short went back to the pool, and the next operation on it failed "another operation is
+    # in progress". An operation that answered, even with an error, keeps its connection.
+    opened: list[StandIn] = []
+
+    async def connect() -> StandIn:
+        opened.append(StandIn())
+        return opened[-1]
+
+    pool = Pool(connect, 1)
+    with trio.CancelScope() as scope:
+        async with pool.checkout():
+            scope.cancel()
+            await trio.sleep_forever()  # the operation, in flight
+    assert opened[0].closed
+    try:
+        async with pool.checkout():
+            raise ValueError("the server refused the statement")
+    except ValueError:
+        pass
+    assert len(opened) == 2 and not opened[1].closed
+    async with pool.checkout() as conn:
+        assert conn is opened[1]

@@ -108,8 +108,9 @@ def _url_duration(key: str, text: str) -> float:
 class Pool:
     """Up to ``size`` connections, opened on demand by ``connect`` and reused newest first (its
     prepared statements are warm). A connection that comes back closed (killed by the server,
-    broken mid-operation) or still inside a transaction is dropped, never handed on: the next
-    checkout opens a fresh one. That is how the pool replaces dead connections."""
+    broken mid-operation), still inside a transaction, or from an operation a cancel cut short
+    is dropped, never handed on: the next checkout opens a fresh one. That is how the pool
+    replaces dead connections."""
 
     def __init__(self, connect: Callable[[], Awaitable[Connection]], size: int) -> None:
         self._connect = connect
@@ -144,10 +145,23 @@ class Pool:
             if conn is None:
                 conn = await self._connect()
                 self._open.add(conn)
+            # A cancel (or any BaseException) that lands while an operation is on the
+            # connection may leave asyncpg's protocol mid-operation: handed on, the next
+            # operation failed "cannot switch to state 12; another operation (2) is in
+            # progress" (issue 32, pg_terminate_backend chaos). Such a connection is closed;
+            # one that answered, an error included, goes back.
+            answered = False
             try:
                 yield conn
+                answered = True
+            except Exception:
+                answered = True
+                raise
             finally:
-                self._give_back(conn)
+                if answered:
+                    self._give_back(conn)
+                else:
+                    self._drop(conn)
         finally:
             self._slots.release()
 
@@ -156,18 +170,18 @@ class Pool:
             conn = self._idle.pop()
             if usable(conn) and not conn.is_closed():
                 return conn
-            self._open.discard(conn)
-            conn.terminate()  # ended by the server while idle
+            self._drop(conn)  # ended by the server while idle
         return None
 
     def _give_back(self, conn: Connection) -> None:
-        # A statement cancelled outside a transaction may still be cancelling on the server:
-        # that connection is fine to reuse, asyncpg makes its next statement wait it out.
         if self._closed or conn.is_closed() or conn.is_in_transaction():
-            self._open.discard(conn)
-            conn.terminate()
+            self._drop(conn)
             return
         self._idle.append(conn)
+
+    def _drop(self, conn: Connection) -> None:
+        self._open.discard(conn)
+        conn.terminate()
 
     def take_all(self) -> tuple[list[Connection], list[Connection]]:
         """Close the pool: no more checkouts; answer every connection still open, idle ones
