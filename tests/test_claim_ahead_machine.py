@@ -35,7 +35,7 @@ class AheadMachine(ShutdownMachine):
         if not self._worker_in("idle", "running", "draining"):
             return
         at = self.trio.clock.current_time() + delay
-        self.binds.append(at)
+        self._bound(at)
 
         async def bind() -> None:
             self.worker.bind(at)
@@ -63,7 +63,11 @@ class AheadMachine(ShutdownMachine):
     def interrupted_attempts_are_handed_back(self) -> None:  # 5, with hold limits
         for outcome, run, generation, drained_at, _ in self.verdicts:
             if outcome.kind == "interrupted":
-                handed_back = (CancelReason.HELD_TOO_LONG, CancelReason.CLAIM_LATE)
+                handed_back = (
+                    CancelReason.HELD_TOO_LONG,
+                    CancelReason.CLAIM_LATE,
+                    CancelReason.LEASE_EXPIRED,
+                )
                 assert drained_at is not None or run.reason in handed_back, (
                     f"{outcome.name} {outcome.job_id} interrupted ({run.reason}) in {generation}"
                 )

@@ -155,3 +155,61 @@ async def test_a_body_that_forks_never_has_its_child_act_as_a_worker(
 async def _async(value: bool) -> bool:
     await trio.lowlevel.checkpoint()
     return value
+
+
+async def test_a_body_that_blocks_the_loop_for_3_5_leases_runs_once_and_completes(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import block
+
+    # Issue 32: an async body calling time.sleep(7) with a 2 s lease lost its lease, ran on a
+    # second worker beside the first, and ended dead after three bodies that all returned.
+    returns = tmp_path / "returns"
+    job_id = await block.enqueue(driver, {"seconds": 7.0})
+    env = {"EDGES_RETURNS": str(returns)}
+    async with workers(tmp_path, url, 2, "--lease", "2", env=env) as both:
+        await started(both)
+
+        async def completed() -> bool:
+            return (await record(driver, job_id)).state is JobState.COMPLETED
+
+        await until("the job to complete", 60, completed)
+        await trio.sleep(2.5)  # a lease more: a second run would have started by now
+        for worker in both:
+            worker.signal(signal.SIGTERM)
+        for worker in both:
+            await worker.exit_code(within=30)
+    outputs = "".join(worker.output() for worker in both)
+    assert len(_returns(returns)) == 1, outputs  # one body, on one worker
+    r = await record(driver, job_id)
+    assert (r.state, r.attempts) == (JobState.COMPLETED, 1), outputs
+    blocked = [line for line in outputs.splitlines() if "jobs.worker.loop-blocked" in line]
+    assert blocked and f"job_id='{job_id}'" in blocked[0] and "edge.block" in blocked[0], outputs
+    assert "edges_app.py" in blocked[0], outputs  # where: the body's own line
+
+
+async def test_a_body_that_blocks_the_loop_past_its_timeout_ends_the_process_and_no_other_job(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import wedge
+
+    # Trio cannot cancel a body that never yields: past its timeout the process is ended, the
+    # blocker's attempt settled timed out, and the job running beside it handed back unharmed.
+    waiting = await wait.enqueue(driver)
+    async with workers(tmp_path, url, 1, "--lease", "2") as [worker]:
+
+        async def running() -> bool:
+            return (await record(driver, waiting)).state is JobState.RUNNING
+
+        await until("the other job to run", 30, running)
+        blocker = await wedge.enqueue(driver)
+        code = await worker.exit_code(within=60)
+    output = worker.output()
+    assert code == 70, output
+    assert "jobs.worker.loop-wedged" in output, output
+    timed_out = await record(driver, blocker)
+    assert (timed_out.state, timed_out.attempts) == (JobState.READY, 1), output
+    assert timed_out.last_error is not None and "JOB_TIMEOUT" in timed_out.last_error
+    handed = await record(driver, waiting)
+    assert (handed.state, handed.attempts) == (JobState.READY, 0), output
+    assert handed.last_error is not None and "edge.wedge" in handed.last_error

@@ -279,40 +279,25 @@ async def a_long_statement_cancelled(
 
 
 @pytest.mark.parametrize("transaction", [False, True], ids=["alone", "in-a-transaction"])
-async def test_the_next_operation_right_after_a_cancelled_one_runs_on_the_same_connection(
+async def test_the_next_operation_right_after_a_cancelled_one_runs_on_a_fresh_connection(
     url: str, pg_schema: str, transaction: bool
 ) -> None:
     # `with trio.move_on_after(...)` around a driver call, then the next call at once, in the
-    # same task and with no pass of the scheduler in between: the loop has not yet run asyncpg's
-    # own reaction to the cancel (asking the server to cancel, marking the statement as being
-    # cancelled). Seen before it, the next statement (the rollback; or the next operation,
-    # which waits out the cancel) finds the protocol still mid-statement: "another operation is
-    # in progress", a DriverError (alone) or a terminated connection (the rollback, where
-    # asyncio.wait_for runs it inline: Python 3.12 on).
+    # same task and with no pass of the scheduler in between. A connection whose statement a
+    # cancel cut short is never handed on (issue 32: under pg_terminate_backend chaos one was,
+    # and its next statement failed "cannot switch to state 12; another operation (2) is in
+    # progress"): the next operation opens a fresh one, and the cancelled statement is
+    # cancelled on the server, not left to run its 30 s.
     async with driver_and_admin(url, pg_schema, pool_size=1) as (driver, admin):
         pid = await backend_pid(driver.bridge)
         async with a_long_statement_cancelled(driver, admin, pid, transaction=transaction):
-            assert await backend_pid(driver.bridge) == pid
+            assert await backend_pid(driver.bridge) != pid
 
-
-async def test_a_connection_whose_cancelled_statement_ended_while_idle_is_reused(
-    url: str, pg_schema: str
-) -> None:
-    # Outside a transaction nothing reads the end of a cancelled statement before the
-    # connection goes back to the pool: it waits on the socket, and is not the server ending
-    # the connection. The next statement reads it first (asyncpg waits out the cancel), as
-    # it did when the loop read the connection; dropping it costs a reconnect per cancel.
-    async with driver_and_admin(url, pg_schema, pool_size=1) as (driver, admin):
-        pid = await backend_pid(driver.bridge)
-        async with a_long_statement_cancelled(driver, admin, pid, transaction=False):
-            pass
-
-        async def cancel_answered() -> bool:
+        async def gone_or_idle() -> bool:
             state = await admin.fetchval("SELECT state FROM pg_stat_activity WHERE pid = $1", pid)
-            return bool(state == "idle")
+            return state in (None, "idle")
 
-        await eventually(cancel_answered)
-        assert await backend_pid(driver.bridge) == pid
+        await eventually(gone_or_idle, within=2)
 
 
 async def test_closing_the_bridge_under_a_running_operation_leaves_the_loop_no_error(

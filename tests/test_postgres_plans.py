@@ -42,6 +42,7 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         LAPSED_OUT_OF_ATTEMPTS,
         [40, 10],
         [20, 10],  # free slots: the rest of each queue's cap claimed ahead
+        NOW,  # lapsed leases up to now are rescued (-inf after an outage: none)
     ),
     "renew": (NOW, 30.0, RUNNING_IDS, TOKENS, TOKENS[:5]),  # five of them started since
     "lock_for_settle": (RUNNING_IDS,),

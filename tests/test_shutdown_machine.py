@@ -17,6 +17,7 @@ import jobs_trio.worker as worker_module
 from jobs_trio import Registry
 from jobs_trio.attempt import Outcome
 from jobs_trio.backoff import Backoff
+from jobs_trio.budget import WRITE_FLOOR
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import ValueRefused
 from jobs_trio.lifecycle import Lifecycle
@@ -208,6 +209,9 @@ class ShutdownMachine(RuleBasedStateMachine):
         self.abandoned: list[str] = []
         self.generation = 0  # one per worker.run
         self.binds: list[float] = []  # deadlines bound in this generation
+        # The writes of endings already decided (a claim in flight, a hand-back) get at least
+        # WRITE_FLOOR from each bind: the latest the teardown may then end.
+        self.write_binds: list[float] = []
         self.drained_at: float | None = None  # first drain signal in this generation
         self.drained_at_of: dict[int, float] = {}  # the same, for every generation
         self.verdicts: list[tuple[Outcome, RunScope, int, float | None, float]] = []
@@ -260,6 +264,7 @@ class ShutdownMachine(RuleBasedStateMachine):
             return
         self.generation += 1
         self.binds = []
+        self.write_binds = []
         self.drained_at = None
         self.lifecycle = Lifecycle(grace=grace, on_abandoned=self.abandoned.extend)
         self.signalled = False
@@ -280,8 +285,13 @@ class ShutdownMachine(RuleBasedStateMachine):
             return
         self.trio.spawn(self.worker.stop)
 
+    def _bound(self, at: float) -> None:
+        """The worker's budget is bound to ``at`` now (its decided writes' floor with it)."""
+        self.binds.append(at)
+        self.write_binds.append(max(at, self.trio.clock.current_time() + WRITE_FLOOR))
+
     def _signal(self, lifecycle: Lifecycle, bind_at: float) -> None:
-        self.binds.append(bind_at)
+        self._bound(bind_at)
         if self.drained_at is None:
             self.drained_at = self.trio.clock.current_time()
             self.drained_at_of[self.generation] = self.drained_at
@@ -481,8 +491,12 @@ class ShutdownMachine(RuleBasedStateMachine):
     def interrupted_attempts_are_handed_back(self) -> None:  # 5
         for outcome, run, generation, drained_at, _ in self.verdicts:
             if outcome.kind == "interrupted":
-                # Or its claim was answered after its lease ran out (claims stalled 31 s).
-                assert drained_at is not None or run.reason is CancelReason.CLAIM_LATE, (
+                # Or its claim was answered after its lease ran out (claims stalled 31 s), or
+                # its lease ran out before a renewal landed (the database stalled).
+                assert drained_at is not None or run.reason in (
+                    CancelReason.CLAIM_LATE,
+                    CancelReason.LEASE_EXPIRED,
+                ), (
                     f"{outcome.name} {outcome.job_id} was interrupted in generation "
                     f"{generation}, where no shutdown was signalled"
                 )
@@ -502,10 +516,10 @@ class ShutdownMachine(RuleBasedStateMachine):
     @invariant()
     def a_shut_down_worker_reaches_stopped_by_its_budget(self) -> None:  # 6
         if self.binds and self.worker.state != "stopped":
-            # Past the budget, plus the teardown's own settle at the deadline.
-            assert self.trio.clock.current_time() <= min(self.binds), (
+            # Past the budget for bodies, and the floor its decided writes keep (Budget).
+            assert self.trio.clock.current_time() <= min(self.write_binds), (
                 f"worker still {self.worker.state} at {self.trio.clock.current_time()}, "
-                f"past its budget {min(self.binds)}"
+                f"past its budget {min(self.binds)} and its writes' {min(self.write_binds)}"
             )
 
     @invariant()

@@ -324,6 +324,7 @@ def test_outcomes_states_and_cancel_reasons_keep_the_words_they_had_as_strings()
     assert [r.value for r in CancelReason] == [
         "timeout",
         "lease-lost",
+        "lease-expired",
         "draining",
         "cancelled",
         "slot-lost",

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import traceback
+from types import CodeType
 from typing import Any
 
 import attrs
@@ -172,6 +173,12 @@ async def _judged(
     return _verdict(claim, definition, run, ended, seconds)
 
 
+def judged_code() -> CodeType:
+    """The code of the frame every job body runs under (``_judged``): how the lease lifeline
+    finds, in a blocked Trio thread's stack, which claim's body holds the loop."""
+    return _judged.__code__
+
+
 def _suspended_in(exc: BaseException) -> Suspension | None:
     """The suspension a body raised from inside a nursery of its own: Trio hands it up wrapped
     in an exception group, and read as an error it cost the job an attempt at every sleep (a
@@ -268,8 +275,17 @@ def _verdict(
             return ended_as(OutcomeKind.COMPLETED, Complete(lease, text), None)
     else:
         reason = run.reason
+        abandoned_thread = not definition.is_async and error is None and ended.suspension is None
+        if reason is CancelReason.LEASE_EXPIRED and abandoned_thread:
+            # A sync body's thread, abandoned at the expiry, may still be running: handed back,
+            # its job could start elsewhere beside it. Left to lapse, as a lost lease is.
+            return ended_as(OutcomeKind.LOST, None, "lease expired; its thread runs on")
         # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
-        # uncounted and ready at once (it waits there for a slot like any other).
+        # uncounted and ready at once (it waits there for a slot like any other). So is a lease
+        # that ran out because no renewal reached the database (issue 32: an outage charged an
+        # attempt to every job whose lease lapsed in it): the worker that ran it hands it back,
+        # fenced by its token, so a job that kills its worker (nothing hands it back) still
+        # runs out of attempts.
         if reason in _HANDED_BACK:
             return _handed_back(claim, run, error, seconds)
         if reason is CancelReason.LEASE_LOST:
@@ -316,6 +332,7 @@ _HANDED_BACK = (
     CancelReason.SLOT_LOST,
     CancelReason.HELD_TOO_LONG,
     CancelReason.CLAIM_LATE,
+    CancelReason.LEASE_EXPIRED,
 )
 
 

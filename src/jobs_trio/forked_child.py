@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
-from .logs import log_event, logger
+from .lifecycle import end_process
+from .logs import log_event
 
 # A forked child that returned from the body, or reached the database: a mistake in the body,
 # and EX_SOFTWARE says so to whoever waits for the child.
@@ -33,7 +33,4 @@ def end_if_forked(owner: int, *, job_id: str | None = None, code: int | None = N
         fix="end the child yourself (os._exit) once its work is done, or start it with"
         " subprocess / multiprocessing's spawn context; the parent's attempt is unaffected",
     )
-    for handler in logger.handlers + logging.getLogger().handlers:
-        handler.flush()
-    sys.stderr.flush()
-    os._exit(FORKED_CHILD_EXIT_CODE if code is None else code)
+    end_process(FORKED_CHILD_EXIT_CODE if code is None else code)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import trio
@@ -14,6 +15,7 @@ from .drain import Drain
 from .driver import Driver
 from .errors import JobsError
 from .logs import log_event
+from .outage import Outage
 from .records import ClaimToken
 from .run_scope import CancelReason, RunScope
 
@@ -26,23 +28,42 @@ def lease_margin(lease: float) -> float:
     return min(lease / 4, 2.0)
 
 
-def expire_lapsed(runs: Sequence[RunScope], now: float, margin: float) -> None:
+def expire_lapsed(
+    runs: Sequence[RunScope], now: float, margin: float, expired: Counter[str] | None = None
+) -> None:
     """Cancel every run whose lease, as this worker last saw it renewed, is about to run out:
     whether the renewals failed or hang, another worker may claim the job at the lapse, and
-    two copies of one job must never run at once."""
+    two copies of one job must never run at once.
+
+    The job is most likely still this worker's (the database was out of reach, issue 32): its
+    run is stopped as ``lease-expired`` and handed back uncounted, fenced by its token. At
+    most ``max_attempts`` times per job in this worker's run (``expired`` counts them): a body
+    that itself stalls its worker's renewals must still run out of attempts, and is then
+    stopped as ``lease-lost`` (its lease lapses, and the next claim counts)."""
     for run in runs:
         if now >= run.lease_deadline - margin and run.reason is None and not run.settling:
+            run.renewed_beside(now)  # the lease lifeline's renewal, made while the loop blocked
+            if now < run.lease_deadline - margin:
+                continue
             log_event(
                 "jobs.lease.expired",
                 logging.WARNING,
                 job_id=run.job_id,
                 job=run.claim.name,
-                why="no renewal reached the database before the lease ran out",
+                why="no renewal reached the database before the lease ran out; the body is"
+                " stopped now, before another worker may claim the job, and handed back",
             )
-            run.cancel(CancelReason.LEASE_LOST)
+            reason = CancelReason.LEASE_EXPIRED
+            if expired is not None:
+                expired[run.job_id] += 1
+                if expired[run.job_id] > run.claim.max_attempts:
+                    reason = CancelReason.LEASE_LOST
+            run.cancel(reason)
 
 
-async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None:
+async def renew_held(
+    driver: Driver, runs: list[RunScope], lease: float, outage: Outage | None = None
+) -> None:
     """One renewal round for ``runs``: extend, or cancel the ones lost or operator-cancelled.
     Answers are keyed by claim token: a worker can hold an older run of a job beside a newer
     one (its own lapsed lease re-claimed), and only the newer one's lease is still held."""
@@ -62,8 +83,12 @@ async def renew_held(driver: Driver, runs: list[RunScope], lease: float) -> None
             result = await driver.renew(leases, lease=lease)
     except JobsError as exc:
         # The watchdog stops each run at its own deadline; nothing more to do here than say so.
+        if outage is not None:
+            outage.unreachable()
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
         return
+    if outage is not None:
+        outage.reached()
     for run in runs:
         if run.claim.token in result.busy:
             # Another session holds its row locked: still this run's, but not extended. Its
@@ -112,12 +137,15 @@ async def renew_leases(
     *,
     lease: float,
     interval: float,
+    outage: Outage | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Renew every ``interval``; between renewals, wake at the earliest lease cutoff of a held
     run. A renewal that hangs (a row lock, a stalled server) is abandoned at that cutoff, so a
     hung database can delay the watchdog by nothing."""
     margin = lease_margin(lease)
+    # Each job's runs this worker stopped at their lease (expire_lapsed's bound).
+    expired: Counter[str] = Counter()
     task_status.started()
     next_round = trio.current_time() + interval
     # The runs the last round was sent for. A run held since has its lease counted from when
@@ -145,7 +173,7 @@ async def renew_leases(
         # when the claim was SENT, so one answered late may run out before this wake.
         with drain.watching(wake, margin=look_ahead):
             await trio.sleep_forever()
-        expire_lapsed(drain.held, trio.current_time(), margin)
+        expire_lapsed(drain.held, trio.current_time(), margin, expired)
         if trio.current_time() >= next_round:
             next_round = trio.current_time() + interval
             # Every held run, cancelled ones too: a body still unwinding, or a settlement not
@@ -158,19 +186,19 @@ async def renew_leases(
             renewed = {r.claim.token for r in runs}
             with trio.move_on_at(min([next_round, *_cutoffs(runs, margin)])):
                 async with trio.open_nursery() as beside:
-                    beside.start_soon(_expire_held_meanwhile, drain, margin)
-                    await renew_held(driver, runs, lease)
+                    beside.start_soon(_expire_held_meanwhile, drain, margin, expired)
+                    await renew_held(driver, runs, lease, outage)
                     beside.cancel_scope.cancel()
-            expire_lapsed(drain.held, trio.current_time(), margin)
+            expire_lapsed(drain.held, trio.current_time(), margin, expired)
 
 
-async def _expire_held_meanwhile(drain: Drain, margin: float) -> None:
+async def _expire_held_meanwhile(drain: Drain, margin: float, expired: Counter[str]) -> None:
     """Stop each run whose cutoff passes while a renewal round is in flight: a run held
     during the round (its claim answered late) may run out before the round's answer."""
     while True:
         with drain.watching(min([math.inf, *_cutoffs(drain.held, margin)]), margin=margin):
             await trio.sleep_forever()
-        expire_lapsed(drain.held, trio.current_time(), margin)
+        expire_lapsed(drain.held, trio.current_time(), margin, expired)
 
 
 def _cutoffs(runs: Sequence[RunScope], margin: float) -> list[float]:

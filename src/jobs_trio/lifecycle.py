@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import trio
 
@@ -40,12 +40,18 @@ class Hook(Protocol):
         ...
 
 
-def _exit_abandoned(jobs: Sequence[str]) -> None:
-    # A Trio nursery cannot be left while a task in it ignores cancellation, and this process
-    # was going away anyway: end it rather than hang past the grace period.
+def end_process(code: int) -> NoReturn:
+    """End this process at once with ``code``, its log lines written first: a Trio nursery
+    cannot be left while a task in it ignores cancellation, nor an interpreter while a thread
+    that is not a daemon runs on; a process that must not go on (a forked child, a wedged
+    worker) or was going away anyway is ended here rather than hang."""
     logging.shutdown()
     sys.stderr.flush()
-    os._exit(ABANDONED_EXIT_CODE)
+    os._exit(code)
+
+
+def _exit_abandoned(jobs: Sequence[str]) -> None:
+    end_process(ABANDONED_EXIT_CODE)
 
 
 def bound_exit(deadline: float, signal_name: str) -> None:

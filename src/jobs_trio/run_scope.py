@@ -7,6 +7,7 @@ import contextlib
 import enum
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 
 import trio
@@ -21,6 +22,9 @@ class CancelReason(enum.StrEnum):
 
     TIMEOUT = "timeout"  # the run's own deadline
     LEASE_LOST = "lease-lost"  # a renewal found the lease gone: another worker may hold the job
+    # No renewal reached the database before the lease ran out (it was unreachable, or the
+    # renewal hung): the job is most likely still this worker's, handed back uncounted.
+    LEASE_EXPIRED = "lease-expired"
     DRAINING = "draining"  # the process is going away
     OPERATOR = "cancelled"  # an operator cancelled the job
     SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
@@ -59,6 +63,9 @@ class RunScope:
         # A claim taken ahead whose body has started, the start not yet recorded by a renewal:
         # until it is, a crash of this worker gives the attempt back (Claim.ahead).
         self.start_unrecorded = False
+        # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
+        # from its thread while a body blocks the loop, where the Trio clock cannot be read.
+        self.beside_until = -math.inf
 
     @property
     def job_id(self) -> str:
@@ -73,6 +80,14 @@ class RunScope:
         if self._reason is not CancelReason.DRAINING:
             for thread in self._thread_scopes:
                 thread.deadline = min(thread.deadline, deadline)
+
+    def renewed_beside(self, now: float) -> None:
+        """Move ``lease_deadline`` (Trio clock, ``now``) to where the lease lifeline's renewal
+        put the lease, if that is later: renewed while the loop was blocked, the run must not
+        be stopped as lapsed the moment the loop runs again."""
+        beside = now + (self.beside_until - time.monotonic())
+        if beside > self.lease_deadline:
+            self.lease_deadline = beside
 
     def cancel(self, reason: CancelReason, cause: JobsError | None = None) -> None:
         # Reading cancel_called first lets a deadline that has already passed register as
@@ -159,6 +174,15 @@ class RunScope:
             return Aborted(
                 f"{job} lost its lease: another worker may hold it now",
                 fix="nothing: the worker that holds the job runs it",
+            )
+        if reason is CancelReason.LEASE_EXPIRED:
+            return HandedBack(
+                f"interrupted: {job} was stopped when its lease ran out before a renewal reached"
+                " the database (unreachable, or a renewal that hung); handed back to the queue,"
+                " its attempt uncounted (unless another worker claimed it meanwhile: then that"
+                " worker runs it)",
+                fix="nothing for this job: an outage is not its fault. If it recurs, look at the"
+                " database's availability and the worker's latency to it, or raise the lease",
             )
         if reason is CancelReason.OPERATOR:
             return Aborted(f"{job} was cancelled by an operator", fix="nothing: it will not run")

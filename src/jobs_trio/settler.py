@@ -15,6 +15,7 @@ from .boundary import storable_text
 from .driver import Driver
 from .errors import JobsError, RowLocked, ValueRefused
 from .logs import log_event
+from .outage import Outage
 from .records import (
     CancelJob,
     Complete,
@@ -79,10 +80,16 @@ class Settler:
         *,
         capacity: int = 1000,
         max_batch: int = 500,
-        retry_cap: float = 5.0,
+        retry_cap: float = 1.0,
         carried_by_claims: bool = False,
+        outage: Outage | None = None,
     ) -> None:
         self._driver = driver
+        self._outage = outage
+        # A write that failed for an unreachable database is being retried: the worker's claim
+        # loop waits (``flowing``) so that its finished work lands before its next claim.
+        self.stalled = False
+        self._flowing = trio.lowlevel.ParkingLot()
         self._max_batch = max_batch
         self._retry_cap = retry_cap
         self._carried_by_claims = carried_by_claims
@@ -110,6 +117,19 @@ class Settler:
 
     def unwritten(self) -> list[Settlement]:
         return [p.settlement for p in self._unwritten.values()]
+
+    async def flowing(self) -> None:
+        """Return once no write is being retried for an unreachable database."""
+        while self.stalled:
+            await self._flowing.park()
+        await trio.lowlevel.checkpoint()
+
+    def _reached(self) -> None:
+        if self._outage is not None:
+            self._outage.reached()
+        if self.stalled:
+            self.stalled = False
+            self._flowing.unpark_all()
 
     async def room(self) -> None:
         """Return once fewer than ``capacity`` settlements wait to be written."""
@@ -324,7 +344,12 @@ class Settler:
                 # Unreachable, locked, or the file went bad: nothing was written, and dropping
                 # it would leave the job running until its lease lapsed and cost it an attempt.
                 # The run's lease is still renewed meanwhile; the teardown's budget bounds
-                # these retries from outside, and reports what is still here at the end.
+                # these retries from outside, and reports what is still here at the end. Every
+                # retry within a second of the last (retry_cap): once the database is back,
+                # these finished jobs are written before a claim (anyone's) takes them again.
+                if self._outage is not None:
+                    self._outage.unreachable()
+                self.stalled = True
                 log_event("jobs.settle.retrying", logging.WARNING, jobs=len(batch), error=str(exc))
                 await trio.sleep(delay)
                 delay = min(delay * 2, self._retry_cap)
@@ -332,8 +357,10 @@ class Settler:
             except Exception as exc:
                 # Not a failure we know (a driver bug, a value it chokes on): treated as a
                 # refusal, so it can cost at most the one settlement that causes it.
+                self._reached()
                 await self._isolate(batch, exc)
                 return
+            self._reached()
             self._done(batch, applied)
             return
 

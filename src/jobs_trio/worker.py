@@ -21,10 +21,12 @@ from .drain import Drain
 from .driver import Driver, SettlesWithClaims, settles_with_claims
 from .errors import ConfigError, DriverError, JobDrained, RowLocked, ValueRefused
 from .instance_id import instance_id
+from .lease_lifeline import LeaseLifeline
 from .lease_renewal import lease_margin, renew_leases
 from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
+from .outage import Outage
 from .pruner import DEFAULT_RETENTION, Pruner, Retention
 from .records import Claim, QueueStats
 from .registry import JobDefinition, Registry
@@ -195,6 +197,14 @@ class Worker:
         self._abandoned: tuple[str, ...] = ()
         self._settle_peak = 0  # the most settlements that waited at once in the last run
         self._queue_depth: tuple[QueueStats, ...] = ()
+        # For a lease after an outage this worker saw, it rescues no lapsed job: their runners,
+        # back too, write their results and hand-backs first. Only an outage as long as a
+        # renewal interval lapses any lease.
+        self._outage = Outage(grace=self.lease, long=self.renew_interval)
+        # A driver written before claim(rescue=) rescues lapsed jobs at once after an outage.
+        self._asks_rescue = _takes(driver, "claim", "rescue") and (
+            not settles_with_claims(driver) or _takes(driver, "settle_and_claim", "rescue")
+        )
         # Cron tasks fire from every worker that runs them (off: schedule_tasks=False); the
         # driver's compare-and-set makes each scheduled time fire once per fleet.
         tasks = registry.tasks() if schedule_tasks else []
@@ -283,6 +293,8 @@ class Worker:
             self.driver,
             capacity=2 * (sum(self._limits.values()) + sum(self._ahead.values())),
             carried_by_claims=settles_with_claims(self.driver),
+            retry_cap=self.poll_interval,
+            outage=self._outage,
         )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
@@ -298,7 +310,20 @@ class Worker:
                         self._drain,
                         lease=self.lease,
                         interval=self.renew_interval,
+                        outage=self._outage,
                     )
+                )
+                # Keeps the leases when a body blocks the loop, from a thread of its own.
+                await service.start(
+                    LeaseLifeline(
+                        self.driver,
+                        self.registry,
+                        self.worker_id,
+                        lease=self.lease,
+                        renew_interval=self.renew_interval,
+                        held=lambda: self._drain.held,
+                        unwritten=settler.unwritten,
+                    ).run
                 )
                 if self._stats_interval:
                     service.start_soon(self._observe_queues, self._stats_interval)
@@ -560,6 +585,13 @@ class Worker:
                 with self._idle_wait():
                     await self._settler.room()
                 continue
+            if self._settler is not None and self._settler.stalled:
+                # Finished work first: the database could not take the last settlements. Once
+                # it can, they are written before this worker claims again (issue 32: a claim
+                # that came first took jobs whose results were still waiting here).
+                with self._idle_wait():
+                    await self._settler.flowing()
+                continue
             sent_at = trio.current_time()
             try:
                 # Not cancelled when claiming stops: a claim that committed must reach its
@@ -568,6 +600,7 @@ class Worker:
                 # the budget (around the claim loop) cuts a claim short.
                 claims = await self._claim(free)
             except DriverError as exc:
+                self._outage.unreachable()
                 log_event(
                     "jobs.worker.claim-failed",
                     logging.WARNING,
@@ -577,6 +610,7 @@ class Worker:
                 with self._idle_wait():
                     await trio.sleep(self.poll_interval)
                 continue
+            self._outage.reached()
             assert self._runs is not None
             for claim in claims:
                 self._start(self._runs, claim, sent_at)
@@ -602,10 +636,10 @@ class Worker:
         job's settle then rides on the next job's claim."""
         settler = self._settler
         carried = settler.take_for_claim() if settler is not None else []
-        ahead = self._marks_ahead(free)
+        options = self._claim_options(free)
         if not carried:
             return await self.driver.claim(
-                list(free), free, lease=self.lease, worker_id=self.worker_id, **ahead
+                list(free), free, lease=self.lease, worker_id=self.worker_id, **options
             )
         assert settler is not None
         driver = cast(SettlesWithClaims, self.driver)  # the settler carries only then
@@ -618,7 +652,7 @@ class Worker:
                 free,
                 lease=self.lease,
                 worker_id=self.worker_id,
-                **ahead,
+                **options,
             )
         except RowLocked as exc:
             # A row of it locked by another session: a settle alone (no slot to claim for)
@@ -643,17 +677,22 @@ class Worker:
         # Refused: alone from now on, the settler isolates the refused settlement (it never
         # fails a claim again), and this claim goes without them.
         return await self.driver.claim(
-            list(free), free, lease=self.lease, worker_id=self.worker_id, **ahead
+            list(free), free, lease=self.lease, worker_id=self.worker_id, **options
         )
 
-    def _marks_ahead(self, want: Mapping[str, int]) -> dict[str, Mapping[str, int]]:
-        """A claim asking past a queue's free slots tells the driver those slots (``free=``):
-        the claims past them are marked ahead, and a crash here gives their attempts back.
-        Nothing when it asks for free slots only: a driver is then asked nothing new."""
+    def _claim_options(self, want: Mapping[str, int]) -> dict[str, Any]:
+        """What a claim tells its driver beyond the queues and their caps, only when it must:
+        a driver is otherwise asked nothing new. A claim asking past a queue's free slots
+        tells it those slots (``free=``): the claims past them are marked ahead, and a crash
+        here gives their attempts back. Just after an outage, ``rescue=False``: no lapsed job
+        (their runners write first, outage.py)."""
+        options: dict[str, Any] = {}
         free = {q: max(self._open_slots(q), 0) for q in want}
-        if all(n <= free[q] for q, n in want.items()):
-            return {}
-        return {"free": free}
+        if any(n > free[q] for q, n in want.items()):
+            options["free"] = free
+        if self._asks_rescue and not self._outage.rescue():
+            options["rescue"] = False
+        return options
 
     async def _wait_for_work_or_slot(self, came_up_short: Sequence[str]) -> None:
         """Wait until new work may be due in a queue whose claim came up short (the driver's
@@ -664,12 +703,12 @@ class Worker:
             # Every queue came up short (an idle worker): only the wake-up can end the wait.
             # Waited for in this task: a nursery's child would take a scheduler pass more to
             # hand the claim loop its wake-up (wake-up to claim sent: 0.17-0.23 ms with one).
-            await self.driver.wait_for_work(came_up_short, timeout=self.safety_poll)
+            await self._work_may_be_due(came_up_short)
             return
         async with trio.open_nursery() as waits:
 
             async def work_may_be_due() -> None:
-                await self.driver.wait_for_work(came_up_short, timeout=self.safety_poll)
+                await self._work_may_be_due(came_up_short)
                 waits.cancel_scope.cancel()
 
             async def slot_freed() -> None:
@@ -680,6 +719,17 @@ class Worker:
             waits.start_soon(work_may_be_due)
             if may_hold_more:
                 waits.start_soon(slot_freed)
+
+    async def _work_may_be_due(self, queues: Sequence[str]) -> None:
+        """The driver's wake-up; but while this worker rescues no lapsed job (after an outage),
+        a look every ``poll_interval`` until it does: the wake-up counts a lapsed lease as work
+        due now, and would answer at once, every time, to a claim that may not take it."""
+        rescue_at = self._outage.rescue_at()
+        now = trio.current_time()
+        if rescue_at <= now:
+            await self.driver.wait_for_work(queues, timeout=self.safety_poll)
+        else:
+            await trio.sleep(min(self.poll_interval, rescue_at - now))
 
     async def _until_claiming_stops(
         self,
@@ -979,17 +1029,22 @@ def _claim_ahead(
     return values
 
 
+def _takes(driver: Driver, method: str, keyword: str) -> bool:
+    """Whether ``driver.method`` takes ``keyword`` (a keyword the contract added later; a driver
+    written before it would fail the call with a TypeError)."""
+    try:
+        parameters = inspect.signature(getattr(driver, method)).parameters
+    except (TypeError, ValueError):  # no signature to read: trust the Protocol
+        return True
+    return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
 def _check_claims_ahead(driver: Driver) -> None:
     """A worker claiming ahead tells its driver each queue's free slots (``claim(free=)``) and
     which held claims have started (``renew(started=)``): a driver written before those
     existed would fail the first claim ahead with a TypeError, so it is refused here."""
     for method, keyword in (("claim", "free"), ("renew", "started")):
-        try:
-            parameters = inspect.signature(getattr(driver, method)).parameters
-        except (TypeError, ValueError):  # no signature to read: trust the Protocol
-            continue
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-        if keyword not in parameters and not takes_any:
+        if not _takes(driver, method, keyword):
             raise ConfigError(
                 f"claim_ahead needs a driver whose {method}() takes {keyword}=;"
                 f" {type(driver).__name__}.{method}() does not",

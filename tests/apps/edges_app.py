@@ -67,6 +67,12 @@ async def block(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> str:
     return "blocked"
 
 
+@registry.job("edge.wedge", timeout=3, attempts=3)
+async def wedge(ctx: jobs_trio.JobContext, payload: None) -> str:
+    time.sleep(600)  # past its own timeout: nothing on the Trio thread can stop it
+    return "never"
+
+
 @registry.job("edge.short", timeout=60, attempts=3)
 async def short(ctx: jobs_trio.JobContext, payload: None) -> str:
     await trio.sleep(0.02)

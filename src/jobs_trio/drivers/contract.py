@@ -55,10 +55,13 @@ class Driver(Protocol):
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> Sequence[Claim]:
         """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at), and
-        jobs whose lease has lapsed. Each gets a fresh token, ``attempts + 1`` and a lease of
-        ``lease`` seconds. A lapsed job with no attempts left is dead-lettered, not returned.
+        jobs whose lease has lapsed (none, and none buried, with ``rescue=False``: a worker
+        just back from an outage leaves them to their runners for a while, see outage.py).
+        Each gets a fresh token, ``attempts + 1`` and a lease of ``lease`` seconds. A lapsed
+        job with no attempts left is dead-lettered, not returned.
         A mapping ``limit`` caps each queue on its own (``claim_slots.ClaimSlots``): one
         claim then serves all of a worker's queues, each up to its own free slots.
 
@@ -202,6 +205,7 @@ class SettlesWithClaims(Protocol):
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         """``settle(settlements)`` then ``claim(queues, limit, ...)`` as ONE write: both commit
         or neither does, so a refused or failed call leaves every settlement to be written
@@ -216,3 +220,31 @@ def settles_with_claims(driver: object) -> bool:
     """Whether ``driver`` has ``settle_and_claim`` (the one way to ask: the Protocol is for
     type checking only). A driver, or a test double of one, opts out by setting it to None."""
     return callable(getattr(driver, "settle_and_claim", None))
+
+
+class BesideConnection(Protocol):
+    """A driver's second way to its store, for the worker's lease lifeline (lease_lifeline.py):
+    used from ONE thread that is not the Trio thread, one call at a time, on a connection of
+    its own opened at its first call. Every call is bounded (the driver's statement and lock
+    timeouts) and raises ``JobsError`` when the store cannot be reached."""
+
+    def renew(self, leases: Sequence[Lease], *, lease: float) -> frozenset[ClaimToken]:
+        """``Driver.renew``'s extension, answering the tokens still held."""
+        ...
+
+    def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        """``Driver.settle``, fenced the same way."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RenewsBeside(Protocol):
+    """What a driver may add to ``Driver``: a connection a thread can use while the Trio loop
+    cannot (a job body that blocks it): a worker on such a driver keeps its leases through the
+    block instead of losing every job it holds to another worker (issue 32)."""
+
+    def beside(self) -> BesideConnection:
+        """A new, unopened connection for one thread; the caller closes it."""
+        ...

@@ -45,6 +45,7 @@ from ..records import (
     new_token,
 )
 from .claim_slots import ClaimSlots
+from .contract import BesideConnection
 from .limit_rules import SLOT, LimitRow, decide, needs
 from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
@@ -186,7 +187,9 @@ class MemoryDriver:
             answers.append(Enqueued(job.job_id, created=True))
         return answers
 
-    def _claimable(self, queues: Sequence[str], now: float) -> list[JobRecord]:
+    def _claimable(
+        self, queues: Sequence[str], now: float, *, rescue: bool = True
+    ) -> list[JobRecord]:
         wanted = set(queues)
         due = [
             r
@@ -195,7 +198,8 @@ class MemoryDriver:
             and (
                 (r.state in (JobState.READY, JobState.SUSPENDED) and r.run_at <= now)
                 or (
-                    r.state is JobState.RUNNING
+                    rescue
+                    and r.state is JobState.RUNNING
                     and r.lease_until is not None
                     and r.lease_until <= now
                 )
@@ -226,12 +230,13 @@ class MemoryDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> Sequence[Claim]:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
         slots = ClaimSlots.of(queues, limit)
-        claimable = self._claimable(list(slots.caps), now)
+        claimable = self._claimable(list(slots.caps), now, rescue=rescue)
         # Attempts are counted at claim, so a job that keeps killing its worker ends here
         # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
         # taken: bounded work, and the rest stay lapsed (due at once) for the next claim.
@@ -360,6 +365,14 @@ class MemoryDriver:
     ) -> RenewResult:
         await trio.lowlevel.checkpoint()
         self._check_open()
+        return self._renew(leases, lease, started)
+
+    def beside(self) -> BesideConnection:
+        return _MemoryBeside(self)
+
+    def _renew(
+        self, leases: Sequence[Lease], lease: float, started: Sequence[ClaimToken]
+    ) -> RenewResult:
         now = self.now()
         held: set[ClaimToken] = set()
         cancel: set[ClaimToken] = set()
@@ -395,17 +408,25 @@ class MemoryDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         # In order, through the methods a test double overrides (a stalled or refusing settle
         # holds or fails the claim with it, as one write would). settle refuses before it
         # applies anything and this claim cannot fail after it, so it is one write here.
         applied = await self.settle(settlements)
-        claims = await self.claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
+        claims = await self.claim(
+            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+        )
         return applied, claims
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()
         self._check_open()
+        applied = self._settle(settlements)
+        self._wake()  # Trio's side only: _MemoryBeside settles from a thread, and wakes nothing
+        return applied
+
+    def _settle(self, settlements: Sequence[Settlement]) -> list[JobId]:
         now = self.now()
         # Refused as PostgreSQL and SQLite refuse it, before anything applies: on every driver
         # a batch is all or nothing, which is what lets the settler split a refused one.
@@ -434,7 +455,6 @@ class MemoryDriver:
                 **change.writes,
             )
             applied.append(record.id)
-        self._wake()
         return applied
 
     async def get(self, job_id: JobId) -> JobRecord | None:
@@ -698,3 +718,23 @@ class MemoryDriver:
     async def aclose(self) -> None:
         self._closed = True
         self._wake()
+
+
+class _MemoryBeside:
+    """The memory driver seen from the lease lifeline's thread: its records, changed from there
+    while the Trio thread is blocked (the one time the lifeline acts), which is when nothing
+    else changes them."""
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._driver = driver
+
+    def renew(self, leases: Sequence[Lease], *, lease: float) -> frozenset[ClaimToken]:
+        self._driver._check_open()
+        return self._driver._renew(leases, lease, ()).held
+
+    def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        self._driver._check_open()
+        return self._driver._settle(settlements)
+
+    def close(self) -> None:
+        pass

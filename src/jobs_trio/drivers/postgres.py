@@ -4,14 +4,15 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -52,6 +53,7 @@ from ..records import (
     outbox_job,
 )
 from .claim_slots import ClaimSlots
+from .contract import BesideConnection
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import LimitRow, decide, needs
@@ -74,6 +76,8 @@ from .rules import (
     limit_fields,
     queue_stats,
 )
+
+T = TypeVar("T")
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
 
@@ -284,6 +288,7 @@ class PostgresDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> Sequence[Claim]:
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
@@ -297,7 +302,7 @@ class PostgresDriver:
             # One statement: the claim and the burial of exhausted lapsed jobs commit together.
             return list(
                 await conn.fetch(
-                    sql["claim"], *_claim_arguments(now, slots, lease, worker_id, free)
+                    sql["claim"], *_claim_arguments(now, slots, lease, worker_id, free, rescue)
                 )
             )
 
@@ -313,19 +318,22 @@ class PostgresDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         firsts = _first_per_claim(settlements)
         if not firsts:
-            claims = await self.claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
+            claims = await self.claim(
+                queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+            )
             return [], claims
         if not slots.caps:
             return await self.settle(settlements), []
         now = self.now()
         sql = self._sql
         by_kind = _by_kind(firsts)
-        claiming = _claim_arguments(now, slots, lease, worker_id, free)
+        claiming = _claim_arguments(now, slots, lease, worker_id, free, rescue)
 
         async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
             if len(by_kind) > 1:
@@ -354,7 +362,9 @@ class PostgresDriver:
         )
         claims = await self._claims(rows, now, float(lease), worker_id)
         if made_due:
-            claims += await self._claim_made_due(limit, slots, claims, lease, worker_id, free)
+            claims += await self._claim_made_due(
+                limit, slots, claims, lease, worker_id, free, rescue
+            )
         return _applied_in_order(settlements, applied), claims
 
     async def _claim_made_due(
@@ -365,6 +375,7 @@ class PostgresDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None,
+        rescue: bool,
     ) -> list[Claim]:
         """After settle_and_claim's statement made jobs due now (a retry or suspension without
         delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
@@ -385,7 +396,9 @@ class PostgresDriver:
         still_free = None if free is None else {q: max(n - taken[q], 0) for q, n in free.items()}
         try:
             return list(
-                await self.claim(queues, rest, lease=lease, worker_id=worker_id, free=still_free)
+                await self.claim(
+                    queues, rest, lease=lease, worker_id=worker_id, free=still_free, rescue=rescue
+                )
             )
         except JobsError as exc:
             log_event(
@@ -494,28 +507,11 @@ class PostgresDriver:
         if not leases:
             await trio.lowlevel.checkpoint()
             return RenewResult(held=frozenset())
-        now = self.now()
-        sql = self._sql
+        extend = _renewal(self._sql, self.now(), leases, lease, started)
+        return _renewed(await self.bridge.run(extend, what="renew"))
 
-        async def extend(conn: Connection) -> list[Any]:
-            return list(
-                await conn.fetch(
-                    sql["renew"],
-                    now,
-                    float(lease),
-                    [one.job_id for one in leases],
-                    [one.token for one in leases],
-                    list(started),
-                )
-            )
-
-        rows = await self.bridge.run(extend, what="renew")
-        return RenewResult(
-            held=frozenset(row["token"] for row in rows if not row["busy"]),
-            cancel_requested=frozenset(row["token"] for row in rows if row["cancel_requested"]),
-            slot_lost=frozenset(row["token"] for row in rows if row["slot_lost"]),
-            busy=frozenset(row["token"] for row in rows if row["busy"]),
-        )
+    def beside(self) -> BesideConnection:
+        return _PostgresBeside(self.bridge, self._sql, self.now)
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         self._check_open()
@@ -523,13 +519,8 @@ class PostgresDriver:
         if not firsts:
             await trio.lowlevel.checkpoint()
             return []
-        now = self.now()
-        sql = self._sql
         by_kind = _by_kind(firsts)
-
-        async def apply(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
-            return await _apply_settles(conn, sql, now, firsts, by_kind)
-
+        apply = _settlement(self._sql, self.now(), firsts, by_kind)
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied, busy = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
@@ -1021,8 +1012,9 @@ def _claim_arguments(
     lease: float,
     worker_id: str,
     free: Mapping[str, int] | None,
+    rescue: bool,
 ) -> tuple[Any, ...]:
-    """The claim statement's parameters, $1 to $9 (settle_claim_<kind> takes them first too).
+    """The claim statement's parameters, $1 to $10 (settle_claim_<kind> takes them first too).
     With no ``free`` given, every claim has a slot: none is marked ahead."""
     caps = list(slots.caps.values())
     return (
@@ -1035,6 +1027,7 @@ def _claim_arguments(
         LAPSED_OUT_OF_ATTEMPTS,
         caps,
         caps if free is None else [free.get(q, 0) for q in slots.caps],
+        now if rescue else -math.inf,
     )
 
 
@@ -1052,6 +1045,116 @@ def _by_kind(firsts: Mapping[tuple[JobId, str], Settlement]) -> dict[str, list[S
     for s in firsts.values():
         by_kind.setdefault(kind_of(s).name, []).append(s)
     return by_kind
+
+
+def _renewal(
+    sql: Statements,
+    now: float,
+    leases: Sequence[Lease],
+    lease: float,
+    started: Sequence[ClaimToken],
+) -> Callable[[Connection], Awaitable[list[Any]]]:
+    """Driver.renew's one statement, as an operation on a connection."""
+
+    async def extend(conn: Connection) -> list[Any]:
+        return list(
+            await conn.fetch(
+                sql["renew"],
+                now,
+                float(lease),
+                [one.job_id for one in leases],
+                [one.token for one in leases],
+                list(started),
+            )
+        )
+
+    return extend
+
+
+def _renewed(rows: Sequence[Any]) -> RenewResult:
+    return RenewResult(
+        held=frozenset(row["token"] for row in rows if not row["busy"]),
+        cancel_requested=frozenset(row["token"] for row in rows if row["cancel_requested"]),
+        slot_lost=frozenset(row["token"] for row in rows if row["slot_lost"]),
+        busy=frozenset(row["token"] for row in rows if row["busy"]),
+    )
+
+
+def _settlement(
+    sql: Statements,
+    now: float,
+    firsts: Mapping[tuple[JobId, str], Settlement],
+    by_kind: Mapping[str, Sequence[Settlement]],
+) -> Callable[[Connection], Awaitable[tuple[set[tuple[JobId, str]], set[JobId]]]]:
+    """Driver.settle's statements, as an operation on a connection."""
+
+    async def apply(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
+        return await _apply_settles(conn, sql, now, firsts, by_kind)
+
+    return apply
+
+
+class _PostgresBeside:
+    """The lease lifeline's own connection: plain asyncio, on a loop of its own in the
+    lifeline's thread (the trio-asyncio loop belongs to the Trio thread, which is blocked when
+    this is used), opened at its first call. Never the event loop policy's loop: importing
+    trio_asyncio makes that one a trio-asyncio loop for the whole process (STACK-NOTES)."""
+
+    def __init__(self, bridge: Bridge, sql: Statements, clock: Callable[[], float]) -> None:
+        self._bridge = bridge
+        self._sql = sql
+        self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: Connection | None = None
+
+    def renew(self, leases: Sequence[Lease], *, lease: float) -> frozenset[ClaimToken]:
+        rows = self._run(_renewal(self._sql, self._clock(), leases, lease, ()), "renew")
+        return _renewed(rows).held
+
+    def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        firsts = _first_per_claim(settlements)
+        by_kind = _by_kind(firsts)
+        apply = _settlement(self._sql, self._clock(), firsts, by_kind)
+
+        async def in_transaction(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
+            async with conn.transaction():
+                return await apply(conn)
+
+        applied, _ = self._run(in_transaction, "settle")
+        return _applied_in_order(settlements, applied)
+
+    def _run(self, op: Callable[[Connection], Awaitable[T]], what: str) -> T:
+        if self._loop is None:
+            self._loop = asyncio.SelectorEventLoop()
+        loop = self._loop
+        try:
+            if self._conn is None or self._conn.is_closed():
+                connect = self._bridge.connector(purpose="beside")
+                self._conn = loop.run_until_complete(connect())
+            conn = self._conn
+            return loop.run_until_complete(asyncio.wait_for(op(conn), self._bridge.answer_within))
+        except Exception as exc:
+            # Whatever state it is in, the next call opens a fresh connection.
+            if self._conn is not None:
+                self._conn.terminate()
+                self._conn = None
+            if isinstance(exc, JobsError):
+                raise
+            if isinstance(exc, TimeoutError):
+                raise DriverError(
+                    f"no answer from PostgreSQL within {self._bridge.answer_within:g} s during"
+                    f" {what} (the lease lifeline's connection)",
+                    fix="the worker's own connections retry once its loop runs again",
+                ) from exc
+            raise self._bridge.translate(exc, f"{what} (the lease lifeline's connection)") from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
 
 async def _apply_settles(

@@ -81,7 +81,7 @@ class Bridge:
         # never of an application's connection nor of the LISTEN one, which waits on purpose.
         self.session = dict(session)
         self._answer_within = _answer_bound(self.session)
-        self._pool = Pool(self._open_pooled, pool_size)
+        self._pool = Pool(self._open_pooled, pool_size, retire=self._retire)
         self._where = _where(url)
         self._owner = os.getpid()
 
@@ -134,6 +134,14 @@ class Bridge:
     async def connect(self, *, purpose: str, connection_class: type | None = None) -> Connection:
         """A new connection, named ``<application_name>:<purpose>`` on the server (an instance
         of ``connection_class``, a subclass of asyncpg's, when given)."""
+        connect = self.connector(purpose=purpose, connection_class=connection_class)
+        return await self._cross(connect, what=f"connecting ({purpose})", as_task=True)
+
+    def connector(
+        self, *, purpose: str, connection_class: type | None = None
+    ) -> Callable[[], Awaitable[Connection]]:
+        """The asyncio coroutine function that opens ``connect``'s connection, on whatever
+        asyncio loop runs it (the lease lifeline runs it on a plain loop of its own)."""
         import asyncpg
 
         pooler = self.pooler
@@ -157,12 +165,30 @@ class Bridge:
                     raise
             return conn
 
-        return await self._cross(connect, what=f"connecting ({purpose})", as_task=True)
+        return connect
 
     async def _open_pooled(self) -> Connection:
         conn = await self.connect(purpose="pool")
         take_over(conn)  # each operation on it reads its replies itself (direct_reads)
         return conn
+
+    async def _retire(self, conn: Connection) -> None:
+        """A connection whose operation a cancel cut short, before the pool closes it: asyncpg
+        has sent the server a CancelRequest for its query (a task on the loop); closed at
+        once, that task is cancelled with it and the query runs on (a pg_sleep(30) kept its
+        backend busy for 30 s). Waited for within CLOSE_SECONDS. Run shielded by the pool."""
+        pending = [t for t in getattr(conn, "_cancellations", ()) if not t.done()]
+        if not pending:
+            return
+        # The task also waits for the cancelled statement's end, which only a read of the
+        # socket brings: the loop reads it again for that (nobody else will, direct_reads).
+        give_back(conn)
+
+        async def cancelled_on_the_server() -> None:
+            await asyncio.wait(pending)
+
+        with trio.move_on_after(CLOSE_SECONDS), contextlib.suppress(Exception):
+            await self._cross(cancelled_on_the_server, what="cancelling a query", as_task=True)
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Cross with any asyncio coroutine function (a LISTEN registration, a ping)."""
@@ -223,6 +249,16 @@ class Bridge:
             raise
         except Exception as exc:
             raise self._translate(exc, what) from exc
+
+    def translate(self, exc: Exception, what: str) -> JobsError:
+        """What a caller sees for ``exc``, raised by asyncpg during ``what`` (``_cross``'s
+        rules, for an operation crossed some other way: the lease lifeline's)."""
+        return self._translate(exc, what)
+
+    @property
+    def answer_within(self) -> float:
+        """How long an operation on a pooled connection may go unanswered (see ``run``)."""
+        return self._answer_within
 
     def _translate(self, exc: Exception, what: str) -> JobsError:
         import asyncpg

@@ -112,8 +112,16 @@ class Pool:
     is dropped, never handed on: the next checkout opens a fresh one. That is how the pool
     replaces dead connections."""
 
-    def __init__(self, connect: Callable[[], Awaitable[Connection]], size: int) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Connection]],
+        size: int,
+        retire: Callable[[Connection], Awaitable[None]] | None = None,
+    ) -> None:
         self._connect = connect
+        # How a connection whose operation a cancel cut short is let go (bounded, run
+        # shielded): the bridge lets asyncpg's cancel of the query reach the server first.
+        self._retire = retire
         self._slots = trio.Semaphore(size)
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
@@ -161,7 +169,11 @@ class Pool:
                 if answered:
                     self._give_back(conn)
                 else:
-                    self._drop(conn)
+                    self._open.discard(conn)
+                    if self._retire is not None:
+                        with trio.CancelScope(shield=True):
+                            await self._retire(conn)
+                    conn.terminate()
         finally:
             self._slots.release()
 

@@ -84,6 +84,8 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 -- * a candidate with fleet limits (issue 15) is not claimed here but answered with a NULL token:
 --   the driver decides it in a transaction of its own (claim_limited_*), so a queue without
 --   limits never pays for them.
+-- * $10 is the latest lease a lapsed candidate may have: now, or -Infinity for none at all
+--   (Driver.claim's rescue=False, a worker just back from an outage: outage.py).
 -- * $9 is each queue's free slots: its candidates past that many are claimed ahead (`ahead`),
 --   and a lapsed job so marked, its start never recorded, is claimed again with its attempt
 --   given back while its ahead_lapses are under max_attempts (rules.gives_back_lapse, the rule
@@ -110,7 +112,7 @@ WITH candidates AS MATERIALIZED (
                        slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
                 FROM {schema}.jobs
                 WHERE queue = q.name
-                  AND state = 'running' AND lease_until <= $1
+                  AND state = 'running' AND lease_until <= $10
                   AND (attempts < max_attempts OR (ahead AND ahead_lapses < max_attempts))
                   {not_settling}
                 ORDER BY priority, run_at, id
@@ -149,7 +151,7 @@ WITH candidates AS MATERIALIZED (
 ), exhausted AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE queue = ANY($2::text[])
-      AND state = 'running' AND lease_until <= $1 AND attempts >= max_attempts
+      AND state = 'running' AND lease_until <= $10 AND attempts >= max_attempts
       AND NOT (ahead AND ahead_lapses < max_attempts)
       {not_settling}
     ORDER BY priority, run_at, id

@@ -112,7 +112,7 @@ def load_statements(schema: str) -> Statements:
 
 
 # The claim's parameters come first in settle_claim_<kind>; the settle's follow them.
-CLAIM_PARAMETERS = 9
+CLAIM_PARAMETERS = 10
 _PARAMETER = re.compile(r"\$(\d+)")
 
 

@@ -19,6 +19,7 @@ import trio
 from ..current_transaction import SqliteOps, Transaction, owned, unwrap
 from ..errors import (
     ConfigError,
+    DriverError,
     ValueRefused,
 )
 from ..operator_transitions import (
@@ -54,6 +55,7 @@ from ..records import (
     outbox_job,
 )
 from .claim_slots import ClaimSlots
+from .contract import BesideConnection
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
@@ -73,7 +75,7 @@ from .rules import (
     woken,
 )
 from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
-from .sqlite_migrate import open_sqlite_file
+from .sqlite_migrate import open_beside, open_sqlite_file
 
 T = TypeVar("T")
 
@@ -131,6 +133,46 @@ def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
             " WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')"
             " GROUP BY queue, name, substr(waiting_on, 1, 4)"
         ),
+    )
+
+
+def _renew_in(
+    conn: sqlite3.Connection,
+    now: float,
+    leases: Sequence[Lease],
+    lease: float,
+    started: Sequence[ClaimToken],
+) -> RenewResult:
+    """Driver.renew on ``conn``, for the driver's door and the lease lifeline alike."""
+    pairs = json.dumps([[one.job_id, one.token] for one in leases])
+    starts = json.dumps(list(started))
+    # One statement for every lease the worker holds; the row-value IN is the fence
+    # (id, token, running) for all of them at once, searched by primary key.
+    rows = conn.execute(
+        "UPDATE jobs SET lease_until = ?, updated_at = ?,"
+        " ahead = ahead AND token NOT IN (SELECT value FROM json_each(?))"
+        " WHERE state = 'running' AND (id, token) IN"
+        " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
+        "  FROM json_each(?))"
+        " RETURNING token, cancel_requested, slot_key IS NOT NULL",
+        (now + lease, now, starts, pairs),
+    ).fetchall()
+    with_slot = [row[0] for row in rows if row[2]]
+    kept = set()
+    if with_slot:
+        # The slot rows renew with their runs; a run whose row another took has lost it.
+        kept = {
+            row[0]
+            for row in conn.execute(
+                "UPDATE limit_rows SET until = ? WHERE kind = 'slot' AND token IN"
+                " (SELECT value FROM json_each(?)) RETURNING token",
+                (now + lease, json.dumps(with_slot)),
+            )
+        }
+    return RenewResult(
+        held=frozenset(row[0] for row in rows),
+        cancel_requested=frozenset(row[0] for row in rows if row[1]),
+        slot_lost=frozenset(t for t in with_slot if t not in kept),
     )
 
 
@@ -249,6 +291,8 @@ def _claim_in(
     lease: float,
     worker_id: str,
     free: Mapping[str, int] | None = None,
+    *,
+    rescue: bool = True,
 ) -> list[Claim]:
     """The claim, inside the caller's transaction (claim, and settle_and_claim after its
     settles: a job settled there is no longer running, so never a lapsed candidate; one
@@ -273,6 +317,8 @@ def _claim_in(
                 " ORDER BY priority, run_at, id LIMIT ?",
                 (queue, state, now, cap),
             ).fetchall()
+        if not rescue:
+            continue  # no lapsed lease this time (Driver.claim: after an outage)
         candidates += conn.execute(
             "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
             " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
@@ -467,11 +513,12 @@ class SqliteDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> Sequence[Claim]:
         slots = ClaimSlots.of(queues, limit)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
-            return _claim_in(conn, now, slots, lease, worker_id, free)
+            return _claim_in(conn, now, slots, lease, worker_id, free, rescue=rescue)
 
         return await self._transact(work)
 
@@ -480,40 +527,13 @@ class SqliteDriver:
     async def renew(
         self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
     ) -> RenewResult:
-        pairs = json.dumps([[one.job_id, one.token] for one in leases])
-        starts = json.dumps(list(started))
-
         def work(conn: sqlite3.Connection, now: float) -> RenewResult:
-            # One statement for every lease the worker holds; the row-value IN is the fence
-            # (id, token, running) for all of them at once, searched by primary key.
-            rows = conn.execute(
-                "UPDATE jobs SET lease_until = ?, updated_at = ?,"
-                " ahead = ahead AND token NOT IN (SELECT value FROM json_each(?))"
-                " WHERE state = 'running' AND (id, token) IN"
-                " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
-                "  FROM json_each(?))"
-                " RETURNING token, cancel_requested, slot_key IS NOT NULL",
-                (now + lease, now, starts, pairs),
-            ).fetchall()
-            with_slot = [row[0] for row in rows if row[2]]
-            kept = set()
-            if with_slot:
-                # The slot rows renew with their runs; a run whose row another took has lost it.
-                kept = {
-                    row[0]
-                    for row in conn.execute(
-                        "UPDATE limit_rows SET until = ? WHERE kind = 'slot' AND token IN"
-                        " (SELECT value FROM json_each(?)) RETURNING token",
-                        (now + lease, json.dumps(with_slot)),
-                    )
-                }
-            return RenewResult(
-                held=frozenset(row[0] for row in rows),
-                cancel_requested=frozenset(row[0] for row in rows if row[1]),
-                slot_lost=frozenset(t for t in with_slot if t not in kept),
-            )
+            return _renew_in(conn, now, leases, lease, started)
 
         return await self._transact(work)
+
+    def beside(self) -> BesideConnection:
+        return _SqliteBeside(self.path, self._door.busy_timeout, self.now)
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         settlements = list(settlements)
@@ -536,6 +556,7 @@ class SqliteDriver:
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         settlements = list(settlements)
         slots = ClaimSlots.of(queues, limit)
@@ -544,7 +565,7 @@ class SqliteDriver:
             # One transaction, one trip through the thread door and one commit where there
             # were two of each: the settles first, in order, as settle() applies them.
             applied = [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
-            return applied, _claim_in(conn, now, slots, lease, worker_id, free)
+            return applied, _claim_in(conn, now, slots, lease, worker_id, free, rescue=rescue)
 
         answers = await self._transact(work)
         self._wake()
@@ -1100,3 +1121,47 @@ async def open_sqlite_driver(
             yield driver
         finally:
             await driver.aclose()
+
+
+class _SqliteBeside:
+    """The lease lifeline's own connection to the file: opened in its thread at its first call,
+    waiting out another writer for up to ``busy_timeout`` there (this thread may block)."""
+
+    def __init__(self, path: str, busy_timeout: float, clock: Callable[[], float]) -> None:
+        self._path = path
+        self._busy_timeout = busy_timeout
+        self._clock = clock
+        self._conn: sqlite3.Connection | None = None
+
+    def renew(self, leases: Sequence[Lease], *, lease: float) -> frozenset[ClaimToken]:
+        return self._write(lambda conn, now: _renew_in(conn, now, leases, lease, ()).held)
+
+    def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        return self._write(
+            lambda conn, now: [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
+        )
+
+    def _write(self, work: Work[T]) -> T:
+        try:
+            if self._conn is None:
+                self._conn = open_beside(self._path, self._busy_timeout)
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                answer = work(conn, self._clock())
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return answer
+        except sqlite3.Error as exc:
+            raise DriverError(
+                f"SQLite failed on {self._path!r} (the lease lifeline's connection): {exc}",
+                fix="check the disk and the file; the worker's own connection retries",
+            ) from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -200,6 +200,14 @@ def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> s
     return conn
 
 
+def open_beside(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """A second connection to a file the driver has opened and checked, for a thread that may
+    block (the lease lifeline's): SQLite's own busy handler waits out another writer."""
+    conn = _connect(path, busy_timeout, read_only=False, create=False)
+    conn.execute(f"PRAGMA busy_timeout = {max(1, round(busy_timeout * 1000))}")
+    return conn
+
+
 def _refuse_a_missing_file(path: str) -> None:
     """An open that must find a database (read-only, or create=False) at a path that is not
     there was given a mistyped path: creating (and migrating) an empty database there would

@@ -269,3 +269,41 @@ async def test_a_job_the_settle_makes_due_now_is_claimed_by_the_same_call(
     assert list(applied) == [job]
     # A retry counts its attempt; a suspension hands it back.
     assert [(c.job_id, c.attempt) for c in claimed] == [(job, 2 if kind == "retry" else 1)]
+
+
+async def test_a_claim_without_rescue_takes_and_buries_no_lapsed_job(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # Just back from an outage, a worker leaves lapsed jobs to their runners for a while
+    # (outage.py): rescue=False takes none, buries none, and still takes what is due.
+    lapsed = await enqueue_one(driver, attempts=1)
+    await claim_one(driver, lease=5)
+    manual_clock.advance(6)
+    due = await enqueue_one(driver)
+    claims = await driver.claim(["default"], 5, lease=5, worker_id="w2", rescue=False)
+    assert [c.job_id for c in claims] == [due]
+    record = await driver.get(lapsed)
+    assert record is not None and record.state is JobState.RUNNING  # neither taken nor buried
+    rescued = await driver.claim(["default"], 5, lease=5, worker_id="w2")
+    assert rescued == []  # out of attempts: buried now, at the claim that may rescue
+    record = await driver.get(lapsed)
+    assert record is not None and record.state is JobState.DEAD
+
+
+async def test_a_carried_claim_without_rescue_takes_no_lapsed_job(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    both = carrying(driver)
+    lapsed = await enqueue_one(driver, priority=0)
+    await claim_one(driver, lease=5)
+    settled = await enqueue_one(driver, priority=1)
+    claim = await claim_one(driver, lease=60)
+    manual_clock.advance(6)
+    due = await enqueue_one(driver, priority=2)
+    applied, claims = await both.settle_and_claim(
+        [Complete(claim.lease, result="1")], ["default"], 5, lease=5, worker_id="w2", rescue=False
+    )
+    assert list(applied) == [settled]
+    assert [c.job_id for c in claims] == [due]
+    record = await driver.get(lapsed)
+    assert record is not None and record.state is JobState.RUNNING
