@@ -40,7 +40,7 @@ from .outbox import Outbox
 from .pruner import Retention
 from .records import JobRecord, JobState
 from .registry import JobDefinition, Registry
-from .relay import Relay, open_relay
+from .relay import Relay, RelayState, open_relay
 from .steps import EventTimedOut
 from .worker import Worker, WorkerState, WorkerStats, open_worker
 
@@ -73,6 +73,7 @@ __all__ = [
     "RateLimit",
     "Registry",
     "Relay",
+    "RelayState",
     "ResultNotStorable",
     "Retention",
     "RowLocked",
