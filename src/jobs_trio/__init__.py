@@ -35,7 +35,7 @@ from .errors import (
 from .events import send_event
 from .fleet_limits import FleetLimit, RateLimit
 from .lifecycle import Lifecycle, open_lifecycle
-from .open_driver import open_driver
+from .open_driver import DriverOptions, open_driver
 from .outbox import Outbox
 from .pruner import Retention
 from .records import JobRecord, JobState
@@ -51,6 +51,7 @@ __all__ = [
     "ConfigError",
     "Driver",
     "DriverError",
+    "DriverOptions",
     "DuplicateJob",
     "DuplicateJobName",
     "EventTimedOut",

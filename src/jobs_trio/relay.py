@@ -34,7 +34,6 @@ class RelayState(enum.StrEnum):
     STOPPING = "stopping"  # a stop or shutdown: no new pass; the one in flight runs on, bounded
 
 
-
 class Relay:
     """Moves rows from ``outbox`` (an ``Outbox``, or the driver opened on the application's
     database) into ``driver`` (the job store), each row decided exactly once: its job created,

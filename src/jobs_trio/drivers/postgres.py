@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..current_transaction import unwrap
+from ..current_transaction import Transaction, unwrap
 from ..errors import DriverError, JobsError, RowLocked
 from ..logs import log_event
 from ..operator_transitions import (
@@ -67,6 +67,7 @@ from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
 from .postgres_pooler import Pooler
 from .postgres_sql import Statements, load_statements
+from .postgres_transaction import open_pooled_transaction
 from .retention import cutoffs, turn_is_free
 from .rules import (
     FIRE_HISTORY,
@@ -222,10 +223,26 @@ class PostgresDriver:
     async def _run_here_or_on(
         self, connection: object | None, op: Callable[[Connection], Any], *, what: str
     ) -> Any:
-        conn, _ = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
+        conn, tx = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
         if conn is None:
             return await self.bridge.run(op, what=what)
-        return await self.bridge.run_on(conn, op, what=what)
+        if tx is None:
+            return await self.bridge.run_on(conn, op, what=what)
+        async with tx.lock:  # one statement at a time on the block's connection
+            return await self.bridge.run_on(conn, op, what=what)
+
+    # --- the application's transaction ---
+
+    @contextlib.asynccontextmanager
+    async def open_transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction on a connection of this driver's pool, for
+        ``jobs_trio.transaction(driver)``: the application's SQL (``tx.execute``/``fetch``/
+        ``fetchrow``/``fetchval``) and the jobs and events it enqueues commit together. Up to
+        ``pool_size - 1`` blocks hold a connection at once (more wait for one): the driver's
+        own operations always find the last."""
+        self._check_open()
+        async with open_pooled_transaction(self.bridge) as tx:
+            yield tx
 
     # --- enqueue ---
 
@@ -274,9 +291,8 @@ class PostgresDriver:
         # the holders are looked up after the insert (each statement of a READ COMMITTED
         # transaction gets a fresh snapshot that can see a holder committed meanwhile) and the
         # insert may be tried again: one transaction, so a failure part-way commits none of it.
-        caller, _ = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
-        if caller is not None:
-            result: list[Enqueued] = await self.bridge.run_on(caller, write, what="enqueue")
+        if unwrap(connection)[0] is not None:  # the caller's transaction
+            result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
         else:
             keyed = any(job.key is not None for job in jobs)
             result = await self.bridge.run(write, what="enqueue", transaction=keyed)

@@ -974,8 +974,13 @@ class SqliteDriver:
 
         try:
             # The driver's own connection (jobs_trio.transaction(driver)) keeps to the driver's
-            # one thread token; an application's connection is the application's to pace.
-            answer = await trio.to_thread.run_sync(run, limiter=self._door.threads if own else None)
+            # one thread token; an application's connection is the application's to pace. In a
+            # block, one statement at a time: a savepoint's writes must not interleave another
+            # task's statements of the same block.
+            async with contextlib.nullcontext() if tx is None else tx.lock:
+                answer = await trio.to_thread.run_sync(
+                    run, limiter=self._door.threads if own else None
+                )
         except REFUSED as exc:
             raise ValueRefused(
                 f"SQLite refused a write in the caller's transaction on {self.path!r}:"
@@ -1197,9 +1202,12 @@ async def open_sqlite_driver(
     synchronous: str = "FULL",
     read_only: bool = False,
     create: bool = True,
+    migrate: bool = False,
 ) -> AsyncIterator[SqliteDriver]:
     """Open ``sqlite:///jobs.db``: create or upgrade the schema, switch to WAL, and close the
     connection on the way out. A new file is created readable by its owner only (0600).
+    ``migrate`` changes nothing (every open to write migrates) and is taken so that one set of
+    options serves every URL; with ``read_only=True`` it is refused (that open never migrates).
 
     ``read_only=True`` creates, upgrades and changes nothing: a missing file is "no database
     at PATH", a file at an older schema version is refused, and every write is refused by
@@ -1210,6 +1218,11 @@ async def open_sqlite_driver(
     last tries and then `DriverError`. ``synchronous`` is FULL (a committed job survives a power
     cut) unless you choose NORMAL (faster; survives a crash of the process, not of the OS).
     """
+    if migrate and read_only:
+        raise ConfigError(
+            "migrate=True and read_only=True were both given: a read-only open never migrates",
+            fix="drop read_only to migrate the file (every open to write does), or drop migrate",
+        )
     async with open_sqlite_file(
         url,
         clock=clock,
