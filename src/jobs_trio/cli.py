@@ -20,6 +20,7 @@ import trio
 
 from . import cli_render as render
 from .cli_prune import add_prune_command
+from .cli_relay import add_relay_command
 from .cli_tasks import add_tasks_command
 from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
@@ -267,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
     add_tasks_command(command, on_driver, as_json)
     add_prune_command(command, on_driver, as_json)
+    add_relay_command(command)
 
     add_dashboard_command(command("dashboard", _dashboard, DASHBOARD_HELP))
 
