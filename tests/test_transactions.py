@@ -402,3 +402,21 @@ async def test_postgres_an_asyncpg_pool_of_the_application(pg_schema: str) -> No
         finally:
             with trio.CancelScope(shield=True):
                 await trio_asyncio.aio_as_trio(pool.close, loop=loop)()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_connection_of_another_loop_is_refused(pg_schema: str) -> None:
+    async with postgres_app(pg_schema) as (driver, _, insert):
+        async with trio_asyncio.open_loop() as other_loop:
+            assert other_loop is not driver.loop  # type: ignore[attr-defined]
+            conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=other_loop)(
+                require_postgres()
+            )
+            try:
+                with pytest.raises(ConfigError, match="another trio-asyncio loop"):
+                    async with jobs_trio.transaction(conn) as tx:
+                        await place_order(tx, driver, 1, insert)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio_asyncio.aio_as_trio(conn.close, loop=other_loop)()
+        assert await driver.list_jobs() == []

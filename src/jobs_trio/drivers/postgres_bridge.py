@@ -151,6 +151,14 @@ class Bridge:
                 fix="pass the asyncpg connection your transaction runs on, opened on the same "
                 "trio-asyncio loop as the driver",
             )
+        if getattr(connection, "_loop", self.loop) is not self.loop:
+            # Its replies are read on another loop: stepped here, they would never arrive (or
+            # arrive on the wrong loop). Two drivers that each opened a loop of their own.
+            raise ConfigError(
+                "the connection belongs to another trio-asyncio loop than this driver's",
+                fix="open the connection on the driver's loop (driver.loop), or open both"
+                " drivers inside one trio_asyncio.open_loop() block so they share it",
+            )
         # A connection of our pool held by the caller (Bridge.held) is read by this task, not
         # by the loop (direct_reads); an application's own connection is read by the loop.
         return await self._cross(
