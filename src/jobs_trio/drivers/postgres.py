@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import time
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -200,6 +201,8 @@ class PostgresDriver:
         self._clock = clock
         self._closed = False
         self._outbox_source: str | None = None  # read once: a migration made it
+        # Drivers found to be on this driver's database (shares_outbox): a database never moves.
+        self._shares_with: weakref.WeakSet[PostgresDriver] = weakref.WeakSet()
 
     @property
     def loop(self) -> Any:
@@ -1006,6 +1009,9 @@ class PostgresDriver:
         if not isinstance(outbox, PostgresDriver):
             await trio.lowlevel.checkpoint()
             return False
+        if outbox in self._shares_with:
+            await trio.lowlevel.checkpoint()
+            return True
         # Written through the outbox's connections, read through ours: seen, one database. A
         # URL cannot tell (host aliases, a pooler, a cloned database with the same tables).
         probe = new_token()
@@ -1023,7 +1029,10 @@ class PostgresDriver:
                     return None  # a table we may not read is no outbox we can move in place
             return None
 
-        return await self.bridge.run(read, what="outbox probe") == probe
+        if await self.bridge.run(read, what="outbox probe") != probe:
+            return False
+        self._shares_with.add(outbox)  # asked again by every pass in place: once is enough
+        return True
 
     async def _write_probe(self, probe: str) -> None:
         self._check_open()
