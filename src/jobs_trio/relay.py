@@ -1,6 +1,6 @@
 # The relay: moves committed outbox rows from the application's database into the job store,
-# in batches, each job exactly once. Apart because it is a service beside the worker, started
-# with `nursery.start(relay.run)` and stopped by a lifecycle's accept (no new pass) and aclose.
+# in batches, each row decided exactly once. Apart because it is a service beside the worker,
+# started with `nursery.start(relay.run)` and stopped by a lifecycle's accept and aclose.
 from __future__ import annotations
 
 import contextlib
