@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 
-from jobs_trio import ConfigError, FleetLimit, JobContext, Outbox, RateLimit, Registry
+from jobs_trio import FleetLimit, JobContext, Outbox, RateLimit, Registry, Relay
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.records import JobState
 
@@ -129,13 +128,17 @@ async def test_the_jobs_waiting_on_a_limit_are_a_gauge(
     assert gauge(metrics, "limit_waiting", queue="mail", job="paced", limit="rate") == 1
 
 
-async def test_the_outbox_refuses_a_limited_job_rather_than_relay_it_unlimited() -> None:
+async def test_a_limited_job_enqueued_through_the_outbox_is_limited_once_relayed() -> None:
     registry = Registry()
 
-    @registry.job("capped", fleet_limit=FleetLimit(1))
-    async def capped(ctx: JobContext, payload: None) -> None: ...
+    @registry.job("capped", fleet_limit=FleetLimit(1, key=lambda p: p["account"]))
+    async def capped(ctx: JobContext, payload: dict[str, str]) -> None: ...
 
-    app_db = trio_driver()
-    with pytest.raises(ConfigError, match="fleet limits"):
-        await capped.enqueue(Outbox(app_db))
-    assert (await app_db.outbox_stats()).pending == 0
+    app_db, store = trio_driver(), trio_driver()
+    ids = [await capped.enqueue(Outbox(app_db), {"account": "acme"}) for _ in range(2)]
+    assert await Relay(Outbox(app_db), store)._one_pass() == 2
+    # As two direct enqueues would be: one slot for the account, so one claim at a time.
+    [claim] = await store.claim(["default"], 10, lease=30, worker_id="w")
+    [other] = [i for i in ids if i != claim.job_id]
+    waiting = await store.get(other)
+    assert waiting is not None and (waiting.slot_key, waiting.slots) == ("capped:acme", 1)

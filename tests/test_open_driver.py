@@ -68,6 +68,20 @@ async def test_options_reach_the_driver(tmp_path: Path) -> None:
         assert isinstance(driver, MemoryDriver) and driver.now() == 7.0
 
 
+async def test_migrate_is_taken_by_every_driver(tmp_path: Path) -> None:
+    # An application that picks its database from a URL passes one set of options: migrate=True
+    # on SQLite (which migrates on every open to write) and memory is not an error.
+    path = tmp_path / "jobs.db"
+    async with open_driver(f"sqlite:///{path}", migrate=True) as driver:
+        assert isinstance(driver, SqliteDriver)
+    assert identify(str(path)).kind is FileKind.JOBS_TRIO
+    async with open_driver("memory://", migrate=True) as driver:
+        assert isinstance(driver, MemoryDriver)
+    with pytest.raises(ConfigError, match="read-only open never migrates"):
+        async with open_driver(f"sqlite:///{path}", migrate=True, read_only=True):
+            pass
+
+
 async def test_migrate_database_on_sqlite_makes_the_file_a_current_jobs_trio_database(
     tmp_path: Path,
 ) -> None:

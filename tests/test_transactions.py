@@ -261,3 +261,162 @@ async def test_postgres_outbox_follows_the_transaction_and_the_relay_moves_it_on
         [record] = await store.list_jobs()
         assert (record.id, record.key) == (job_id, "order:2")
         assert (await app_db.outbox_stats()).pending == 0
+
+
+# --- PostgreSQL: the driver's own pool (jobs_trio.transaction(driver)) ---
+
+
+async def connections_named(driver: Any, schema: str) -> int:
+    """How many server sessions the driver's pool holds open right now."""
+    async with jobs_trio.transaction(driver) as tx:
+        found: int = await tx.fetchval(
+            "SELECT count(*)::int FROM pg_stat_activity WHERE application_name = $1",
+            f"jobs_trio:{schema}:pool",
+        )
+    return found
+
+
+@pytest.mark.postgres
+async def test_postgres_the_drivers_pool_holds_the_block_and_every_enqueue_joins_it(
+    pg_schema: str,
+) -> None:
+    url = require_postgres()
+    async with open_driver(url, schema=pg_schema, migrate=True, drop_schema_on_close=True) as d:
+        orders = f'"{pg_schema}".orders'
+        async with jobs_trio.transaction(d) as tx:
+            await tx.execute(f"CREATE TABLE {orders} (id int PRIMARY KEY, item text)")
+        job_id = await confirm.enqueue(d, {"order": 0})
+        [claim] = await d.claim(["default"], 1, lease=30, worker_id="w")
+        await d.settle([jobs_trio.records.Suspend(claim.lease, 3600, event="order.paid")])
+
+        with pytest.raises(Boom):
+            async with jobs_trio.transaction(d) as tx:
+                gone = await place_order(tx, d, 1, f"INSERT INTO {orders} (id) VALUES ($1)")
+                await jobs_trio.send_event(d, "order.paid", {"order": 1})
+                raise Boom
+        assert await d.get(gone) is None
+        assert (await d.get(job_id)).state is jobs_trio.JobState.SUSPENDED  # type: ignore[union-attr]
+
+        woke: list[bool] = []
+
+        async def waiting_worker() -> None:
+            await d.wait_for_work(["default"], timeout=1000)
+            woke.append(bool(await d.list_jobs(state=jobs_trio.JobState.READY)))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiting_worker)
+                await trio.testing.wait_all_tasks_blocked()
+                async with jobs_trio.transaction(d) as tx:
+                    kept = await place_order(tx, d, 2, f"INSERT INTO {orders} (id) VALUES ($1)")
+                    await jobs_trio.send_event(d, "order.paid", {"order": 2})
+                    assert await d.get(kept) is None  # another connection: not committed yet
+                    assert await tx.fetchval(f"SELECT count(*) FROM {orders}") == 1
+        assert woke == [True]  # woken by the commit, with the job there to claim
+        async with jobs_trio.transaction(d) as tx:
+            row = await tx.fetchrow(f"SELECT id, item FROM {orders}")
+            assert (row["id"], row["item"]) == (2, None)
+            assert await tx.fetch(f"SELECT id FROM {orders} WHERE id = $1", 99) == []
+            assert await tx.fetchrow(f"SELECT id FROM {orders} WHERE id = $1", 99) is None
+            assert await tx.fetchval(f"SELECT id FROM {orders} WHERE id = $1", 99) is None
+        assert (await d.get(kept)) is not None
+        assert (await d.get(job_id)).state is jobs_trio.JobState.READY  # type: ignore[union-attr]
+
+
+@pytest.mark.postgres
+async def test_postgres_a_cancelled_block_rolls_back_and_hands_its_connection_back(
+    pg_schema: str,
+) -> None:
+    url = require_postgres()
+    async with open_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=3
+    ) as d:
+        async with jobs_trio.transaction(d) as tx:
+            await tx.execute(f'CREATE TABLE "{pg_schema}".orders (id int PRIMARY KEY)')
+        insert = f'INSERT INTO "{pg_schema}".orders (id) VALUES ($1)'
+        with trio.fail_after(30):
+            for order in range(6):  # more blocks than the pool has connections
+                with trio.move_on_after(0.2) as cut:
+                    async with jobs_trio.transaction(d) as tx:
+                        await place_order(tx, d, order, insert)
+                        await tx.execute("SELECT pg_sleep(30)")  # cancelled on the server
+                assert cut.cancelled_caught
+            async with jobs_trio.transaction(d) as tx:
+                assert await tx.fetchval(f'SELECT count(*) FROM "{pg_schema}".orders') == 0
+            assert await d.list_jobs() == []
+            # Nothing leaked: every block's connection came back (or was replaced).
+            assert await connections_named(d, pg_schema) <= 3
+
+
+@pytest.mark.postgres
+async def test_postgres_blocks_wait_for_a_connection_and_leave_the_last_to_the_driver(
+    pg_schema: str,
+) -> None:
+    url = require_postgres()
+    async with open_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=2
+    ) as d:
+        release, second_in = trio.Event(), trio.Event()
+
+        async def first() -> None:
+            async with jobs_trio.transaction(d) as tx:
+                await tx.execute("SELECT 1")
+                await release.wait()
+
+        async def second() -> None:
+            async with jobs_trio.transaction(d) as tx:
+                await tx.execute("SELECT 1")
+                second_in.set()
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(second)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not second_in.is_set()  # one block at a time with pool_size=2 ...
+                await confirm.enqueue(d, {"order": 1})  # ... and the driver still has one
+                assert len(await d.list_jobs()) == 1
+                release.set()
+                await second_in.wait()
+
+
+@pytest.mark.postgres
+async def test_postgres_an_asyncpg_pool_of_the_application(pg_schema: str) -> None:
+    async with postgres_app(pg_schema) as (driver, _, insert):
+        loop = driver.loop  # type: ignore[attr-defined]
+        pool = await trio_asyncio.aio_as_trio(asyncpg.create_pool, loop=loop)(
+            require_postgres(), min_size=1, max_size=1
+        )
+        try:
+            with pytest.raises(Boom):
+                async with jobs_trio.transaction(pool) as tx:
+                    gone = await place_order(tx, driver, 1, insert)
+                    raise Boom
+            assert await driver.get(gone) is None
+            with trio.fail_after(10):  # max_size=1: the first block's connection came back
+                async with jobs_trio.transaction(pool) as tx:
+                    kept = await place_order(tx, driver, 2, insert)
+                    assert await tx.fetchval(f'SELECT count(*) FROM "{pg_schema}".orders') == 1
+            assert [r.id for r in await driver.list_jobs()] == [kept]
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio_asyncio.aio_as_trio(pool.close, loop=loop)()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_connection_of_another_loop_is_refused(pg_schema: str) -> None:
+    async with postgres_app(pg_schema) as (driver, _, insert):
+        async with trio_asyncio.open_loop() as other_loop:
+            assert other_loop is not driver.loop  # type: ignore[attr-defined]
+            conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=other_loop)(
+                require_postgres()
+            )
+            try:
+                with pytest.raises(ConfigError, match="another trio-asyncio loop"):
+                    async with jobs_trio.transaction(conn) as tx:
+                        await place_order(tx, driver, 1, insert)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio_asyncio.aio_as_trio(conn.close, loop=other_loop)()
+        assert await driver.list_jobs() == []

@@ -42,12 +42,12 @@ if TYPE_CHECKING:
     from .events import send_event
     from .fleet_limits import FleetLimit, RateLimit
     from .lifecycle import Lifecycle, open_lifecycle
-    from .open_driver import open_driver
+    from .open_driver import DriverOptions, open_driver
     from .outbox import Outbox
     from .pruner import Retention
     from .records import JobRecord, JobState
     from .registry import JobDefinition, Registry
-    from .relay import Relay, open_relay
+    from .relay import Relay, RelayState, open_relay
     from .steps import EventTimedOut
     from .worker import Worker, WorkerState, WorkerStats, open_worker
 
@@ -88,6 +88,7 @@ _WHERE: dict[str, str] = {
     "RateLimit": ".fleet_limits",
     "Lifecycle": ".lifecycle",
     "open_lifecycle": ".lifecycle",
+    "DriverOptions": ".open_driver",
     "open_driver": ".open_driver",
     "Outbox": ".outbox",
     "Retention": ".pruner",
@@ -96,6 +97,7 @@ _WHERE: dict[str, str] = {
     "JobDefinition": ".registry",
     "Registry": ".registry",
     "Relay": ".relay",
+    "RelayState": ".relay",
     "open_relay": ".relay",
     "EventTimedOut": ".steps",
     "Worker": ".worker",
@@ -111,6 +113,7 @@ __all__ = [
     "ConfigError",
     "Driver",
     "DriverError",
+    "DriverOptions",
     "DuplicateJob",
     "DuplicateJobName",
     "EventTimedOut",
@@ -133,6 +136,7 @@ __all__ = [
     "RateLimit",
     "Registry",
     "Relay",
+    "RelayState",
     "ResultNotStorable",
     "Retention",
     "RowLocked",

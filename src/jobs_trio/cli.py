@@ -20,13 +20,13 @@ import trio
 
 from . import cli_render as render
 from .cli_prune import add_prune_command
+from .cli_relay import add_relay_command
 from .cli_tasks import add_tasks_command
 from .driver import Driver
-from .early_signals import EarlySignals
+from .early_signals import EarlySignals, stopped_at_start
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
 from .lifecycle import Lifecycle, open_lifecycle
-from .logs import log_event
 from .open_driver import DriverKind, driver_kind, migrate_database, open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
@@ -271,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
     add_tasks_command(command, on_driver, as_json)
     add_prune_command(command, on_driver, as_json)
+    add_relay_command(command)
 
     add_dashboard_command(command("dashboard", _dashboard, DASHBOARD_HELP))
 
@@ -392,9 +393,7 @@ def _worker(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.early is not None and args.early.received:
-        # Signalled while the application loaded: nothing was claimed, nothing to drain.
-        log_event("jobs.worker.stopped-at-start", signals=tuple(args.early.received))
+    if stopped_at_start(args.early, "worker"):
         return 0
     return trio.run(_run_worker, url, registry, args)
 

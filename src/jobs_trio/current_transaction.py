@@ -1,7 +1,7 @@
-# The application's current transaction: `async with jobs_trio.transaction(conn)` opens one and
+# The application's current transaction: `async with jobs_trio.transaction(target)` opens one and
 # every enqueue inside it, however deep in the call stack, joins it without `connection=`.
 # Apart because it is the one place that begins, commits and rolls back an APPLICATION's
-# connection (asyncpg or sqlite3), and knows what may only run once that commit has happened.
+# transaction (asyncpg or sqlite3), and knows what may only run once that commit has happened.
 from __future__ import annotations
 
 import contextlib
@@ -39,14 +39,19 @@ class _Ops(Protocol):
 
 
 class Transaction:
-    """An open transaction on an application's connection. ``connection`` is that connection;
-    drivers enlist their writes in it. ``execute`` runs the application's own SQL in it."""
+    """An open transaction. ``connection`` is its connection; drivers enlist their writes in
+    it. ``execute`` / ``fetch`` / ``fetchrow`` / ``fetchval`` run the application's own SQL in
+    it (placeholders as the database writes them: ``$1`` on PostgreSQL, ``?`` on SQLite)."""
 
     def __init__(self, connection: object, ops: _Ops) -> None:
         self.connection = connection
         self._ops = ops
         self._after_commit: list[Callable[[], None]] = []
         self.owned = False  # whether this block began it (and so commits or rolls it back)
+        # One statement at a time on the connection, however many tasks of the block run SQL
+        # or enqueue in it: a connection is one conversation (asyncpg refuses a second
+        # operation in progress, and two readers of one socket would steal each other's reply).
+        self.lock = trio.StrictFIFOLock()
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the transaction has committed (never after a rollback): a wake-up
@@ -55,7 +60,22 @@ class Transaction:
 
     async def execute(self, sql: str, *args: Any) -> list[Any]:
         """Run ``sql`` with ``args`` in this transaction; answer the rows it returned."""
-        return await self._ops.execute(sql, args)
+        async with self.lock:
+            return await self._ops.execute(sql, args)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        """The rows ``sql`` answers (as ``execute``)."""
+        return await self.execute(sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any | None:
+        """The first row ``sql`` answers, or None."""
+        rows = await self.execute(sql, *args)
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row ``sql`` answers, or None."""
+        row = await self.fetchrow(sql, *args)
+        return None if row is None else row[0]
 
 
 def current_transaction() -> Transaction | None:
@@ -80,10 +100,11 @@ def unwrap(connection: object | None) -> tuple[object | None, Transaction | None
 async def transaction(target: object) -> AsyncIterator[Transaction]:
     """Open a transaction and make it the current one for the block.
 
-    ``target`` is the application's asyncpg connection (opened on the driver's trio-asyncio
-    loop), its ``sqlite3`` connection to the SQLite driver's file (``check_same_thread=False``:
-    its statements run in worker threads), or a SQLite driver (its own connection, held for the
-    block). The block commits when it ends normally and rolls back when it raises or is
+    ``target`` is a driver: the PostgreSQL driver (a connection of its own pool, held for the
+    block) or the SQLite driver (its own connection); or the application's own: an asyncpg
+    connection or pool opened on the driver's trio-asyncio loop, a ``sqlite3`` connection to
+    the SQLite driver's file (``check_same_thread=False``: its statements run in worker
+    threads). The block commits when it ends normally and rolls back when it raises or is
     cancelled: the application's rows and the jobs enqueued in it land together or not at all.
     A connection already inside a transaction is joined, not owned: committing stays yours."""
     opener = getattr(target, "open_transaction", None)
@@ -92,10 +113,48 @@ async def transaction(target: object) -> AsyncIterator[Transaction]:
             with _marked(tx):
                 yield tx
         return
-    tx = Transaction(target, ops_for(target))
-    async with owned(tx):
-        with _marked(tx):
-            yield tx
+    async with _connection_of(target) as connection:
+        tx = Transaction(connection, ops_for(connection))
+        async with owned(tx):
+            with _marked(tx):
+                yield tx
+
+
+@contextlib.asynccontextmanager
+async def _connection_of(target: object) -> AsyncIterator[object]:
+    """``target`` itself, or a connection acquired from it for the block when it is an asyncpg
+    pool: released shielded and bounded, so a cancelled block never leaks it (STACK-NOTES)."""
+    if not (_is_asyncpg(target) and callable(getattr(target, "acquire", None))):
+        yield target
+        return
+    pool: Any = target
+    loop = getattr(pool, "_loop", None)
+    connection = await _cross(loop, pool.acquire)
+    try:
+        yield connection
+    finally:
+        await _release(loop, pool, connection)
+
+
+async def _release(loop: Any, pool: Any, connection: Any) -> None:
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(ROLLBACK_SECONDS):
+            try:
+                await _cross(loop, pool.release, connection)
+                return
+            except Exception as exc:
+                log_event("jobs.transaction.release-failed", error=repr(exc))
+        connection.terminate()  # the pool replaces a terminated connection
+
+
+def _is_asyncpg(target: object) -> bool:
+    return type(target).__module__.startswith("asyncpg")
+
+
+async def _cross(loop: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    import trio_asyncio
+
+    return await trio_asyncio.aio_as_trio(fn, loop=loop)(*args)
 
 
 @contextlib.contextmanager
@@ -135,12 +194,12 @@ async def owned(tx: Transaction) -> AsyncIterator[Transaction]:
 def ops_for(connection: object) -> _Ops:
     if isinstance(connection, sqlite3.Connection):
         return SqliteOps(connection)
-    if type(connection).__module__.startswith("asyncpg"):
+    if _is_asyncpg(connection):
         return _AsyncpgOps(connection)
     raise ConfigError(
         f"jobs_trio.transaction() cannot open a transaction on a {type(connection).__name__}",
-        fix="pass an asyncpg connection, a sqlite3 connection to the SQLite driver's file, or"
-        " a SQLite driver",
+        fix="pass the driver (PostgreSQL or SQLite), an asyncpg connection or pool, or a"
+        " sqlite3 connection to the SQLite driver's file",
     )
 
 
@@ -207,9 +266,7 @@ class _AsyncpgOps:
         self._loop = getattr(conn, "_loop", None)
 
     async def _cross(self, fn: Callable[..., Any], *args: Any) -> Any:
-        import trio_asyncio
-
-        return await trio_asyncio.aio_as_trio(fn, loop=self._loop)(*args)
+        return await _cross(self._loop, fn, *args)
 
     async def in_transaction(self) -> bool:
         await trio.lowlevel.checkpoint()

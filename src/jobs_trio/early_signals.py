@@ -7,6 +7,8 @@ import signal
 from collections.abc import Sequence
 from types import FrameType
 
+from .logs import log_event
+
 
 class EarlySignals:
     """Records SIGTERM and SIGINT instead of dying of them: a worker signalled while it still
@@ -26,3 +28,12 @@ class EarlySignals:
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signal.Signals(signum).name)
+
+
+def stopped_at_start(early: EarlySignals | None, what: str) -> bool:
+    """Whether a signal came while the command started (before its database was opened):
+    then nothing was taken, there is nothing to drain, and it ends at once, saying so."""
+    if early is None or not early.received:
+        return False
+    log_event(f"jobs.{what}.stopped-at-start", signals=tuple(early.received))
+    return True

@@ -8,7 +8,7 @@ import enum
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 from .driver import Driver
 from .errors import ConfigError
@@ -18,6 +18,27 @@ SCHEMES = ("memory://", "sqlite:///", "postgresql://", "postgres://")
 
 Opener = Callable[..., contextlib.AbstractAsyncContextManager[Driver]]
 Migrate = Callable[..., Awaitable[list[int] | None]]
+
+
+class DriverOptions(TypedDict, total=False):
+    """``open_driver``'s options as one typed value (``open_driver(url, **options)``): names
+    and types as ``open_driver`` declares them (tests/typecheck holds them equal)."""
+
+    clock: Callable[[], float] | None
+    migrate: bool | None
+    busy_timeout: float | None
+    poll_interval: float | None
+    synchronous: str | None
+    read_only: bool | None
+    create: bool | None
+    schema: str | None
+    pool_size: int | None
+    loop: Any
+    drop_schema_on_close: bool | None
+    statement_timeout: float | None
+    lock_timeout: float | None
+    pgbouncer: str | None
+    listen_url: str | None
 
 
 class DriverKind(enum.StrEnum):
@@ -51,7 +72,9 @@ def driver_kind(url: str) -> DriverKind:
 async def open_driver(
     url: str,
     *,
+    # Every driver.
     clock: Callable[[], float] | None = None,
+    migrate: bool | None = None,
     # SQLite (drivers/sqlite.py, open_sqlite_driver).
     busy_timeout: float | None = None,
     poll_interval: float | None = None,
@@ -60,7 +83,6 @@ async def open_driver(
     create: bool | None = None,
     # PostgreSQL (drivers/postgres.py, open_postgres_driver).
     schema: str | None = None,
-    migrate: bool | None = None,
     pool_size: int | None = None,
     loop: Any = None,
     drop_schema_on_close: bool | None = None,
@@ -72,8 +94,11 @@ async def open_driver(
     """``memory://``, ``sqlite:///path/to/jobs.db`` or ``postgresql://user@host/db``.
 
     Every option belongs to one driver or more (its opener documents it); None leaves that
-    driver's default. An option the URL's driver does not take is a `ConfigError`, not ignored:
-    ``schema=`` on a SQLite URL would point at jobs that are not there.
+    driver's default. ``clock`` and ``migrate`` every driver takes (``migrate=True`` applies
+    PostgreSQL's migrations; SQLite migrates whenever it opens to write, memory has nothing to
+    migrate). An option the URL's driver does not take is a `ConfigError`, not ignored:
+    ``schema=`` on a SQLite URL would point at jobs that are not there. ``DriverOptions`` is
+    the same options as one typed value, for an application that builds them apart.
     """
     # Only the parameters are bound at this point: the options, as given, by name.
     given = {name: value for name, value in locals().items() if name != "url"}
@@ -139,8 +164,10 @@ def _refuse(url: str, *, fix: str) -> NoReturn:
 
 @contextlib.asynccontextmanager
 async def _open_memory(
-    url: str, *, clock: Callable[[], float] = time.time
+    url: str, *, clock: Callable[[], float] = time.time, migrate: bool = False
 ) -> AsyncIterator[Driver]:
+    # migrate=: nothing to do (a memory store begins empty, at this release's "schema"); taken
+    # so that one set of options serves every URL.
     from .drivers.memory import MemoryDriver
 
     driver = MemoryDriver(url=url, clock=clock)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .driver import Driver
-from .errors import ConfigError
 from .records import Enqueued, NewJob
 
 
@@ -15,8 +14,10 @@ class Outbox:
     migrated by jobs_trio). Hand it to ``JobDefinition.enqueue`` instead of a driver.
 
     An outbox enqueue answers the id the job WILL have: the relay writes it under that id. A
-    unique key is applied when the job reaches the job store (a key a live job holds there
-    turns the relayed job into a no-op), so ``on_duplicate="raise"`` cannot tell here."""
+    row carries all a direct enqueue's job does (delay, priority, key, fleet limits resolved
+    from the payload now, the run's context). A unique key is decided once, when the relay
+    moves the row (a key a live job holds then makes the row a no-op, recorded as such), so
+    ``on_duplicate="raise"`` cannot tell here (docs/transactions.md)."""
 
     def __init__(self, store: Driver) -> None:
         self.store = store
@@ -27,14 +28,5 @@ class Outbox:
     async def enqueue(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> Sequence[Enqueued]:
-        limited = sorted({job.name for job in jobs if job.limits is not None})
-        if limited:
-            # Refused, not dropped: the outbox's rows do not carry limits, and a relayed job
-            # would run unlimited while its declaration says otherwise.
-            raise ConfigError(
-                f"jobs {limited} declare fleet limits, which the outbox does not carry yet",
-                fix="enqueue these jobs on the job store's driver (inside"
-                " jobs_trio.transaction() when it is the application's database)",
-            )
         await self.store.outbox_write(jobs, connection=connection)
         return [Enqueued(job.job_id, created=True) for job in jobs]

@@ -65,10 +65,18 @@ class NewJob:
     context: str | None = None
 
 
+# An outbox row's columns, in the order every driver reads them back (outbox_job's ``row``).
+OUTBOX_COLUMNS = (
+    "id, name, queue, payload, priority, max_attempts, key, run_at, context,"
+    " slot_key, slots, rate_key, starts, per"
+)
+
+
 def outbox_job(row: Sequence[Any], now: float) -> NewJob:
-    """An outbox row (id, name, queue, payload, priority, max_attempts, key, run_at, context)
-    as the job to relay: the delay is what remains of it now."""
-    job_id, name, queue, payload, priority, max_attempts, key, run_at, context = row
+    """An outbox row (OUTBOX_COLUMNS, in that order) as the job to relay: the delay is what
+    remains of it now, and its fleet limits are the ones resolved when it was written."""
+    job_id, name, queue, payload, priority, max_attempts, key, run_at, context, *limits = row
+    slot_key, slots, rate_key, starts, per = limits
     return NewJob(
         job_id=job_id,
         name=name,
@@ -78,6 +86,15 @@ def outbox_job(row: Sequence[Any], now: float) -> NewJob:
         priority=priority,
         delay=max(run_at - now, 0.0),
         key=key,
+        limits=None
+        if slot_key is None and rate_key is None
+        else JobLimits(
+            slot_key=slot_key,
+            slots=slots or 0,
+            rate_key=rate_key,
+            starts=starts or 0,
+            per=per or 0.0,
+        ),
         context=context,
     )
 
@@ -272,6 +289,30 @@ class OutboxStats:
 
     pending: int
     oldest_age: float | None  # seconds the oldest pending row has waited: the relay's lag
+
+
+class RelayOutcome(enum.StrEnum):
+    """What became of one outbox row in the job store, decided once (relay.py)."""
+
+    CREATED = "created"  # its job was written, under the row's own id
+    KEY_HELD = "key-held"  # a live job held its key when it was relayed: no job of its own
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@attrs.frozen
+class RelayDecision:
+    """One outbox row's decision, as the job store records it (with the job, in one
+    transaction) and answers it again for as long as the row may be taken again."""
+
+    job_id: JobId  # the outbox row's id: the id its job has, when one was written
+    outcome: RelayOutcome
+    holder: JobId  # the job that stands for the row: its own, or the key's live holder then
+    decided_at: float  # on the job store's clock
+    # Decided by an earlier pass (a relay that died before deleting the row, or another relay):
+    # this pass found the decision on record and changed nothing.
+    already: bool = False
 
 
 @attrs.frozen

@@ -174,3 +174,14 @@ def test_each_enqueue_overload_offers_the_implementation_s_keywords() -> None:
     overloads = get_overloads(method)
     assert len(overloads) == 2
     assert all(keywords(o) == keywords(method) for o in overloads)
+
+
+def test_driver_options_are_open_driver_s_keywords() -> None:
+    from jobs_trio import DriverOptions, open_driver
+
+    signature = inspect.signature(open_driver).parameters.values()
+    hints = get_type_hints(open_driver)
+    declared = {p.name: hints[p.name] for p in signature if p.kind is p.KEYWORD_ONLY}
+    assert get_type_hints(DriverOptions) == declared
+    misspelt: DriverOptions = {"pool_sise": 3}  # type: ignore[typeddict-unknown-key]
+    assert misspelt

@@ -20,6 +20,7 @@ from ..records import (
     Pruned,
     PruneTurn,
     QueueStats,
+    RelayDecision,
     RenewResult,
     Settlement,
     StepRecord,
@@ -154,14 +155,16 @@ class Driver(Protocol):
 
     # The outbox: jobs an application wrote in its own transaction, in its own database, for a
     # relay to move into the job store (see relay.py). A driver opened on the application's
-    # database serves its outbox; the job store's driver takes them with ``enqueue_once``.
+    # database serves its outbox (outbox_*); the job store's driver takes the rows and records
+    # what became of each (relay_*), so that a row taken twice is decided once.
 
     async def outbox_write(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> None:
         """Store ``jobs`` in this database's outbox, inside the caller's transaction when
         ``connection`` (or a ``jobs_trio.transaction``) is given: they exist for the relay
-        once, and only if, that transaction commits. Each keeps its id, delay and key."""
+        once, and only if, that transaction commits. Each keeps its id, delay, key, fleet
+        limits and context."""
         ...
 
     async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
@@ -174,12 +177,51 @@ class Driver(Protocol):
         """Remove relayed rows; answer how many were still there."""
         ...
 
+    async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
+        """Which of ``job_ids`` are rows of this outbox now (relayed or not)."""
+        ...
+
     async def outbox_stats(self) -> OutboxStats: ...
 
-    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
-        """``enqueue`` for the relay: a job whose id is already stored (relayed before, by a
-        relay that died before deleting its row, or by another relay) is not written again;
-        its answer is its own id with ``created=False``. Unique keys apply as in ``enqueue``."""
+    async def outbox_source(self) -> str:
+        """Who this outbox is: an id made once by the migration that made the outbox, the same
+        for every driver opened on this database (and schema), another for any other."""
+        ...
+
+    async def relay_enqueue(
+        self, jobs: Sequence[NewJob], *, source: str
+    ) -> Sequence[RelayDecision]:
+        """The relay's write of outbox rows taken from ``source``'s outbox: each row decided
+        ONCE. A row with a decision on record is answered from it (``already=True``) and
+        nothing is written, whatever became of its job since (finished, pruned) or of its key.
+        Any other row is decided now, as ``enqueue`` would: its job written under the row's id
+        (created), or not when a live job holds its key (key-held, that job the holder); the
+        jobs and the decisions commit together. A decision is kept until ``relay_forget``."""
+        ...
+
+    async def relay_forget(self, source: str, job_ids: Sequence[JobId]) -> int:
+        """Delete the decisions of ``source``'s rows ``job_ids`` (the rows are gone from its
+        outbox, so none can be taken again); answer how many there were."""
+        ...
+
+    async def relay_decisions(self, source: str, *, before: float, limit: int) -> Sequence[JobId]:
+        """Up to ``limit`` ids of ``source``'s rows decided before ``before`` (the driver's
+        clock), oldest first: the decisions a relay that died before forgetting them left, for
+        a sweep to forget once their rows are gone (``outbox_present``)."""
+        ...
+
+    async def shares_outbox(self, outbox: Driver) -> bool:
+        """Whether ``outbox``'s rows are in this driver's own database (a relay then moves
+        them with ``relay_in_place``). False when that cannot be told for certain: the
+        two-step way is exactly-once too, only with a decision to record."""
+        ...
+
+    async def relay_in_place(self, outbox: Driver, limit: int) -> Sequence[RelayDecision]:
+        """For an ``outbox`` this driver shares (``shares_outbox``): in ONE transaction, take up
+        to ``limit`` of its rows oldest first (skipping rows another relay is taking, or holds
+        under a live lease), write their jobs as ``relay_enqueue`` decides them, and delete the
+        rows (with any decision on record for them). A relay that dies anywhere in it leaves
+        everything as it was: no window, and nothing recorded."""
         ...
 
     async def prune(self, turn: PruneTurn) -> Pruned:

@@ -37,6 +37,8 @@ from ..records import (
     Pruned,
     PruneTurn,
     QueueStats,
+    RelayDecision,
+    RelayOutcome,
     RenewResult,
     Settlement,
     StepRecord,
@@ -45,7 +47,7 @@ from ..records import (
     new_token,
 )
 from .claim_slots import ClaimSlots
-from .contract import BesideConnection
+from .contract import BesideConnection, Driver
 from .limit_rules import SLOT, LimitRow, decide, needs
 from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
@@ -62,6 +64,7 @@ from .rules import (
     limit_fields,
     queue_stats,
     refuse_connection,
+    refuse_in_place,
     send_wakes,
     woken,
 )
@@ -119,6 +122,10 @@ class MemoryDriver:
         # The outbox, oldest first (insertion order): job, when it is due, when it was written,
         # and until when a relay holds it.
         self._outbox: dict[JobId, _OutboxRow] = {}
+        # Who this outbox is (outbox_source), and the relay's decisions with the outbox each
+        # came from (relay_enqueue): what a row taken again is answered with.
+        self._outbox_source = new_token()
+        self._decisions: dict[JobId, tuple[str, RelayDecision]] = {}
         # fleet_stats: when the last turn was taken, and what it observed.
         self._fleet_turn_at = -math.inf
         self._fleet_observed: tuple[QueueStats, ...] = ()
@@ -679,18 +686,98 @@ class MemoryDriver:
             pending=len(self._outbox), oldest_age=None if oldest is None else self.now() - oldest
         )
 
-    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+    async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return [job_id for job_id in job_ids if job_id in self._outbox]
+
+    async def outbox_source(self) -> str:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return self._outbox_source
+
+    # The relay's decisions.
+
+    async def relay_enqueue(
+        self, jobs: Sequence[NewJob], *, source: str
+    ) -> Sequence[RelayDecision]:
         await trio.lowlevel.checkpoint()
         self._check_open()
         # No checkpoint between the look and the write: no other task runs in between.
-        stored = {job.job_id for job in jobs if job.job_id in self._jobs}
-        written = iter(self._insert([job for job in jobs if job.job_id not in stored], self.now()))
-        answers = [
-            Enqueued(job.job_id, created=False) if job.job_id in stored else next(written)
-            for job in jobs
+        return self._decide(jobs, self.now(), source)
+
+    async def relay_forget(self, source: str, job_ids: Sequence[JobId]) -> int:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        gone = [i for i in job_ids if i in self._decisions and self._decisions[i][0] == source]
+        for job_id in gone:
+            del self._decisions[job_id]
+        return len(gone)
+
+    async def relay_decisions(self, source: str, *, before: float, limit: int) -> Sequence[JobId]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        old = sorted(
+            (decision.decided_at, job_id)
+            for job_id, (of, decision) in self._decisions.items()
+            if of == source and decision.decided_at < before
+        )
+        return [job_id for _, job_id in old[: max(limit, 0)]]
+
+    async def shares_outbox(self, outbox: Driver) -> bool:
+        await trio.lowlevel.checkpoint()
+        return outbox is self
+
+    async def relay_in_place(self, outbox: Driver, limit: int) -> Sequence[RelayDecision]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if outbox is not self:
+            raise refuse_in_place("memory")
+        now = self.now()
+        taken = [
+            job_id
+            for job_id, row in self._outbox.items()
+            if row.claimed_until is None or row.claimed_until <= now
+        ][: max(limit, 0)]
+        jobs = [
+            attrs.evolve(row.job, delay=max(row.run_at - now, 0.0))
+            for row in (self._outbox.pop(job_id) for job_id in taken)
         ]
-        self._wake()
-        return answers
+        decisions = self._decide(jobs, now, None)
+        for job_id in taken:
+            self._decisions.pop(job_id, None)  # the row is gone: nothing can take it again
+        return decisions
+
+    def _decide(
+        self, jobs: Sequence[NewJob], now: float, source: str | None
+    ) -> list[RelayDecision]:
+        """Each row's decision: the one on record, else made now (and recorded, unless
+        ``source`` is None: in place, the row goes with the job)."""
+        on_record = {
+            job.job_id: attrs.evolve(self._decisions[job.job_id][1], already=True)
+            for job in jobs
+            if job.job_id in self._decisions
+        }
+        # Relayed before decisions were recorded (a release before them): created, and done.
+        on_record.update(
+            (job.job_id, RelayDecision(job.job_id, RelayOutcome.CREATED, job.job_id, now, True))
+            for job in jobs
+            if job.job_id not in on_record and job.job_id in self._jobs
+        )
+        fresh = [job for job in jobs if job.job_id not in on_record]
+        for job, answer in zip(fresh, self._insert(fresh, now), strict=True):
+            decision = RelayDecision(
+                job.job_id,
+                RelayOutcome.CREATED if answer.created else RelayOutcome.KEY_HELD,
+                answer.job_id,
+                now,
+            )
+            on_record[job.job_id] = decision
+            if source is not None:
+                self._decisions[job.job_id] = (source, decision)
+        if fresh:
+            self._wake()
+        return [on_record[job.job_id] for job in jobs]
 
     async def prune(self, turn: PruneTurn) -> Pruned:
         await trio.lowlevel.checkpoint()

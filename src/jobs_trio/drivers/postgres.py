@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
 import time
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ..current_transaction import unwrap
+from ..current_transaction import Transaction, unwrap
 from ..errors import DriverError, JobsError, RowLocked
 from ..logs import log_event
 from ..operator_transitions import (
@@ -29,6 +31,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
+    OUTBOX_COLUMNS,
     Claim,
     ClaimToken,
     Enqueued,
@@ -44,16 +47,19 @@ from ..records import (
     Pruned,
     PruneTurn,
     QueueStats,
+    RelayDecision,
+    RelayOutcome,
     RenewResult,
     Settlement,
     StepRecord,
     StepStatus,
     TaskAdvance,
     TaskMark,
+    new_token,
     outbox_job,
 )
 from .claim_slots import ClaimSlots
-from .contract import BesideConnection
+from .contract import BesideConnection, Driver
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import LimitRow, decide, needs
@@ -63,6 +69,7 @@ from .postgres_migrate import apply_migrations, check_migrated, migrate
 from .postgres_pool import Connection, session_settings
 from .postgres_pooler import Pooler
 from .postgres_sql import Statements, load_statements
+from .postgres_transaction import open_pooled_transaction
 from .retention import cutoffs, turn_is_free
 from .rules import (
     FIRE_HISTORY,
@@ -75,6 +82,7 @@ from .rules import (
     kind_of,
     limit_fields,
     queue_stats,
+    refuse_in_place,
 )
 
 T = TypeVar("T")
@@ -195,6 +203,9 @@ class PostgresDriver:
         self._listener = listener
         self._clock = clock
         self._closed = False
+        self._outbox_source: str | None = None  # read once: a migration made it
+        # Drivers found to be on this driver's database (shares_outbox): a database never moves.
+        self._shares_with: weakref.WeakSet[PostgresDriver] = weakref.WeakSet()
 
     @property
     def loop(self) -> Any:
@@ -218,10 +229,26 @@ class PostgresDriver:
     async def _run_here_or_on(
         self, connection: object | None, op: Callable[[Connection], Any], *, what: str
     ) -> Any:
-        conn, _ = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
+        conn, tx = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
         if conn is None:
             return await self.bridge.run(op, what=what)
-        return await self.bridge.run_on(conn, op, what=what)
+        if tx is None:
+            return await self.bridge.run_on(conn, op, what=what)
+        async with tx.lock:  # one statement at a time on the block's connection
+            return await self.bridge.run_on(conn, op, what=what)
+
+    # --- the application's transaction ---
+
+    @contextlib.asynccontextmanager
+    async def open_transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction on a connection of this driver's pool, for
+        ``jobs_trio.transaction(driver)``: the application's SQL (``tx.execute``/``fetch``/
+        ``fetchrow``/``fetchval``) and the jobs and events it enqueues commit together. Up to
+        ``pool_size - 1`` blocks hold a connection at once (more wait for one): the driver's
+        own operations always find the last."""
+        self._check_open()
+        async with open_pooled_transaction(self.bridge) as tx:
+            yield tx
 
     # --- enqueue ---
 
@@ -270,9 +297,8 @@ class PostgresDriver:
         # the holders are looked up after the insert (each statement of a READ COMMITTED
         # transaction gets a fresh snapshot that can see a holder committed meanwhile) and the
         # insert may be tried again: one transaction, so a failure part-way commits none of it.
-        caller, _ = unwrap(connection)  # a jobs_trio.transaction(): its asyncpg connection
-        if caller is not None:
-            result: list[Enqueued] = await self.bridge.run_on(caller, write, what="enqueue")
+        if unwrap(connection)[0] is not None:  # the caller's transaction
+            result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
         else:
             keyed = any(job.key is not None for job in jobs)
             result = await self.bridge.run(write, what="enqueue", transaction=keyed)
@@ -852,7 +878,7 @@ class PostgresDriver:
         sql = self._sql
 
         async def write(conn: Connection) -> None:
-            await conn.execute(sql["outbox_write"], now, *_job_columns(jobs))
+            await conn.execute(sql["outbox_write"], now, *_job_columns(jobs), *_limit_columns(jobs))
 
         await self._run_here_or_on(connection, write, what="outbox write")
 
@@ -867,23 +893,7 @@ class PostgresDriver:
             )
 
         rows = sorted(await self.bridge.run(take, what="outbox claim"), key=lambda r: r["seq"])
-        return [
-            outbox_job(
-                (
-                    row["id"],
-                    row["name"],
-                    row["queue"],
-                    row["payload"],
-                    row["priority"],
-                    row["max_attempts"],
-                    row["key"],
-                    row["run_at"],
-                    row["context"],
-                ),
-                now,
-            )
-            for row in rows
-        ]
+        return _outbox_jobs(rows, now)
 
     async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
         self._check_open()
@@ -910,59 +920,143 @@ class PostgresDriver:
             pending=row["pending"], oldest_age=None if oldest is None else now - oldest
         )
 
-    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
+    async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> set[JobId]:
+            return {row["id"] for row in await conn.fetch(sql["outbox_present"], list(job_ids))}
+
+        there = await self.bridge.run(read, what="outbox present")
+        return [job_id for job_id in job_ids if job_id in there]
+
+    async def outbox_source(self) -> str:
+        self._check_open()
+        if self._outbox_source is None:
+            sql = self._sql
+
+            async def read(conn: Connection) -> str:
+                return str(await conn.fetchval(sql["outbox_source"]))
+
+            self._outbox_source = await self.bridge.run(read, what="outbox source")
+        else:
+            await trio.lowlevel.checkpoint()
+        return self._outbox_source
+
+    # --- the relay's decisions ---
+
+    async def relay_enqueue(
+        self, jobs: Sequence[NewJob], *, source: str
+    ) -> Sequence[RelayDecision]:
         self._check_open()
         jobs = list(jobs)
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []
-        now = self.now()
+        for _ in range(_KEY_ROUNDS):
+            write = functools.partial(
+                _decide, sql=self._sql, now=self.now(), jobs=jobs, source=source
+            )
+            try:
+                decisions: list[RelayDecision] = await self.bridge.run(
+                    write, what="relay enqueue", transaction=True
+                )
+            except _DecidedMeanwhile:
+                continue  # rolled back; made again, it answers the other relay's decisions
+            return decisions
+        raise DriverError(
+            "another relay kept deciding these outbox rows while this one wrote them",
+            fix="nothing to do: the rows stay in the outbox and the next pass tries again",
+        )
+
+    async def relay_forget(self, source: str, job_ids: Sequence[JobId]) -> int:
+        self._check_open()
         sql = self._sql
 
-        async def write(conn: Connection) -> dict[str, Enqueued]:
-            answers: dict[str, Enqueued] = {}
-            pending = jobs
-            for _ in range(_KEY_ROUNDS):
-                created = {
-                    row["id"]
-                    for row in await conn.fetch(
-                        sql["enqueue_once"],
-                        now,
-                        *_job_columns(pending),
-                        sql.channel,
-                        *_limit_columns(pending),
-                    )
-                }
-                answers.update((i, Enqueued(i, created=True)) for i in created)
-                rest = [j for j in pending if j.job_id not in created]
-                if not rest:
-                    break
-                # Not written: its id was stored already (exactly once), or its key is held.
-                stored = await conn.fetch(sql["stored_ids"], [j.job_id for j in rest])
-                answers.update((r["id"], Enqueued(r["id"], created=False)) for r in stored)
-                keyed = [j.key for j in rest if j.job_id not in answers]
-                if keyed:
-                    holders = {
-                        row["key"]: row["id"]
-                        for row in await conn.fetch(sql["live_key_holders"], keyed)
-                    }
-                    for j in rest:
-                        if j.job_id not in answers and j.key in holders:
-                            answers[j.job_id] = Enqueued(holders[j.key], created=False)
-                # A key whose holder finished between the insert and the look: write it again.
-                pending = [j for j in rest if j.job_id not in answers]
-                if not pending:
-                    break
-            else:
-                raise DriverError(
-                    f"could not settle unique keys {[j.key for j in pending]}: their holders"
-                    " kept finishing and being replaced while the relay wrote them",
-                    fix="nothing to do: the relay tries these rows again on its next pass",
-                )
-            return answers
+        async def delete(conn: Connection) -> int:
+            gone: int = await conn.fetchval(sql["relay_forget"], source, list(job_ids))
+            return gone
 
-        answers = await self.bridge.run(write, what="relay enqueue")
-        return [answers[job.job_id] for job in jobs]
+        gone: int = await self.bridge.run(delete, what="relay forget")
+        return gone
+
+    async def relay_decisions(self, source: str, *, before: float, limit: int) -> Sequence[JobId]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[JobId]:
+            rows = await conn.fetch(sql["relay_decisions"], source, float(before), max(limit, 0))
+            return [row["id"] for row in rows]
+
+        ids: list[JobId] = await self.bridge.run(read, what="relay decisions")
+        return ids
+
+    async def shares_outbox(self, outbox: Driver) -> bool:
+        self._check_open()
+        if outbox is self:
+            await trio.lowlevel.checkpoint()
+            return True
+        if not isinstance(outbox, PostgresDriver):
+            await trio.lowlevel.checkpoint()
+            return False
+        if outbox in self._shares_with:
+            await trio.lowlevel.checkpoint()
+            return True
+        # Written through the outbox's connections, read through ours: seen, one database. A
+        # URL cannot tell (host aliases, a pooler, a cloned database with the same tables).
+        probe = new_token()
+        await outbox._write_probe(probe)
+        there = outbox._sql
+
+        async def read(conn: Connection) -> str | None:
+            import asyncpg
+
+            if await conn.fetchval("SELECT to_regclass($1)", f'"{there.schema}".outbox_source'):
+                try:
+                    seen: str | None = await conn.fetchval(there["outbox_probe_read"])
+                    return seen
+                except asyncpg.exceptions.InsufficientPrivilegeError:
+                    return None  # a table we may not read is no outbox we can move in place
+            return None
+
+        if await self.bridge.run(read, what="outbox probe") != probe:
+            return False
+        self._shares_with.add(outbox)  # asked again by every pass in place: once is enough
+        return True
+
+    async def _write_probe(self, probe: str) -> None:
+        self._check_open()
+        sql = self._sql
+
+        async def write(conn: Connection) -> None:
+            await conn.execute(sql["outbox_probe_write"], probe)
+
+        await self.bridge.run(write, what="outbox probe")
+
+    async def relay_in_place(self, outbox: Driver, limit: int) -> Sequence[RelayDecision]:
+        self._check_open()
+        if not isinstance(outbox, PostgresDriver) or not await self.shares_outbox(outbox):
+            raise refuse_in_place("PostgreSQL")
+        sql, there = self._sql, outbox._sql
+        now = self.now()
+
+        async def move(conn: Connection) -> list[RelayDecision]:
+            # One transaction on one connection: the rows stay locked (FOR UPDATE) until the
+            # commit that writes their jobs and deletes them, or the rollback that leaves them.
+            rows = await conn.fetch(there["outbox_take_here"], now, max(limit, 0))
+            jobs = _outbox_jobs(sorted(rows, key=lambda r: r["seq"]), now)
+            if not jobs:
+                return []
+            decisions = await _decide(conn, sql, now, jobs, None)
+            ids = [job.job_id for job in jobs]
+            await conn.execute(there["outbox_delete"], ids)
+            await conn.execute(sql["relay_forget_any"], ids)
+            return decisions
+
+        decisions: list[RelayDecision] = await self.bridge.run(
+            move, what="relay in place", transaction=True
+        )
+        return decisions
 
     async def aclose(self) -> None:
         """Stop answering; the connections close when the ``async with`` that opened the
@@ -979,6 +1073,89 @@ class PostgresDriver:
 
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             await self.bridge.run(drop, what=f"dropping schema {self.schema!r}", bounded=False)
+
+
+class _DecidedMeanwhile(JobsError):
+    """Another relay recorded a decision for one of these rows since this write looked: roll
+    the write back (its jobs too) and make it again. A JobsError so the bridge hands it
+    through as it is."""
+
+
+_OUTBOX_FIELDS = tuple(name.strip() for name in OUTBOX_COLUMNS.split(","))
+
+
+def _outbox_jobs(rows: Sequence[Any], now: float) -> list[NewJob]:
+    return [outbox_job(tuple(row[name] for name in _OUTBOX_FIELDS), now) for row in rows]
+
+
+async def _decide(
+    conn: Connection, sql: Statements, now: float, jobs: Sequence[NewJob], source: str | None
+) -> list[RelayDecision]:
+    """Each outbox row's decision, inside the caller's transaction: the one on record, else
+    made now by writing its job as enqueue would (and recorded, with ``source``; None: in
+    place, where the row goes with the job and nothing needs recording)."""
+    on_record = {
+        row["id"]: RelayDecision(
+            row["id"], RelayOutcome(row["outcome"]), row["holder"], row["decided_at"], True
+        )
+        for row in await conn.fetch(sql["relay_on_record"], [job.job_id for job in jobs])
+    }
+    made: dict[JobId, RelayDecision] = {}
+    pending = [job for job in jobs if job.job_id not in on_record]
+    for _ in range(_KEY_ROUNDS):
+        if not pending:
+            break
+        created = {
+            row["id"]
+            for row in await conn.fetch(
+                sql["enqueue_once"],
+                now,
+                *_job_columns(pending),
+                sql.channel,
+                *_limit_columns(pending),
+            )
+        }
+        made.update((i, RelayDecision(i, RelayOutcome.CREATED, i, now)) for i in created)
+        rest = [job for job in pending if job.job_id not in created]
+        if rest:
+            # Stored with no decision on record: relayed by a release before decisions were
+            # kept (or by a relay beside this one, whose decision then conflicts below).
+            for row in await conn.fetch(sql["stored_ids"], [job.job_id for job in rest]):
+                made[row["id"]] = RelayDecision(
+                    row["id"], RelayOutcome.CREATED, row["id"], now, True
+                )
+            keys = [job.key for job in rest if job.job_id not in made]
+            if keys:
+                holders = {
+                    row["key"]: row["id"] for row in await conn.fetch(sql["live_key_holders"], keys)
+                }
+                for job in rest:
+                    if job.job_id not in made and job.key in holders:
+                        made[job.job_id] = RelayDecision(
+                            job.job_id, RelayOutcome.KEY_HELD, holders[job.key], now
+                        )
+        # A key whose holder finished between the insert and the look: written again.
+        pending = [job for job in rest if job.job_id not in made]
+    if pending:
+        raise DriverError(
+            f"could not settle unique keys {[job.key for job in pending]}: their holders kept"
+            " finishing and being replaced while the relay wrote them",
+            fix="nothing to do: the relay tries these rows again on its next pass",
+        )
+    if source is not None and made:
+        decided = list(made.values())
+        recorded = await conn.fetch(
+            sql["relay_record"],
+            source,
+            now,
+            [d.job_id for d in decided],
+            [d.outcome.value for d in decided],
+            [d.holder for d in decided],
+        )
+        if len(recorded) < len(decided):
+            raise _DecidedMeanwhile("an outbox row was decided by another relay meanwhile")
+    on_record.update(made)
+    return [on_record[job.job_id] for job in jobs]
 
 
 def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:

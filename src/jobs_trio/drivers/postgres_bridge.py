@@ -82,6 +82,7 @@ class Bridge:
         self.session = dict(session)
         self._answer_within = _answer_bound(self.session)
         self._pool = Pool(self._open_pooled, pool_size, retire=self._retire)
+        self._holds = trio.Semaphore(max(1, pool_size - 1))
         self._where = _where(url)
         self._owner = os.getpid()
 
@@ -92,31 +93,55 @@ class Bridge:
         Unanswered past its statement_timeout and a margin, the connection is dropped and the
         operation fails retryably (``bounded=False`` for a migration, which lifts the timeout)."""
         async with self._pool.checkout() as conn:
-            with trio.move_on_after(self._answer_within if bounded else math.inf):
-                try:
-                    return await self._cross(
-                        self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
-                    )
-                except (ValueRefused, RowLocked):
-                    raise  # the server answered and rolled back: the connection is sound
-                except DriverError:
-                    # The database failed this operation in a way we did not plan for (a lost
-                    # connection, an error mid-protocol): whatever state that left the
-                    # connection in, the next operation gets a fresh one instead. Domain errors
-                    # (JobNotFound, InvalidTransition) are not DriverErrors and keep it.
-                    conn.terminate()
-                    raise
-            # Nothing came back: whether the statement reached the server is unknown, and the
-            # connection may still owe the end of a cancelled one, which would hang the next
-            # operation on it. Dropped; the caller retries on a fresh one.
-            conn.terminate()
-            raise DriverError(
-                f"no answer from PostgreSQL at {self._where} within {self._answer_within:g} s"
-                f" during {what}",
-                fix="the server, or something between (a proxy, a failover that moved the"
-                " address), stopped answering this connection; the operation can be retried on"
-                " a new one, which the pool opens",
+            return await self.run_checked_out(
+                conn, op, what=what, transaction=transaction, bounded=bounded
             )
+
+    async def run_checked_out(
+        self,
+        conn: Connection,
+        op: Operation[T],
+        *,
+        what: str,
+        transaction: bool = False,
+        bounded: bool = True,
+    ) -> T:
+        """``run`` on a pooled connection the caller holds already (``held``)."""
+        with trio.move_on_after(self._answer_within if bounded else math.inf):
+            try:
+                return await self._cross(
+                    self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
+                )
+            except (ValueRefused, RowLocked):
+                raise  # the server answered and rolled back: the connection is sound
+            except DriverError:
+                # The database failed this operation in a way we did not plan for (a lost
+                # connection, an error mid-protocol): whatever state that left the
+                # connection in, the next operation gets a fresh one instead. Domain errors
+                # (JobNotFound, InvalidTransition) are not DriverErrors and keep it.
+                conn.terminate()
+                raise
+        # Nothing came back: whether the statement reached the server is unknown, and the
+        # connection may still owe the end of a cancelled one, which would hang the next
+        # operation on it. Dropped; the caller retries on a fresh one.
+        conn.terminate()
+        raise DriverError(
+            f"no answer from PostgreSQL at {self._where} within {self._answer_within:g} s"
+            f" during {what}",
+            fix="the server, or something between (a proxy, a failover that moved the"
+            " address), stopped answering this connection; the operation can be retried on"
+            " a new one, which the pool opens",
+        )
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[Connection]:
+        """A pooled connection for the caller to hold across several operations (an
+        application's transaction, ``jobs_trio.transaction(driver)``), each run with
+        ``run_checked_out``. At most one fewer than the pool's size are held at once: the
+        driver's own operations (a worker's renewals and settles) always find a connection.
+        Handed back still inside a transaction (a rollback that failed), it is dropped."""
+        async with self._holds, self._pool.checkout() as conn:
+            yield conn
 
     async def run_on(self, connection: Connection, op: Operation[T], *, what: str) -> T:
         """Run ``op`` on the caller's own connection, inside a savepoint when the caller has a
@@ -129,7 +154,19 @@ class Bridge:
                 fix="pass the asyncpg connection your transaction runs on, opened on the same "
                 "trio-asyncio loop as the driver",
             )
-        return await self._cross(self._on_connection, connection, op, what=what)
+        if getattr(connection, "_loop", self.loop) is not self.loop:
+            # Its replies are read on another loop: stepped here, they would never arrive (or
+            # arrive on the wrong loop). Two drivers that each opened a loop of their own.
+            raise ConfigError(
+                "the connection belongs to another trio-asyncio loop than this driver's",
+                fix="open the connection on the driver's loop (driver.loop), or open both"
+                " drivers inside one trio_asyncio.open_loop() block so they share it",
+            )
+        # A connection of our pool held by the caller (Bridge.held) is read by this task, not
+        # by the loop (direct_reads); an application's own connection is read by the loop.
+        return await self._cross(
+            self._on_connection, connection, op, what=what, reads=transport_of(connection)
+        )
 
     async def connect(self, *, purpose: str, connection_class: type | None = None) -> Connection:
         """A new connection, named ``<application_name>:<purpose>`` on the server (an instance

@@ -667,17 +667,21 @@ SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]);
 
 -- name: outbox_write
--- In the application's transaction (a savepoint in it): the rows exist once it commits.
+-- In the application's transaction (a savepoint in it): the rows exist once it commits. The
+-- fleet limits ($11 to $15) as enqueue's: NULL for a job without them.
 INSERT INTO {schema}.outbox (
-    id, name, queue, payload, priority, max_attempts, key, run_at, created_at, context
+    id, name, queue, payload, priority, max_attempts, key, run_at, created_at, context,
+    slot_key, slots, rate_key, starts, per
 )
 SELECT n.id, n.name, n.queue, n.payload, n.priority, n.max_attempts, n.key,
-       $1 + greatest(n.delay, 0), $1, n.context
+       $1 + greatest(n.delay, 0), $1, n.context, n.slot_key, n.slots, n.rate_key, n.starts, n.per
 FROM unnest(
     $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-    $9::text[], $10::text[]
-) WITH ORDINALITY
-  AS n(id, name, queue, payload, priority, max_attempts, delay, key, context, ord)
+    $9::text[], $10::text[], $11::text[], $12::int[], $13::text[], $14::int[], $15::float8[]
+) WITH ORDINALITY AS n(
+    id, name, queue, payload, priority, max_attempts, delay, key, context,
+    slot_key, slots, rate_key, starts, per, ord
+)
 ORDER BY n.ord;
 
 -- name: outbox_claim
@@ -696,7 +700,19 @@ SET claimed_until = $1::float8 + $2::float8, relay_id = $4
 FROM taken
 WHERE o.seq = taken.seq
 RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at,
-          o.context;
+          o.context, o.slot_key, o.slots, o.rate_key, o.starts, o.per;
+
+-- name: outbox_take_here
+-- relay_in_place's take, inside its transaction: the rows stay locked (a relay beside it skips
+-- them) until the same transaction deletes them with their jobs written. Rows a two-step
+-- relay holds under a live lease are left to it. $1 now, $2 limit.
+SELECT seq, id, name, queue, payload, priority, max_attempts, key, run_at, context, slot_key,
+       slots, rate_key, starts, per
+FROM {schema}.outbox
+WHERE claimed_until IS NULL OR claimed_until <= $1
+ORDER BY seq
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
 
 -- name: outbox_delete
 WITH gone AS (
@@ -704,8 +720,52 @@ WITH gone AS (
 )
 SELECT count(*)::int FROM gone;
 
+-- name: outbox_present
+SELECT id FROM {schema}.outbox WHERE id = ANY($1::text[]);
+
 -- name: outbox_stats
 SELECT count(*)::int AS pending, min(created_at) AS oldest FROM {schema}.outbox;
+
+-- name: outbox_source
+SELECT id FROM {schema}.outbox_source;
+
+-- name: outbox_probe_write
+-- shares_outbox: a fresh value written through the outbox's driver, then read back through the
+-- job store's (outbox_probe_read): seen there, the two are one database. A database cloned from
+-- the other (CREATE DATABASE ... TEMPLATE) has the same outbox_source id, never this value.
+UPDATE {schema}.outbox_source SET probe = $1;
+
+-- name: outbox_probe_read
+SELECT probe FROM {schema}.outbox_source;
+
+-- name: relay_on_record
+SELECT id, outcome, holder, decided_at FROM {schema}.outbox_decisions WHERE id = ANY($1::text[]);
+
+-- name: relay_record
+-- The decisions of one relay_enqueue, in its transaction. A row another relay decided since
+-- this one looked (its lease lapsed mid-pass) conflicts here: fewer ids come back, and the
+-- driver rolls the whole write back and makes it again, to answer that relay's decision.
+INSERT INTO {schema}.outbox_decisions (id, source, outcome, holder, decided_at)
+SELECT n.id, $1, n.outcome, n.holder, $2
+FROM unnest($3::text[], $4::text[], $5::text[]) AS n(id, outcome, holder)
+ON CONFLICT DO NOTHING
+RETURNING id;
+
+-- name: relay_forget
+WITH gone AS (
+    DELETE FROM {schema}.outbox_decisions WHERE source = $1 AND id = ANY($2::text[]) RETURNING 1
+)
+SELECT count(*)::int FROM gone;
+
+-- name: relay_forget_any
+-- relay_in_place: the rows it deleted leave no decision behind, whoever recorded it.
+DELETE FROM {schema}.outbox_decisions WHERE id = ANY($1::text[]);
+
+-- name: relay_decisions
+SELECT id FROM {schema}.outbox_decisions
+WHERE source = $1 AND decided_at < $2::float8
+ORDER BY decided_at
+LIMIT $3;
 
 -- name: prune_turn_read
 -- The fleet's one prune turn (retention.py), locked for the batch's transaction. SKIP LOCKED:

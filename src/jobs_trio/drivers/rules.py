@@ -291,3 +291,13 @@ def refuse_connection(connection: object | None, *, driver: str, fix: str) -> No
     or rolls back with it, and here it could do neither. ``fix`` says what to do instead."""
     if connection is not None:
         raise ConfigError(f"the {driver} driver cannot enlist in a caller's transaction", fix=fix)
+
+
+def refuse_in_place(driver: str) -> ConfigError:
+    """``relay_in_place`` asked of an outbox this driver does not share (``shares_outbox``
+    answered False): moving rows in one transaction needs them in this database."""
+    return ConfigError(
+        f"the {driver} driver's relay_in_place was given an outbox in another database",
+        fix="ask shares_outbox(outbox) first; a relay does, and moves the rows of an outbox"
+        " elsewhere in two steps (relay_enqueue, then outbox_delete)",
+    )

@@ -31,6 +31,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
+    OUTBOX_COLUMNS,
     Claim,
     ClaimToken,
     Enqueued,
@@ -46,6 +47,8 @@ from ..records import (
     Pruned,
     PruneTurn,
     QueueStats,
+    RelayDecision,
+    RelayOutcome,
     RenewResult,
     Settlement,
     StepRecord,
@@ -55,7 +58,7 @@ from ..records import (
     outbox_job,
 )
 from .claim_slots import ClaimSlots
-from .contract import BesideConnection
+from .contract import BesideConnection, Driver
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
@@ -71,7 +74,9 @@ from .rules import (
     gives_back_lapse,
     job_record,
     lapsed_out_of_attempts,
+    limit_fields,
     queue_stats,
+    refuse_in_place,
     woken,
 )
 from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
@@ -456,6 +461,51 @@ def _claim_limited(
             (now + lease, worker_id, token, LAPSED_ERROR, now, job_id),
         ).fetchone()
     return granted
+
+
+def _decide(
+    conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float, source: str | None
+) -> list[RelayDecision]:
+    """Each outbox row's decision, inside the caller's write transaction: the one on record,
+    else made now by writing its job as enqueue would (and recorded, with ``source``; None:
+    in place, where the row goes with the job and nothing needs recording)."""
+    ids = json.dumps([job.job_id for job in jobs])
+    on_record = {
+        row[0]: RelayDecision(row[0], RelayOutcome(row[1]), row[2], row[3], already=True)
+        for row in conn.execute(
+            "SELECT id, outcome, holder, decided_at FROM outbox_decisions"
+            " WHERE id IN (SELECT value FROM json_each(?))",
+            (ids,),
+        )
+    }
+    # Stored with no decision on record: relayed by a release before decisions were kept.
+    stored = [
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+        )
+        if row[0] not in on_record
+    ]
+    made = {i: RelayDecision(i, RelayOutcome.CREATED, i, now, already=True) for i in stored}
+    fresh = [job for job in jobs if job.job_id not in on_record and job.job_id not in made]
+    for job, answer in zip(fresh, _insert_jobs(conn, fresh, now), strict=True):
+        outcome = RelayOutcome.CREATED if answer.created else RelayOutcome.KEY_HELD
+        made[job.job_id] = RelayDecision(job.job_id, outcome, answer.job_id, now)
+    if source is not None:
+        conn.executemany(
+            "INSERT INTO outbox_decisions (id, source, outcome, holder, decided_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [(d.job_id, source, d.outcome.value, d.holder, d.decided_at) for d in made.values()],
+        )
+    on_record.update(made)
+    return [on_record[job.job_id] for job in jobs]
+
+
+def _same_file(here: str, there: str) -> bool:
+    try:
+        return os.path.samefile(here, there)
+    except OSError:
+        return False
 
 
 class SqliteDriver:
@@ -944,8 +994,13 @@ class SqliteDriver:
 
         try:
             # The driver's own connection (jobs_trio.transaction(driver)) keeps to the driver's
-            # one thread token; an application's connection is the application's to pace.
-            answer = await trio.to_thread.run_sync(run, limiter=self._door.threads if own else None)
+            # one thread token; an application's connection is the application's to pace. In a
+            # block, one statement at a time: a savepoint's writes must not interleave another
+            # task's statements of the same block.
+            async with contextlib.nullcontext() if tx is None else tx.lock:
+                answer = await trio.to_thread.run_sync(
+                    run, limiter=self._door.threads if own else None
+                )
         except REFUSED as exc:
             raise ValueRefused(
                 f"SQLite refused a write in the caller's transaction on {self.path!r}:"
@@ -996,8 +1051,8 @@ class SqliteDriver:
 
         def work(conn: sqlite3.Connection, now: float) -> None:
             conn.executemany(
-                "INSERT INTO outbox (id, name, queue, payload, priority, max_attempts, key,"
-                " run_at, created_at, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO outbox ({OUTBOX_COLUMNS}, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job.job_id,
@@ -1008,8 +1063,9 @@ class SqliteDriver:
                         job.max_attempts,
                         job.key,
                         now + max(job.delay, 0.0),
-                        now,
                         job.context,
+                        *limit_fields(job.limits).values(),
+                        now,
                     )
                     for job in jobs
                 ],
@@ -1028,8 +1084,7 @@ class SqliteDriver:
                 "UPDATE outbox SET claimed_until = ?, relay_id = ? WHERE seq IN"
                 " (SELECT seq FROM outbox WHERE claimed_until IS NULL OR claimed_until <= ?"
                 "  ORDER BY seq LIMIT ?)"
-                " RETURNING seq, id, name, queue, payload, priority, max_attempts, key, run_at,"
-                " context",
+                f" RETURNING seq, {OUTBOX_COLUMNS}",
                 (now + lease, relay_id, now, max(limit, 0)),
             ).fetchall()
             rows.sort()  # RETURNING promises no order: relay in the order written
@@ -1055,28 +1110,100 @@ class SqliteDriver:
 
         return await self._transact(work, mode="read")
 
-    async def enqueue_once(self, jobs: Sequence[NewJob]) -> Sequence[Enqueued]:
-        jobs = list(jobs)
-        ids = json.dumps([job.job_id for job in jobs])
+    async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
+        ids = json.dumps(list(job_ids))
 
-        def work(conn: sqlite3.Connection, now: float) -> list[Enqueued]:
-            # Under BEGIN IMMEDIATE: no other writer can store one of these ids between this
-            # look and the insert.
-            stored = {
+        def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
+            there = {
                 row[0]
                 for row in conn.execute(
-                    "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+                    "SELECT id FROM outbox WHERE id IN (SELECT value FROM json_each(?))", (ids,)
                 )
             }
-            written = iter(_insert_jobs(conn, [j for j in jobs if j.job_id not in stored], now))
+            return [job_id for job_id in job_ids if job_id in there]
+
+        return await self._transact(work, mode="read")
+
+    async def outbox_source(self) -> str:
+        def work(conn: sqlite3.Connection, now: float) -> str:
+            return str(conn.execute("SELECT id FROM outbox_source").fetchone()[0])
+
+        return await self._transact(work, mode="read")
+
+    # The relay's decisions.
+
+    async def relay_enqueue(
+        self, jobs: Sequence[NewJob], *, source: str
+    ) -> Sequence[RelayDecision]:
+        jobs = list(jobs)
+
+        def work(conn: sqlite3.Connection, now: float) -> list[RelayDecision]:
+            # Under BEGIN IMMEDIATE: no other writer can decide one of these rows between
+            # this look and the write.
+            return _decide(conn, jobs, now, source)
+
+        decisions = await self._transact(work)
+        self._wake()
+        return decisions
+
+    async def relay_forget(self, source: str, job_ids: Sequence[JobId]) -> int:
+        ids = json.dumps(list(job_ids))
+
+        def work(conn: sqlite3.Connection, now: float) -> int:
+            return conn.execute(
+                "DELETE FROM outbox_decisions WHERE source = ?"
+                " AND id IN (SELECT value FROM json_each(?))",
+                (source, ids),
+            ).rowcount
+
+        return await self._transact(work)
+
+    async def relay_decisions(self, source: str, *, before: float, limit: int) -> Sequence[JobId]:
+        def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
             return [
-                Enqueued(job.job_id, created=False) if job.job_id in stored else next(written)
-                for job in jobs
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM outbox_decisions WHERE source = ? AND decided_at < ?"
+                    " ORDER BY decided_at LIMIT ?",
+                    (source, before, max(limit, 0)),
+                )
             ]
 
-        answers = await self._transact(work)
-        self._wake()
-        return answers
+        return await self._transact(work, mode="read")
+
+    async def shares_outbox(self, outbox: Driver) -> bool:
+        # One file, whatever the two drivers' paths spell: its outbox table is this one. (A
+        # copy of the file is another file, with the same outbox_source id: hence the path.)
+        if not isinstance(outbox, SqliteDriver):
+            await trio.lowlevel.checkpoint()
+            return False
+        return await trio.to_thread.run_sync(_same_file, self.path, outbox.path)
+
+    async def relay_in_place(self, outbox: Driver, limit: int) -> Sequence[RelayDecision]:
+        if not await self.shares_outbox(outbox):
+            raise refuse_in_place("SQLite")
+
+        def work(conn: sqlite3.Connection, now: float) -> list[RelayDecision]:
+            # One BEGIN IMMEDIATE: the rows, their jobs and the rows' removal commit together,
+            # and no other relay takes a row meanwhile (SQLite has one writer).
+            rows = conn.execute(
+                f"SELECT seq, {OUTBOX_COLUMNS} FROM outbox"
+                " WHERE claimed_until IS NULL OR claimed_until <= ? ORDER BY seq LIMIT ?",
+                (now, max(limit, 0)),
+            ).fetchall()
+            jobs = [outbox_job(row[1:], now) for row in rows]
+            decisions = _decide(conn, jobs, now, None)
+            ids = json.dumps([job.job_id for job in jobs])
+            for table in ("outbox", "outbox_decisions"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+                )
+            return decisions
+
+        decisions = await self._transact(work)
+        if decisions:
+            self._wake()
+        return decisions
 
     async def aclose(self) -> None:
         if self._door.closed:
@@ -1095,9 +1222,12 @@ async def open_sqlite_driver(
     synchronous: str = "FULL",
     read_only: bool = False,
     create: bool = True,
+    migrate: bool = False,
 ) -> AsyncIterator[SqliteDriver]:
     """Open ``sqlite:///jobs.db``: create or upgrade the schema, switch to WAL, and close the
     connection on the way out. A new file is created readable by its owner only (0600).
+    ``migrate`` changes nothing (every open to write migrates) and is taken so that one set of
+    options serves every URL; with ``read_only=True`` it is refused (that open never migrates).
 
     ``read_only=True`` creates, upgrades and changes nothing: a missing file is "no database
     at PATH", a file at an older schema version is refused, and every write is refused by
@@ -1108,6 +1238,11 @@ async def open_sqlite_driver(
     last tries and then `DriverError`. ``synchronous`` is FULL (a committed job survives a power
     cut) unless you choose NORMAL (faster; survives a crash of the process, not of the OS).
     """
+    if migrate and read_only:
+        raise ConfigError(
+            "migrate=True and read_only=True were both given: a read-only open never migrates",
+            fix="drop read_only to migrate the file (every open to write does), or drop migrate",
+        )
     async with open_sqlite_file(
         url,
         clock=clock,

@@ -1,12 +1,26 @@
-# The outbox half of the driver contract (outbox_write / claim / delete / stats) and the relay's
-# enqueue_once, on every driver: what the relay's exactly-once rests on.
+# The outbox half of the driver contract (outbox_write / claim / delete / present / stats /
+# source) and the relay's decisions (relay_enqueue / forget / decisions, relay_in_place), on
+# every driver: what the relay's exactly-once rests on, pruning and crashes included.
 from __future__ import annotations
 
+import attrs
+import pytest
+
 from jobs_trio.driver import Driver
-from jobs_trio.records import JobState
+from jobs_trio.errors import ConfigError
+from jobs_trio.records import (
+    Complete,
+    JobLimits,
+    PruneTurn,
+    RelayDecision,
+    RelayOutcome,
+)
 from jobs_trio.testing.clock import ManualClock
 
-from .helpers import new_job
+from .fixtures import DriverFactory
+from .helpers import claim_one, new_job
+
+SOURCE = "outbox-a"
 
 
 async def test_outbox_rows_are_claimed_oldest_first_with_what_remains_of_their_delay(
@@ -53,46 +67,207 @@ async def test_delete_and_stats(driver: Driver, manual_clock: ManualClock) -> No
     assert (stats.pending, stats.oldest_age) == (1, 2.0)
 
 
-async def test_enqueue_once_writes_an_id_once_even_after_the_job_finished(
-    driver: Driver,
+async def test_an_outbox_row_keeps_its_fleet_limits_and_context(driver: Driver) -> None:
+    limits = JobLimits(slot_key="acct:1", slots=2, rate_key="acct:1", starts=5, per=60.0)
+    slotted = attrs.evolve(new_job(), limits=JobLimits(slot_key="s", slots=1), context='{"a":"b"}')
+    both, plain = attrs.evolve(new_job(), limits=limits), new_job()
+    await driver.outbox_write([slotted, both, plain])
+    taken = await driver.outbox_claim(10, lease=30.0, relay_id="r1")
+    assert [(t.limits, t.context) for t in taken] == [
+        (JobLimits(slot_key="s", slots=1), '{"a":"b"}'),
+        (limits, None),
+        (None, None),
+    ]
+
+
+async def finish_and_prune(driver: Driver, clock: ManualClock, queue: str = "default") -> None:
+    """Run the queue's one job to completion, then prune every finished job."""
+    claim = await claim_one(driver, queue)
+    assert await driver.settle([Complete(claim.lease)]) == [claim.job_id]
+    clock.advance(10.0)
+    pruned = await driver.prune(PruneTurn("p", keep_finished=1.0, keep_dead=1.0))
+    assert pruned.deleted >= 1
+    assert await driver.get(claim.job_id) is None
+
+
+async def test_a_row_taken_again_after_its_job_finished_and_was_pruned_is_not_written_again(
+    driver: Driver, manual_clock: ManualClock
 ) -> None:
     job = new_job(payload={"n": 1})
-    [first] = await driver.enqueue_once([job])
-    assert (first.job_id, first.created) == (job.job_id, True)
-    [again] = await driver.enqueue_once([job])
-    assert (again.job_id, again.created) == (job.job_id, False)
-    claims = await driver.claim(["default"], 10, lease=30.0, worker_id="w")
-    assert [c.job_id for c in claims] == [job.job_id]
-    from jobs_trio.records import Complete
-
-    await driver.settle([Complete(claims[0].lease)])
-    # Finished, so no live key or state protects it: only the id does.
-    [late] = await driver.enqueue_once([job])
-    assert late.created is False
-    record = await driver.get(job.job_id)
-    assert record is not None and record.state is JobState.COMPLETED
-    assert len(await driver.list_jobs()) == 1
+    [first] = await driver.relay_enqueue([job], source=SOURCE)
+    assert first == RelayDecision(
+        job.job_id, RelayOutcome.CREATED, job.job_id, manual_clock.now, already=False
+    )
+    await finish_and_prune(driver, manual_clock)
+    # The relay died before deleting the row; another takes it: answered from the record.
+    [again] = await driver.relay_enqueue([job], source=SOURCE)
+    assert again == attrs.evolve(first, already=True)
+    assert await driver.get(job.job_id) is None
+    assert await driver.list_jobs() == []
 
 
-async def test_enqueue_once_applies_unique_keys_and_delays(
+async def test_a_key_held_row_stays_a_no_op_after_its_holder_finished(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
     holder = new_job(key="order:1")
     await driver.enqueue([holder])
-    keyed, delayed = new_job(key="order:1"), new_job(delay=30.0)
-    answers = await driver.enqueue_once([keyed, delayed])
-    assert [(a.job_id, a.created) for a in answers] == [
-        (holder.job_id, False),
-        (delayed.job_id, True),
+    row = new_job(key="order:1")
+    [decided] = await driver.relay_enqueue([row], source=SOURCE)
+    assert (decided.outcome, decided.holder, decided.already) == (
+        RelayOutcome.KEY_HELD,
+        holder.job_id,
+        False,
+    )
+    assert await driver.get(row.job_id) is None
+    await finish_and_prune(driver, manual_clock)  # the key is free now
+    [again] = await driver.relay_enqueue([row], source=SOURCE)
+    assert again == attrs.evolve(decided, already=True)
+    assert await driver.list_jobs() == []  # no job for the row, then or now
+
+
+async def test_relay_enqueue_applies_unique_keys_and_delays_in_order(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    holder = new_job(key="order:1")
+    await driver.enqueue([holder])
+    keyed, delayed, second = new_job(key="order:1"), new_job(delay=30.0), new_job(key="k2")
+    twin = new_job(key="k2")  # its key is taken by `second`, earlier in the same batch
+    answers = await driver.relay_enqueue([keyed, delayed, second, twin], source=SOURCE)
+    assert [(a.job_id, a.outcome, a.holder) for a in answers] == [
+        (keyed.job_id, RelayOutcome.KEY_HELD, holder.job_id),
+        (delayed.job_id, RelayOutcome.CREATED, delayed.job_id),
+        (second.job_id, RelayOutcome.CREATED, second.job_id),
+        (twin.job_id, RelayOutcome.KEY_HELD, second.job_id),
     ]
-    assert await driver.get(keyed.job_id) is None
     record = await driver.get(delayed.job_id)
     assert record is not None and record.run_at == manual_clock.now + 30.0
-    # A batch mixing a stored id, a held key and a new job answers each in order.
+    # A batch mixing decided rows and a new one answers each in order.
     fresh = new_job()
-    answers = await driver.enqueue_once([delayed, keyed, fresh])
-    assert [(a.job_id, a.created) for a in answers] == [
-        (delayed.job_id, False),
-        (holder.job_id, False),
-        (fresh.job_id, True),
+    answers = await driver.relay_enqueue([delayed, keyed, fresh], source=SOURCE)
+    assert [(a.job_id, a.outcome, a.already) for a in answers] == [
+        (delayed.job_id, RelayOutcome.CREATED, True),
+        (keyed.job_id, RelayOutcome.KEY_HELD, True),
+        (fresh.job_id, RelayOutcome.CREATED, False),
     ]
+    assert len(await driver.list_jobs()) == 4
+
+
+async def test_a_relayed_job_keeps_its_fleet_limits(driver: Driver) -> None:
+    capped = [
+        attrs.evolve(new_job(queue="capped"), limits=JobLimits(slot_key="acct", slots=1))
+        for _ in range(2)
+    ]
+    await driver.relay_enqueue(capped, source=SOURCE)
+    claims = await driver.claim(["capped"], 10, lease=30.0, worker_id="w")
+    assert len(claims) == 1  # one slot: the second waits, as a direct enqueue's would
+    record = await driver.get(capped[1].job_id)
+    assert record is not None and record.slot_key == "acct" and record.slots == 1
+
+
+async def test_decisions_are_listed_by_age_and_forgotten_per_outbox(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    older, newer, theirs = new_job(), new_job(), new_job()
+    await driver.relay_enqueue([older], source=SOURCE)
+    manual_clock.advance(5.0)
+    await driver.relay_enqueue([newer], source=SOURCE)
+    await driver.relay_enqueue([theirs], source="outbox-b")
+    now = manual_clock.now
+    assert await driver.relay_decisions(SOURCE, before=now + 1, limit=10) == [
+        older.job_id,
+        newer.job_id,
+    ]
+    assert await driver.relay_decisions(SOURCE, before=now, limit=10) == [older.job_id]
+    assert await driver.relay_decisions(SOURCE, before=now + 1, limit=1) == [older.job_id]
+    # Another outbox's decision is neither listed nor forgotten under this one's name.
+    assert await driver.relay_forget(SOURCE, [older.job_id, theirs.job_id]) == 1
+    assert await driver.relay_decisions("outbox-b", before=now + 1, limit=10) == [theirs.job_id]
+    assert await driver.relay_decisions(SOURCE, before=now + 1, limit=10) == [newer.job_id]
+    # Forgotten, a row is decided afresh: the record is what stood between it and a second job.
+    [anew] = await driver.relay_enqueue([older], source=SOURCE)
+    assert (anew.outcome, anew.already) == (RelayOutcome.CREATED, True)  # its job is still there
+
+
+async def test_outbox_present_and_source(
+    driver: Driver, driver_factory: DriverFactory, manual_clock: ManualClock
+) -> None:
+    rows = [new_job(), new_job()]
+    await driver.outbox_write(rows)
+    await driver.outbox_delete([rows[0].job_id])
+    asked = [rows[0].job_id, rows[1].job_id, "no-such-id"]
+    assert await driver.outbox_present(asked) == [rows[1].job_id]
+    source = await driver.outbox_source()
+    assert isinstance(source, str) and source and await driver.outbox_source() == source
+    assert await driver.shares_outbox(driver)
+
+
+async def test_an_outbox_of_another_driver_is_moved_in_place_only_when_it_is_shared(
+    driver: Driver, driver_factory: DriverFactory, manual_clock: ManualClock
+) -> None:
+    # Another driver of the factory: another file or store, or (PostgreSQL) another schema of
+    # the same database, whose outbox this driver's connection reaches: then shared.
+    async with driver_factory(manual_clock) as other:
+        assert await other.outbox_source() != await driver.outbox_source()
+        mine, theirs = new_job(), new_job()
+        await driver.outbox_write([mine])
+        await other.outbox_write([theirs])
+        if not await driver.shares_outbox(other):
+            with pytest.raises(ConfigError, match="another database"):
+                await driver.relay_in_place(other, 10)
+            assert await other.outbox_present([theirs.job_id]) == [theirs.job_id]
+            return
+        [moved] = await driver.relay_in_place(other, 10)
+        assert (moved.job_id, moved.outcome) == (theirs.job_id, RelayOutcome.CREATED)
+        assert await other.outbox_present([theirs.job_id]) == []
+        assert await driver.outbox_present([mine.job_id]) == [mine.job_id]  # its own: untouched
+        assert [r.id for r in await driver.list_jobs()] == [theirs.job_id]
+        assert await other.list_jobs() == []
+
+
+async def test_in_place_moves_rows_into_jobs_and_away_in_one_go(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    holder = new_job(key="order:1")
+    await driver.enqueue([holder])
+    # The oldest row is held by a two-step relay, under its lease.
+    await driver.outbox_write([new_job()])
+    [held] = await driver.outbox_claim(1, lease=30.0, relay_id="r1")
+    rows = [new_job(payload={"n": n}) for n in range(3)] + [new_job(key="order:1")]
+    await driver.outbox_write(rows)
+    first = await driver.relay_in_place(driver, 2)
+    assert [(d.job_id, d.outcome) for d in first] == [
+        (rows[0].job_id, RelayOutcome.CREATED),
+        (rows[1].job_id, RelayOutcome.CREATED),
+    ]
+    rest = await driver.relay_in_place(driver, 10)
+    assert [(d.job_id, d.outcome, d.holder) for d in rest] == [
+        (rows[2].job_id, RelayOutcome.CREATED, rows[2].job_id),
+        (rows[3].job_id, RelayOutcome.KEY_HELD, holder.job_id),
+    ]
+    assert await driver.outbox_present([r.job_id for r in rows]) == []
+    assert await driver.outbox_present([held.job_id]) == [held.job_id]
+    assert await driver.relay_in_place(driver, 10) == []  # the leased row is left to its relay
+    manual_clock.advance(30.0)  # that relay died: its row is taken in place now
+    [late] = await driver.relay_in_place(driver, 10)
+    assert late.job_id == held.job_id and late.outcome is RelayOutcome.CREATED
+    assert sorted(r.id for r in await driver.list_jobs(limit=100)) == sorted(
+        [holder.job_id, *(r.job_id for r in rows[:3]), held.job_id]
+    )
+    # Nothing in place is recorded: the row went with its job.
+    assert await driver.relay_decisions(await driver.outbox_source(), before=1e12, limit=10) == []
+
+
+async def test_in_place_answers_a_decision_a_two_step_relay_left_and_forgets_it(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    row = new_job()
+    await driver.outbox_write([row])
+    [taken] = await driver.outbox_claim(10, lease=5.0, relay_id="r1")
+    source = await driver.outbox_source()
+    await driver.relay_enqueue([taken], source=source)  # ... and that relay died here
+    await finish_and_prune(driver, manual_clock)
+    [moved] = await driver.relay_in_place(driver, 10)
+    assert (moved.job_id, moved.outcome, moved.already) == (row.job_id, RelayOutcome.CREATED, True)
+    assert await driver.list_jobs() == []  # not written again
+    assert await driver.outbox_present([row.job_id]) == []
+    assert await driver.relay_decisions(source, before=1e12, limit=10) == []

@@ -42,7 +42,7 @@ async def test_a_context_goes_through_the_outbox_and_the_relays_enqueue(
     await driver.outbox_write([job, new_job(queue="plain")])
     taken = await driver.outbox_claim(10, lease=30.0, relay_id="r1")
     assert [t.context for t in taken] == [CONTEXT, None]
-    await driver.enqueue_once(taken)
+    await driver.relay_enqueue(taken, source="s")
     claim = await claim_one(driver)
     assert (claim.job_id, claim.context) == (job.job_id, CONTEXT)
 
