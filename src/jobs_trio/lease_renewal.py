@@ -88,7 +88,7 @@ async def renew_held(
         log_event("jobs.lease.renew-failed", logging.WARNING, runs=len(runs), error=str(exc))
         return
     if outage is not None:
-        outage.reached()
+        outage.reached(sent_at)
     for run in runs:
         if run.claim.token in result.busy:
             # Another session holds its row locked: still this run's, but not extended. Its

@@ -40,7 +40,12 @@ class Outage:
             self._failing = True
             self._failing_since = trio.current_time()
 
-    def reached(self) -> None:
+    def reached(self, sent_at: float | None = None) -> None:
+        """The database answered a call sent at ``sent_at`` (Trio clock): one held up that long
+        (a locked SQLite file, a locked table) was an outage for this worker too."""
+        if not self._failing and sent_at is not None:
+            self._failing_since = sent_at
+            self._failing = True
         if self._failing:
             self._failing = False
             now = trio.current_time()

@@ -124,9 +124,9 @@ class Settler:
             await self._flowing.park()
         await trio.lowlevel.checkpoint()
 
-    def _reached(self) -> None:
+    def _reached(self, sent_at: float) -> None:
         if self._outage is not None:
-            self._outage.reached()
+            self._outage.reached(sent_at)
         if self.stalled:
             self.stalled = False
             self._flowing.unpark_all()
@@ -323,6 +323,7 @@ class Settler:
         driver can store. Only an unreachable database is retried as it was."""
         delay = 0.05
         while True:
+            sent_at = trio.current_time()
             try:
                 applied = set(await self._driver.settle([p.settlement for p in batch]))
             except ValueRefused as exc:
@@ -357,10 +358,10 @@ class Settler:
             except Exception as exc:
                 # Not a failure we know (a driver bug, a value it chokes on): treated as a
                 # refusal, so it can cost at most the one settlement that causes it.
-                self._reached()
+                self._reached(sent_at)
                 await self._isolate(batch, exc)
                 return
-            self._reached()
+            self._reached(sent_at)
             self._done(batch, applied)
             return
 

@@ -610,7 +610,7 @@ class Worker:
                 with self._idle_wait():
                     await trio.sleep(self.poll_interval)
                 continue
-            self._outage.reached()
+            self._outage.reached(sent_at)
             assert self._runs is not None
             for claim in claims:
                 self._start(self._runs, claim, sent_at)

@@ -74,7 +74,7 @@ async def wedge(ctx: jobs_trio.JobContext, payload: None) -> str:
 
 
 @registry.job("edge.short", timeout=60, attempts=3)
-async def short(ctx: jobs_trio.JobContext, payload: None) -> str:
-    await trio.sleep(0.02)
+async def short(ctx: jobs_trio.JobContext, payload: dict[str, float] | None) -> str:
+    await trio.sleep(payload["seconds"] if payload else 0.02)
     returned(ctx.job_id, "short")
     return "done"

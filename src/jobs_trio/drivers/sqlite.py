@@ -289,6 +289,14 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     ]
 
 
+def _lapsed_before(asked: float, rescue: bool) -> float:
+    """The latest lease a claim asked for at ``asked`` may rescue. Not its start's ``now``: a
+    claim held up by a locked file (another process's long write) must not take the jobs
+    whose leases ran out while it waited; their workers, held up as long, may hold their
+    results (issue 32). PostgreSQL's claim reads its send time the same way ($1)."""
+    return asked if rescue else -math.inf
+
+
 def _claim_in(
     conn: sqlite3.Connection,
     now: float,
@@ -297,7 +305,7 @@ def _claim_in(
     worker_id: str,
     free: Mapping[str, int] | None = None,
     *,
-    rescue: bool = True,
+    lapsed_before: float = math.inf,
 ) -> list[Claim]:
     """The claim, inside the caller's transaction (claim, and settle_and_claim after its
     settles: a job settled there is no longer running, so never a lapsed candidate; one
@@ -322,14 +330,14 @@ def _claim_in(
                 " ORDER BY priority, run_at, id LIMIT ?",
                 (queue, state, now, cap),
             ).fetchall()
-        if not rescue:
+        if lapsed_before == -math.inf:
             continue  # no lapsed lease this time (Driver.claim: after an outage)
         candidates += conn.execute(
             "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
             " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
             " FROM jobs INDEXED BY jobs_next_due"
             " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
-            (queue, now),
+            (queue, min(now, lapsed_before)),
         ).fetchall()
     candidates.sort(key=lambda row: (row[0], row[1], row[2]))
     # Attempts are counted at claim, so a job that keeps killing its worker ends here
@@ -566,9 +574,10 @@ class SqliteDriver:
         rescue: bool = True,
     ) -> Sequence[Claim]:
         slots = ClaimSlots.of(queues, limit)
+        lapsed_before = _lapsed_before(self.now(), rescue)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
-            return _claim_in(conn, now, slots, lease, worker_id, free, rescue=rescue)
+            return _claim_in(conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before)
 
         return await self._transact(work)
 
@@ -610,12 +619,16 @@ class SqliteDriver:
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         settlements = list(settlements)
         slots = ClaimSlots.of(queues, limit)
+        lapsed_before = _lapsed_before(self.now(), rescue)
 
         def work(conn: sqlite3.Connection, now: float) -> tuple[list[JobId], list[Claim]]:
             # One transaction, one trip through the thread door and one commit where there
             # were two of each: the settles first, in order, as settle() applies them.
             applied = [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
-            return applied, _claim_in(conn, now, slots, lease, worker_id, free, rescue=rescue)
+            claims = _claim_in(
+                conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before
+            )
+            return applied, claims
 
         answers = await self._transact(work)
         self._wake()
