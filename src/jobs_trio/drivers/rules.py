@@ -42,8 +42,13 @@ LIVE_STATES_SQL: Final = sql_list(LIVE_STATES)
 # recent scheduled time; older ones are behind the task's mark, which refuses them anyway.
 FIRE_HISTORY: Final = 100
 
+# Said by the worker that claims a lapsed job, which cannot know why the other stopped: each
+# cause that is not a crash has its own line in that worker's log (issue 32: a blocked loop
+# was reported as "crash or kill", which neither had happened).
 LAPSED_ERROR: Final = (
-    "lease lapsed: the worker running this attempt stopped renewing (crash or kill)"
+    "lease lapsed: no renewal from the worker running this attempt reached the database in"
+    " time (it crashed or was killed, lost the database for longer than the lease, or was"
+    " paused; its log says which: jobs.lease.expired, jobs.worker.loop-wedged)"
 )
 
 # `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
