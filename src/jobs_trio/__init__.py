@@ -2,6 +2,9 @@
 # The public surface; everything else is reachable from its own module.
 from __future__ import annotations
 
+# The release (pyproject.toml reads it from here; CHANGELOG.md says what each one changed).
+__version__ = "0.2.0"
+
 from .attempt import OutcomeKind
 from .backoff import Backoff
 from .context import JobContext
@@ -87,6 +90,7 @@ __all__ = [
     "Worker",
     "WorkerState",
     "WorkerStats",
+    "__version__",
     "current_transaction",
     "open_driver",
     "open_lifecycle",

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from . import __version__
 from . import cli_render as render
 from .cli_prune import add_prune_command
 from .cli_tasks import add_tasks_command
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable background jobs for Trio: run workers, enqueue and inspect jobs.",
         epilog=f"Every command but demo takes --db URL, or reads it from ${ENV_DB}.",
     )
+    parser.add_argument("--version", action="version", version=f"jobs-trio {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     db = _Parser(add_help=False)
     db.add_argument(

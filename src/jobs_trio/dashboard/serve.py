@@ -18,6 +18,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from ..driver import Driver
+from ..errors import cannot_listen
 from ..logs import log_event
 from ..open_driver import DriverKind, driver_kind, open_driver
 from .app import dashboard_app
@@ -99,9 +100,19 @@ async def serve_dashboard(
     async with trio.open_nursery() as nursery:
         # The server runs in this nursery until the shutdown trigger returns; its bound URLs
         # (the real port when 0 was asked for) come back through start().
-        urls: list[str] = await nursery.start(
-            functools.partial(serve, app, config, shutdown_trigger=stop_when_told)  # type: ignore[arg-type]
-        )
+        try:
+            urls: list[str] = await nursery.start(
+                functools.partial(serve, app, config, shutdown_trigger=stop_when_told)  # type: ignore[arg-type]
+            )
+        except* OSError as refused:
+            # Hypercorn binds inside its own nurseries: a port in use, an address not ours.
+            first = refused.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            assert isinstance(first, OSError)
+            raise cannot_listen(
+                "the dashboard", options.host, options.port, first, flag="--port"
+            ) from None
         log_event("jobs.dashboard.serving", urls=" ".join(urls), actions=options.actions)
         task_status.started(urls)
 
