@@ -57,7 +57,7 @@ async def test_a_running_worker_process_serves_its_metrics(tmp_path: Path) -> No
         ) as [worker]:
             await started([worker])
             logged = re.search(
-                r"jobs\.metrics\.serving host='127\.0\.0\.1' port=(\d+)", worker.output()
+                r"jobs\.metrics\.serving host=127\.0\.0\.1 port=(\d+)", worker.output()
             )
             assert logged is not None, worker.output()
             scrape_url = f"http://127.0.0.1:{logged.group(1)}/metrics"

@@ -20,12 +20,14 @@ import trio
 
 from . import __version__
 from . import cli_render as render
+from .cli_logging import add_logging_flags, configure_logging, structured
 from .cli_prune import add_prune_command
 from .cli_tasks import add_tasks_command
 from .driver import Driver
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
 from .lifecycle import Lifecycle, open_lifecycle
+from .logs import log_event
 from .open_driver import DriverKind, driver_kind, migrate_database, open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
@@ -77,17 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             if os.environ.get(ENV_TRACEBACK):
                 raise  # asked for: the traceback is the report
             error = unexpected(exc)
-        return report(error)
+        return report(error, args)
 
 
-def report(error: JobsError) -> int:
+def report(error: JobsError, args: argparse.Namespace | None = None) -> int:
     """One line on stderr. Causes quote what a user typed or a database stored (an id, a
-    name, a server's message), so they are made visible like any other output."""
+    name, a server's message), so they are made visible like any other output. A command
+    logging for a pipeline (--log-format logfmt or json) logs it as a record instead: its
+    stderr is parsed line by line, and the last line must parse too."""
+    if args is not None and hasattr(args, "log_format") and _quietly(structured, args):
+        log_event(
+            "jobs.cli.failed", logging.ERROR, code=error.code, cause=error.cause, fix=error.fix
+        )
+        return USAGE_ERROR
     line = f"error [{error.code}]: {render.visible(error.cause)}"
     if error.fix:
         line += f" — fix: {render.visible(error.fix)}"
     print(line, file=sys.stderr)
     return USAGE_ERROR
+
+
+def _quietly(check: Callable[[argparse.Namespace], bool], args: argparse.Namespace) -> bool:
+    try:
+        return check(args)
+    except JobsError:  # the environment's format is itself the error being reported
+        return False
 
 
 def unexpected(exc: BaseException) -> JobsError:
@@ -212,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_metrics_flags(worker)
+    add_logging_flags(worker)
 
     enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")
     enqueue.add_argument("name", metavar="NAME")
@@ -383,13 +400,9 @@ def _print_json(value: object) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    configure_logging(args)
     url = database_url(args, one_shot=False)
     registry = load_registry(args.app)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     return trio.run(_run_worker, url, registry, args)
 
 
@@ -677,9 +690,11 @@ def add_dashboard_command(dashboard: argparse.ArgumentParser) -> None:
         help="a Host name the dashboard answers to besides loopback (repeatable; behind a"
         " proxy, the name users type)",
     )
+    add_logging_flags(dashboard)
 
 
 def _dashboard(args: argparse.Namespace) -> int:
+    configure_logging(args)
     url = database_url(args)
     try:
         from .dashboard.serve import DashboardOptions, run_dashboard
@@ -694,7 +709,13 @@ def _dashboard(args: argparse.Namespace) -> int:
         actions=args.actions,
         allowed_hosts=tuple(args.allowed_host),
     )
-    return trio.run(run_dashboard, url, driver_options(args, url, existing=True), options)
+    return trio.run(
+        run_dashboard,
+        url,
+        driver_options(args, url, existing=True),
+        options,
+        not structured(args),
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -855,14 +855,18 @@ class Worker:
             report(outcome)
         self._outcomes[outcome.kind] += 1
         self._metrics.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
-        level = logging.DEBUG if outcome.kind is OutcomeKind.COMPLETED else logging.INFO
+        # INFO for every outcome, a completion too: at the CLI's default level a busy worker
+        # shows the work it does (docs/logging.md); an error only where there is one.
+        error = {} if outcome.error is None else {"error": outcome.error}
         log_event(
             f"jobs.attempt.{outcome.kind}",
-            level,
+            logging.INFO,
             job_id=claim.job_id,
             job=claim.name,
+            queue=claim.queue,
             attempt=claim.attempt,
-            error=outcome.error,
+            seconds=round(outcome.seconds, 6),
+            **error,
         )
 
     async def _observe_queues(self, interval: float) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -85,7 +86,9 @@ async def serve_dashboard(
     host = f"[{options.host}]" if ":" in options.host else options.host
     config.bind = [f"{host}:{options.port}"]
     config.accesslog = None
-    config.errorlog = "-"
+    # A logger, not "-": hypercorn then adds no stream handler of its own, and its lines reach
+    # whatever the application (or --log-format) configured, in that format.
+    config.errorlog = logging.getLogger("hypercorn.error")
     app = dashboard_app(
         driver,
         actions=options.actions,
@@ -118,10 +121,11 @@ async def serve_dashboard(
 
 
 async def run_dashboard(
-    url: str, driver_options: Mapping[str, Any], options: DashboardOptions
+    url: str, driver_options: Mapping[str, Any], options: DashboardOptions, banner: bool = True
 ) -> int:
     """The CLI command's body: serve until SIGINT or SIGTERM, then stop serving and exit 0.
-    The URL is printed once bound, so ``--port 0`` tells which port it took."""
+    The URL is printed once bound (``banner``; else only logged, as ``jobs.dashboard.serving``),
+    so ``--port 0`` tells which port it took."""
     shutdown = trio.Event()
     async with (
         open_dashboard_driver(url, driver_options, actions=options.actions) as driver,
@@ -131,8 +135,9 @@ async def run_dashboard(
             urls = await nursery.start(
                 functools.partial(serve_dashboard, driver, options, shutdown=shutdown)
             )
-            mode = "actions on" if options.actions else "read-only"
-            print(f"dashboard on {' '.join(urls)}/ ({mode}); Ctrl-C to stop", file=sys.stderr)
+            if banner:
+                mode = "actions on" if options.actions else "read-only"
+                print(f"dashboard on {' '.join(urls)}/ ({mode}); Ctrl-C to stop", file=sys.stderr)
             async for _ in signals:
                 shutdown.set()
                 break
