@@ -1,17 +1,19 @@
 # Metrics: jobs_total counts only ok / failed / dead, and the queue gauges follow stats().
+# The names, the zero states, the label cap and the slot gauges: tests/test_metrics_names.py.
 from __future__ import annotations
 
 import trio
 import trio.testing
 
 from jobs_trio import Registry
+from jobs_trio.metrics import Metrics
 from jobs_trio.records import DeadLetter
 
 from .worker_helpers import counted, fresh_metrics, trio_driver, worker
 
 
-def gauge(metrics: object, name: str, **labels: str) -> float:
-    return float(getattr(metrics, name).labels(**labels)._value.get())
+def gauge(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(f"jobs_trio_{name}", labels)
 
 
 async def test_the_worker_publishes_queue_depth_oldest_ready_and_dead(

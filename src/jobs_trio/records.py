@@ -111,6 +111,9 @@ class Claim:
     # records its start, a lapse of its lease gives its attempt back (docs/model.md, "Claiming
     # ahead"), so a worker that dies holding it costs it nothing.
     ahead: bool = False
+    # The run-at it was claimed at (driver clock): when it became due, for the wait from due
+    # to start (jobs_trio_wait_seconds). None from a driver that does not say.
+    due_at: float | None = None
 
     @property
     def lease(self) -> Lease:

@@ -257,6 +257,10 @@ class Worker:
     def state(self) -> WorkerState:
         return self._state
 
+    def slot_use(self) -> dict[str, tuple[int, int]]:
+        """Each queue's running jobs and slots (its concurrency), for the slot gauges."""
+        return {q: (self._in_flight[q], self._limits[q]) for q in self.queues}
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run jobs until stopped; then tear down (see ``_teardown``)."""
         if self._state is not WorkerState.STOPPED:
@@ -282,6 +286,10 @@ class Worker:
         )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
+        self._metrics.watch_slots(self.worker_id, self.slot_use)
+        self._metrics.jobs_declared(
+            (d.queue, d.name) for d in self.registry if d.queue in self._limits
+        )
         torn_down = False
         try:
             async with trio.open_nursery() as service:
@@ -430,6 +438,7 @@ class Worker:
         # the hooks it told, not the ones registered now.
         if self._lifecycle is not None:
             self._lifecycle.unregister(self)
+        self._metrics.unwatch_slots(self.worker_id)
         self._state = WorkerState.STOPPED
         log_event(
             "jobs.worker.stopped",
@@ -783,6 +792,8 @@ class Worker:
         started by the next renewal; till then a crash here gives its attempt back."""
         self._in_flight[run.claim.queue] += 1
         run.start_unrecorded = run.claim.ahead
+        if run.claim.due_at is not None:
+            self._metrics.run_started(run.claim.queue, self.driver.now() - run.claim.due_at)
         runs.start_soon(self._run_claim, run.claim, run, definition, None)
 
     def _on_slot_freed(self) -> None:

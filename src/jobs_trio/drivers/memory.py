@@ -279,6 +279,7 @@ class MemoryDriver:
                     lease_until=now + lease,
                     context=record.context,
                     ahead=record.id in ahead,
+                    due_at=record.run_at,
                 )
             )
         return claims

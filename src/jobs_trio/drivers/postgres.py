@@ -425,6 +425,7 @@ class PostgresDriver:
                 lease_until=row["lease_until"],
                 context=row["context"],
                 ahead=row["ahead"],
+                due_at=row["run_at"],
             )
             for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
             if row is not None

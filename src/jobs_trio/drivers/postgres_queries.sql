@@ -238,7 +238,7 @@ SET state = 'running',
 FROM unnest($14::text[], $15::text[]) AS g(id, token)
 WHERE j.id = g.id
 RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until,
-          j.context, false AS ahead;
+          j.context, false AS ahead, j.run_at;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two

@@ -97,7 +97,7 @@ _STEP_FIELDS: Final = (
 _STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
-_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context"
+_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context, run_at"
 # Fencing: a write of a run applies only while its claim is the job's current one.
 _FENCE: Final = "id = ? AND token = ? AND state = 'running'"
 
@@ -349,6 +349,7 @@ def _claim_in(
             lease_until=now + lease,
             context=by_id[job_id][7],
             ahead=job_id in ahead,
+            due_at=by_id[job_id][8],
         )
         for job_id in taken
     ]
