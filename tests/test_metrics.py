@@ -64,3 +64,6 @@ async def test_interrupted_and_parked_attempts_are_not_counted_as_failures() -> 
     assert w.stats().interrupted == 1
     for outcome in ("ok", "failed", "dead"):
         assert counted(metrics, outcome, "long") == 0
+    # Counted by its own outcome: a deploy's drains are visible, and apart from failures.
+    drained = {"queue": "default", "job": "long", "outcome": "interrupted"}
+    assert metrics.registry.get_sample_value("jobs_trio_attempts_total", drained) == 1

@@ -131,29 +131,6 @@ async def test_the_wait_from_due_to_start_is_observed(autojump_clock: object) ->
     assert value(metrics, "wait_seconds_bucket", queue="mail", le="10.0") == 1
 
 
-async def test_a_drained_attempt_is_counted_by_its_outcome_not_as_a_failure() -> None:
-    registry = Registry()
-    started = trio.Event()
-
-    @registry.job("long")
-    async def long(ctx: object, payload: None) -> None:
-        started.set()
-        await trio.sleep_forever()
-
-    driver = trio_driver()
-    await long.enqueue(driver)
-    metrics = fresh_metrics()
-    w = worker(driver, registry, metrics=metrics)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        await started.wait()
-        w.accept("SIGTERM")
-        await w.stop()
-    labels = {"queue": "default", "job": "long"}
-    assert value(metrics, "attempts_total", outcome="interrupted", **labels) == 1
-    assert value(metrics, "jobs_total", outcome="failed", **labels) == 0
-
-
 def test_the_queue_label_is_capped_and_the_rest_summed() -> None:
     metrics = fresh_metrics()
     metrics.watch_slots("w1", lambda: {"q00123": (0, 4)})  # claimed from here: always labelled
