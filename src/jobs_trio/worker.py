@@ -8,6 +8,8 @@ import enum
 import functools
 import inspect
 import logging
+import os
+import socket
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
+from . import __version__
 from .attempt import Outcome, OutcomeKind, run_attempt
 from .budget import Budget
 from .drain import Drain
@@ -25,8 +28,9 @@ from .lease_renewal import lease_margin, renew_leases
 from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
+from .presence import announce_presence
 from .pruner import DEFAULT_RETENTION, Pruner, Retention
-from .records import Claim, QueueStats
+from .records import Claim, QueueStats, WorkerPresence
 from .registry import JobDefinition, Registry
 from .run_scope import CancelReason, RunScope
 from .settler import Settler
@@ -257,6 +261,22 @@ class Worker:
     def state(self) -> WorkerState:
         return self._state
 
+    def _presence(self, started_at: float, now: float) -> WorkerPresence:
+        """This worker as it announces itself to the fleet (presence.py)."""
+        return WorkerPresence(
+            worker_id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.queues,
+            concurrency=sum(self._limits.values()),
+            running=sum(self._in_flight.values()),
+            state=self._state.value,
+            version=__version__,
+            started_at=started_at,
+            seen_at=now,
+            every=self._stats_interval or 0.0,
+        )
+
     def slot_use(self) -> dict[str, tuple[int, int]]:
         """Each queue's running jobs and slots (its concurrency), for the slot gauges."""
         return {q: (self._in_flight[q], self._limits[q]) for q in self.queues}
@@ -306,6 +326,9 @@ class Worker:
                 )
                 if self._stats_interval:
                     service.start_soon(self._observe_queues, self._stats_interval)
+                    service.start_soon(
+                        announce_presence, self.driver, self._presence, self._stats_interval
+                    )
                 if any(self._ahead.values()):
                     service.start_soon(self._hand_back_overdue)
                 async with trio.open_nursery() as runs:
