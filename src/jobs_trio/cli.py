@@ -20,6 +20,7 @@ import trio
 
 from . import __version__
 from . import cli_render as render
+from .cli_bulk import add_bulk_commands
 from .cli_logging import add_logging_flags, configure_logging, structured
 from .cli_prune import add_prune_command
 from .cli_tasks import add_tasks_command
@@ -255,19 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing = command("list", on_driver(_list, read_only=True), "List jobs, newest first.", as_json)
     listing.add_argument("--state", choices=render.STATE_ORDER, metavar="S")
     listing.add_argument("--queue", metavar="Q")
+    listing.add_argument("--name", metavar="NAME", help="the job's whole name")
     listing.add_argument("--limit", type=_count, default=100, metavar="N", help="default 100")
 
-    retry = command(
-        "retry", on_driver(_retry), "Put a dead, cancelled or parked job back to ready.", as_json
-    )
-    retry.add_argument("id", metavar="ID")
-    cancel = command(
-        "cancel",
-        on_driver(_cancel),
-        "Cancel a job (a running one stops at its next renewal).",
-        as_json,
-    )
-    cancel.add_argument("id", metavar="ID")
+    add_bulk_commands(command, on_driver, as_json)
 
     command(
         "stats",
@@ -553,36 +545,15 @@ async def _show(driver: Driver, args: argparse.Namespace) -> None:
 
 async def _list(driver: Driver, args: argparse.Namespace) -> None:
     state = JobState(args.state) if args.state else None
-    records = await driver.list_jobs(state=state, queue=args.queue, limit=args.limit)
+    records = await driver.list_jobs(
+        state=state, queue=args.queue, name=args.name, limit=args.limit
+    )
     if args.json:
         _print_json([record.to_json() for record in records])
         return
     print(render.jobs_table(records, driver.now()) if records else "no jobs")
     if len(records) == args.limit:
         print(f"(the newest {args.limit}; --limit N for more)", file=sys.stderr)
-
-
-async def _retry(driver: Driver, args: argparse.Namespace) -> None:
-    record = await driver.retry(args.id)
-    if args.json:
-        _print_json(record.to_json())
-    else:
-        shown = render.visible(record.id)
-        print(f"{shown}: {record.state}, attempts reset ({render.attempts(record)})")
-
-
-async def _cancel(driver: Driver, args: argparse.Namespace) -> None:
-    record = await driver.cancel(args.id)
-    shown = render.visible(record.id)
-    if args.json:
-        _print_json(record.to_json())
-    elif record.state is JobState.RUNNING:
-        print(
-            f"{shown}: running; cancel requested (its worker stops the run at its next lease"
-            " renewal)"
-        )
-    else:
-        print(f"{shown}: {record.state}")
 
 
 async def _outbox(driver: Driver, args: argparse.Namespace) -> None:

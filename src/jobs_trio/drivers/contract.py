@@ -96,10 +96,12 @@ class Driver(Protocol):
         state: JobState | None = None,
         queue: str | None = None,
         name: str | None = None,
+        changed_before: float | None = None,
         limit: int = 100,
     ) -> Sequence[JobRecord]:
         """Newest first; jobs of one batch (equal ``created_at``) by id, descending. Each
-        filter given narrows the list: ``name`` is a job's whole name."""
+        filter given narrows the list: ``name`` is a job's whole name, ``changed_before`` a
+        time its ``updated_at`` is before (driver clock)."""
         ...
 
     async def retry(self, job_id: JobId) -> JobRecord:

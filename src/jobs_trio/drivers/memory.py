@@ -465,6 +465,7 @@ class MemoryDriver:
         state: JobState | None = None,
         queue: str | None = None,
         name: str | None = None,
+        changed_before: float | None = None,
         limit: int = 100,
     ) -> Sequence[JobRecord]:
         await trio.lowlevel.checkpoint()
@@ -475,6 +476,7 @@ class MemoryDriver:
             if (state is None or r.state is state)
             and (queue is None or r.queue == queue)
             and (name is None or r.name == name)
+            and (changed_before is None or r.updated_at < changed_before)
         ]
         found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return found[: max(limit, 0)]  # a negative limit lists nothing, as on SQLite and PostgreSQL

@@ -571,14 +571,18 @@ class PostgresDriver:
         state: JobState | None = None,
         queue: str | None = None,
         name: str | None = None,
+        changed_before: float | None = None,
         limit: int = 100,
     ) -> Sequence[JobRecord]:
         self._check_open()
         sql = self._sql
         state_value = None if state is None else JobState(state).value
+        before = None if changed_before is None else float(changed_before)
 
         async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["list_jobs"], state_value, queue, max(limit, 0), name))
+            return list(
+                await conn.fetch(sql["list_jobs"], state_value, queue, max(limit, 0), name, before)
+            )
 
         return [job_record(row) for row in await self.bridge.run(read, what="list")]
 

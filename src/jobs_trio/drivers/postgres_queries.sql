@@ -462,7 +462,7 @@ SELECT {job_columns} FROM {schema}.jobs WHERE id = $1 FOR UPDATE;
 -- name: list_jobs
 SELECT {job_columns} FROM {schema}.jobs
 WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-  AND ($4::text IS NULL OR name = $4)
+  AND ($4::text IS NULL OR name = $4) AND ($5::float8 IS NULL OR updated_at < $5)
 ORDER BY created_at DESC, id DESC
 LIMIT $3;
 

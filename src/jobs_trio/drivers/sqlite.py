@@ -635,6 +635,7 @@ class SqliteDriver:
         state: JobState | None = None,
         queue: str | None = None,
         name: str | None = None,
+        changed_before: float | None = None,
         limit: int = 100,
     ) -> Sequence[JobRecord]:
         where, values = ["1"], list[object]()
@@ -642,6 +643,9 @@ class SqliteDriver:
             if value is not None:
                 where.append(f"{column} = ?")
                 values.append(str(value))
+        if changed_before is not None:
+            where.append("updated_at < ?")
+            values.append(float(changed_before))
 
         def work(conn: sqlite3.Connection, now: float) -> list[JobRecord]:
             rows = conn.execute(

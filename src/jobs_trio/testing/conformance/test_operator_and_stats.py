@@ -77,6 +77,20 @@ async def test_list_filters_by_the_whole_name(driver: Driver) -> None:
     assert await driver.list_jobs(name="mail") == []
 
 
+async def test_list_filters_by_the_time_of_the_last_change(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    old = await enqueue_one(driver)
+    manual_clock.advance(60)
+    fresh = await enqueue_one(driver)
+    before = manual_clock.now
+    assert [r.id for r in await driver.list_jobs(changed_before=before)] == [old]
+    assert [r.id for r in await driver.list_jobs(changed_before=before + 1)] == [fresh, old]
+    manual_clock.advance(1)
+    await driver.cancel(old)  # a change: now younger than the other
+    assert await driver.list_jobs(changed_before=before + 1) == [await driver.get(fresh)]
+
+
 async def test_stats_per_queue(driver: Driver, manual_clock: ManualClock) -> None:
     await driver.enqueue([new_job(queue="a") for _ in range(3)] + [new_job(queue="b", delay=60)])
     manual_clock.advance(5)
