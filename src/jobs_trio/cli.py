@@ -636,8 +636,8 @@ async def serving_metrics(args: argparse.Namespace) -> AsyncIterator[None]:
 
 
 DASHBOARD_HELP = (
-    "Serve a web dashboard (queues, jobs, a job's steps) on 127.0.0.1; read-only unless"
-    " --actions is given."
+    "Serve a web dashboard on 127.0.0.1: queues, charts, workers, cron tasks, the outbox, jobs"
+    " and each job's attempts and steps, reloading itself; read-only unless --actions is given."
 )
 DASHBOARD_EXTRA = "pip install 'jobs-trio[dashboard]'"
 
@@ -661,6 +661,19 @@ def add_dashboard_command(dashboard: argparse.ArgumentParser) -> None:
         help="a Host name the dashboard answers to besides loopback (repeatable; behind a"
         " proxy, the name users type)",
     )
+    dashboard.add_argument(
+        "--refresh",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="the overview and job pages reload every S seconds, with no script (0: never;"
+        " default 5)",
+    )
+    dashboard.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        help="the registry your workers run: adds each cron task's schedule and next fire",
+    )
     add_logging_flags(dashboard)
 
 
@@ -679,13 +692,16 @@ def _dashboard(args: argparse.Namespace) -> int:
         port=args.port,
         actions=args.actions,
         allowed_hosts=tuple(args.allowed_host),
+        refresh=args.refresh,
     )
+    registry = None if args.app is None else load_registry(args.app)
     return trio.run(
         run_dashboard,
         url,
         driver_options(args, url, existing=True),
         options,
         not structured(args),
+        registry,
     )
 
 
