@@ -15,7 +15,6 @@ import trio
 from jobs_trio.dashboard import DashboardOptions, open_dashboard_driver, serve_dashboard
 from jobs_trio.driver import Driver
 from jobs_trio.open_driver import open_driver
-from jobs_trio.registry import Registry
 from jobs_trio.records import (
     AttemptNote,
     Complete,
@@ -29,6 +28,7 @@ from jobs_trio.records import (
     WorkerPresence,
     new_job_id,
 )
+from jobs_trio.registry import Registry
 from tests.conftest import require_postgres
 
 # Markup, a terminal escape (retitles a window) and a bidi override: none may act on a page.

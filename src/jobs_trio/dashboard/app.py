@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import boundary
 from ..driver import Driver
+from ..drivers.rules import ATTEMPT_HISTORY
 from ..errors import (
     ConfigError,
     DriverError,
@@ -24,7 +25,6 @@ from ..errors import (
     JobNotFound,
     JobsError,
 )
-from ..drivers.rules import ATTEMPT_HISTORY
 from ..records import JobState
 from ..registry import Registry
 from . import views

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 
 import attrs
 
+from ..cli_render import visible
 from ..driver import Driver
 from ..errors import InvalidArgument
 from ..operator_transitions import CANCELLABLE_STATES, RETRYABLE_STATES
-from ..cli_render import visible
 from ..records import (
     AttemptRecord,
     JobRecord,
