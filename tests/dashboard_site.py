@@ -38,7 +38,10 @@ HOSTILE_ERROR = "boom <script>alert('error')</script>\nsecond line\x1b[31m"
 # surrogate, which the page must show (a lone surrogate cannot even be encoded as UTF-8).
 HOSTILE_PAYLOAD = '{"html": "</pre><script>alert(2)</script>", "nul": "\\u0000", "half": "\\udcff"}'
 # The traceback the dead job's attempts stored: markup and an escape in it too.
-TRACEBACK = 'Traceback (most recent call last):\n  File "mail.py", line 7, in broken\nRuntimeError: <b>boom</b>\x1b[31m'
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "mail.py", line 7, in broken\n'
+    "RuntimeError: <b>boom</b>\x1b[31m"
+)
 WORKER = "test-worker"
 TASK = "nightly-report"
 
