@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -59,6 +60,8 @@ class Site:
     url: str  # http://127.0.0.1:PORT
     writer: Driver  # a driver of the test's own, able to write, on the same database
     jobs: Seeded
+    database: str = ""  # its URL, and the options that reach it (a PostgreSQL schema)
+    options: dict[str, Any] = attrs.field(factory=dict)
 
 
 def note(attempt: int, traceback: str | None = None) -> AttemptNote:
@@ -116,6 +119,32 @@ async def seed(driver: Driver) -> Seeded:
     return Seeded(completed.job_id, dead.job_id, hostile.job_id, report.job_id)
 
 
+async def seed_history(url: str, options: dict[str, Any], minutes: int = 60) -> None:
+    """An hour of work in queue "invoices" for the charts: each minute a few jobs completed and
+    some failed, settled on a clock set back to that minute (a driver of its own, on the same
+    database), so the charts show a past they could not otherwise have."""
+    now = time.time()
+    at = [now - minutes * 60]
+    async with open_driver(url, clock=lambda: at[0], **options) as past:
+        for minute in range(minutes):
+            at[0] = now - (minutes - minute) * 60 + 1
+            done, failed = 3 + (minute * 7) % 11, (minute * 5) % 4 // 2
+            batch = [
+                NewJob(new_job_id(), "invoice.send", "invoices", "{}", 1)
+                for _ in range(done + failed)
+            ]
+            await past.enqueue(batch)
+            claims = await past.claim(["invoices"], len(batch), lease=60, worker_id=WORKER)
+            await past.settle(
+                [
+                    Complete(c.lease, note=note(1))
+                    if n < done
+                    else DeadLetter(c.lease, "ValueError: bad VAT id", note=note(1, TRACEBACK))
+                    for n, c in enumerate(claims)
+                ]
+            )
+
+
 @asynccontextmanager
 async def database(kind: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """A database URL and the driver options that reach it (PostgreSQL: a fresh schema,
@@ -156,5 +185,5 @@ async def open_site(
                 [address] = await nursery.start(
                     functools.partial(serve_dashboard, reader, served, registry=registry)
                 )
-                yield Site(address, writer, jobs)
+                yield Site(address, writer, jobs, url, options)
                 nursery.cancel_scope.cancel()
