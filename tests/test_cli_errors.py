@@ -94,6 +94,8 @@ def test_a_metrics_port_in_use_says_to_pick_another(cli: Cli, db: str, taken_por
         db,
         "--metrics-port",
         str(taken_port),
+        "--log-level",
+        "error",  # the worker's own lines (it starts before the endpoint) stay out of stderr
         code="X_CONFIG",
     )
     assert f"the /metrics endpoint cannot listen on 127.0.0.1:{taken_port}" in err

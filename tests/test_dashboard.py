@@ -3,6 +3,7 @@
 # Pages and filters, a job's steps, hostile stored text, and actions refused unless enabled.
 from __future__ import annotations
 
+import functools
 import html
 import re
 import sys
@@ -11,9 +12,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 from jobs_trio import Registry, cli
-from jobs_trio.dashboard import dashboard_app, open_dashboard_driver, read_only_url, views
+from jobs_trio.dashboard import (
+    DashboardOptions,
+    dashboard_app,
+    open_dashboard_driver,
+    read_only_url,
+    serve_dashboard,
+    views,
+)
 from jobs_trio.open_driver import open_driver
 from jobs_trio.records import JobState, NewJob, new_job_id
 from tests.dashboard_site import (
@@ -405,3 +414,23 @@ def test_the_command_without_its_extra_is_one_clear_line(
     assert err.count("\n") == 1
     assert err.startswith("error [X_CONFIG]: the dashboard needs packages that are not installed")
     assert "pip install 'jobs-trio[dashboard]'" in err
+
+
+async def test_a_dashboard_bound_beyond_loopback_warns_as_it_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_driver("memory://") as driver:
+        for host, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
+            caplog.clear()
+            async with trio.open_nursery() as nursery:
+                options = DashboardOptions(host=host, port=0)
+                await nursery.start(functools.partial(serve_dashboard, driver, options))
+                nursery.cancel_scope.cancel()
+            exposed = [
+                r for r in caplog.records if getattr(r, "event", "") == "jobs.dashboard.exposed"
+            ]
+            assert bool(exposed) is warned, host
+    [record] = exposed
+    assert record.levelname == "WARNING"
+    assert "every address of this machine" in record.fields["why"]  # type: ignore[attr-defined]
+    assert "authenticating reverse proxy" in record.fields["fix"]  # type: ignore[attr-defined]

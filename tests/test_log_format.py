@@ -169,21 +169,19 @@ def test_text_shows_a_traceback_below_its_line() -> None:
 def test_the_cli_level_and_format_come_from_the_flags_else_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # (tests/conftest.py gives the next test the root logger back as it was.)
     root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    try:
-        monkeypatch.setenv("JOBS_TRIO_LOG_LEVEL", "warning")
-        monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "json")
+    others = root.handlers[:]  # pytest's: left in place
+    monkeypatch.setenv("JOBS_TRIO_LOG_LEVEL", "warning")
+    monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "json")
+    configure_logging(argparse.Namespace(log_level=None, log_format=None))
+    assert root.level == logging.WARNING
+    [ours] = [h for h in root.handlers if h not in others]
+    assert isinstance(ours.formatter, JsonFormatter)
+    configure_logging(argparse.Namespace(log_level="debug", log_format="logfmt"))
+    assert root.level == logging.DEBUG
+    [ours] = [h for h in root.handlers if h not in others]  # replaced, not added to
+    assert isinstance(ours.formatter, LogfmtFormatter)
+    monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "yaml")
+    with pytest.raises(ConfigError, match=r"\$JOBS_TRIO_LOG_FORMAT is 'yaml'"):
         configure_logging(argparse.Namespace(log_level=None, log_format=None))
-        assert root.level == logging.WARNING
-        assert isinstance(root.handlers[0].formatter, JsonFormatter)
-        configure_logging(argparse.Namespace(log_level="debug", log_format="logfmt"))
-        assert root.level == logging.DEBUG
-        assert isinstance(root.handlers[0].formatter, LogfmtFormatter)
-        monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "yaml")
-        with pytest.raises(ConfigError, match=r"\$JOBS_TRIO_LOG_FORMAT is 'yaml'"):
-            configure_logging(argparse.Namespace(log_level=None, log_format=None))
-    finally:
-        root.handlers[:], level = saved
-        root.setLevel(level)
-        logging.captureWarnings(False)

@@ -39,7 +39,8 @@ from .tracing import attempt_span
 
 
 class OutcomeKind(enum.StrEnum):
-    """What an attempt ended as, as DESIGN's table, WorkerStats, the metrics and the
+    """What an attempt ended as, as the outcomes table (docs/model.md), ``WorkerStats``, the
+    metrics (``jobs_trio_attempts_total``), the job's attempt history and the
     ``jobs.attempt.<kind>`` log lines spell it."""
 
     COMPLETED = "completed"

@@ -40,12 +40,34 @@ def log_format(args: argparse.Namespace) -> str:
 
 def configure_logging(args: argparse.Namespace) -> None:
     """One handler on the root logger, so every library's lines (hypercorn's, asyncio's, Python
-    warnings) come out in the same format: a JSON pipeline meets no line it cannot parse."""
+    warnings) come out in the same format: a JSON pipeline meets no line it cannot parse. A
+    handler an earlier call installed is replaced; any other is left as it is (a command run
+    in-process by a test, beside pytest's own)."""
     level = _chosen(getattr(args, "log_level", None), ENV_LOG_LEVEL, LEVELS, "info")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(formatter(log_format(args)))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Stderr)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
     logging.captureWarnings(True)
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler on whatever ``sys.stderr`` is when a record is written, not when the
+    handler was made: a stream swapped and closed since (a test's capture) is never written to."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass  # always the current sys.stderr
 
 
 def structured(args: argparse.Namespace) -> bool:
