@@ -2,6 +2,7 @@
 # PostgreSQL tests skip with a reason where no server answers, and FAIL under CI=true.
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -12,6 +13,18 @@ import pytest
 from jobs_trio.testing import ManualClock
 
 POSTGRES_URL = os.environ.get("JOBS_TRIO_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(autouse=True)
+def root_logger_as_it_was() -> Iterator[None]:
+    """A command run in-process (`main(["worker", ...])`) configures logging as a process would:
+    the next test gets the root logger back as it was, level and handlers."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.captureWarnings(False)
 
 
 @pytest.fixture

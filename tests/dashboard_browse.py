@@ -1,6 +1,9 @@
 # Drives headless Chromium through the dashboard for tests/test_dashboard_browser.py, in a
 # process of its own: Playwright needs a plain asyncio, which trio-asyncio changes process-wide.
 # Usage: python -m tests.dashboard_browse URL JOBS_JSON CHROMIUM [SCREENSHOT_DIR]
+# Talks to the test on stdin/stdout for the live update: prints "LOADED <n>" once the overview
+# shows n jobs due, waits for a line from the test (which enqueues more), then watches the open
+# page change by itself.
 from __future__ import annotations
 
 import json
@@ -10,7 +13,10 @@ from typing import Any
 
 from playwright import sync_api
 
-from tests.dashboard_site import HOSTILE_NAME, Seeded
+from tests.dashboard_site import HOSTILE_NAME, TASK, WORKER, Seeded
+
+# The page reloads every second (the test serves it so): a change shows within a few reloads.
+LIVE_WITHIN_MS = 15_000
 
 
 def main(url: str, jobs_json: str, chromium: str, shots: str) -> None:
@@ -19,29 +25,33 @@ def main(url: str, jobs_json: str, chromium: str, shots: str) -> None:
 
 
 def browse(url: str, jobs: Seeded, chromium: str, shots: Path | None) -> None:
-    def shot(page: Any, name: str) -> None:
-        if shots is not None:
-            page.screenshot(path=str(shots / f"dashboard-{name}.png"), full_page=True)
+    def shot(page: Any, name: str, selector: str | None = None) -> None:
+        if shots is None:
+            return
+        path = str(shots / f"dashboard-{name}.png")
+        if selector is None:
+            page.screenshot(path=path, full_page=True)
+        else:
+            page.locator(selector).screenshot(path=path)
 
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 700})
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
             dialogs: list[str] = []
             page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
 
-            page.goto(url + "/")
-            assert page.locator("tr.queue").count() == 2
-            shot(page, "queues")
+            overview(page, url, jobs, shot)
+            live_update(page, url)
 
             page.goto(url + "/jobs")
-            assert page.locator("tr.job").count() == 4
+            assert page.locator("tr.job").count() >= 4
             # The filter form, as a person uses it.
             page.select_option("select[name=state]", "dead")
             page.click("#filters button")
             page.wait_for_url("**/jobs?state=dead**")
-            assert _texts(page, "tr.job td.name") == ["mail.broken"]
-            page.goto(url + "/jobs")
+            assert "mail.broken" in _texts(page, "tr.job td.name")
+            page.goto(url + "/jobs?queue=emails")
             shot(page, "jobs")
 
             # The hostile name is text in the DOM: no element came from it, no script ran.
@@ -53,6 +63,8 @@ def browse(url: str, jobs: Seeded, chromium: str, shots: Path | None) -> None:
             page.click(f"a[href='/jobs/{jobs.completed}']")
             assert _texts(page, "tr.step td:first-child") == ["render", "send"]
             shot(page, "job")
+
+            attempts(page, url, jobs, shot)
 
             page.goto(f"{url}/jobs/{jobs.hostile}")
             shown = page.inner_text("#job-name")
@@ -73,6 +85,71 @@ def browse(url: str, jobs: Seeded, chromium: str, shots: Path | None) -> None:
             shot(page, "actions-off")
         finally:
             browser.close()
+
+
+def overview(page: Any, url: str, jobs: Seeded, shot: Any) -> None:
+    """Each section of the overview, as a browser lays it out: paused (?refresh=0), so no
+    reload lands between a look and the next."""
+    page.goto(url + "/?refresh=0")
+    # Due now and delayed apart, in the totals and per queue.
+    assert page.inner_text("#total-due .what").startswith("due now")
+    assert page.inner_text("#total-delayed .what").startswith("delayed")
+    rows = {_cell(row, "td:first-child"): row for row in page.locator("tr.queue").all()}
+    assert {"emails", "reports", "invoices"} <= set(rows)
+    assert _cell(rows["reports"], "td.due") == "1"
+    # The charts: 60 bars each, with an hour of completions and failures behind them.
+    for chart in ("#chart-completed", "#chart-failed"):
+        assert page.locator(f"{chart} rect.bar").count() == 60, chart
+        assert page.locator(chart).bounding_box()["width"] > 600, chart
+    completed = page.get_attribute("#chart-completed", "aria-label")
+    assert completed is not None and sum(int(n) for n in completed.split(": ")[1].split(", ")) > 60
+    shot(page, "charts", "#charts")
+    # Workers, cron tasks and the outbox.
+    assert _texts(page, "tr.worker td:first-child") == [WORKER]
+    shot(page, "workers", "#workers")
+    [task] = page.locator("tr.task").all()
+    assert _cell(task, "td:first-child") == TASK
+    assert task.locator(f"a[href='/jobs/{jobs.report}']").count() == 1
+    shot(page, "tasks", "#tasks")
+    assert page.inner_text("#outbox-pending") == "1"
+    shot(page, "outbox", "#outbox")
+    shot(page, "queues")  # the whole overview
+
+
+def live_update(page: Any, url: str) -> None:
+    """The open overview shows new work by itself: no click, no navigation of ours."""
+    page.goto(url + "/")
+    assert page.locator("meta[http-equiv=refresh]").count() == 1
+    assert page.inner_text("#live").startswith("live: reloads every")
+    due = int(page.inner_text("#total-due .n"))
+    print(f"LOADED {due}", flush=True)
+    sys.stdin.readline()  # the test enqueued three more due jobs
+    sync_api.expect(page.locator("#total-due .n")).to_have_text(
+        str(due + 3), timeout=LIVE_WITHIN_MS
+    )
+    # Paused, it stays as it is.
+    page.click("#pause")
+    page.wait_for_url("**refresh=0**")
+    assert page.locator("meta[http-equiv=refresh]").count() == 0
+    assert page.inner_text("#live").startswith("paused")
+
+
+def attempts(page: Any, url: str, jobs: Seeded, shot: Any) -> None:
+    """A job's attempts, newest first, each traceback one click away (no script: <details>)."""
+    page.goto(f"{url}/jobs/{jobs.dead}?refresh=0")
+    outcomes = _texts(page, "tr.attempt td:nth-child(3)")
+    assert outcomes == ["dead-lettered", "retried"]
+    traceback = page.locator("tr.attempt details.traceback").first
+    assert not traceback.locator("pre").is_visible()
+    traceback.locator("summary").click()
+    assert traceback.locator("pre").is_visible()
+    assert "RuntimeError: <b>boom</b>" in traceback.locator("pre").inner_text()
+    assert page.locator("main b").count() == 0  # the markup in it stayed text
+    shot(page, "attempts", "#attempts")
+
+
+def _cell(row: Any, selector: str) -> str:
+    return str(row.locator(selector).inner_text()).strip()
 
 
 def _texts(page: Any, selector: str) -> list[str]:

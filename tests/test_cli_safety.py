@@ -254,7 +254,7 @@ def test_redact_url(url: str, shown: str) -> None:
     ("url", "problem"),
     [
         (f"postgresql+asyncpg://app:{SECRET}@localhost/db", "write it as postgresql://app:***@"),
-        (f"postgresql://app:{SECRET}@127.0.0.1:99999/db", "has a bad port: Port out of range"),
+        (f"postgresql://app:{SECRET}@127.0.0.1:99999/db", "is malformed: Port out of range"),
         (f"mysql://app:{SECRET}@localhost/db", "unsupported database URL 'mysql://app:***@"),
     ],
 )

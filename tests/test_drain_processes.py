@@ -152,7 +152,7 @@ async def test_a_sync_body_past_the_grace_is_abandoned_and_rerun_only_after_its_
 
 def replacement_id(worker: WorkerProcess) -> str:
     [line] = [ln for ln in worker.output().splitlines() if "jobs.worker.started" in ln]
-    return line.split("worker='")[1].split("'")[0]
+    return line.split(" worker=")[1].split()[0]
 
 
 async def test_with_the_database_stalled_the_process_is_gone_within_its_grace(

@@ -1,17 +1,19 @@
 # Metrics: jobs_total counts only ok / failed / dead, and the queue gauges follow stats().
+# The names, the zero states, the label cap and the slot gauges: tests/test_metrics_names.py.
 from __future__ import annotations
 
 import trio
 import trio.testing
 
 from jobs_trio import Registry
+from jobs_trio.metrics import Metrics
 from jobs_trio.records import DeadLetter
 
 from .worker_helpers import counted, fresh_metrics, trio_driver, worker
 
 
-def gauge(metrics: object, name: str, **labels: str) -> float:
-    return float(getattr(metrics, name).labels(**labels)._value.get())
+def gauge(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(f"jobs_trio_{name}", labels)
 
 
 async def test_the_worker_publishes_queue_depth_oldest_ready_and_dead(
@@ -62,3 +64,6 @@ async def test_interrupted_and_parked_attempts_are_not_counted_as_failures() -> 
     assert w.stats().interrupted == 1
     for outcome in ("ok", "failed", "dead"):
         assert counted(metrics, outcome, "long") == 0
+    # Counted by its own outcome: a deploy's drains are visible, and apart from failures.
+    drained = {"queue": "default", "job": "long", "outcome": "interrupted"}
+    assert metrics.registry.get_sample_value("jobs_trio_attempts_total", drained) == 1

@@ -57,7 +57,7 @@ async def test_a_running_worker_process_serves_its_metrics(tmp_path: Path) -> No
         ) as [worker]:
             await started([worker])
             logged = re.search(
-                r"jobs\.metrics\.serving host='127\.0\.0\.1' port=(\d+)", worker.output()
+                r"jobs\.metrics\.serving host=127\.0\.0\.1 port=(\d+)", worker.output()
             )
             assert logged is not None, worker.output()
             scrape_url = f"http://127.0.0.1:{logged.group(1)}/metrics"
@@ -67,9 +67,12 @@ async def test_a_running_worker_process_serves_its_metrics(tmp_path: Path) -> No
                 nonlocal scraped
                 async with httpx.AsyncClient() as client:
                     scraped = (await client.get(scrape_url)).text
-                return 'jobs_total{job="app.record",outcome="ok",queue="bulk"} 3.0' in scraped
+                return (
+                    'jobs_trio_jobs_total{job="app.record",outcome="ok",queue="bulk"} 3.0'
+                    in scraped
+                )
 
             await until("the worker's /metrics to count 3 completed jobs", 30, counted_all)
-            assert "jobs_run_seconds_bucket" in scraped
+            assert "jobs_trio_run_seconds_bucket" in scraped
             worker.signal(signal.SIGTERM)
             assert await worker.exit_code(within=30) == 0

@@ -8,6 +8,9 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+# The release (pyproject.toml reads it from here; CHANGELOG.md says what each one changed).
+__version__ = "0.2.0"
+
 if TYPE_CHECKING:
     from .attempt import OutcomeKind
     from .backoff import Backoff
@@ -151,6 +154,7 @@ __all__ = [
     "Worker",
     "WorkerState",
     "WorkerStats",
+    "__version__",
     "current_transaction",
     "open_driver",
     "open_lifecycle",

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import trio
 
-from .boundary import dump_json, storable_text
+from .boundary import MAX_ERROR_CHARS, dump_json, storable_text
 from .context import JobContext
 from .driver import Driver
 from .errors import AttemptCancelled, JobsError, ResultNotStorable
@@ -23,6 +23,7 @@ from .forked_child import end_if_forked
 from .logs import log_event
 from .operator_transitions import OPERATOR_CANCEL_ERROR
 from .records import (
+    AttemptNote,
     CancelJob,
     Claim,
     Complete,
@@ -41,7 +42,8 @@ from .tracing import attempt_span
 
 
 class OutcomeKind(enum.StrEnum):
-    """What an attempt ended as, as DESIGN's table, WorkerStats, the metrics and the
+    """What an attempt ended as, as the outcomes table (docs/model.md), ``WorkerStats``, the
+    metrics (``jobs_trio_attempts_total``), the job's attempt history and the
     ``jobs.attempt.<kind>`` log lines spell it."""
 
     COMPLETED = "completed"
@@ -64,6 +66,7 @@ class Outcome:
     settlement: Settlement | None  # None: nothing to write (lost)
     error: str | None = None
     seconds: float = 0.0
+    traceback: str | None = None  # the tail of the error's traceback, when the body raised
 
 
 def describe(error: BaseException) -> str:
@@ -111,8 +114,9 @@ async def run_attempt(
             # Cancelled before it was looked at (a claim answered late, a drain): handed back
             # like any unstarted claim, so a worker that declares the job may run it, rather
             # than parked here until an operator retries it.
-            return _handed_back(claim, run, None, 0.0)
-        return _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
+            return _noted(_handed_back(claim, run, None, 0.0), claim, worker_id, ran=False)
+        parked = _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
+        return _noted(parked, claim, worker_id, ran=False)
     # A run started in a worker that is being cancelled from outside (a slot freed by a run
     # going away hands itself to the next claim): it ends here, before a line of its body,
     # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
@@ -122,7 +126,20 @@ async def run_attempt(
     with attempt_span(claim, lambda: trace_of(claim.context)) as span:
         outcome = await _judged(claim, definition, run, ctx, threads)
         span.ended(outcome.kind, run.reason, outcome.error)
-    return outcome
+    return _noted(outcome, claim, worker_id, ran=True)
+
+
+def _noted(outcome: Outcome, claim: Claim, worker_id: str, *, ran: bool) -> Outcome:
+    """The outcome with its settlement carrying the attempt's note, for the job's history."""
+    if outcome.settlement is None:
+        return outcome
+    note = AttemptNote(
+        attempt=claim.attempt,
+        worker_id=worker_id,
+        seconds=outcome.seconds if ran else None,
+        traceback=outcome.traceback,
+    )
+    return attrs.evolve(outcome, settlement=attrs.evolve(outcome.settlement, note=note))
 
 
 async def _judged(
@@ -255,8 +272,13 @@ def _verdict(
 ) -> Outcome:
     lease = claim.lease
 
-    def ended_as(kind: OutcomeKind, settlement: Settlement | None, why: str | None) -> Outcome:
-        return Outcome(claim.job_id, claim.name, kind, settlement, why, seconds)
+    def ended_as(
+        kind: OutcomeKind,
+        settlement: Settlement | None,
+        why: str | None,
+        traceback: str | None = None,
+    ) -> Outcome:
+        return Outcome(claim.job_id, claim.name, kind, settlement, why, seconds, traceback)
 
     if run.abandoned:
         # The teardown's budget ran out on it: nothing is written, its lease lapses and it runs
@@ -308,7 +330,9 @@ def _verdict(
     if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
         error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")
     why = _safe_text(error)
+    tail = None
     if error.__traceback__ is not None:
+        tail = _traceback_tail(error)
         log_event(
             "jobs.attempt.failed",
             logging.WARNING,
@@ -316,12 +340,12 @@ def _verdict(
             job=claim.name,
             attempt=claim.attempt,
             error=why,
-            traceback=_traceback_tail(error),
+            traceback=tail,
         )
     if _is_terminal(definition, error) or claim.attempt >= claim.max_attempts:
-        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why), why)
+        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why), why, tail)
     delay = definition.backoff.delay(claim.attempt)
-    return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why), why)
+    return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why), why, tail)
 
 
 # Handed back unstarted or unwound, uncounted: the drain's row of the table, and the reasons
@@ -352,10 +376,15 @@ def _safe_text(error: BaseException | None) -> str:
 
 
 def _traceback_tail(error: BaseException) -> str:
+    """The last frames and the error line, as every driver stores them (the job's history
+    keeps it): its END kept when it is long, for that is where the error is."""
     try:
-        return "".join(traceback.format_exception(error)[-3:]).strip()
+        tail = "".join(traceback.format_exception(error)[-3:]).strip()
     except BaseException as exc:
         return f"<traceback could not be rendered: {type(exc).__name__}>"
+    if len(tail) > MAX_ERROR_CHARS:
+        tail = "… " + tail[2 - MAX_ERROR_CHARS :]
+    return storable_text(tail)
 
 
 def _is_terminal(definition: JobDefinition, error: BaseException) -> bool:

@@ -18,7 +18,10 @@ from typing import Any, NoReturn
 
 import trio
 
+from . import __version__
 from . import cli_render as render
+from .cli_bulk import add_bulk_commands
+from .cli_logging import add_logging_flags, configure_logging, structured
 from .cli_prune import add_prune_command
 from .cli_relay import add_relay_command
 from .cli_tasks import add_tasks_command
@@ -27,6 +30,7 @@ from .early_signals import EarlySignals, stopped_at_start
 from .errors import ConfigError, JobsError, PayloadNotSerialisable
 from .find_registry import load_registry
 from .lifecycle import Lifecycle, open_lifecycle
+from .logs import log_event
 from .open_driver import DriverKind, driver_kind, migrate_database, open_driver
 from .operator_transitions import found
 from .records import Enqueued, JobState, NewJob
@@ -80,17 +84,31 @@ def main(argv: Sequence[str] | None = None, *, early: EarlySignals | None = None
             if os.environ.get(ENV_TRACEBACK):
                 raise  # asked for: the traceback is the report
             error = unexpected(exc)
-        return report(error)
+        return report(error, args)
 
 
-def report(error: JobsError) -> int:
+def report(error: JobsError, args: argparse.Namespace | None = None) -> int:
     """One line on stderr. Causes quote what a user typed or a database stored (an id, a
-    name, a server's message), so they are made visible like any other output."""
+    name, a server's message), so they are made visible like any other output. A command
+    logging for a pipeline (--log-format logfmt or json) logs it as a record instead: its
+    stderr is parsed line by line, and the last line must parse too."""
+    if args is not None and hasattr(args, "log_format") and _quietly(structured, args):
+        log_event(
+            "jobs.cli.failed", logging.ERROR, code=error.code, cause=error.cause, fix=error.fix
+        )
+        return USAGE_ERROR
     line = f"error [{error.code}]: {render.visible(error.cause)}"
     if error.fix:
         line += f" — fix: {render.visible(error.fix)}"
     print(line, file=sys.stderr)
     return USAGE_ERROR
+
+
+def _quietly(check: Callable[[argparse.Namespace], bool], args: argparse.Namespace) -> bool:
+    try:
+        return check(args)
+    except JobsError:  # the environment's format is itself the error being reported
+        return False
 
 
 def unexpected(exc: BaseException) -> JobsError:
@@ -150,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable background jobs for Trio: run workers, enqueue and inspect jobs.",
         epilog=f"Every command but demo takes --db URL, or reads it from ${ENV_DB}.",
     )
+    parser.add_argument("--version", action="version", version=f"jobs-trio {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     db = _Parser(add_help=False)
     db.add_argument(
@@ -214,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_metrics_flags(worker)
+    add_logging_flags(worker)
 
     enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")
     enqueue.add_argument("name", metavar="NAME")
@@ -240,19 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing = command("list", on_driver(_list, read_only=True), "List jobs, newest first.", as_json)
     listing.add_argument("--state", choices=render.STATE_ORDER, metavar="S")
     listing.add_argument("--queue", metavar="Q")
+    listing.add_argument("--name", metavar="NAME", help="the job's whole name")
     listing.add_argument("--limit", type=_count, default=100, metavar="N", help="default 100")
 
-    retry = command(
-        "retry", on_driver(_retry), "Put a dead, cancelled or parked job back to ready.", as_json
-    )
-    retry.add_argument("id", metavar="ID")
-    cancel = command(
-        "cancel",
-        on_driver(_cancel),
-        "Cancel a job (a running one stops at its next renewal).",
-        as_json,
-    )
-    cancel.add_argument("id", metavar="ID")
+    add_bulk_commands(command, on_driver, as_json)
 
     command(
         "stats",
@@ -386,13 +397,9 @@ def _print_json(value: object) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    configure_logging(args)
     url = database_url(args, one_shot=False)
     registry = load_registry(args.app)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     if stopped_at_start(args.early, "worker"):
         return 0
     return trio.run(_run_worker, url, registry, args)
@@ -545,36 +552,15 @@ async def _show(driver: Driver, args: argparse.Namespace) -> None:
 
 async def _list(driver: Driver, args: argparse.Namespace) -> None:
     state = JobState(args.state) if args.state else None
-    records = await driver.list_jobs(state=state, queue=args.queue, limit=args.limit)
+    records = await driver.list_jobs(
+        state=state, queue=args.queue, name=args.name, limit=args.limit
+    )
     if args.json:
         _print_json([record.to_json() for record in records])
         return
     print(render.jobs_table(records, driver.now()) if records else "no jobs")
     if len(records) == args.limit:
         print(f"(the newest {args.limit}; --limit N for more)", file=sys.stderr)
-
-
-async def _retry(driver: Driver, args: argparse.Namespace) -> None:
-    record = await driver.retry(args.id)
-    if args.json:
-        _print_json(record.to_json())
-    else:
-        shown = render.visible(record.id)
-        print(f"{shown}: {record.state}, attempts reset ({render.attempts(record)})")
-
-
-async def _cancel(driver: Driver, args: argparse.Namespace) -> None:
-    record = await driver.cancel(args.id)
-    shown = render.visible(record.id)
-    if args.json:
-        _print_json(record.to_json())
-    elif record.state is JobState.RUNNING:
-        print(
-            f"{shown}: running; cancel requested (its worker stops the run at its next lease"
-            " renewal)"
-        )
-    else:
-        print(f"{shown}: {record.state}")
 
 
 async def _outbox(driver: Driver, args: argparse.Namespace) -> None:
@@ -657,8 +643,8 @@ async def serving_metrics(args: argparse.Namespace) -> AsyncIterator[None]:
 
 
 DASHBOARD_HELP = (
-    "Serve a web dashboard (queues, jobs, a job's steps) on 127.0.0.1; read-only unless"
-    " --actions is given."
+    "Serve a web dashboard on 127.0.0.1: queues, charts, workers, cron tasks, the outbox, jobs"
+    " and each job's attempts and steps, reloading itself; read-only unless --actions is given."
 )
 DASHBOARD_EXTRA = "pip install 'jobs-trio[dashboard]'"
 
@@ -682,9 +668,24 @@ def add_dashboard_command(dashboard: argparse.ArgumentParser) -> None:
         help="a Host name the dashboard answers to besides loopback (repeatable; behind a"
         " proxy, the name users type)",
     )
+    dashboard.add_argument(
+        "--refresh",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="the overview and job pages reload every S seconds, with no script (0: never;"
+        " default 5)",
+    )
+    dashboard.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        help="the registry your workers run: adds each cron task's schedule and next fire",
+    )
+    add_logging_flags(dashboard)
 
 
 def _dashboard(args: argparse.Namespace) -> int:
+    configure_logging(args)
     url = database_url(args)
     try:
         from .dashboard.serve import DashboardOptions, run_dashboard
@@ -698,8 +699,17 @@ def _dashboard(args: argparse.Namespace) -> int:
         port=args.port,
         actions=args.actions,
         allowed_hosts=tuple(args.allowed_host),
+        refresh=args.refresh,
     )
-    return trio.run(run_dashboard, url, driver_options(args, url, existing=True), options)
+    registry = None if args.app is None else load_registry(args.app)
+    return trio.run(
+        run_dashboard,
+        url,
+        driver_options(args, url, existing=True),
+        options,
+        not structured(args),
+        registry,
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from .cli_logging import add_logging_flags, configure_logging
 from .early_signals import stopped_at_start
 from .errors import ConfigError
 from .lifecycle import Lifecycle, open_lifecycle
@@ -57,6 +56,7 @@ def add_relay_command(command: Command) -> None:
     relay.add_argument(
         "--grace", type=_seconds, default=25.0, metavar="S", help="stop budget (default 25)"
     )
+    add_logging_flags(relay)
 
 
 def _relay(args: argparse.Namespace) -> int:
@@ -77,11 +77,7 @@ def _relay(args: argparse.Namespace) -> int:
             )
     app_options = _app_options(args.app_url, args.app_schema)
     store_options = driver_options(args, jobs_url)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args)
     if stopped_at_start(args.early, "relay"):
         return 0
     return trio.run(_run_relay, args, args.app_url, app_options, jobs_url, store_options)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +12,8 @@ from .driver import Driver
 from .errors import UnknownJob
 from .find_registry import load_registry
 from .records import TaskMark
-from .schedule import next_fire
 from .task_scheduler import fire_now
-from .tasks import TaskDefinition, TaskJob
+from .tasks import TaskDefinition, TaskJob, next_fire_of
 
 Command = Callable[..., argparse.ArgumentParser]
 
@@ -79,12 +77,9 @@ def _row(
     task: TaskDefinition[TaskJob] | None, mark: TaskMark | None, name: str, now: float
 ) -> dict[str, Any]:
     """One task as JSON: a record without a declaration is a task a deploy removed."""
-    next_at: float | None = None
+    next_at = None
     if task is not None:
-        # The fleet fires next the first time after its record (overdue if no worker runs).
-        after = now if mark is None else mark.handled_until
-        found = next_fire(task.schedule, after)
-        next_at = found if math.isfinite(found) else None
+        next_at = next_fire_of(task, None if mark is None else mark.handled_until, now)
     return {
         "task": name,
         "schedule": None if task is None else task.schedule.describe(),

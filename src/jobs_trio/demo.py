@@ -113,7 +113,7 @@ class Narrator:
 
 
 class _Events(logging.Handler):
-    """Turns the workers' log events (stable names, DESIGN's Observability) into progress."""
+    """Turns the workers' log events (stable names: docs/logging.md) into progress."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         super().__init__(logging.DEBUG)

@@ -249,3 +249,14 @@ class AttemptCancelled(BaseException):
     @property
     def code(self) -> str:
         return self.reason.code
+
+
+def cannot_listen(what: str, host: str, port: int, exc: OSError, *, flag: str) -> ConfigError:
+    """A server of ours (the dashboard, /metrics) could not bind ``host:port``: a port in use,
+    an address this machine does not have, a low port without the right. The user's to fix,
+    never "a bug": ``flag`` names the option that picks the port."""
+    return ConfigError(
+        f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}",
+        fix=f"pick another port ({flag} N; 0 picks a free one), stop what listens on {port},"
+        " or give an address of this machine",
+    )

@@ -1,16 +1,20 @@
-# Structured log lines: one stable event name per line, then key=value fields.
+# Structured log lines: one stable event name per line, then key=value fields (logfmt).
 # Apart so every module logs the same shape, and tests can match on the event name.
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import logging
 
+from .log_format import logfmt_pairs
+
 logger = logging.getLogger("jobs_trio")
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: object) -> None:
-    """Log ``event`` with ``fields`` as text and as ``record.event`` / ``record.fields``."""
+    """Log ``event`` with ``fields``: the message is one logfmt line (``event key=value ...``)
+    for any handler, and ``record.event`` / ``record.fields`` carry both as they were given
+    (docs/logging.md, "Record schema"), for log_format's formatters and the application's."""
     if not logger.isEnabledFor(level):
         return
-    text = " ".join(f"{k}={v!r}" for k, v in fields.items())
-    logger.log(level, f"{event} {text}".rstrip(), extra={"event": event, "fields": fields})
+    line = f"{event} {logfmt_pairs(fields)}".rstrip()
+    logger.log(level, line, extra={"event": event, "fields": fields})

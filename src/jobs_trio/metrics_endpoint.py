@@ -10,6 +10,7 @@ import trio
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from .errors import cannot_listen
 from .logs import log_event
 
 # A scrape request is one short line and a few headers; anything larger is not Prometheus.
@@ -32,7 +33,12 @@ async def serve_metrics(
     ``host`` defaults to loopback; give ``"0.0.0.0"`` where Prometheus scrapes from another
     machine (a Kubernetes pod's port, a fleet). The worker's numbers are on
     prometheus-client's default ``registry``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise cannot_listen(
+            "the /metrics endpoint", host, port, exc, flag="--metrics-port"
+        ) from exc
     bound = listeners[0].socket.getsockname()[1]
     log_event("jobs.metrics.serving", host=host, port=bound)
     async with trio.open_nursery() as nursery:

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib.util
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn, TypedDict
+from urllib.parse import urlsplit
 
 from .driver import Driver
 from .errors import ConfigError
 from .redaction import redact_url
 
 SCHEMES = ("memory://", "sqlite:///", "postgresql://", "postgres://")
+POSTGRES_EXTRA = "pip install 'jobs-trio[postgres]'"
+# What a PostgreSQL URL needs installed (the `postgres` extra), by import name.
+POSTGRES_PACKAGES = ("asyncpg", "trio_asyncio")
 
 Opener = Callable[..., contextlib.AbstractAsyncContextManager[Driver]]
 Migrate = Callable[..., Awaitable[list[int] | None]]
@@ -102,7 +107,9 @@ async def open_driver(
     """
     # Only the parameters are bound at this point: the options, as given, by name.
     given = {name: value for name, value in locals().items() if name != "url"}
-    opener, _ = _driver(driver_kind(url))
+    kind = driver_kind(url)
+    check_url(kind, url)
+    opener, _ = _driver(kind)
     async with opener(url, **_taken(opener, url, given)) as driver:
         yield driver
 
@@ -112,7 +119,9 @@ async def migrate_database(url: str, *, schema: str | None = None) -> list[int] 
     numbered migrations (under an advisory lock) and answers the versions this call applied.
     SQLite is created and upgraded whenever it is opened to write, so this is that open, and
     answers None; memory:// has no schema to migrate, and answers None too."""
-    _, migrate = _driver(driver_kind(url))
+    kind = driver_kind(url)
+    check_url(kind, url)
+    _, migrate = _driver(kind)
     return await migrate(url, **_taken(migrate, url, {"schema": schema}))
 
 
@@ -126,10 +135,47 @@ def _driver(kind: DriverKind) -> tuple[Opener, Migrate]:
         from .drivers.sqlite_migrate import migrate as migrate_sqlite
 
         return open_sqlite_driver, migrate_sqlite
+    _require_postgres_packages()
     from .drivers.postgres import open_postgres_driver
     from .drivers.postgres_migrate import migrate as migrate_postgres
 
     return open_postgres_driver, migrate_postgres
+
+
+def check_url(kind: DriverKind, url: str) -> None:
+    """Refuse a PostgreSQL URL that does not parse (an unclosed ``[`` of an IPv6 host, a port
+    that is not a number) as the user's mistake it is. Read later, by the pooler or asyncpg,
+    its ValueError reached the CLI as "unexpected ... a bug in jobs_trio"."""
+    if kind is not DriverKind.POSTGRES:
+        return
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (reading it checks it: a port must be a number up to 65535)
+    except ValueError as exc:
+        raise ConfigError(
+            f"the database URL {redact_url(url)!r} is malformed: {exc}",
+            fix="write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE; put an IPv6 host in"
+            " brackets ([::1]) and percent-encode a password's special characters (@ is %40,"
+            " / is %2F, [ is %5B)",
+        ) from None
+
+
+def _require_postgres_packages() -> None:
+    """The ``postgres`` extra, looked for without importing it (importing trio-asyncio changes
+    asyncio for the whole process). Missing, the first query failed as X_UNEXPECTED."""
+    missing = [name for name in POSTGRES_PACKAGES if not _installed(name)]
+    if missing:
+        raise ConfigError(
+            "PostgreSQL URLs need packages that are not installed (" + ", ".join(missing) + ")",
+            fix=POSTGRES_EXTRA,
+        )
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that fails to import; a module set to None
+        return False
 
 
 def _taken(

@@ -65,8 +65,10 @@ def cancel_instead(settlement: Settlement) -> CancelJob | None:
     match settlement:
         case Retry(error=ended) | Park(reason=ended):
             return CancelJob(
-                settlement.lease, f"{OPERATOR_CANCEL_ERROR} (the attempt ended first: {ended})"
+                settlement.lease,
+                f"{OPERATOR_CANCEL_ERROR} (the attempt ended first: {ended})",
+                note=settlement.note,  # the same attempt, as its history records it
             )
         case Suspend():
-            return CancelJob(settlement.lease, OPERATOR_CANCEL_ERROR)
+            return CancelJob(settlement.lease, OPERATOR_CANCEL_ERROR, note=settlement.note)
     return None

@@ -128,6 +128,9 @@ class Claim:
     # records its start, a lapse of its lease gives its attempt back (docs/model.md, "Claiming
     # ahead"), so a worker that dies holding it costs it nothing.
     ahead: bool = False
+    # The run-at it was claimed at (driver clock): when it became due, for the wait from due
+    # to start (jobs_trio_wait_seconds). None from a driver that does not say.
+    due_at: float | None = None
 
     @property
     def lease(self) -> Lease:
@@ -151,9 +154,21 @@ class RenewResult:
 
 
 @attrs.frozen
+class AttemptNote:
+    """What the job's attempt history keeps of an attempt beside its ending (AttemptRecord):
+    given by the worker that ran it; a settlement without one adds nothing to the history."""
+
+    attempt: int  # the attempt number it ran as (Claim.attempt)
+    worker_id: str
+    seconds: float | None = None  # how long its body ran; None: it never started
+    traceback: str | None = None  # the tail of its error's traceback, when it raised
+
+
+@attrs.frozen
 class Complete:
     lease: Lease
     result: str | None = None  # JSON text
+    note: AttemptNote | None = None
 
 
 @attrs.frozen
@@ -162,12 +177,14 @@ class Retry:
     delay: float
     error: str
     counts_as_attempt: bool = True  # False: the attempt is handed back (interrupted)
+    note: AttemptNote | None = None
 
 
 @attrs.frozen
 class DeadLetter:
     lease: Lease
     error: str
+    note: AttemptNote | None = None
 
 
 @attrs.frozen
@@ -184,18 +201,21 @@ class Suspend:
     # The event's key the wait matches (wait_for_event's match), None for any: a send of
     # another key leaves the job asleep.
     match: str | None = None
+    note: AttemptNote | None = None
 
 
 @attrs.frozen
 class Park:
     lease: Lease
     reason: str
+    note: AttemptNote | None = None
 
 
 @attrs.frozen
 class CancelJob:
     lease: Lease
     error: str
+    note: AttemptNote | None = None
 
 
 Settlement = Complete | Retry | DeadLetter | Suspend | Park | CancelJob
@@ -281,6 +301,62 @@ class StepRecord:
 
     def to_json(self) -> dict[str, object]:
         return {**attrs.asdict(self, recurse=False), "status": self.status.value}
+
+
+@attrs.frozen
+class AttemptRecord:
+    """One ended attempt of a job, as its history keeps it: the newest ATTEMPT_HISTORY
+    (drivers/rules.py) endings written with a note, oldest first. ``outcome`` is an
+    OutcomeKind's value (an operator's pending cancel makes it ``cancelled``); ``error`` is the
+    text the ending stored (None for a completion or a suspension)."""
+
+    seq: int  # the job's how-manieth ending (settled attempt): the order, across retries too
+    attempt: int
+    outcome: str
+    worker_id: str | None
+    ended_at: float  # when its settlement was written (driver clock)
+    seconds: float | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return attrs.asdict(self, recurse=False)
+
+
+@attrs.frozen
+class OutcomeCount:
+    """How many recorded attempts ended as ``outcome`` in the ``bucket`` seconds from ``start``
+    (driver clock): the dashboard's throughput and failure charts."""
+
+    start: float
+    outcome: str
+    count: int
+
+
+@attrs.frozen
+class WorkerPresence:
+    """A running worker as it announces itself to the fleet every ``every`` seconds (its
+    stats interval): the dashboard lists those seen within two of their intervals."""
+
+    worker_id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int  # slots over all its queues
+    running: int
+    state: str  # WorkerState's value
+    version: str  # the jobs_trio release it runs: a fleet mid-deploy shows two
+    started_at: float
+    seen_at: float
+    every: float
+
+    def live(self, now: float) -> bool:
+        """Seen within two intervals (and a little for a slow round trip): a worker killed
+        without its goodbye drops off the list by then."""
+        return now - self.seen_at <= 2 * self.every + 5
+
+    def to_json(self) -> dict[str, object]:
+        return {**attrs.asdict(self, recurse=False), "queues": list(self.queues)}
 
 
 @attrs.frozen

@@ -191,7 +191,9 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         context: Mapping[str, str] | None = None,
     ) -> JobId:
         """Write one job; answer its id. With a ``key`` a live job already holds, answer that
-        job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``). Inside a
+        job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``); a key deduplicates
+        live jobs only (ready, running, suspended, parked): once its job has finished, the
+        same key makes a new job. Inside a
         ``jobs_trio.transaction(...)`` block the write joins that transaction; ``driver`` may
         be an ``Outbox`` (docs/transactions.md). ``context``: the run's context, e.g.
         ``{"tenant": "t1"}`` (docs/context.md); None: the registry's capture hook's."""

@@ -432,6 +432,7 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
     without changing it, so a refused result dead-letters the job with the refusal as its
     error — then a fixed ASCII dead-letter, then nothing."""
     lease = settlement.lease
+    note = settlement.note  # the attempt's line in the job's history stays
     said = storable_text(refusal, _REFUSAL_CHARS)
     if refusals == 1:
         match settlement:
@@ -440,19 +441,25 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
                     lease,
                     f"[X_REFUSED] the job's result could not be stored ({said}); the body had"
                     " returned: make its result smaller or plainer, then retry the job",
+                    note=note,
                 )
             case Retry(delay=delay, error=error, counts_as_attempt=counts):
-                return Retry(lease, delay, storable_text(error), counts_as_attempt=counts)
+                return Retry(
+                    lease, delay, storable_text(error), counts_as_attempt=counts, note=note
+                )
             case DeadLetter(error=error):
-                return DeadLetter(lease, storable_text(error))
+                return DeadLetter(lease, storable_text(error), note=note)
             case CancelJob(error=error):
-                return CancelJob(lease, storable_text(error))
+                return CancelJob(lease, storable_text(error), note=note)
             case Park(reason=reason):
-                return Park(lease, storable_text(reason))
+                return Park(lease, storable_text(reason), note=note)
             case Suspend():
                 return DeadLetter(
-                    lease, f"[X_REFUSED] the job's suspension could not be stored ({said})"
+                    lease,
+                    f"[X_REFUSED] the job's suspension could not be stored ({said})",
+                    note=note,
                 )
     if refusals <= 2:
+        # Without its note: its traceback text may be what the database refused.
         return DeadLetter(lease, LAST_RESORT_ERROR)
     return None

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
 from .errors import ConfigError
 from .records import NewJob
-from .schedule import CronSchedule, IntervalSchedule, Schedule
+from .schedule import CronSchedule, IntervalSchedule, Schedule, next_fire
 
 # A scheduled time this late (seconds) is still "on time": under missed="skip" it fires. A
 # scheduler wakes at each fire time, so a live fleet is late by its own latency, far less.
@@ -107,6 +108,16 @@ def plan_fires(task: TaskDefinition[TaskJob], handled_until: float | None, now: 
         fire = fire[-1:]
     skipped = _count_between(schedule, handled_until, latest[-1]) + len(latest) - len(fire)
     return FirePlan(fire=fire, skipped=skipped, advance_to=latest[0])
+
+
+def next_fire_of(
+    task: TaskDefinition[TaskJob], handled_until: float | None, now: float
+) -> float | None:
+    """When the fleet fires ``task`` next: its first scheduled time after its record (past, so
+    overdue, when no worker fires it), or after ``now`` for a task never fired; None when its
+    schedule has no time left. For `jobs-trio tasks` and the dashboard."""
+    found = next_fire(task.schedule, now if handled_until is None else handled_until)
+    return found if math.isfinite(found) else None
 
 
 def _latest_due(schedule: Schedule, handled_until: float, now: float, keep: int) -> list[float]:

@@ -8,6 +8,8 @@ import enum
 import functools
 import inspect
 import logging
+import os
+import socket
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
+from . import __version__
 from .attempt import Outcome, OutcomeKind, run_attempt
 from .budget import WRITE_FLOOR, Budget
 from .drain import Drain
@@ -27,8 +30,9 @@ from .lifecycle import open_own_lifecycle
 from .logs import log_event
 from .metrics import Metrics, default_metrics
 from .outage import Outage
+from .presence import announce_presence
 from .pruner import DEFAULT_RETENTION, Pruner, Retention
-from .records import Claim, QueueStats
+from .records import Claim, QueueStats, WorkerPresence
 from .registry import JobDefinition, Registry
 from .run_scope import CancelReason, RunScope
 from .settler import Settler
@@ -271,6 +275,26 @@ class Worker:
     def state(self) -> WorkerState:
         return self._state
 
+    def _presence(self, started_at: float, now: float) -> WorkerPresence:
+        """This worker as it announces itself to the fleet (presence.py)."""
+        return WorkerPresence(
+            worker_id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.queues,
+            concurrency=sum(self._limits.values()),
+            running=sum(self._in_flight.values()),
+            state=self._state.value,
+            version=__version__,
+            started_at=started_at,
+            seen_at=now,
+            every=self._stats_interval or 0.0,
+        )
+
+    def slot_use(self) -> dict[str, tuple[int, int]]:
+        """Each queue's running jobs and slots (its concurrency), for the slot gauges."""
+        return {q: (self._in_flight[q], self._limits[q]) for q in self.queues}
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run jobs until stopped; then tear down (see ``_teardown``)."""
         if self._state is not WorkerState.STOPPED:
@@ -298,6 +322,10 @@ class Worker:
         )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
+        self._metrics.watch_slots(self.worker_id, self.slot_use)
+        self._metrics.jobs_declared(
+            (d.queue, d.name) for d in self.registry if d.queue in self._limits
+        )
         torn_down = False
         try:
             async with trio.open_nursery() as service:
@@ -327,6 +355,9 @@ class Worker:
                 )
                 if self._stats_interval:
                     service.start_soon(self._observe_queues, self._stats_interval)
+                    service.start_soon(
+                        announce_presence, self.driver, self._presence, self._stats_interval
+                    )
                 if any(self._ahead.values()):
                     service.start_soon(self._hand_back_overdue)
                 async with trio.open_nursery() as runs:
@@ -501,6 +532,7 @@ class Worker:
         # the hooks it told, not the ones registered now.
         if self._lifecycle is not None:
             self._lifecycle.unregister(self)
+        self._metrics.unwatch_slots(self.worker_id)
         self._state = WorkerState.STOPPED
         log_event(
             "jobs.worker.stopped",
@@ -879,6 +911,8 @@ class Worker:
         started by the next renewal; till then a crash here gives its attempt back."""
         self._in_flight[run.claim.queue] += 1
         run.start_unrecorded = run.claim.ahead
+        if run.claim.due_at is not None:
+            self._metrics.run_started(run.claim.queue, self.driver.now() - run.claim.due_at)
         runs.start_soon(self._run_claim, run.claim, run, definition, None)
 
     def _on_slot_freed(self) -> None:
@@ -951,14 +985,18 @@ class Worker:
             report(outcome)
         self._outcomes[outcome.kind] += 1
         self._metrics.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
-        level = logging.DEBUG if outcome.kind is OutcomeKind.COMPLETED else logging.INFO
+        # INFO for every outcome, a completion too: at the CLI's default level a busy worker
+        # shows the work it does (docs/logging.md); an error only where there is one.
+        error = {} if outcome.error is None else {"error": outcome.error}
         log_event(
             f"jobs.attempt.{outcome.kind}",
-            level,
+            logging.INFO,
             job_id=claim.job_id,
             job=claim.name,
+            queue=claim.queue,
             attempt=claim.attempt,
-            error=outcome.error,
+            seconds=round(outcome.seconds, 6),
+            **error,
         )
 
     async def _observe_queues(self, interval: float) -> None:

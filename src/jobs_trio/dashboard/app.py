@@ -4,7 +4,7 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -16,8 +16,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import boundary
 from ..driver import Driver
-from ..errors import DriverError, InvalidArgument, InvalidTransition, JobNotFound, JobsError
+from ..drivers.rules import ATTEMPT_HISTORY
+from ..errors import (
+    ConfigError,
+    DriverError,
+    InvalidArgument,
+    InvalidTransition,
+    JobNotFound,
+    JobsError,
+)
 from ..records import JobState
+from ..registry import Registry
 from . import views
 from .cross_site import COOKIE, FORM_FIELD, LOOPBACK_HOSTS, CrossSiteGuard
 from .templating import environment, url_part
@@ -37,6 +46,8 @@ SECURITY_HEADERS = {
 }
 
 FORM_BYTES = 4096
+# How often the overview and a job's page reload themselves (seconds; 0: never).
+REFRESH_SECONDS = 5.0
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -47,6 +58,8 @@ def dashboard_app(
     actions: bool = False,
     allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
     title: str = "jobs_trio",
+    refresh: float = REFRESH_SECONDS,
+    registry: Registry | None = None,
 ) -> ASGIApp:
     """The dashboard on an open ``driver``, as an ASGI app to serve or mount
     (``Mount("/jobs", app=dashboard_app(driver))``).
@@ -55,8 +68,16 @@ def dashboard_app(
     read. Open the driver read-only too when you mount it (SQLite: ``read_only=True``;
     PostgreSQL: add ``?default_transaction_read_only=on`` to the URL). ``allowed_hosts`` are
     the Host names it answers to (``"*"`` for any): requests naming another host get 400,
-    which is what stops a DNS-rebinding page from reading it."""
-    dashboard = _Dashboard(driver, actions, CrossSiteGuard(allowed_hosts), title)
+    which is what stops a DNS-rebinding page from reading it.
+
+    The overview and a job's page reload themselves every ``refresh`` seconds (0: never), with
+    no script: an HTML meta refresh, which ``?refresh=0`` pauses. ``registry`` (the one your
+    workers run) adds each cron task's schedule and next fire to the overview."""
+    if not (isinstance(refresh, int | float) and 0 <= refresh <= 3600):
+        raise ConfigError(f"refresh={refresh!r}", fix="give seconds from 0 (never) to 3600")
+    dashboard = _Dashboard(
+        driver, actions, CrossSiteGuard(allowed_hosts), title, float(refresh), registry
+    )
     app = Starlette(
         routes=[
             Route("/", dashboard.handler(dashboard.queues)),
@@ -97,11 +118,21 @@ class _HostGuard:
 
 
 class _Dashboard:
-    def __init__(self, driver: Driver, actions: bool, guard: CrossSiteGuard, title: str) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        actions: bool,
+        guard: CrossSiteGuard,
+        title: str,
+        refresh: float,
+        registry: Registry | None,
+    ) -> None:
         self.driver = driver
         self.actions = actions
         self.guard = guard
         self.title = title
+        self.refresh = refresh
+        self.registry = registry
         self.templates = environment()
 
     def handler(self, page: Handler) -> Handler:
@@ -125,13 +156,21 @@ class _Dashboard:
     # Pages.
 
     async def queues(self, request: Request) -> Response:
+        query = dict(request.query_params)
+        views.check_filter_text(query)
+        prefix = query.get("queue") or None
         now = self.driver.now()
         return self.render(
             request,
             "queues.html",
-            queues=await views.queue_views(self.driver, now),
-            states=[s.value for s in JobState],
-            minutes=views.THROUGHPUT_MINUTES,
+            refresh=self._refresh(query),
+            page=await views.overview(
+                self.driver, now, queue_prefix=prefix, registry=self.registry
+            ),
+            prefix=prefix or "",
+            max_rows=views.MAX_QUEUE_ROWS,
+            minutes=views.CHART_MINUTES,
+            now=now,
         )
 
     async def jobs(self, request: Request) -> Response:
@@ -166,7 +205,10 @@ class _Dashboard:
         detail = await views.job_detail(self.driver, job_id)
         if detail is None:
             raise JobNotFound(f"no job with id {job_id!r}", fix="check the id in the job list")
-        return self.render(request, "job.html", detail=detail, now=self.driver.now())
+        refresh = self._refresh(dict(request.query_params))
+        return self.render(
+            request, "job.html", detail=detail, now=self.driver.now(), refresh=refresh
+        )
 
     async def retry(self, request: Request) -> Response:
         return await self._act(request, self.driver.retry)
@@ -209,6 +251,10 @@ class _Dashboard:
 
     # Rendering.
 
+    def _refresh(self, query: Mapping[str, str]) -> float:
+        """This page's reload period: the dashboard's, or 0 where the page was paused."""
+        return 0.0 if query.get("refresh") == "0" else self.refresh
+
     def _job_id(self, request: Request) -> str:
         return boundary.check_key(request.path_params["job_id"], argument="job id")
 
@@ -221,8 +267,18 @@ class _Dashboard:
         fresh = self.actions and not nonce
         if fresh:
             nonce = self.guard.new_nonce()
+        # A page that reloads itself has a "pause" link, and a paused one "resume"; both keep
+        # the page's other query parameters (a filter).
+        live_page = "refresh" in values
+        values.setdefault("refresh", 0.0)
+        # Query-only links ("?queue=x&refresh=0"): the same page, wherever it is mounted.
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != "refresh"]
         html = self.templates.get_template(template).render(
             base=self._base(request),
+            live_page=live_page and self.refresh > 0,
+            pause_href=f"?{urlencode([*kept, ('refresh', '0')])}",
+            resume_href=f"?{urlencode(kept)}",
+            history=ATTEMPT_HISTORY,
             title=self.title,
             actions=self.actions,
             csrf_field=FORM_FIELD,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -51,6 +52,11 @@ def url_part(value: object) -> str:
     return quote(str(value), safe="", errors="backslashreplace")
 
 
+def clock(when: float) -> str:
+    """``14:05`` (UTC): a chart bar's minute."""
+    return time.strftime("%H:%M", time.gmtime(when))
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -67,6 +73,7 @@ def environment() -> jinja2.Environment:
         urlencode=url_part,
         duration=lambda s: "-" if s is None or not math.isfinite(s) else cli_render.duration(s),
         iso=lambda t: "-" if t is None else cli_render.iso(t),
+        clock=clock,
         relative=cli_render.relative,
     )
     return env

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from ..records import (
+    AttemptRecord,
     Claim,
     ClaimToken,
     Enqueued,
@@ -17,6 +18,7 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
+    OutcomeCount,
     Pruned,
     PruneTurn,
     QueueStats,
@@ -26,6 +28,7 @@ from ..records import (
     StepRecord,
     TaskAdvance,
     TaskMark,
+    WorkerPresence,
 )
 
 
@@ -92,9 +95,17 @@ class Driver(Protocol):
     async def get(self, job_id: JobId) -> JobRecord | None: ...
 
     async def list_jobs(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        changed_before: float | None = None,
+        limit: int = 100,
     ) -> Sequence[JobRecord]:
-        """Newest first; jobs of one batch (equal ``created_at``) by id, descending."""
+        """Newest first; jobs of one batch (equal ``created_at``) by id, descending. Each
+        filter given narrows the list: ``name`` is a job's whole name, ``changed_before`` a
+        time its ``updated_at`` is before (driver clock)."""
         ...
 
     async def retry(self, job_id: JobId) -> JobRecord:
@@ -228,6 +239,34 @@ class Driver(Protocol):
         """One bounded batch of retention (see ``PruneTurn``): delete finished jobs past their
         age, with their step records, in one transaction with the turn's compare-and-set, so
         two pruners never delete at once and a job changed since (an operator's retry) stays."""
+        ...
+
+    # What operators read of the fleet's recent past (the dashboard): each job's attempt history
+    # and the workers that announce themselves.
+
+    async def load_attempts(self, job_id: JobId) -> Sequence[AttemptRecord]:
+        """The job's attempt history, oldest first: every settlement applied with a note
+        (``AttemptNote``) added one record, in the settlement's own write; the newest
+        ``rules.ATTEMPT_HISTORY`` are kept, and none outlives its job (retention)."""
+        ...
+
+    async def outcome_counts(self, since: float, bucket: float) -> Sequence[OutcomeCount]:
+        """The recorded attempts that ended at or after ``since``, counted by outcome in
+        ``bucket``-second buckets (each starting at a multiple of ``bucket``), oldest first; a
+        bucket with none of an outcome is left out. One read, whatever the number of queues."""
+        ...
+
+    async def worker_seen(self, presence: WorkerPresence) -> None:
+        """Store a worker's announcement, replacing its previous one; forget every worker not
+        seen for ``rules.FORGET_WORKERS_AFTER`` seconds."""
+        ...
+
+    async def worker_gone(self, worker_id: str) -> None:
+        """Forget a worker that stopped (nothing when it is not recorded)."""
+        ...
+
+    async def workers(self) -> Sequence[WorkerPresence]:
+        """Every worker recorded, by worker id, live or not (``WorkerPresence.live`` tells)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -23,6 +23,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
+    AttemptRecord,
     Claim,
     ClaimToken,
     Enqueued,
@@ -34,6 +35,7 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
+    OutcomeCount,
     Pruned,
     PruneTurn,
     QueueStats,
@@ -44,6 +46,7 @@ from ..records import (
     StepRecord,
     TaskAdvance,
     TaskMark,
+    WorkerPresence,
     new_token,
 )
 from .claim_slots import ClaimSlots
@@ -51,7 +54,9 @@ from .contract import BesideConnection, Driver
 from .limit_rules import SLOT, LimitRow, decide, needs
 from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
+    ATTEMPT_HISTORY,
     FIRE_HISTORY,
+    FORGET_WORKERS_AFTER,
     LAPSED_ERROR,
     LIVE_STATES,
     Unseen,
@@ -59,6 +64,7 @@ from .rules import (
     effect,
     event_mark,
     gives_back_lapse,
+    history_record,
     key_matches,
     lapsed_out_of_attempts,
     limit_fields,
@@ -113,6 +119,10 @@ class MemoryDriver:
         self._ahead: set[JobId] = set()
         self._ahead_lapses: collections.Counter[JobId] = collections.Counter()
         self._steps: dict[JobId, dict[str, StepRecord]] = {}
+        # Each job's newest attempt records, and how many it has had (AttemptRecord.seq).
+        self._attempts: dict[JobId, collections.deque[AttemptRecord]] = {}
+        self._attempt_seq: collections.Counter[JobId] = collections.Counter()
+        self._workers: dict[str, WorkerPresence] = {}
         self._events: list[EventRecord] = []
         self._event_ids = itertools.count(1)
         self._lot = trio.lowlevel.ParkingLot()
@@ -291,6 +301,7 @@ class MemoryDriver:
                     lease_until=now + lease,
                     context=record.context,
                     ahead=record.id in ahead,
+                    due_at=record.run_at,
                 )
             )
         return claims
@@ -461,6 +472,12 @@ class MemoryDriver:
                 cancel_requested=False,
                 **change.writes,
             )
+            self._attempt_seq[record.id] += 1  # every ending counts, recorded or not
+            if s.note is not None:
+                history = self._attempts.setdefault(
+                    record.id, collections.deque(maxlen=ATTEMPT_HISTORY)
+                )
+                history.append(history_record(s, change, self._attempt_seq[record.id], now))
             applied.append(record.id)
         return applied
 
@@ -470,14 +487,23 @@ class MemoryDriver:
         return self._jobs.get(job_id)
 
     async def list_jobs(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        changed_before: float | None = None,
+        limit: int = 100,
     ) -> Sequence[JobRecord]:
         await trio.lowlevel.checkpoint()
         self._check_open()
         found = [
             r
             for r in self._jobs.values()
-            if (state is None or r.state is state) and (queue is None or r.queue == queue)
+            if (state is None or r.state is state)
+            and (queue is None or r.queue == queue)
+            and (name is None or r.name == name)
+            and (changed_before is None or r.updated_at < changed_before)
         ]
         found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return found[: max(limit, 0)]  # a negative limit lists nothing, as on SQLite and PostgreSQL
@@ -795,12 +821,49 @@ class MemoryDriver:
         for job_id in doomed:
             del self._jobs[job_id]
             self._steps.pop(job_id, None)
+            self._attempts.pop(job_id, None)
+            self._attempt_seq.pop(job_id, None)
         more = len(doomed) == turn.limit
         if more:
             self._prune_turn = (turn.holder, now + turn.hold, self._prune_turn[2])
         else:
             self._prune_turn = (None, None, now)
         return Pruned(turn=True, deleted=len(doomed), more=more)
+
+    # Attempt history and worker presence (what the dashboard shows).
+
+    async def load_attempts(self, job_id: JobId) -> Sequence[AttemptRecord]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return list(self._attempts.get(job_id, ()))
+
+    async def outcome_counts(self, since: float, bucket: float) -> Sequence[OutcomeCount]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        counts: collections.Counter[tuple[float, str]] = collections.Counter()
+        for history in self._attempts.values():
+            for one in history:
+                if one.ended_at >= since:
+                    counts[(math.floor(one.ended_at / bucket) * bucket, one.outcome)] += 1
+        return [OutcomeCount(start, outcome, n) for (start, outcome), n in sorted(counts.items())]
+
+    async def worker_seen(self, presence: WorkerPresence) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        self._workers[presence.worker_id] = presence
+        forget_before = self.now() - FORGET_WORKERS_AFTER
+        for gone in [w for w in self._workers.values() if w.seen_at < forget_before]:
+            del self._workers[gone.worker_id]
+
+    async def worker_gone(self, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        self._workers.pop(worker_id, None)
+
+    async def workers(self) -> Sequence[WorkerPresence]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return [self._workers[w] for w in sorted(self._workers)]
 
     async def aclose(self) -> None:
         self._closed = True

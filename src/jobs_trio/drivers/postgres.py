@@ -32,6 +32,7 @@ from ..operator_transitions import (
 )
 from ..records import (
     OUTBOX_COLUMNS,
+    AttemptRecord,
     Claim,
     ClaimToken,
     Enqueued,
@@ -44,6 +45,7 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
+    OutcomeCount,
     Pruned,
     PruneTurn,
     QueueStats,
@@ -55,6 +57,7 @@ from ..records import (
     StepStatus,
     TaskAdvance,
     TaskMark,
+    WorkerPresence,
     new_token,
     outbox_job,
 )
@@ -73,11 +76,13 @@ from .postgres_transaction import open_pooled_transaction
 from .retention import cutoffs, turn_is_free
 from .rules import (
     FIRE_HISTORY,
+    FORGET_WORKERS_AFTER,
     LAPSED_ERROR,
     LAPSED_OUT_OF_ATTEMPTS,
     driver_closed,
     effect,
     event_mark,
+    history_outcome,
     job_record,
     kind_of,
     limit_fields,
@@ -464,6 +469,7 @@ class PostgresDriver:
                 lease_until=row["lease_until"],
                 context=row["context"],
                 ahead=row["ahead"],
+                due_at=row["run_at"],
             )
             for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
             if row is not None
@@ -577,14 +583,23 @@ class PostgresDriver:
         return None if row is None else job_record(row)
 
     async def list_jobs(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        changed_before: float | None = None,
+        limit: int = 100,
     ) -> Sequence[JobRecord]:
         self._check_open()
         sql = self._sql
         state_value = None if state is None else JobState(state).value
+        before = None if changed_before is None else float(changed_before)
 
         async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["list_jobs"], state_value, queue, max(limit, 0)))
+            return list(
+                await conn.fetch(sql["list_jobs"], state_value, queue, max(limit, 0), name, before)
+            )
 
         return [job_record(row) for row in await self.bridge.run(read, what="list")]
 
@@ -905,6 +920,75 @@ class PostgresDriver:
 
         gone: int = await self.bridge.run(delete, what="outbox delete")
         return gone
+
+    # --- attempt history and worker presence (what the dashboard shows) ---
+
+    async def load_attempts(self, job_id: JobId) -> Sequence[AttemptRecord]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["load_attempts"], job_id))
+
+        rows = await self.bridge.run(read, what="load_attempts")
+        return [AttemptRecord(**dict(row)) for row in rows]
+
+    async def outcome_counts(self, since: float, bucket: float) -> Sequence[OutcomeCount]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["outcome_counts"], since, float(bucket)))
+
+        rows = await self.bridge.run(read, what="outcome_counts")
+        return [OutcomeCount(row["start"], row["outcome"], row["n"]) for row in rows]
+
+    async def worker_seen(self, presence: WorkerPresence) -> None:
+        self._check_open()
+        sql = self._sql
+        forget_before = self.now() - FORGET_WORKERS_AFTER
+        p = presence
+
+        async def write(conn: Connection) -> None:
+            await conn.execute(
+                sql["worker_seen"],
+                p.worker_id,
+                p.host,
+                p.pid,
+                json.dumps(p.queues),
+                p.concurrency,
+                p.running,
+                p.state,
+                p.version,
+                p.started_at,
+                p.seen_at,
+                p.every,
+                forget_before,
+            )
+
+        await self.bridge.run(write, what="worker_seen")
+
+    async def worker_gone(self, worker_id: str) -> None:
+        self._check_open()
+        sql = self._sql
+
+        async def delete(conn: Connection) -> None:
+            await conn.execute(sql["worker_gone"], worker_id)
+
+        await self.bridge.run(delete, what="worker_gone")
+
+    async def workers(self) -> Sequence[WorkerPresence]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["workers"]))
+
+        rows = await self.bridge.run(read, what="workers")
+        return [
+            WorkerPresence(**{**dict(row), "queues": tuple(json.loads(row["queues"]))})
+            for row in rows
+        ]
 
     async def outbox_stats(self) -> OutboxStats:
         self._check_open()
@@ -1407,6 +1491,15 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     if kind_of(group[0]).reads_events:
         # The SQL makes the job ready now when an event is stored past the mark (rules.woken).
         columns.append([None if e.unseen is None else e.unseen.mark for e in effects])
+    # Last, the attempt notes (postgres_sql.NOTE_TYPES): NULL where a settlement has none.
+    notes = [s.note for s in group]
+    columns += [
+        [None if n is None else n.attempt for n in notes],
+        [history_outcome(s) for s in group],
+        [None if n is None else n.worker_id for n in notes],
+        [None if n is None else n.seconds for n in notes],
+        [None if n is None else n.traceback for n in notes],
+    ]
     return columns
 
 

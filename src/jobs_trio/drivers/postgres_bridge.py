@@ -50,6 +50,8 @@ ANSWER_MARGIN_SECONDS = 10.0
 # write fails the same way, so it is isolated rather than retried.
 REFUSED_CLASSES = ("22", "23", "54")
 REFUSED_STATES = ("P0001",)
+# Refused at login for a setting the URL's query passed: unknown (42704), or a bad value (22023).
+URL_SETTING_STATES = ("42704", "22023")
 # A row another session holds locked: lock_not_available (the pool's lock_timeout ran out) and
 # deadlock_detected. The write can succeed later, and only the writes touching that row wait.
 ROW_LOCK_STATES = ("55P03", "40P01")
@@ -322,6 +324,9 @@ class Bridge:
                 fix="add ?pgbouncer=session (or ?pgbouncer=transaction) to the URL: the driver"
                 " then sends its settings another way (docs/drivers.md, 'PgBouncer')",
             )
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        if what.startswith("connecting") and sqlstate in URL_SETTING_STATES:
+            return self._url_setting_refused(exc)
         if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
             # 53300: max_connections (or a role's or database's CONNECTION LIMIT) is used up.
             # Retryable (slots free up), and the callers retry at their own pace (a failed
@@ -339,7 +344,6 @@ class Bridge:
                 f"PostgreSQL driver could not send {what}: {type(exc).__name__}: {exc}",
                 fix="change the value: it cannot be stored as it is; retrying fails the same way",
             )
-        sqlstate = getattr(exc, "sqlstate", None) or ""
         if isinstance(exc, asyncpg.PostgresError) and (
             sqlstate[:2] in REFUSED_CLASSES or sqlstate in REFUSED_STATES
         ):
@@ -417,6 +421,20 @@ class Bridge:
             f"unexpected error from PostgreSQL at {self._where} during {what}: "
             f"{type(exc).__name__}: {exc}",
             fix="retry the operation; if it keeps failing, report it with the server's log",
+        )
+
+    def _url_setting_refused(self, exc: Exception) -> ConfigError:
+        """The server refused a setting at login: asyncpg sends each query parameter of the URL
+        it does not read itself as a session setting, so a typo (``?bogus=1``) or libpq's own
+        option (``?connect_timeout=10``) fails every connection the same way. Said as the URL
+        mistake it is: retrying or migrating (the generic fix) cannot help."""
+        return ConfigError(
+            f"PostgreSQL at {self._where} refused a setting the URL passes: {exc}",
+            fix="remove or correct that ?NAME=VALUE in the URL: a parameter asyncpg does not"
+            " read (sslmode, sslrootcert, target_session_attrs, ... ; jobs_trio reads"
+            " statement_timeout, lock_timeout, pgbouncer, listen_host, listen_port) is sent to"
+            " the server as a setting, and must be one it knows with a value it takes"
+            " (connect_timeout is libpq's, not asyncpg's: leave it out)",
         )
 
     # --- the asyncio side: each runs inside ONE crossing ---

@@ -240,7 +240,7 @@ SET state = 'running',
 FROM unnest($14::text[], $15::text[]) AS g(id, token)
 WHERE j.id = g.id
 RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until,
-          j.context, false AS ahead;
+          j.context, false AS ahead, j.run_at;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two
@@ -295,7 +295,8 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
 -- The frame of every kind's settle statement: settle_<kind>_rows below is the unnest of the
 -- batch, settle_<kind>_set what that kind changes. Fenced: only a row whose token is still the
 -- claim's changes. $1 now, $2 the NOTIFY channel, $3 ids, $4 tokens, $5 whether each hands
--- its attempt back (rules.SETTLEMENT_KINDS decides), $6… the kind's own (settle_columns).
+-- its attempt back (rules.SETTLEMENT_KINDS decides), $6… the kind's own (settle_columns), then
+-- the attempt notes' columns ({note_columns}: postgres_sql.py numbers them after the kind's).
 WITH locked AS MATERIALIZED (
     -- In id order: a worker renews and settles on two connections at once (see renew).
     -- {skip_locked}: a settle alone skips a row another session holds locked (answered busy)
@@ -311,12 +312,12 @@ WITH locked AS MATERIALIZED (
         -- An operator's pending cancel ends the job cancelled instead, its attempt counted.
         attempts = j.attempts - CASE WHEN s.handed_back AND NOT j.cancel_requested THEN 1 ELSE 0 END,
         token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false,
-        updated_at = $1
+        updated_at = $1, attempt_seq = j.attempt_seq + 1
     FROM ({kind_rows}) AS s
     WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
       AND j.id IN (SELECT id FROM locked)
     RETURNING j.id, s.token, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now,
-              j.slot_key IS NOT NULL AS has_slot
+              j.slot_key IS NOT NULL AS has_slot, j.state, j.last_error, j.attempt_seq
 ), released AS (
     -- A settled run's fleet slot is free in the settle's own transaction (fenced: only a row
     -- its token still holds), and the first job a claim put off waiting on it is due now.
@@ -345,6 +346,28 @@ WITH locked AS MATERIALIZED (
     SELECT pg_notify($2, queue) FROM (
         SELECT queue FROM settled WHERE ready_now UNION SELECT queue FROM woken
     ) AS w
+), recorded AS (
+    -- The attempt's history record, for a settlement given with a note (rules.history_record
+    -- says the same for the other drivers): in its ring slot, replacing the oldest record
+    -- there. The row's new state tells an operator's pending cancel ended it cancelled; its
+    -- error is the text the ending stored. Runs although nothing reads it.
+    INSERT INTO {schema}.attempts AS a
+        (job_id, slot, seq, attempt, outcome, worker_id, seconds, ended_at, error, traceback)
+    SELECT st.id, st.attempt_seq % {attempt_history}, st.attempt_seq, h.attempt,
+           CASE WHEN st.state = 'cancelled' THEN 'cancelled' ELSE h.outcome END,
+           h.worker_id, h.seconds, $1,
+           CASE WHEN st.state = 'cancelled' OR h.outcome NOT IN ('completed', 'suspended')
+                THEN st.last_error END,
+           h.traceback
+    FROM settled AS st
+    JOIN unnest($3::text[], $4::text[], {note_columns})
+        AS h(id, token, attempt, outcome, worker_id, seconds, traceback)
+        ON h.id = st.id AND h.token = st.token
+    WHERE h.attempt IS NOT NULL
+    ON CONFLICT (job_id, slot) DO UPDATE
+    SET seq = excluded.seq, attempt = excluded.attempt, outcome = excluded.outcome,
+        worker_id = excluded.worker_id, seconds = excluded.seconds,
+        ended_at = excluded.ended_at, error = excluded.error, traceback = excluded.traceback
 )
 -- name: settle_answer
 SELECT id, token, false AS busy FROM settled, (SELECT count(*) FROM notified) AS sent
@@ -441,8 +464,41 @@ SELECT {job_columns} FROM {schema}.jobs WHERE id = $1 FOR UPDATE;
 -- name: list_jobs
 SELECT {job_columns} FROM {schema}.jobs
 WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+  AND ($4::text IS NULL OR name = $4) AND ($5::float8 IS NULL OR updated_at < $5)
 ORDER BY created_at DESC, id DESC
 LIMIT $3;
+
+-- name: load_attempts
+SELECT seq, attempt, outcome, worker_id, seconds, ended_at, error, traceback
+FROM {schema}.attempts WHERE job_id = $1 ORDER BY seq;
+
+-- name: outcome_counts
+-- One range read of attempts_ended, whatever the number of queues or jobs.
+SELECT floor(ended_at / $2) * $2 AS start, outcome, count(*)::int AS n
+FROM {schema}.attempts WHERE ended_at >= $1
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: worker_seen
+WITH forgotten AS (
+    DELETE FROM {schema}.workers WHERE seen_at < $12 AND worker_id <> $1
+)
+INSERT INTO {schema}.workers
+    (worker_id, host, pid, queues, concurrency, running, state, version, started_at, seen_at,
+     every)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (worker_id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+    concurrency = excluded.concurrency, running = excluded.running, state = excluded.state,
+    version = excluded.version, started_at = excluded.started_at, seen_at = excluded.seen_at,
+    every = excluded.every;
+
+-- name: worker_gone
+DELETE FROM {schema}.workers WHERE worker_id = $1;
+
+-- name: workers
+SELECT worker_id, host, pid, queues, concurrency, running, state, version, started_at, seen_at,
+       every
+FROM {schema}.workers ORDER BY worker_id;
 
 -- name: key_held_elsewhere
 SELECT EXISTS (

@@ -13,7 +13,7 @@ import attrs
 
 from ..errors import ConfigError
 from .migration_files import Migration, read_migrations
-from .rules import JOB_COLUMNS, LIVE_STATES_SQL, SETTLEMENT_KINDS
+from .rules import ATTEMPT_HISTORY, JOB_COLUMNS, LIVE_STATES_SQL, SETTLEMENT_KINDS
 
 # Matched with fullmatch: `$` also matches before a trailing newline, and "jobs\n" must not
 # pass for a plain identifier.
@@ -81,6 +81,7 @@ def load_statements(schema: str) -> Statements:
         "{schema}": f'"{schema}"',
         "{job_columns}": JOB_COLUMNS,
         "{live_states}": LIVE_STATES_SQL,
+        "{attempt_history}": str(ATTEMPT_HISTORY),
     }
     folder = resources.files("jobs_trio.drivers")
     text = (folder / "postgres_queries.sql").read_text(encoding="utf-8")
@@ -89,11 +90,13 @@ def load_statements(schema: str) -> Statements:
     by_name["claim"] = _fill(f"{claim_with}\n{claim_answer}", {"{not_settling}": ""})
     settle_answer = by_name.pop("settle_answer")
     for kind in SETTLE_KINDS:
+        kind_rows = by_name.pop(f"settle_{kind}_rows")
         settle_with = _fill(
             by_name["settle"],
             {
-                "{kind_rows}": by_name.pop(f"settle_{kind}_rows"),
+                "{kind_rows}": kind_rows,
                 "{kind_set}": _strip_comments(by_name.pop(f"settle_{kind}_set")),
+                "{note_columns}": _note_columns(kind_rows),
             },
         )
         alone = _fill(settle_with, {"{skip_locked}": " SKIP LOCKED"})
@@ -109,6 +112,17 @@ def load_statements(schema: str) -> Statements:
             attrs.evolve(m, sql=_fill(m.sql, fill)) for m in read_migrations("postgres_migrations")
         ],
     )
+
+
+# The columns of a settlement's attempt note (postgres.py's settle_columns appends them last, in
+# this order): attempt, outcome, worker id, seconds, traceback.
+NOTE_TYPES = ("int[]", "text[]", "text[]", "float8[]", "text[]")
+
+
+def _note_columns(kind_rows: str) -> str:
+    """The note's parameters for one kind's statement: numbered after the kind's own last."""
+    last = max(int(n) for n in _PARAMETER.findall(kind_rows))
+    return ", ".join(f"${last + 1 + i}::{sql_type}" for i, sql_type in enumerate(NOTE_TYPES))
 
 
 # The claim's parameters come first in settle_claim_<kind>; the settle's follow them.

@@ -11,6 +11,7 @@ import attrs
 
 from ..errors import ConfigError
 from ..records import (
+    AttemptRecord,
     CancelJob,
     Complete,
     DeadLetter,
@@ -202,6 +203,55 @@ SETTLEMENT_KINDS: Final[Mapping[type, SettlementKind]] = {
         "cancel", lambda s: Effect(JobState.CANCELLED, writes={"last_error": s.error})
     ),
 }
+
+
+# A job's attempt history keeps its newest this many endings (a ring: the ending numbered `seq`
+# takes slot `seq % ATTEMPT_HISTORY`), so a job that sleeps in a loop or is drained at every
+# deploy never grows it past this; its error and traceback are capped where they are made.
+ATTEMPT_HISTORY: Final = 20
+
+# A worker's presence record outlives its last announcement by this long (seconds), then the
+# next announcement of any worker deletes it: a fleet's crashed workers do not pile up.
+FORGET_WORKERS_AFTER: Final = 3600.0
+
+
+def history_outcome(settlement: Settlement) -> str:
+    """What a history record calls an ending (OutcomeKind's values); an operator's pending
+    cancel, which the SQL drivers decide in SQL, makes any of them ``cancelled`` instead."""
+    match settlement:
+        case Complete():
+            return "completed"
+        case Retry(counts_as_attempt=False):
+            return "interrupted"
+        case Retry():
+            return "retried"
+        case DeadLetter():
+            return "dead-lettered"
+        case Suspend():
+            return "suspended"
+        case Park():
+            return "parked"
+        case CancelJob():
+            return "cancelled"
+    raise TypeError(f"not a settlement: {settlement!r}")
+
+
+def history_record(applied: Settlement, change: Effect, seq: int, now: float) -> AttemptRecord:
+    """The history record of ``applied`` (with a note), as written: ``change`` is the effect
+    the driver applied (a cancel instead, a woken suspension), ``seq`` the job's count of
+    endings with this one."""
+    note = applied.note
+    assert note is not None
+    return AttemptRecord(
+        seq=seq,
+        attempt=note.attempt,
+        outcome=history_outcome(applied),
+        worker_id=note.worker_id,
+        ended_at=now,
+        seconds=note.seconds,
+        error=change.writes.get("last_error"),
+        traceback=note.traceback,
+    )
 
 
 def kind_of(settlement: Settlement) -> SettlementKind:

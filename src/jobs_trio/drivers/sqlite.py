@@ -32,6 +32,7 @@ from ..operator_transitions import (
 )
 from ..records import (
     OUTBOX_COLUMNS,
+    AttemptRecord,
     Claim,
     ClaimToken,
     Enqueued,
@@ -44,6 +45,7 @@ from ..records import (
     Lease,
     NewJob,
     OutboxStats,
+    OutcomeCount,
     Pruned,
     PruneTurn,
     QueueStats,
@@ -55,6 +57,7 @@ from ..records import (
     StepStatus,
     TaskAdvance,
     TaskMark,
+    WorkerPresence,
     outbox_job,
 )
 from .claim_slots import ClaimSlots
@@ -64,7 +67,9 @@ from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
 from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
+    ATTEMPT_HISTORY,
     FIRE_HISTORY,
+    FORGET_WORKERS_AFTER,
     JOB_COLUMNS,
     LAPSED_ERROR,
     LIVE_STATES_SQL,
@@ -72,6 +77,7 @@ from .rules import (
     effect,
     event_mark,
     gives_back_lapse,
+    history_record,
     job_record,
     lapsed_out_of_attempts,
     limit_fields,
@@ -103,8 +109,12 @@ _STEP_FIELDS: Final = (
 )  # fmt: skip
 _STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
+_ATTEMPT_FIELDS: Final = tuple(field.name for field in attrs.fields(AttemptRecord))
+_ATTEMPT_COLUMNS: Final = ", ".join(_ATTEMPT_FIELDS)
+_WORKER_FIELDS: Final = tuple(field.name for field in attrs.fields(WorkerPresence))
+_WORKER_COLUMNS: Final = ", ".join(_WORKER_FIELDS)
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
-_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context"
+_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context, run_at"
 # Fencing: a write of a run applies only while its claim is the job's current one.
 _FENCE: Final = "id = ? AND token = ? AND state = 'running'"
 
@@ -113,6 +123,12 @@ def _step(row: Sequence[Any]) -> StepRecord:
     fields = dict(zip(_STEP_FIELDS, row, strict=True))
     fields["status"] = StepStatus(fields["status"])
     return StepRecord(**fields)
+
+
+def _presence(row: Sequence[Any]) -> WorkerPresence:
+    fields = dict(zip(_WORKER_FIELDS, row, strict=True))
+    fields["queues"] = tuple(json.loads(fields["queues"]))
+    return WorkerPresence(**fields)
 
 
 def _event(row: Any) -> EventRecord:
@@ -204,14 +220,28 @@ def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also:
     changes = ", ".join(f"{column} = ?" for column in written)
     row = conn.execute(
         f"UPDATE jobs SET {changes}, attempts = attempts - ?, lease_until = NULL,"
-        f" worker_id = NULL, cancel_requested = 0, token = NULL, updated_at = ?"
-        f" WHERE {_FENCE}{also} RETURNING slot_key",
-        (*written.values(), int(change.hands_back), now, s.lease.job_id, s.lease.token),
+        f" worker_id = NULL, cancel_requested = 0, token = NULL, updated_at = ?,"
+        f" attempt_seq = attempt_seq + 1 WHERE {_FENCE}{also} RETURNING slot_key, attempt_seq",
+        (
+            *written.values(),
+            int(change.hands_back),
+            now,
+            s.lease.job_id,
+            s.lease.token,
+        ),
     ).fetchone()
     if row is None:
         return False
     if row[0] is not None:
         _release_slot(conn, s.lease.token, now)
+    if s.note is not None:
+        record = history_record(s, change, row[1], now)
+        # The ring's slot: the oldest record there is replaced, so a job keeps ATTEMPT_HISTORY.
+        conn.execute(
+            f"INSERT OR REPLACE INTO attempts (job_id, slot, {_ATTEMPT_COLUMNS})"
+            f" VALUES (?, ?, {', '.join('?' for _ in _ATTEMPT_FIELDS)})",
+            (s.lease.job_id, record.seq % ATTEMPT_HISTORY, *attrs.astuple(record)),
+        )
     return True
 
 
@@ -408,6 +438,7 @@ def _claim_in(
             lease_until=now + lease,
             context=by_id[job_id][7],
             ahead=job_id in ahead,
+            due_at=by_id[job_id][8],
         )
         for job_id in taken
     ]
@@ -683,15 +714,22 @@ class SqliteDriver:
         return await self._transact(work, mode="read")
 
     async def list_jobs(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        changed_before: float | None = None,
+        limit: int = 100,
     ) -> Sequence[JobRecord]:
         where, values = ["1"], list[object]()
-        if state is not None:
-            where.append("state = ?")
-            values.append(state.value)
-        if queue is not None:
-            where.append("queue = ?")
-            values.append(queue)
+        for column, value in (("state", state), ("queue", queue), ("name", name)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                values.append(str(value))
+        if changed_before is not None:
+            where.append("updated_at < ?")
+            values.append(float(changed_before))
 
         def work(conn: sqlite3.Connection, now: float) -> list[JobRecord]:
             rows = conn.execute(
@@ -795,7 +833,7 @@ class SqliteDriver:
                     break
             # The ids as one JSON array: a batch of any size is one bound value.
             ids = json.dumps(doomed)
-            for table, column in (("steps", "job_id"), ("jobs", "id")):
+            for table, column in (("steps", "job_id"), ("attempts", "job_id"), ("jobs", "id")):
                 conn.execute(
                     f"DELETE FROM {table} WHERE {column} IN (SELECT value FROM json_each(?))",
                     (ids,),
@@ -1115,6 +1153,58 @@ class SqliteDriver:
             return cursor.rowcount
 
         return await self._transact(work)
+
+    # Attempt history and worker presence (what the dashboard shows).
+
+    async def load_attempts(self, job_id: JobId) -> Sequence[AttemptRecord]:
+        def work(conn: sqlite3.Connection, now: float) -> list[AttemptRecord]:
+            rows = conn.execute(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY seq",
+                (job_id,),
+            )
+            return [AttemptRecord(*row) for row in rows]
+
+        return await self._transact(work, mode="read")
+
+    async def outcome_counts(self, since: float, bucket: float) -> Sequence[OutcomeCount]:
+        def work(conn: sqlite3.Connection, now: float) -> list[OutcomeCount]:
+            rows = conn.execute(
+                # CAST truncates, which is floor for the positive times of a clock; floor()
+                # itself is missing from SQLite builds without the math functions.
+                "SELECT CAST(ended_at / ? AS INTEGER) * ? AS start, outcome, count(*)"
+                " FROM attempts WHERE ended_at >= ? GROUP BY start, outcome"
+                " ORDER BY start, outcome",
+                (bucket, bucket, since),
+            )
+            return [OutcomeCount(*row) for row in rows]
+
+        return await self._transact(work, mode="read")
+
+    async def worker_seen(self, presence: WorkerPresence) -> None:
+        row = {**attrs.asdict(presence, recurse=False), "queues": json.dumps(presence.queues)}
+
+        def work(conn: sqlite3.Connection, now: float) -> None:
+            conn.execute(
+                f"INSERT OR REPLACE INTO workers ({_WORKER_COLUMNS})"
+                f" VALUES ({', '.join('?' for _ in _WORKER_FIELDS)})",
+                tuple(row[field] for field in _WORKER_FIELDS),
+            )
+            conn.execute("DELETE FROM workers WHERE seen_at < ?", (now - FORGET_WORKERS_AFTER,))
+
+        await self._transact(work)
+
+    async def worker_gone(self, worker_id: str) -> None:
+        def work(conn: sqlite3.Connection, now: float) -> None:
+            conn.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
+
+        await self._transact(work)
+
+    async def workers(self) -> Sequence[WorkerPresence]:
+        def work(conn: sqlite3.Connection, now: float) -> list[WorkerPresence]:
+            rows = conn.execute(f"SELECT {_WORKER_COLUMNS} FROM workers ORDER BY worker_id")
+            return [_presence(row) for row in rows]
+
+        return await self._transact(work, mode="read")
 
     async def outbox_stats(self) -> OutboxStats:
         def work(conn: sqlite3.Connection, now: float) -> OutboxStats:

@@ -66,6 +66,31 @@ async def test_list_filters_by_state_and_queue(driver: Driver) -> None:
     assert len(await driver.list_jobs(limit=1)) == 1
 
 
+async def test_list_filters_by_the_whole_name(driver: Driver) -> None:
+    mail = [new_job("mail.send", queue="a"), new_job("mail.send", queue="b")]
+    await driver.enqueue([*mail, new_job("mail.sender"), new_job("reports.build", queue="a")])
+    listed = await driver.list_jobs(name="mail.send")
+    assert {r.id for r in listed} == {job.job_id for job in mail}  # not mail.sender: no prefix
+    [one] = await driver.list_jobs(name="mail.send", queue="b")
+    assert one.id == mail[1].job_id
+    assert await driver.list_jobs(name="mail.send", state=JobState.DEAD) == []
+    assert await driver.list_jobs(name="mail") == []
+
+
+async def test_list_filters_by_the_time_of_the_last_change(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    old = await enqueue_one(driver)
+    manual_clock.advance(60)
+    fresh = await enqueue_one(driver)
+    before = manual_clock.now
+    assert [r.id for r in await driver.list_jobs(changed_before=before)] == [old]
+    assert [r.id for r in await driver.list_jobs(changed_before=before + 1)] == [fresh, old]
+    manual_clock.advance(1)
+    await driver.cancel(old)  # a change: now younger than the other
+    assert await driver.list_jobs(changed_before=before + 1) == [await driver.get(fresh)]
+
+
 async def test_stats_per_queue(driver: Driver, manual_clock: ManualClock) -> None:
     await driver.enqueue([new_job(queue="a") for _ in range(3)] + [new_job(queue="b", delay=60)])
     manual_clock.advance(5)

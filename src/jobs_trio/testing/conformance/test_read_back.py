@@ -92,6 +92,7 @@ async def test_claim_answers_every_field_and_writes_the_run(
         attempt=1,
         max_attempts=4,
         lease_until=now + 30,
+        due_at=before.run_at,  # when it became due: the wait to its start is measured from it
     )
     assert isinstance(claim.token, str) and len(claim.token) >= 16
     assert await read(driver, job.job_id) == attrs.evolve(

@@ -1,0 +1,174 @@
+# Each job's attempt history (issue 36): a settlement written with a note adds one record in the
+# same write, named by how the attempt ended (an operator's pending cancel makes it cancelled);
+# a fenced write adds none; the newest ATTEMPT_HISTORY are kept; retention takes them with the
+# job; the outcome counts the dashboard charts come from one read.
+from __future__ import annotations
+
+import attrs
+
+from jobs_trio.driver import Driver
+from jobs_trio.drivers.rules import ATTEMPT_HISTORY
+from jobs_trio.records import (
+    AttemptNote,
+    AttemptRecord,
+    CancelJob,
+    Complete,
+    DeadLetter,
+    OutcomeCount,
+    Park,
+    PruneTurn,
+    Retry,
+    Settlement,
+    Suspend,
+)
+from jobs_trio.testing.clock import ManualClock
+
+from .helpers import claim_one, enqueue_one
+
+
+def noted(settlement: Settlement, attempt: int, seconds: float | None = 1.5) -> Settlement:
+    note = AttemptNote(attempt, "w-1", seconds, "Traceback ...\nValueError: no")
+    return attrs.evolve(settlement, note=note)
+
+
+async def test_each_ending_with_a_note_is_recorded_by_its_outcome(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    job_id = await enqueue_one(driver, attempts=5)
+    endings: list[tuple[type, str, str | None]] = []
+
+    async def end(make: object, outcome: str, error: str | None) -> None:
+        claim = await claim_one(driver)
+        manual_clock.advance(2)
+        settlement = make(claim.lease)  # type: ignore[operator]
+        assert await driver.settle([noted(settlement, claim.attempt)]) == [job_id]
+        endings.append((type(settlement), outcome, error))
+
+    await end(lambda lease: Retry(lease, 0.0, "E1: flaky"), "retried", "E1: flaky")
+    await end(
+        lambda lease: Retry(lease, 0.0, "X_DRAINING", counts_as_attempt=False),
+        "interrupted",
+        "X_DRAINING",
+    )
+    await end(lambda lease: Suspend(lease, 0.0), "suspended", None)
+    await end(lambda lease: Park(lease, "not in this deploy"), "parked", "not in this deploy")
+    await driver.retry(job_id)  # parked: an operator puts it back
+    await end(lambda lease: Complete(lease, '{"ok": true}'), "completed", None)
+    history = await driver.load_attempts(job_id)
+    assert [(r.seq, r.outcome, r.error) for r in history] == [
+        (n, outcome, error) for n, (_, outcome, error) in enumerate(endings, 1)
+    ]
+    # The attempt numbers as claimed: a retried attempt counted, the interrupted, suspended
+    # and parked ones handed back; the operator's retry reset the count.
+    assert [r.attempt for r in history] == [1, 2, 2, 2, 1]
+    first = history[0]
+    assert first == AttemptRecord(
+        seq=1,
+        attempt=1,
+        outcome="retried",
+        worker_id="w-1",
+        ended_at=first.ended_at,
+        seconds=1.5,
+        error="E1: flaky",
+        traceback="Traceback ...\nValueError: no",
+    )
+    assert [r.ended_at for r in history] == sorted(r.ended_at for r in history)
+
+
+async def test_a_dead_letter_and_a_cancel_are_recorded(driver: Driver) -> None:
+    dead = await enqueue_one(driver, queue="a")
+    cancelled = await enqueue_one(driver, queue="b")
+    claim_a = await claim_one(driver, "a")
+    claim_b = await claim_one(driver, "b")
+    await driver.settle(
+        [
+            noted(DeadLetter(claim_a.lease, "boom"), claim_a.attempt),
+            noted(CancelJob(claim_b.lease, "stopped by an operator"), claim_b.attempt),
+        ]
+    )
+    [a] = await driver.load_attempts(dead)
+    [b] = await driver.load_attempts(cancelled)
+    assert (a.outcome, a.error) == ("dead-lettered", "boom")
+    assert (b.outcome, b.error) == ("cancelled", "stopped by an operator")
+
+
+async def test_an_operators_pending_cancel_records_the_ending_as_cancelled(
+    driver: Driver,
+) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    await driver.cancel(job_id)  # running: only flagged
+    await driver.settle([noted(Retry(claim.lease, 5.0, "E: failed"), claim.attempt)])
+    job = await driver.get(job_id)
+    assert job is not None and job.state.value == "cancelled"
+    [record] = await driver.load_attempts(job_id)
+    assert record.outcome == "cancelled" and record.error == job.last_error
+
+
+async def test_a_fenced_settlement_and_one_without_a_note_add_nothing(driver: Driver) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    await driver.settle([Retry(claim.lease, 0.0, "no note")])  # written, not recorded
+    stale = claim.lease
+    await driver.settle([noted(Complete(stale), claim.attempt)])  # fenced: changes nothing
+    assert await driver.load_attempts(job_id) == []
+    again = await claim_one(driver)
+    await driver.settle([noted(Complete(again.lease), again.attempt)])
+    [record] = await driver.load_attempts(job_id)
+    # Counted among the job's endings, the note-less one too: seq says which ending it was.
+    assert (record.outcome, record.attempt, record.seq) == ("completed", 2, 2)
+
+
+async def test_the_history_keeps_the_newest_endings(driver: Driver) -> None:
+    job_id = await enqueue_one(driver, attempts=1)
+    endings = ATTEMPT_HISTORY + 7
+    for n in range(endings):
+        claim = await claim_one(driver)
+        # Handed back each time (a drain at every deploy): the history must not grow.
+        handed_back = Retry(claim.lease, 0.0, f"drained {n}", counts_as_attempt=False)
+        await driver.settle([noted(handed_back, claim.attempt)])
+    history = await driver.load_attempts(job_id)
+    assert len(history) == ATTEMPT_HISTORY
+    assert [r.seq for r in history] == list(range(8, endings + 1))
+    assert history[-1].error == f"drained {endings - 1}"
+
+
+async def test_retention_deletes_the_history_with_its_job(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    await driver.settle([noted(Complete(claim.lease), claim.attempt)])
+    manual_clock.advance(100)
+    pruned = await driver.prune(PruneTurn("w1", keep_finished=10, keep_dead=None))
+    assert pruned.deleted == 1
+    assert await driver.load_attempts(job_id) == []
+    assert await driver.outcome_counts(0, 60) == []
+
+
+async def test_outcome_counts_buckets_the_recorded_endings(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    manual_clock.advance(1_000_000 - manual_clock.now)  # a bucket boundary: 1,000,000 = 60k
+    start = manual_clock.now - 1_000_000 % 60
+    for delay, settle in ((10, "ok"), (20, "ok"), (70, "fail"), (75, "ok"), (200, "dead")):
+        manual_clock.advance(start + delay - manual_clock.now)
+        await enqueue_one(driver)
+        claim = await claim_one(driver)
+        endings: dict[str, Settlement] = {
+            "ok": Complete(claim.lease),
+            "fail": Retry(claim.lease, 3600.0, "E"),
+            "dead": DeadLetter(claim.lease, "E"),
+        }
+        ending = endings[settle]
+        await driver.settle([noted(ending, claim.attempt)])
+    assert await driver.outcome_counts(start, 60) == [
+        OutcomeCount(start, "completed", 2),
+        OutcomeCount(start + 60, "completed", 1),
+        OutcomeCount(start + 60, "retried", 1),
+        OutcomeCount(start + 180, "dead-lettered", 1),
+    ]
+    # `since` leaves out what ended before it.
+    assert await driver.outcome_counts(start + 150, 60) == [
+        OutcomeCount(start + 180, "dead-lettered", 1)
+    ]
