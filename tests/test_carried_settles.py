@@ -9,7 +9,6 @@ from typing import Any
 import trio
 
 from jobs_trio import Registry
-from jobs_trio.driver import settles_with_claims
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import DriverError, ValueRefused
 from jobs_trio.records import Complete, JobState, Settlement
@@ -77,7 +76,7 @@ async def test_at_concurrency_one_each_settle_rides_on_the_next_claim(
     registry = Registry()
     answer = jobs_of(registry, {})
     driver = CarryingDriver()
-    assert settles_with_claims(driver)
+    assert driver.capabilities.settles_with_claims
     ids = [a.job_id for a in await driver.enqueue([answer.new_job(n) for n in range(20)])]
     w = worker(driver, registry, concurrency=1)
     async with trio.open_nursery() as nursery:

@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from jobs_trio import ConfigError, JobContext, JobState, Registry
-from jobs_trio.attempt import OutcomeKind
+from jobs_trio import ConfigError, JobContext, JobState, OutcomeKind, Registry
+from jobs_trio.driver import Capabilities
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.records import Retry
 from jobs_trio.worker import Worker, WorkerState
@@ -344,13 +344,16 @@ async def test_a_held_job_started_costs_its_attempt_on_a_crash_once_a_renewal_re
 
 async def test_claim_ahead_with_a_driver_that_cannot_mark_claims_ahead_is_refused() -> None:
     class OldDriver(MemoryDriver):
+        # A driver declaring no claims ahead (Capabilities): its claim() takes no free=.
+        capabilities = Capabilities(settles_with_claims=True)
+
         async def claim(  # type: ignore[override]
             self, queues: Any, limit: Any, *, lease: float, worker_id: str
         ) -> Any:
             return await super().claim(queues, limit, lease=lease, worker_id=worker_id)
 
     registry, _, _ = blocking_registry(["q"])
-    with pytest.raises(ConfigError, match=r"claim\(\) takes free=") as refused:
+    with pytest.raises(ConfigError, match="does not declare it") as refused:
         worker(OldDriver(), registry, claim_ahead=4)
     assert "claim_ahead at 0" in str(refused.value)
     worker(OldDriver(), registry)  # without claiming ahead it is asked nothing new
@@ -401,7 +404,7 @@ async def test_a_held_claim_that_gets_the_slot_of_an_abandoned_thread_reads_as_r
             with trio.fail_after(5):
                 while w.stats().in_flight:  # the stuck one's timeout: settled, slot lingering
                     await trio.sleep(0.01)
-            assert w._threads.lingering("q") == 1
+            assert w._slots.threads.lingering("q") == 1
             assert (w.state, w.stats().claimed_ahead) == (WorkerState.RUNNING, 2)
             release_thread.set()
             await trio.to_thread.run_sync(ended.wait)
@@ -496,7 +499,7 @@ async def test_a_drain_landing_as_a_slot_is_handed_to_a_held_claim_hands_it_back
     driver = CountingDriver()
     a, b = await _enqueue(registry, driver, ["a", "b"])
     w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=30.0)
-    promote = w._promote
+    promote = w._slots._promote
     granted: list[str] = []
 
     def promote_then_drain(queue: str) -> None:
@@ -505,7 +508,7 @@ async def test_a_drain_landing_as_a_slot_is_handed_to_a_held_claim_hands_it_back
             granted.append(queue)
             w.accept("SIGTERM")
 
-    w._promote = promote_then_drain  # type: ignore[method-assign]
+    w._slots._promote = promote_then_drain  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
         await trio.testing.wait_all_tasks_blocked()

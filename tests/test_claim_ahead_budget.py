@@ -17,7 +17,7 @@ from .worker_helpers import record, worker
 async def _thread_has_ended(w: Worker, ended: threading.Event) -> None:
     """Until the abandoned body's thread has ended and Trio has heard it (its slot freed)."""
     await trio.to_thread.run_sync(ended.wait)
-    while w._threads.lingering("q"):
+    while w._slots.threads.lingering("q"):
         await trio.sleep(0.01)
     await trio.testing.wait_all_tasks_blocked()
 

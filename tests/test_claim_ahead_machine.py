@@ -57,7 +57,7 @@ class AheadMachine(ShutdownMachine):
             return
         stats = self.worker.stats()
         assert stats.claimed_ahead == 0, stats
-        assert not any(self.worker._waiting.values())
+        assert not self.worker._slots.waiting()
 
     @invariant()
     def interrupted_attempts_are_handed_back(self) -> None:  # 5, with hold limits

@@ -34,9 +34,12 @@ class CountingDriver(MemoryDriver):
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> Sequence[Claim]:
         self.claims.append(dict(limit) if isinstance(limit, Mapping) else limit)
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
+        claims = await super().claim(
+            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+        )
         self.claimed.extend(c.job_id for c in claims)
         return claims
 

@@ -188,7 +188,7 @@ def test_diagrams_render_offline_and_no_page_cites_internal_documents() -> None:
 
 
 def test_every_logged_event_is_on_the_logging_page() -> None:
-    from jobs_trio.attempt import OutcomeKind
+    from jobs_trio import OutcomeKind
 
     source = "\n".join(p.read_text() for p in (ROOT / "src" / "jobs_trio").rglob("*.py"))
     events = set(re.findall(r'log_event\(\s*"(jobs\.[a-z_.-]+)"', source))

@@ -159,11 +159,11 @@ async def test_a_sync_body_past_the_budget_is_abandoned_not_handed_back(
             assert r.state is JobState.RUNNING and r.attempts == 1
             assert "jobs.worker.drain-abandoned" in caplog.text
             # Its thread still runs: it keeps its slot until it ends.
-            assert w._threads.lingering("default") == 1
+            assert w._slots.threads.lingering("default") == 1
             release.set()
             await _wait_in_thread(ended)
             with trio.fail_after(5):
-                while w._threads.lingering("default"):
+                while w._slots.threads.lingering("default"):
                     await trio.sleep(0.01)  # the thread's end reaches Trio by run_sync_soon
     finally:
         release.set()
@@ -264,7 +264,7 @@ async def test_hung_sync_bodies_keep_only_their_own_slots() -> None:
             with trio.fail_after(10):
                 while w.stats().outcomes["dead-lettered"] < 40:
                     await trio.sleep(0.05)
-            assert w._threads.lingering("hang") == 40  # each still holds its own slot
+            assert w._slots.threads.lingering("hang") == 40  # each still holds its own slot
             job_id = await quick.enqueue(driver)
             with trio.fail_after(10):
                 while (await record(driver, job_id)).state not in (

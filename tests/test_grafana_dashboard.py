@@ -9,7 +9,7 @@ import re
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs_trio.attempt import OutcomeKind
+from jobs_trio import OutcomeKind
 from jobs_trio.records import OutboxStats, QueueStats
 from tests.process_helpers import ROOT
 

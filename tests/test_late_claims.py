@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from jobs_trio import JobContext, Registry
-from jobs_trio.attempt import OutcomeKind
+from jobs_trio import JobContext, OutcomeKind, Registry
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import DriverError
 from jobs_trio.records import Claim, JobState, Lease, RenewResult
@@ -39,8 +38,11 @@ class StalledClaims(MemoryDriver):
         lease: float,
         worker_id: str,
         free: Mapping[str, int] | None = None,
+        rescue: bool = True,
     ) -> Sequence[Claim]:
-        claims = await super().claim(queues, limit, lease=lease, worker_id=worker_id, free=free)
+        claims = await super().claim(
+            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+        )
         if claims and worker_id in self.stall:
             await trio.sleep(self.stall.pop(worker_id))
         return claims

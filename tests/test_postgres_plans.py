@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,7 +76,7 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
     "settle_cancel": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["e"] * 50),
     "save_step": (RUNNING_IDS[0], "t", "s", "done", NOW, NOW, "1", None, None, None),
     "load_steps": (RUNNING_IDS[0],),
-    "next_due": (["default", "other"],),
+    "next_due": (["default", "other"], float("-inf")),
     "enqueue": (
         NOW,
         ["n1"],
@@ -130,6 +131,8 @@ def _literal(value: Any) -> str:
         return "NULL"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "'-Infinity'" if value < 0 else "'Infinity'"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):

@@ -7,12 +7,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from jobs_trio import Registry
-from jobs_trio.driver import settles_with_claims
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.errors import DriverError, RowLocked, ValueRefused
 from jobs_trio.lease_renewal import lease_margin
@@ -254,7 +254,7 @@ async def test_a_finished_run_is_held_and_counted_until_its_write_not_by_its_tas
 class SettlesApart(FaultyDriver):
     """FaultyDriver as a driver without settle_and_claim: the worker settles and claims apart."""
 
-    settle_and_claim = None  # type: ignore[assignment]
+    capabilities = attrs.evolve(FaultyDriver.capabilities, settles_with_claims=False)
 
 
 @pytest.mark.parametrize("carrying", [True, False], ids=["carried", "apart"])
@@ -268,7 +268,7 @@ async def test_a_slow_database_bounds_what_waits_and_slows_the_claiming(
         await trio.sleep(0.01)
 
     driver = FaultyDriver() if carrying else SettlesApart()
-    assert settles_with_claims(driver) is carrying
+    assert driver.capabilities.settles_with_claims is carrying
     await quick.enqueue_many(driver, list(range(500)))
     driver.settles_open = trio.Event()
     w = worker(driver, registry, concurrency=4)

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import attrs
 import trio
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -181,7 +182,7 @@ class ApartDriver(CheckingDriver):
     on a driver that lacks it. (CheckingDriver has the memory driver's: its settlements ride on
     its claims, and a stalled or refusing settle holds or fails the claim with it.)"""
 
-    settle_and_claim = None
+    capabilities = attrs.evolve(CheckingDriver.capabilities, settles_with_claims=False)
 
 
 class ShutdownMachine(RuleBasedStateMachine):
@@ -341,7 +342,7 @@ class ShutdownMachine(RuleBasedStateMachine):
             # A thread's end reaches Trio by run_sync_soon, after the body has returned: wait
             # until every such thread has handed its limiter token back (only deaf ones hold
             # one then), so the runs waiting for them are judged before the next step.
-            limiter = self.worker._threads.limiter
+            limiter = self.worker._slots.threads.limiter
             deadline = time.monotonic() + 10
             while self.bodies.live_threads or limiter.borrowed_tokens > self.bodies.live_deaf:
                 assert time.monotonic() < deadline, "a finished thread never reached Trio"

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
-    from .attempt import OutcomeKind
     from .backoff import Backoff
     from .context import JobContext
     from .current_transaction import Transaction, current_transaction, transaction
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
     from .open_driver import DriverOptions, open_driver
     from .outbox import Outbox
     from .pruner import Retention
-    from .records import JobRecord, JobState
+    from .records import JobRecord, JobState, OutcomeKind
     from .registry import JobDefinition, Registry
     from .relay import Relay, RelayState, open_relay
     from .steps import EventTimedOut
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
 
 # Each public name, and the module it lives in.
 _WHERE: dict[str, str] = {
-    "OutcomeKind": ".attempt",
     "Backoff": ".backoff",
     "JobContext": ".context",
     "Transaction": ".current_transaction",
@@ -97,6 +95,7 @@ _WHERE: dict[str, str] = {
     "Retention": ".pruner",
     "JobRecord": ".records",
     "JobState": ".records",
+    "OutcomeKind": ".records",
     "JobDefinition": ".registry",
     "Registry": ".registry",
     "Relay": ".relay",

@@ -4,7 +4,6 @@
 # Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from .records import (
     Claim,
     Complete,
     DeadLetter,
+    OutcomeKind,
     Park,
     Retry,
     Settlement,
@@ -39,23 +39,6 @@ from .run_scope import CancelReason, RunScope
 from .steps import Steps, Suspension
 from .thread_slots import ThreadSlots
 from .tracing import attempt_span
-
-
-class OutcomeKind(enum.StrEnum):
-    """What an attempt ended as, as the outcomes table (docs/model.md), ``WorkerStats``, the
-    metrics (``jobs_trio_attempts_total``), the job's attempt history and the
-    ``jobs.attempt.<kind>`` log lines spell it."""
-
-    COMPLETED = "completed"
-    SUSPENDED = "suspended"
-    RETRIED = "retried"
-    DEAD_LETTERED = "dead-lettered"
-    INTERRUPTED = "interrupted"
-    LOST = "lost"
-    # The teardown's budget ran out on it: nothing written, its lease lapses.
-    ABANDONED = "abandoned"
-    CANCELLED = "cancelled"  # by an operator
-    PARKED = "parked"  # its name is not in this deploy's registry
 
 
 @attrs.frozen

@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 
-from .records import JobRecord, JobState, QueueStats, StepRecord
+from .records import WAITING_STATES, JobRecord, JobState, QueueStats, StepRecord
 
 # The states a queue's depth is shown in, in the order a job usually moves through them.
 STATE_ORDER = tuple(state.value for state in JobState)
@@ -183,7 +183,7 @@ def _state_detail(record: JobRecord, now: float) -> str:
 def _waiting_text(record: JobRecord) -> str:
     """ ", put off for a full slot of key 'K'", or for a rate: why a ready job has not run
     (a claim put it off; it stays ready, its attempt uncounted)."""
-    if record.waiting_on is None or record.state not in (JobState.READY, JobState.SUSPENDED):
+    if record.waiting_on is None or record.state not in WAITING_STATES:
         return ""
     kind, _, key = record.waiting_on.partition(":")
     what = "a full slot" if kind == "slot" else "a rate limit" if kind == "rate" else kind

@@ -2,6 +2,12 @@
 # Apart only as that name: the Protocol itself lives with the drivers (drivers/contract.py).
 from __future__ import annotations
 
-from .drivers.contract import Driver, SettlesWithClaims, settles_with_claims
+from .drivers.contract import (
+    BesideConnection,
+    Capabilities,
+    Driver,
+    RenewsBeside,
+    SettlesWithClaims,
+)
 
-__all__ = ["Driver", "SettlesWithClaims", "settles_with_claims"]
+__all__ = ["BesideConnection", "Capabilities", "Driver", "RenewsBeside", "SettlesWithClaims"]

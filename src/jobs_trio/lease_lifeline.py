@@ -12,13 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import cast
 
 import attrs
 import trio
 import trio.testing
 
 from .attempt import describe, judged_code
-from .drivers.contract import BesideConnection, RenewsBeside
+from .driver import BesideConnection, Driver, RenewsBeside
 from .errors import HandedBack, JobsError, JobTimeout
 from .lifecycle import ABANDONED_EXIT_CODE, end_process
 from .logs import log_event
@@ -65,7 +66,7 @@ class LeaseLifeline:
 
     def __init__(
         self,
-        driver: object,
+        driver: Driver,
         registry: Registry,
         worker_id: str,
         *,
@@ -74,7 +75,7 @@ class LeaseLifeline:
         held: Callable[[], Sequence[RunScope]],
         unwritten: Callable[[], Sequence[Settlement]],
     ) -> None:
-        self._driver = driver if isinstance(driver, RenewsBeside) else None
+        self._driver = cast(RenewsBeside, driver) if driver.capabilities.renews_beside else None
         self._registry = registry
         self._worker_id = worker_id
         self._lease = lease

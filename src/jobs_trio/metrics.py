@@ -17,8 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from .attempt import OutcomeKind
-from .records import JobState, OutboxStats, QueueStats
+from .records import JobState, OutboxStats, OutcomeKind, QueueStats
 
 # Every name starts with this (Prometheus' convention: the exporter's name first).
 PREFIX = "jobs_trio_"

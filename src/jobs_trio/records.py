@@ -6,7 +6,7 @@ import enum
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -25,6 +25,28 @@ class JobState(enum.StrEnum):
 
     def __str__(self) -> str:
         return self.value
+
+
+# A job that waits to be claimed: due (its run-at passed) or not yet, for a time or an event.
+# A claim takes jobs in these states, a freed fleet slot wakes one waiting in them.
+WAITING_STATES: Final = (JobState.READY, JobState.SUSPENDED)
+
+
+class OutcomeKind(enum.StrEnum):
+    """What an attempt ended as, as the outcomes table (docs/model.md), ``WorkerStats``, the
+    metrics (``jobs_trio_attempts_total``), the job's attempt history and the
+    ``jobs.attempt.<kind>`` log lines spell it."""
+
+    COMPLETED = "completed"
+    SUSPENDED = "suspended"
+    RETRIED = "retried"
+    DEAD_LETTERED = "dead-lettered"
+    INTERRUPTED = "interrupted"
+    LOST = "lost"
+    # The teardown's budget ran out on it: nothing written, its lease lapses.
+    ABANDONED = "abandoned"
+    CANCELLED = "cancelled"  # by an operator
+    PARKED = "parked"  # its name is not in this deploy's registry
 
 
 def new_job_id() -> JobId:

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, cast
 
 import attrs
 import trio
 
 from .boundary import storable_text
-from .driver import Driver
-from .errors import JobsError, RowLocked, ValueRefused
+from .driver import Driver, SettlesWithClaims
+from .errors import DriverError, JobsError, RowLocked, ValueRefused
 from .logs import log_event
 from .outage import Outage
 from .records import (
     CancelJob,
+    Claim,
     Complete,
     DeadLetter,
     JobId,
@@ -184,6 +186,58 @@ class Settler:
         ``hand_in`` writes nothing (its run was abandoned at the budget)."""
         self._closed = True
         self._arrived.unpark_all()
+
+    async def claim(
+        self,
+        driver: Driver,
+        queues: Sequence[str],
+        limit: Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+        **options: Any,
+    ) -> Sequence[Claim]:
+        """``driver.claim(...)``, carrying the settlements that wait to be written when the
+        driver writes both in one round trip (``Capabilities.settles_with_claims``): at
+        concurrency 1 every job's settle then rides on the next job's claim. On any failure
+        nothing of the call was written (one write, or none), and the settlements come back
+        here to be written as they would have been."""
+        carried = self.take_for_claim()
+        if not carried:
+            return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+        both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so
+        try:
+            applied, claims = await both.settle_and_claim(
+                [pending.settlement for pending in carried],
+                queues,
+                limit,
+                lease=lease,
+                worker_id=worker_id,
+                **options,
+            )
+        except RowLocked as exc:
+            # A row of it locked by another session: a settle alone (no slot to claim for)
+            # may have written the rest; what was written is kept, the others are written
+            # alone from now on, and this claim goes on without them.
+            self.give_back_locked(carried, exc)
+        except ValueRefused:
+            self.give_back(carried, solo=True)
+        except DriverError:
+            self.give_back(carried, solo=False)
+            raise  # the claim failed: the claim loop's own handling
+        except Exception:
+            # Not a failure we know (a driver bug, a value it chokes on): as the writer treats
+            # one, a refusal of something carried.
+            self.give_back(carried, solo=True)
+        except BaseException:
+            self.give_back(carried, solo=False)  # cut by the budget
+            raise
+        else:
+            self.written(carried, applied)
+            return claims
+        # Refused: alone from now on, the writer isolates the refused settlement (it never
+        # fails a claim again), and this claim goes without them.
+        return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
 
     def take_for_claim(self) -> list[_Pending]:
         """The waiting settlements a claim may carry (none once the intake stopped: the

@@ -1,28 +1,30 @@
-# The worker: the claim loop for all its queues, the nursery every claimed job runs in, and the
-# teardown.
-# Apart from attempt.py (one run's verdict) and drain.py (how SIGTERM reaches the runs).
+# The worker: a claimed job's run in its nursery (``_run_claim``), the services beside it, and
+# its teardown. Apart from where a job is claimed (claim_loop.py), where it waits for a slot
+# (slots.py), where it is judged (attempt.py), where it is settled (settler.py) and where a
+# drain reaches it (drain.py): this module only joins them.
 from __future__ import annotations
 
 import contextlib
 import enum
 import functools
-import inspect
 import logging
 import os
 import socket
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from . import __version__
-from .attempt import Outcome, OutcomeKind, run_attempt
-from .budget import WRITE_FLOOR, Budget
+from .abandonment import abandon_bodies, bodies_running, report_unwritten
+from .attempt import Outcome, run_attempt
+from .budget import Budget
+from .claim_loop import ClaimLoop
 from .drain import Drain
-from .driver import Driver, SettlesWithClaims, settles_with_claims
-from .errors import ConfigError, DriverError, JobDrained, RowLocked, ValueRefused
+from .driver import Driver
+from .errors import ConfigError, DriverError, JobDrained
 from .instance_id import instance_id
 from .lease_lifeline import LeaseLifeline
 from .lease_renewal import lease_margin, renew_leases
@@ -32,29 +34,27 @@ from .metrics import Metrics, default_metrics
 from .outage import Outage
 from .presence import announce_presence
 from .pruner import DEFAULT_RETENTION, Pruner, Retention
-from .records import Claim, QueueStats, WorkerPresence
+from .records import Claim, OutcomeKind, QueueStats, WorkerPresence
 from .registry import JobDefinition, Registry
 from .run_scope import CancelReason, RunScope
 from .settler import Settler
 from .single_error import unwrap_single_error
+from .slots import Slots
 from .task_scheduler import TaskScheduler
-from .thread_slots import ThreadSlots
+from .worker_options import DEFAULT_HOLD_LIMIT, DEFAULT_LEASE, MIN_LEASE, worker_options
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
 
-# How long a claim holds a job without renewal: after a worker dies (kill -9, OOM, a lost
-# machine) its jobs are claimable again within this long. 8 s keeps that rescue under 10 s
-# even when the death comes just after a renewal; renewals every lease / 3 (~2.7 s) leave
-# two missed renewals of slack before a live worker loses its jobs.
-DEFAULT_LEASE = 8.0
-# The shortest lease a worker takes (see Worker: a claim must come back well inside it).
-MIN_LEASE = 1.0
-
-# How long a claim taken ahead of a free slot (``claim_ahead``) waits for one before it is handed
-# back, unstarted and uncounted: the most a job waits behind a long one on a busy worker while
-# another worker could have run it.
-DEFAULT_HOLD_LIMIT = 1.0
+__all__ = [
+    "DEFAULT_HOLD_LIMIT",
+    "DEFAULT_LEASE",
+    "MIN_LEASE",
+    "Worker",
+    "WorkerState",
+    "WorkerStats",
+    "open_worker",
+]
 
 # Scheduling passes a teardown whose wait for bodies was cut gives the bodies told to stop
 # before it abandons them: enough for a body, and a nursery of its own, to unwind.
@@ -128,48 +128,21 @@ class Worker:
     ) -> None:
         self.driver = driver
         self.registry = registry
-        self.queues = tuple(queues) if queues else tuple(registry.queues())
-        if not self.queues:
-            raise ConfigError(
-                "the worker has no queue to claim from: the registry declares no job",
-                fix="declare jobs with @registry.job(...) before starting the worker, "
-                "or pass queues=",
-            )
-        self._limits = _limits(concurrency, self.queues)
-        self._ahead = _claim_ahead(claim_ahead, self._limits)
-        if any(self._ahead.values()):
-            _check_claims_ahead(driver)
-        if not hold_limit > 0:
-            raise ConfigError(f"hold_limit={hold_limit!r}", fix="give hold_limit > 0 seconds")
-        self.hold_limit = float(hold_limit)
-        for name, value in (
-            ("lease", lease),
-            ("poll_interval", poll_interval),
-            ("safety_poll", safety_poll),
-        ):
-            if not value > 0:
-                raise ConfigError(f"{name}={value!r}", fix=f"give {name} > 0 seconds")
-        if lease < MIN_LEASE:
-            # Counted from the claim's send, less a stop margin: shorter than a slow claim's
-            # round trip, every claim came back late and was handed back unstarted (a worker
-            # that logged jobs.claim.late thousands of times a second and ran nothing).
-            raise ConfigError(
-                f"lease={lease!r} is shorter than {MIN_LEASE:g} s",
-                fix=f"give lease >= {MIN_LEASE:g} seconds (the default is {DEFAULT_LEASE:g}): a"
-                " claim must come back well inside its lease, and a run is stopped a margin"
-                " before it runs out",
-            )
-        self.lease = float(lease)
-        self.renew_interval = renew_interval if renew_interval is not None else self.lease / 3
-        if not 0 < self.renew_interval < self.lease:
-            raise ConfigError(
-                f"renew_interval={self.renew_interval!r} with lease={self.lease!r}",
-                fix="renew more often than the lease lasts (the default is lease / 3)",
-            )
-        # After a failed claim, the next try; while idle, the longest wait without a look
-        # (every driver wakes the loop on new work: LISTEN, in-process, SQLite's own poll).
-        self.poll_interval = poll_interval
-        self.safety_poll = safety_poll
+        self.options = worker_options(
+            driver,
+            registry,
+            queues=queues,
+            concurrency=concurrency,
+            claim_ahead=claim_ahead,
+            hold_limit=hold_limit,
+            lease=lease,
+            renew_interval=renew_interval,
+            poll_interval=poll_interval,
+            safety_poll=safety_poll,
+        )
+        self.queues = self.options.queues
+        self.lease = self.options.lease
+        self.renew_interval = self.options.renew_interval
         self.worker_id = worker_id or instance_id()
         self.exit_grace = exit_grace
         self._lifecycle = lifecycle
@@ -177,38 +150,28 @@ class Worker:
         self._stats_interval = stats_interval
         self._state = WorkerState.STOPPED
         self._outcomes: Counter[OutcomeKind] = Counter()
-        self._in_flight: Counter[str] = Counter()  # runs holding a slot
-        self._unstarted: Counter[str] = Counter()  # claims taken ahead, not yet given a slot
-        # Claims taken ahead of a free slot, oldest first per queue (claim order is the queue's
-        # order), each waiting for a slot of its queue or its hold limit.
-        self._waiting: dict[str, deque[_Held]] = {q: deque() for q in self.queues}
-        # A queue whose held claim was handed back claims nothing ahead until a slot frees:
-        # else a worker stuck behind a long job would claim and hand back the same job forever.
-        self._ahead_paused: set[str] = set()
-        self._held_one = trio.lowlevel.ParkingLot()
+        self._slots = Slots(
+            self.options.limits,
+            self.options.ahead,
+            self.options.hold_limit,
+            start_run=self._start_run,
+            on_idle=self._note_idle,
+        )
         self._drain = Drain()
         self._budget = Budget()
-        # Claiming stops at once on accept/stop: every idle wait of a claim loop is cancelled,
-        # but a claim in flight is not (it may have committed): it is waited for, under the
-        # budget, and whatever it claimed is reached by the drain.
-        self._claiming_stopped = False
-        self._idle_waits: set[trio.CancelScope] = set()
-        self._teardown_done = trio.Event()
-        self._settler: Settler | None = None
-        self._runs: trio.Nursery | None = None
-        self._slot_freed = trio.lowlevel.ParkingLot()
-        self._threads = ThreadSlots(sum(self._limits.values()), self._on_slot_freed)
-        self._abandoned: tuple[str, ...] = ()
-        self._settle_peak = 0  # the most settlements that waited at once in the last run
-        self._queue_depth: tuple[QueueStats, ...] = ()
         # For a lease after an outage this worker saw, it rescues no lapsed job: their runners,
         # back too, write their results and hand-backs first. Only an outage as long as a
         # renewal interval lapses any lease.
         self._outage = Outage(grace=self.lease, long=self.renew_interval)
-        # A driver written before claim(rescue=) rescues lapsed jobs at once after an outage.
-        self._asks_rescue = _takes(driver, "claim", "rescue") and (
-            not settles_with_claims(driver) or _takes(driver, "settle_and_claim", "rescue")
-        )
+        self._claims = self._claim_loop()
+        self._teardown_done = trio.Event()
+        self._settler: Settler | None = None
+        # The nursery runs start in, and whom their outcomes are reported to (tick()).
+        self._runs: trio.Nursery | None = None
+        self._report: Callable[[Outcome], object] | None = None
+        self._abandoned: tuple[str, ...] = ()
+        self._settle_peak = 0  # the most settlements that waited at once in the last run
+        self._queue_depth: tuple[QueueStats, ...] = ()
         # Cron tasks fire from every worker that runs them (off: schedule_tasks=False); the
         # driver's compare-and-set makes each scheduled time fire once per fleet.
         tasks = registry.tasks() if schedule_tasks else []
@@ -219,6 +182,11 @@ class Worker:
             Pruner(driver, retention, self.worker_id, metrics=self._metrics) if retention else None
         )
         self._services = tuple(s.run for s in (scheduler, pruner) if s is not None)
+
+    def _claim_loop(self) -> ClaimLoop:
+        return ClaimLoop(
+            self.driver, self.options, self._slots, self._outage, self.worker_id, self._place
+        )
 
     # -- what a lifecycle calls ------------------------------------------------------------
 
@@ -264,11 +232,11 @@ class Worker:
             worker_id=self.worker_id,
             queues=self.queues,
             state=self._state,
-            in_flight=sum(self._in_flight.values()),
+            in_flight=sum(self._slots.in_flight.values()),
             outcomes=outcomes,
             abandoned=self._abandoned,
             queue_depth=self._queue_depth,
-            claimed_ahead=sum(self._unstarted.values()),
+            claimed_ahead=sum(self._slots.unstarted.values()),
         )
 
     @property
@@ -282,8 +250,8 @@ class Worker:
             host=socket.gethostname(),
             pid=os.getpid(),
             queues=self.queues,
-            concurrency=sum(self._limits.values()),
-            running=sum(self._in_flight.values()),
+            concurrency=sum(self.options.limits.values()),
+            running=sum(self._slots.in_flight.values()),
             state=self._state.value,
             version=__version__,
             started_at=started_at,
@@ -293,7 +261,7 @@ class Worker:
 
     def slot_use(self) -> dict[str, tuple[int, int]]:
         """Each queue's running jobs and slots (its concurrency), for the slot gauges."""
-        return {q: (self._in_flight[q], self._limits[q]) for q in self.queues}
+        return self._slots.use()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run jobs until stopped; then tear down (see ``_teardown``)."""
@@ -304,8 +272,9 @@ class Worker:
             )
         self._state = WorkerState.IDLE
         self._abandoned = ()
+        capabilities = self.driver.capabilities
         # Bounded by the jobs a worker holds: at most two settlements per slot and per claim
-        # ahead wait for the database before the claiming stops (see _claim_loop). Two, not
+        # ahead wait for the database before the claiming stops (see claim_loop.py). Two, not
         # one: with one, each claim waited for the previous batch's settle to commit, so the
         # two round trips ran one after the other; with two the next claim overlaps the settle
         # (bench/run.py throughput: c=1 +40%, c=10 +15%, issue 16). Per claim ahead too: a
@@ -313,18 +282,19 @@ class Worker:
         # alone (20 at c=10) it held the claiming back until the held claims had all run, so
         # every claim's round trip was a stall (bench/worker_cpu.py, c=10 with claim_ahead=32:
         # 1.6 s of a 5.6 s run waiting for settler room, the claim sent with 0 held).
+        slots = sum(self.options.limits.values()) + sum(self.options.ahead.values())
         settler = Settler(
             self.driver,
-            capacity=2 * (sum(self._limits.values()) + sum(self._ahead.values())),
-            carried_by_claims=settles_with_claims(self.driver),
-            retry_cap=self.poll_interval,
+            capacity=2 * slots,
+            carried_by_claims=capabilities.settles_with_claims,
+            retry_cap=self.options.poll_interval,
             outage=self._outage,
         )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
         self._metrics.watch_slots(self.worker_id, self.slot_use)
         self._metrics.jobs_declared(
-            (d.queue, d.name) for d in self.registry if d.queue in self._limits
+            (d.queue, d.name) for d in self.registry if d.queue in self.options.limits
         )
         torn_down = False
         try:
@@ -358,14 +328,14 @@ class Worker:
                     service.start_soon(
                         announce_presence, self.driver, self._presence, self._stats_interval
                     )
-                if any(self._ahead.values()):
-                    service.start_soon(self._hand_back_overdue)
+                if self._slots.claims_ahead():
+                    service.start_soon(self._slots.hand_back_overdue)
                 async with trio.open_nursery() as runs:
                     self._runs = runs
                     log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
                     self._warn_of_undeclared_queues()
                     task_status.started()
-                    # The budget covers the claim loops too: the claim each has in flight when
+                    # The budget covers the claim loop too: the claim it has in flight when
                     # claiming stops is waited for under it, like every other wait of the
                     # teardown (a slow database must not hold a drain past its grace). Under
                     # its WRITES deadline: a claim that committed is an ending decided (its
@@ -374,14 +344,14 @@ class Worker:
                         with self._budget.writes:
                             async with trio.open_nursery() as claimers:
                                 for started in self._services:
-                                    await claimers.start(self._until_claiming_stops, started)
-                                claimers.start_soon(self._claim_loop)
+                                    await claimers.start(self._claims.until_stopped, started)
+                                claimers.start_soon(self._claims.run, settler)
                             await self._teardown(settler)
                     except BaseException:
                         # Cancelled from outside, or failed: a sync body's thread is shielded
                         # from its run scope, so stop waiting for it here, or this nursery
                         # would wait for it forever.
-                        self._drop_held()
+                        self._slots.drop_held(self._drain)
                         for run in self._drain.held:
                             run.abandon()
                         raise
@@ -413,22 +383,24 @@ class Worker:
                     " declare the jobs (@registry.job(..., queue=...)) that are enqueued there",
                 )
 
+    # -- the teardown ------------------------------------------------------------------------
+
     async def _teardown(self, settler: Settler) -> None:
-        """The teardown's waits, under the budget's writes deadline, once the claim loops have
+        """The teardown's waits, under the budget's writes deadline, once the claim loop has
         ended: first for the bodies (under the budget proper, which a second signal ends at
         once), then for the settlements they handed in (which it does not: see Budget)."""
         self._state = WorkerState.DRAINING
         with self._budget.scope:
-            await self._all_runs_ended()
+            await self._slots.all_ended()
         if self._budget.scope.cancelled_caught:
             # A body told to stop a moment ago is most likely unwinding already: a few passes
             # let it hand its ending in (an interrupted attempt, written under the floor),
             # rather than abandon a job that stopped as asked one pass too late.
             for _ in range(_UNWIND_PASSES):
-                if not self._bodies_running():
+                if not bodies_running(self._drain):
                     break
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            self._abandon_bodies()
+            self._abandoned += abandon_bodies(self._drain, self._budget, self.worker_id)
         settler.stop_intake()
         await settler.finished.wait()
 
@@ -436,94 +408,22 @@ class Worker:
         if self._budget.writes.cancelled_caught:
             # Both deadlines passed at once: the outer scope caught it, and the bodies still
             # running were not named yet.
-            self._abandon_bodies()
-            self._abandoned += self._report_unwritten(settler)
+            self._abandoned += abandon_bodies(self._drain, self._budget, self.worker_id)
+            self._abandoned += report_unwritten(self._drain, settler, self.worker_id)
             settler.stop_intake()
         # A manual stop cut by its budget (no drain) can leave claims held for a slot that a
         # thread abandoned at the budget still takes: they have no task to end with the runs
         # nursery, and must not start in it (nor in the next run) when that thread ends.
-        self._drop_held()
+        self._slots.drop_held(self._drain)
         self._finish_teardown()
 
-    def _bodies_running(self) -> bool:
-        """Whether a run whose body has not ended is still held (or a claim held for a slot
-        whose hand-back has not been handed in)."""
-        return any(not run.settling for run in self._drain.held)
-
-    def _abandon_bodies(self) -> None:
-        """The budget ran out on bodies still running: each is named and counted (the process
-        exits non-zero), and nothing of it is written: its lease lapses and it runs again
-        elsewhere. The settlements already handed in are still written, under the floor."""
-        running = [run for run in self._drain.held if not (run.settling or run.abandoned)]
-        if running:
-            log_event(
-                "jobs.worker.wait-cut",
-                logging.WARNING,
-                worker=self.worker_id,
-                running=len(running),
-                settling=len(self._drain) - len(running),
-                writes_within=round(max(self._budget.writes_deadline - trio.current_time(), 0), 3),
-                why="the teardown's budget for bodies ran out (the grace period, or a second"
-                " signal); the endings already decided are still written",
-            )
-        abandoned: list[str] = []
-        for run in running:
-            abandoned.append(run.job_id)
-            # A sync body's thread stops being waited for (its slot stays taken until it
-            # really ends); nothing of this run is written.
-            run.abandon()
-            log_event(
-                "jobs.worker.drain-abandoned",
-                logging.ERROR,
-                worker=self.worker_id,
-                job_id=run.job_id,
-                job=run.claim.name,
-                fix="the body did not stop within the grace period (an async body that "
-                "swallows Cancelled or shields itself, a sync body or sync step that does not "
-                "call ctx.check_cancelled(), or a step whose record the database did not take "
-                "in time); its lease lapses and it runs again elsewhere. Let it stop, check "
-                "the database, or raise grace",
-            )
-        self._abandoned += tuple(abandoned)
-
-    def _report_unwritten(self, settler: Settler) -> tuple[str, ...]:
-        """The writes deadline ran out with settlements unwritten: each job is named and
-        counted, so the process exits non-zero rather than drop a result silently."""
-        unwritten = {s.lease.token: s for s in settler.unwritten()}
-        abandoned: list[str] = []
-        for run in self._drain.held:
-            if not run.settling:
-                continue  # a body still running: named with the bodies
-            abandoned.append(run.job_id)
-            settlement = unwritten.pop(run.claim.token, None)
-            log_event(
-                "jobs.worker.settle-abandoned",
-                logging.ERROR,
-                worker=self.worker_id,
-                job_id=run.job_id,
-                job=run.claim.name,
-                outcome=type(settlement).__name__ if settlement else "unknown",
-                fix="the database did not take this attempt's settlement before the teardown's"
-                f" deadline (the grace period, or {WRITE_FLOOR:g} s after a second signal); its"
-                " lease lapses and it runs again elsewhere (at-least-once). Check the database",
-            )
-        for settlement in unwritten.values():  # handed in by a run no longer held (tick())
-            abandoned.append(settlement.lease.job_id)
-            log_event(
-                "jobs.worker.settle-abandoned",
-                logging.ERROR,
-                worker=self.worker_id,
-                job_id=settlement.lease.job_id,
-                outcome=type(settlement).__name__,
-            )
-        return tuple(abandoned)
-
     def _finish_teardown(self) -> None:
-        # Fresh drain and budget: a signalled drain stays signalled and a spent budget stays
-        # spent, so a restarted worker would hand every job a scope born cancelled.
+        # Fresh drain, budget and claim loop: a signalled drain stays signalled, a spent budget
+        # stays spent and a stopped loop stays stopped, so a restarted worker would hand every
+        # job a scope born cancelled.
         self._drain = Drain()
         self._budget = Budget()
-        self._claiming_stopped = False
+        self._claims = self._claim_loop()
         if self._settler is not None:
             self._settle_peak = self._settler.peak
         self._settler = None
@@ -543,14 +443,16 @@ class Worker:
         done, self._teardown_done = self._teardown_done, trio.Event()
         done.set()
 
-    def _holds_jobs(self) -> bool:
-        """Whether any job is running or held for a slot (held like a running one: renewed,
-        reached by a drain, waited for by stop())."""
-        return sum(self._in_flight.values()) + sum(self._unstarted.values()) > 0
-
-    async def _all_runs_ended(self) -> None:
-        while self._holds_jobs():
-            await self._slot_freed.park()
+    def _stop_claiming(self, reason: str) -> None:
+        if not self._claims.stopped:
+            # The teardown begins here, whatever began it: one line each time.
+            log_event(
+                "jobs.worker.draining",
+                worker=self.worker_id,
+                reason=reason,
+                in_flight=sum(self._slots.in_flight.values()),
+            )
+        self._claims.stop()
 
     async def tick(self) -> list[Outcome]:
         """One claim-and-run round without the claim loop: claim up to each queue's limit, run
@@ -562,250 +464,35 @@ class Worker:
             )
         outcomes: list[Outcome] = []
         async with trio.open_nursery() as nursery:
-            free = self._free_slots()
+            free = self._slots.free()
             if free:
                 sent_at = trio.current_time()
                 claims = await self.driver.claim(
                     list(free), free, lease=self.lease, worker_id=self.worker_id
                 )
-                for claim in claims:
-                    run, definition = self._hold(claim, sent_at)
-                    self._in_flight[claim.queue] += 1
-                    nursery.start_soon(self._run_claim, claim, run, definition, outcomes.append)
+                self._runs, self._report = nursery, outcomes.append
+                try:
+                    for claim in claims:
+                        self._slots.begin_now(self._hold(claim, sent_at), self._definition(claim))
+                finally:
+                    self._runs, self._report = None, None
         return outcomes
 
-    # -- claiming and running --------------------------------------------------------------
+    # -- a claim, from its answer to its settlement handed in ------------------------------
 
-    def _open_slots(self, queue: str) -> int:
-        """``queue``'s free slots. A thread abandoned at its cancel still runs: it keeps its
-        slot until it ends."""
-        return self._limits[queue] - self._in_flight[queue] - self._threads.lingering(queue)
+    def _definition(self, claim: Claim) -> JobDefinition | None:
+        return self.registry.get(claim.name)
 
-    def _free_slots(self) -> dict[str, int]:
-        """Each queue with a free slot, and how many."""
-        free = {q: self._open_slots(q) for q in self.queues}
-        return {q: n for q, n in free.items() if n > 0}
+    def _place(self, claim: Claim, sent_at: float) -> None:
+        """A claim the driver answered: held at once, then run in a slot or held for one."""
+        self._slots.place(self._hold(claim, sent_at), self._definition(claim))
 
-    def _claimable(self) -> dict[str, int]:
-        """What the next claim asks of each queue: its free slots, plus its room ahead
-        (``claim_ahead`` less the claims already waiting). The room is claimed once half of it
-        is free, not job by job: a claim ahead exists to save round trips."""
-        want: dict[str, int] = {}
-        for q in self.queues:
-            free = max(self._open_slots(q), 0)
-            ahead = self._ahead[q]
-            room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
-            if not free and room < (ahead + 1) // 2:
-                room = 0
-            if free + room > 0:
-                want[q] = free + room
-        return want
-
-    async def _claim_loop(self) -> None:
-        """One loop for all the worker's queues: each round is ONE claim for every queue with a
-        free slot, each capped at its own (a deep queue never takes another's slots), so an
-        idle worker costs the database the same with 1 queue or 50 (issue 20)."""
-        while not self._claiming_stopped:
-            free = self._claimable()
-            if not free:
-                with self._idle_wait():
-                    await self._slot_freed.park()
-                continue
-            if self._settler is not None and self._settler.waiting >= self._settler.capacity:
-                # Backpressure: the database is not keeping up with the settlements; claiming
-                # more would only pile finished work up in memory.
-                with self._idle_wait():
-                    await self._settler.room()
-                continue
-            if self._settler is not None and self._settler.stalled:
-                # Finished work first: the database could not take the last settlements. Once
-                # it can, they are written before this worker claims again (issue 32: a claim
-                # that came first took jobs whose results were still waiting here).
-                with self._idle_wait():
-                    await self._settler.flowing()
-                continue
-            sent_at = trio.current_time()
-            try:
-                # Not cancelled when claiming stops: a claim that committed must reach its
-                # runs, or its jobs would sit claimed until their leases lapsed and cost them
-                # an attempt. The drain still reaches them: hold() cancels them at once. Only
-                # the budget (around the claim loop) cuts a claim short.
-                claims = await self._claim(free)
-            except DriverError as exc:
-                self._outage.unreachable()
-                log_event(
-                    "jobs.worker.claim-failed",
-                    logging.WARNING,
-                    queues=tuple(free),
-                    error=str(exc),
-                )
-                with self._idle_wait():
-                    await trio.sleep(self.poll_interval)
-                continue
-            self._outage.reached(sent_at)
-            assert self._runs is not None
-            for claim in claims:
-                self._start(self._runs, claim, sent_at)
-            got = Counter(claim.queue for claim in claims)
-            came_up_short = [q for q, n in free.items() if got[q] < n]
-            if came_up_short:
-                if claims:
-                    # The jobs just claimed start before this task looks for more: the look
-                    # (a round trip on some drivers) would otherwise be sent first, and every
-                    # job wait for it. Two passes: the first lands in the batch the new tasks
-                    # run in, where Trio's order is random; the second is after it.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                with self._idle_wait():
-                    await self._wait_for_work_or_slot(came_up_short)
-            else:
-                # Every queue asked filled all its free slots: more may be waiting.
-                await trio.lowlevel.checkpoint()
-
-    async def _claim(self, free: dict[str, int]) -> Sequence[Claim]:
-        """One claim for ``free``, carrying the settlements that wait to be written when the
-        driver can write both in one round trip (SettlesWithClaims): at concurrency 1 every
-        job's settle then rides on the next job's claim."""
-        settler = self._settler
-        carried = settler.take_for_claim() if settler is not None else []
-        options = self._claim_options(free)
-        if not carried:
-            return await self.driver.claim(
-                list(free), free, lease=self.lease, worker_id=self.worker_id, **options
-            )
-        assert settler is not None
-        driver = cast(SettlesWithClaims, self.driver)  # the settler carries only then
-        # On any failure nothing of the call was written (one write, or none), and the
-        # settler gets the settlements back to write them as it would have.
-        try:
-            applied, claims = await driver.settle_and_claim(
-                [pending.settlement for pending in carried],
-                list(free),
-                free,
-                lease=self.lease,
-                worker_id=self.worker_id,
-                **options,
-            )
-        except RowLocked as exc:
-            # A row of it locked by another session: a settle alone (no slot to claim for)
-            # may have written the rest; the settler keeps what was written and writes the
-            # others alone from now on, and this claim goes on without them.
-            settler.give_back_locked(carried, exc)
-        except ValueRefused:
-            settler.give_back(carried, solo=True)
-        except DriverError:
-            settler.give_back(carried, solo=False)
-            raise  # the claim failed: the claim loop's own handling
-        except Exception:
-            # Not a failure we know (a driver bug, a value it chokes on): as the settler
-            # treats one, a refusal of something carried.
-            settler.give_back(carried, solo=True)
-        except BaseException:
-            settler.give_back(carried, solo=False)  # cut by the budget
-            raise
-        else:
-            settler.written(carried, applied)
-            return claims
-        # Refused: alone from now on, the settler isolates the refused settlement (it never
-        # fails a claim again), and this claim goes without them.
-        return await self.driver.claim(
-            list(free), free, lease=self.lease, worker_id=self.worker_id, **options
-        )
-
-    def _claim_options(self, want: Mapping[str, int]) -> dict[str, Any]:
-        """What a claim tells its driver beyond the queues and their caps, only when it must:
-        a driver is otherwise asked nothing new. A claim asking past a queue's free slots
-        tells it those slots (``free=``): the claims past them are marked ahead, and a crash
-        here gives their attempts back. Just after an outage, ``rescue=False``: no lapsed job
-        (their runners write first, outage.py)."""
-        options: dict[str, Any] = {}
-        free = {q: max(self._open_slots(q), 0) for q in want}
-        if any(n > free[q] for q, n in want.items()):
-            options["free"] = free
-        if self._asks_rescue and not self._outage.rescue():
-            options["rescue"] = False
-        return options
-
-    async def _wait_for_work_or_slot(self, came_up_short: Sequence[str]) -> None:
-        """Wait until new work may be due in a queue whose claim came up short (the driver's
-        wake-up, one look at the next due time for all of them), or a slot frees in a queue
-        that may hold more (its claim filled its slots, or it had none free)."""
-        may_hold_more = [q for q in self.queues if q not in came_up_short]
-        if not may_hold_more:
-            # Every queue came up short (an idle worker): only the wake-up can end the wait.
-            # Waited for in this task: a nursery's child would take a scheduler pass more to
-            # hand the claim loop its wake-up (wake-up to claim sent: 0.17-0.23 ms with one).
-            await self._work_may_be_due(came_up_short)
-            return
-        async with trio.open_nursery() as waits:
-
-            async def work_may_be_due() -> None:
-                await self._work_may_be_due(came_up_short)
-                waits.cancel_scope.cancel()
-
-            async def slot_freed() -> None:
-                while not any(q in self._claimable() for q in may_hold_more):
-                    await self._slot_freed.park()
-                waits.cancel_scope.cancel()
-
-            waits.start_soon(work_may_be_due)
-            if may_hold_more:
-                waits.start_soon(slot_freed)
-
-    async def _work_may_be_due(self, queues: Sequence[str]) -> None:
-        """The driver's wake-up; but while this worker rescues no lapsed job (after an outage),
-        a look every ``poll_interval`` until it does: the wake-up counts a lapsed lease as work
-        due now, and would answer at once, every time, to a claim that may not take it."""
-        rescue_at = self._outage.rescue_at()
-        now = trio.current_time()
-        if rescue_at <= now:
-            await self.driver.wait_for_work(queues, timeout=self.safety_poll)
-        else:
-            await trio.sleep(min(self.poll_interval, rescue_at - now))
-
-    async def _until_claiming_stops(
-        self,
-        service: Callable[..., Awaitable[None]],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        # A service (cron fires, retention) stops with the claim loops, as one of their idle
-        # waits: accept() and stop() end it before the teardown's wait, so no fire lands and
-        # no prune batch runs during a drain.
-        with self._idle_wait():
-            await service(task_status=task_status)
-
-    @contextlib.contextmanager
-    def _idle_wait(self) -> Iterator[None]:
-        """A claim loop's wait for work or a slot: cancelled at once when claiming stops."""
-        with trio.CancelScope() as scope:
-            if self._claiming_stopped:
-                scope.cancel()
-            self._idle_waits.add(scope)
-            try:
-                yield
-            finally:
-                self._idle_waits.discard(scope)
-
-    def _stop_claiming(self, reason: str) -> None:
-        if not self._claiming_stopped:
-            # The teardown begins here, whatever began it: one line each time.
-            log_event(
-                "jobs.worker.draining",
-                worker=self.worker_id,
-                reason=reason,
-                in_flight=sum(self._in_flight.values()),
-            )
-        self._claiming_stopped = True
-        for scope in list(self._idle_waits):
-            scope.cancel()
-
-    def _hold(self, claim: Claim, sent_at: float) -> tuple[RunScope, JobDefinition | None]:
+    def _hold(self, claim: Claim, sent_at: float) -> RunScope:
         """Hold the claim's run scope in the drain (and its lease in the renewals) at once: a
         drain signalled before the run's task starts must still reach it. Its lease is counted
         from ``sent_at``, when the claim was sent: the database set it at some moment after
         that, so the worker's deadline is never later than the database's."""
-        definition = self.registry.get(claim.name)
+        definition = self._definition(claim)
         run = RunScope(claim, definition.timeout if definition else None)
         run.lease_deadline = sent_at + self.lease
         now = trio.current_time()
@@ -826,108 +513,24 @@ class Worker:
         if self._state is WorkerState.IDLE:
             self._state = WorkerState.RUNNING
         self._drain.hold(run)
-        return run, definition
+        return run
 
-    def _start(self, runs: trio.Nursery, claim: Claim, sent_at: float) -> None:
-        """Run ``claim`` in a free slot of its queue, or, taken ahead, once one frees."""
-        run, definition = self._hold(claim, sent_at)
-        queue = claim.queue
-        # A slot frees only through _promote, which hands it to the oldest held claim first:
-        # an open slot means none is waiting, so a claim never overtakes an older one.
-        if self._open_slots(queue) > 0:
-            self._begin(runs, run, definition)
-            return
-        held = _Held(run, definition, trio.current_time() + self.hold_limit)
-        self._waiting[queue].append(held)
-        self._held_one.unpark_all()  # _hand_back_overdue may be waiting for the first
-        self._unstarted[queue] += 1
-        # No task until a slot frees (_promote starts one); a cancel while it waits starts one
-        # that hands it back.
-        run.on_cancel(functools.partial(self._held_cancelled, held))
-
-    def _held_cancelled(self, held: _Held) -> None:
-        """A held claim's run was cancelled before a slot was handed to it: by a drain, a lost
-        lease or an operator, or at its hold limit by _hand_back_overdue (which took it out of
-        _waiting itself). It never starts: a task hands it back, uncounted."""
-        held.run.on_cancel(None)
-        if not held.overdue:
-            self._waiting[held.run.claim.queue].remove(held)
-        assert self._runs is not None  # held claims are dropped before the runs nursery ends
-        self._runs.start_soon(self._hand_back, held)
-
-    async def _hand_back(self, held: _Held) -> None:
-        queue = held.run.claim.queue
-        try:
-            await self._run_claim(held.run.claim, held.run, held.definition, None, slot_held=False)
-        finally:
-            # Counted unstarted until its hand-back is handed to the settler: the teardown
-            # waits for it like a running job.
-            self._unstarted[queue] -= 1
-            self._note_idle()
-            self._slot_freed.unpark_all()  # the teardown's wait counts these too
-
-    def _drop_held(self) -> None:
-        """The worker failed, was cancelled from outside, or its budget ran out with claims
-        still held: those are never started nor handed back from here (their leases lapse;
-        nothing runs them twice)."""
-        for queue, waiting in self._waiting.items():
-            for held in waiting:
-                held.run.on_cancel(None)
-                self._drain.release(held.run)
-                self._unstarted[queue] -= 1
-            waiting.clear()
-
-    async def _hand_back_overdue(self) -> None:
-        """Cancel each held claim whose hold limit has passed (``HELD_TOO_LONG``: its task hands
-        it back uncounted), and pause its queue's claiming ahead until one of its jobs ends.
-        One task for every held claim: held in claim order with one hold limit, the oldest of
-        each queue is always the first due."""
-        while True:
-            due = [waiting[0].deadline for waiting in self._waiting.values() if waiting]
-            if not due:
-                await self._held_one.park()
-                continue
-            await trio.sleep_until(min(due))
-            now = trio.current_time()
-            for queue, waiting in self._waiting.items():
-                while waiting and waiting[0].deadline <= now:
-                    held = waiting.popleft()
-                    held.overdue = True
-                    self._ahead_paused.add(queue)
-                    held.run.cancel(CancelReason.HELD_TOO_LONG)
-
-    def _promote(self, queue: str) -> None:
-        """Hand the free slots of ``queue`` to its oldest held claims."""
-        waiting = self._waiting[queue]
-        while waiting and self._open_slots(queue) > 0:
-            held = waiting.popleft()
-            held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
-            self._unstarted[queue] -= 1
-            assert self._runs is not None
-            self._begin(self._runs, held.run, held.definition)
-
-    def _begin(self, runs: trio.Nursery, run: RunScope, definition: JobDefinition | None) -> None:
-        """Start ``run`` in a slot of its queue. A claim the database marked ahead is recorded
-        started by the next renewal; till then a crash here gives its attempt back."""
-        self._in_flight[run.claim.queue] += 1
-        run.start_unrecorded = run.claim.ahead
-        if run.claim.due_at is not None:
+    def _start_run(
+        self, run: RunScope, definition: JobDefinition | None, done: Callable[[], None]
+    ) -> None:
+        """Start ``run``'s task in the runs nursery (Slots calls this: a slot for it, or its
+        hand-back unstarted)."""
+        assert self._runs is not None  # runs start only while the runs nursery is open
+        if run.claim.due_at is not None and not run.reason:
             self._metrics.run_started(run.claim.queue, self.driver.now() - run.claim.due_at)
-        runs.start_soon(self._run_claim, run.claim, run, definition, None)
-
-    def _on_slot_freed(self) -> None:
-        for queue in self.queues:
-            self._promote(queue)
-        self._slot_freed.unpark_all()
+        self._runs.start_soon(self._run_claim, run, definition, self._report, done)
 
     async def _run_claim(
         self,
-        claim: Claim,
         run: RunScope,
         definition: JobDefinition | None,
-        report: Any,
-        *,
-        slot_held: bool = True,
+        report: Callable[[Outcome], object] | None,
+        done: Callable[[], None],
     ) -> None:
         # Held (renewed, reached by a drain) and counted as the lifecycle's in-flight work, so
         # a shutdown's wait covers it, until its settlement is written: a slow database must
@@ -935,6 +538,7 @@ class Worker:
         # is confirmed, not by this task waiting for it: the task ends once it has handed the
         # settlement in (a second wake per job, for nothing but that release, was ~5% of the
         # worker's CPU at concurrency 10, issue 16).
+        claim = run.claim
         released = _Release(self._drain, run, self._lifecycle)
         handed_in = False
         try:
@@ -945,7 +549,7 @@ class Worker:
                 registry=self.registry,
                 driver=self.driver,
                 worker_id=self.worker_id,
-                threads=self._threads,
+                threads=self._slots.threads,
             )
             settler = self._settler
             if outcome.settlement is not None and settler is not None:
@@ -963,24 +567,16 @@ class Worker:
         finally:
             if not handed_in:
                 released()
-            if slot_held:
-                self._free_slot(claim.queue)
-
-    def _free_slot(self, queue: str) -> bool:
-        """Give back a run's slot (answers False: no longer held)."""
-        self._in_flight[queue] -= 1
-        self._ahead_paused.discard(queue)
-        self._promote(queue)
-        self._note_idle()
-        self._slot_freed.unpark_all()
-        return False
+            done()
 
     def _note_idle(self) -> None:
         """IDLE once the worker holds no job, running or held for a slot."""
-        if self._state is WorkerState.RUNNING and not self._holds_jobs():
+        if self._state is WorkerState.RUNNING:
             self._state = WorkerState.IDLE
 
-    def _record(self, claim: Claim, outcome: Outcome, report: Any) -> None:
+    def _record(
+        self, claim: Claim, outcome: Outcome, report: Callable[[Outcome], object] | None
+    ) -> None:
         if report is not None:
             report(outcome)
         self._outcomes[outcome.kind] += 1
@@ -1028,80 +624,6 @@ class _Release:
         self._drain.release(self._run)
         if self._counted is not None:
             self._counted()
-
-
-@attrs.define
-class _Held:
-    """A claim taken ahead, waiting for a slot; ``overdue`` once its hold limit (``deadline``)
-    has passed without one."""
-
-    run: RunScope  # its claim is run.claim
-    definition: JobDefinition | None
-    deadline: float
-    overdue: bool = False
-
-
-def _claim_ahead(
-    ahead: int | Mapping[str, int] | None, limits: Mapping[str, int]
-) -> dict[str, int]:
-    if ahead is None:
-        return dict.fromkeys(limits, 0)
-    if isinstance(ahead, Mapping):
-        # A queue this worker does not claim from is a misspelling, not a setting for another
-        # worker (this option is new): silently 0, it would turn nothing on.
-        unknown = sorted(str(q) for q in ahead if q not in limits)
-        if unknown:
-            raise ConfigError(
-                f"claim_ahead names queues this worker does not claim from: {unknown}",
-                fix=f"name only its queues ({', '.join(limits)}), or pass one int for all",
-            )
-        values = {q: ahead.get(q, 0) for q in limits}
-    else:
-        values = dict.fromkeys(limits, ahead)
-    for queue, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(
-                f"claim_ahead {value!r} for queue {queue!r}",
-                fix="give each queue 0 (claim only for free slots) or more",
-            )
-    return values
-
-
-def _takes(driver: Driver, method: str, keyword: str) -> bool:
-    """Whether ``driver.method`` takes ``keyword`` (a keyword the contract added later; a driver
-    written before it would fail the call with a TypeError)."""
-    try:
-        parameters = inspect.signature(getattr(driver, method)).parameters
-    except (TypeError, ValueError):  # no signature to read: trust the Protocol
-        return True
-    return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
-def _check_claims_ahead(driver: Driver) -> None:
-    """A worker claiming ahead tells its driver each queue's free slots (``claim(free=)``) and
-    which held claims have started (``renew(started=)``): a driver written before those
-    existed would fail the first claim ahead with a TypeError, so it is refused here."""
-    for method, keyword in (("claim", "free"), ("renew", "started")):
-        if not _takes(driver, method, keyword):
-            raise ConfigError(
-                f"claim_ahead needs a driver whose {method}() takes {keyword}=;"
-                f" {type(driver).__name__}.{method}() does not",
-                fix=f"update the driver to the current contract (docs/drivers.md: {method}), or"
-                " leave claim_ahead at 0",
-            )
-
-
-def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict[str, int]:
-    if isinstance(concurrency, int):
-        limits = dict.fromkeys(queues, concurrency)
-    else:
-        limits = {q: concurrency.get(q, 10) for q in queues}
-    for queue, limit in limits.items():
-        if not isinstance(limit, int) or limit < 1:
-            raise ConfigError(
-                f"concurrency {limit!r} for queue {queue!r}", fix="give each queue >= 1"
-            )
-    return limits
 
 
 @contextlib.asynccontextmanager

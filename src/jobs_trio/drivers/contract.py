@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+import attrs
+
 from ..records import (
     AttemptRecord,
     Claim,
@@ -32,12 +34,32 @@ from ..records import (
 )
 
 
+@attrs.frozen
+class Capabilities:
+    """What a driver declares it does beyond the core contract (River's driver does the same).
+    A worker uses each only where its driver declares it; the conformance suite tests each one
+    declared and skips the rest. A driver declares them all or none: every default is off."""
+
+    # settle_and_claim (SettlesWithClaims): a worker's settlements written by its next claim,
+    # one round trip where there were two.
+    settles_with_claims: bool = False
+    # claim(free=) and renew(started=): claims taken ahead of a free slot, marked so that a
+    # worker that dies holding them costs them no attempt (Worker's claim_ahead).
+    claims_ahead: bool = False
+    # claim(rescue=False): a claim that takes no lapsed job (a worker just back from an outage).
+    rescue_on_request: bool = False
+    # beside() (RenewsBeside): a connection for the worker's lease lifeline, so that a body
+    # blocking the Trio loop does not cost the worker its leases.
+    renews_beside: bool = False
+
+
 @runtime_checkable
 class Driver(Protocol):
     """Durable job storage. Every method is async and safe to call from one Trio task at a time
     or from many; times are seconds on the driver's own clock (``now()``)."""
 
     url: str
+    capabilities: Capabilities
 
     def now(self) -> float:
         """The driver's clock: every run-at, lease and timestamp it stores is on it."""
@@ -126,12 +148,16 @@ class Driver(Protocol):
         the stored observation from a one-row read (see fleet_stats.py)."""
         ...
 
-    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+    async def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+    ) -> None:
         """Return when a job in ``queues`` may have become claimable, or after ``timeout``.
         One look at the next due time for all ``queues`` at most; then a driver that hears
         every change wakes on it (memory: in-process; PostgreSQL: LISTEN), and one that cannot
         (SQLite across processes; PostgreSQL while its LISTEN is down) looks again on its own
-        short interval, so ``timeout`` can be a slow safety poll."""
+        short interval, so ``timeout`` can be a slow safety poll. ``rescue_from`` (given only
+        with ``Capabilities.rescue_on_request``, by a worker that takes no lapsed job until
+        then, on the driver's clock): a lapsed lease is work only from that moment."""
         ...
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]: ...
@@ -297,12 +323,6 @@ class SettlesWithClaims(Protocol):
         ...
 
 
-def settles_with_claims(driver: object) -> bool:
-    """Whether ``driver`` has ``settle_and_claim`` (the one way to ask: the Protocol is for
-    type checking only). A driver, or a test double of one, opts out by setting it to None."""
-    return callable(getattr(driver, "settle_and_claim", None))
-
-
 class BesideConnection(Protocol):
     """A driver's second way to its store, for the worker's lease lifeline (lease_lifeline.py):
     used from ONE thread that is not the Trio thread, one call at a time, on a connection of
@@ -320,7 +340,6 @@ class BesideConnection(Protocol):
     def close(self) -> None: ...
 
 
-@runtime_checkable
 class RenewsBeside(Protocol):
     """What a driver may add to ``Driver``: a connection a thread can use while the Trio loop
     cannot (a job body that blocks it): a worker on such a driver keeps its leases through the

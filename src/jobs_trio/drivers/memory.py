@@ -23,6 +23,7 @@ from ..operator_transitions import (
     key_held,
 )
 from ..records import (
+    WAITING_STATES,
     AttemptRecord,
     Claim,
     ClaimToken,
@@ -50,7 +51,7 @@ from ..records import (
     new_token,
 )
 from .claim_slots import ClaimSlots
-from .contract import BesideConnection, Driver
+from .contract import BesideConnection, Capabilities, Driver
 from .limit_rules import SLOT, LimitRow, decide, needs
 from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .rules import (
@@ -105,6 +106,11 @@ class _OutboxRow:
 class MemoryDriver:
     """Jobs in a dict. ``clock`` defaults to the wall clock; tests on Trio's ``MockClock`` pass
     ``trio.current_time`` so leases and delays move with the mock time."""
+
+    # Every capability of the contract (Capabilities): the conformance suite tests each.
+    capabilities = Capabilities(
+        settles_with_claims=True, claims_ahead=True, rescue_on_request=True, renews_beside=True
+    )
 
     def __init__(self, *, clock: Callable[[], float] = time.time, url: str = "memory://") -> None:
         self.url = url
@@ -213,7 +219,7 @@ class MemoryDriver:
             for r in self._jobs.values()
             if r.queue in wanted
             and (
-                (r.state in (JobState.READY, JobState.SUSPENDED) and r.run_at <= now)
+                (r.state in WAITING_STATES and r.run_at <= now)
                 or (
                     rescue
                     and r.state is JobState.RUNNING
@@ -353,7 +359,7 @@ class MemoryDriver:
             r
             for r in self._jobs.values()
             if r.waiting_on == waits
-            and r.state in (JobState.READY, JobState.SUSPENDED)
+            and r.state in WAITING_STATES
             and r.run_at > now  # one woken already is due: wake the next
         ]
         if waiting:
@@ -550,7 +556,7 @@ class MemoryDriver:
         waiting = collections.Counter(
             (r.queue, r.name, r.waiting_on.split(":", 1)[0])
             for r in self._jobs.values()
-            if r.state in (JobState.READY, JobState.SUSPENDED) and r.waiting_on is not None
+            if r.state in WAITING_STATES and r.waiting_on is not None
         )
         return queue_stats(
             ((queue, state, n) for (queue, state), n in depths.items()),
@@ -568,22 +574,25 @@ class MemoryDriver:
             self._fleet_observed = tuple(await self.stats())
         return self._fleet_observed
 
-    def _next_due_in(self, queues: Sequence[str]) -> float:
+    def _next_due_in(self, queues: Sequence[str], rescue_from: float | None = None) -> float:
         now = self.now()
+        lapses_from = -math.inf if rescue_from is None else rescue_from
         wanted = set(queues)
         soonest = float("inf")
         for r in self._jobs.values():
             if r.queue not in wanted:
                 continue
-            if r.state in (JobState.READY, JobState.SUSPENDED):
+            if r.state in WAITING_STATES:
                 soonest = min(soonest, r.run_at - now)
             elif r.state is JobState.RUNNING and r.lease_until is not None:
-                soonest = min(soonest, r.lease_until - now)
+                soonest = min(soonest, max(r.lease_until, lapses_from) - now)
         return soonest
 
-    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+    async def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+    ) -> None:
         self._check_open()
-        due_in = self._next_due_in(queues)
+        due_in = self._next_due_in(queues, rescue_from)
         if due_in <= 0:
             await trio.lowlevel.checkpoint()
             return

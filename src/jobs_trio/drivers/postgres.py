@@ -62,7 +62,7 @@ from ..records import (
     outbox_job,
 )
 from .claim_slots import ClaimSlots
-from .contract import BesideConnection, Driver
+from .contract import BesideConnection, Capabilities, Driver
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import LimitRow, decide, needs
@@ -192,6 +192,11 @@ async def _open_on(
 class PostgresDriver:
     """Jobs in PostgreSQL. Open it with :func:`open_postgres_driver`; every method crosses into
     asyncpg once (a batch of claims is one statement, a batch of settlements one transaction)."""
+
+    # Every capability of the contract (Capabilities): the conformance suite tests each.
+    capabilities = Capabilities(
+        settles_with_claims=True, claims_ahead=True, rescue_on_request=True, renews_beside=True
+    )
 
     def __init__(
         self,
@@ -696,14 +701,16 @@ class PostgresDriver:
 
     # --- wake-ups ---
 
-    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+    async def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+    ) -> None:
         self._check_open()
         with self._listener.waiting(queues) as woken:
             # LISTEN (the first time) before the look: an enqueue committed after the look then
             # notifies us, and one committed before it is seen by it.
             await self._listener.listen()
             try:
-                due_in = await self._next_due_in(queues)
+                due_in = await self._next_due_in(queues, rescue_from)
             except DriverError as exc:
                 # The database is away: fall back to polling on the timeout, so the caller's
                 # next claim finds out whether it came back.
@@ -719,14 +726,15 @@ class PostgresDriver:
             with trio.move_on_after(max(min(timeout, due_in), 0.0)):
                 await woken.wait()
 
-    async def _next_due_in(self, queues: Sequence[str]) -> float:
+    async def _next_due_in(self, queues: Sequence[str], rescue_from: float | None = None) -> float:
         if not queues:
             await trio.lowlevel.checkpoint()
             return math.inf
         sql = self._sql
+        lapses_from = -math.inf if rescue_from is None else rescue_from
 
         async def read(conn: Connection) -> float | None:
-            value: float | None = await conn.fetchval(sql["next_due"], list(queues))
+            value: float | None = await conn.fetchval(sql["next_due"], list(queues), lapses_from)
             return value
 
         soonest = await self.bridge.run(read, what="wait_for_work")

@@ -1,6 +1,7 @@
 -- Every statement the PostgreSQL driver runs, by name. `{schema}` is the driver's schema (a
 -- checked identifier, quoted), `{job_columns}` the columns of a JobRecord (never the token),
--- `{live_states}` the states whose job holds its unique key (rules.LIVE_STATES, as an SQL list).
+-- `{live_states}` the states whose job holds its unique key (rules.LIVE_STATES, as an SQL list);
+-- `{waiting_states}` the states of a job waiting to be claimed (records.WAITING_STATES).
 -- `$1` is the driver clock's now wherever a statement needs the time.
 
 -- name: enqueue
@@ -101,7 +102,7 @@ WITH candidates AS MATERIALIZED (
                 SELECT id, priority, run_at,
                        slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
                 FROM {schema}.jobs
-                WHERE queue = q.name AND state IN ('ready', 'suspended') AND run_at <= $1
+                WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
                 ORDER BY priority, run_at, id
                 LIMIT q.n
                 FOR UPDATE SKIP LOCKED
@@ -181,7 +182,7 @@ ORDER BY priority, run_at, id;
 -- another claimer may have taken one since: skipped) with the limits their rows carry.
 SELECT id, state, slot_key, slots, rate_key, starts, per FROM {schema}.jobs
 WHERE id = ANY($2::text[])
-  AND ((state IN ('ready', 'suspended') AND run_at <= $1)
+  AND ((state IN {waiting_states} AND run_at <= $1)
        OR (state = 'running' AND lease_until <= $1 AND attempts < max_attempts))
 ORDER BY priority, run_at, id
 FOR UPDATE SKIP LOCKED;
@@ -332,7 +333,7 @@ WITH locked AS MATERIALIZED (
         SELECT f.id FROM (SELECT key, count(*) AS n FROM released GROUP BY key) AS r
         CROSS JOIN LATERAL (
             SELECT id FROM {schema}.jobs
-            WHERE waiting_on = 'slot:' || r.key AND state IN ('ready', 'suspended')
+            WHERE waiting_on = 'slot:' || r.key AND state IN {waiting_states}
               AND run_at > $1
             ORDER BY priority, run_at, id
             LIMIT r.n
@@ -534,7 +535,7 @@ ORDER BY queue;
 -- Jobs a claim put off for a fleet limit, by queue, job and kind ('slot' or 'rate').
 SELECT queue, name, split_part(waiting_on, ':', 1) AS kind, count(*)::int AS n
 FROM {schema}.jobs
-WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')
+WHERE waiting_on IS NOT NULL AND state IN {waiting_states}
 GROUP BY queue, name, kind
 ORDER BY queue, name, kind;
 
@@ -554,16 +555,18 @@ UPDATE {schema}.fleet_stats SET observed = $1 WHERE id = 1;
 
 -- name: next_due
 -- The earliest moment a job in these queues may become claimable: a run-at, or a lease that
--- will lapse. least() skips NULLs; NULL overall means nothing is coming. One index probe per
+-- will lapse, not before $2 (-Infinity, or when a worker back from an outage rescues again).
+-- least() and greatest() skip NULLs; NULL overall means nothing is coming. One index probe per
 -- queue and kind (LIMIT 1 on (queue, run_at) and (queue, lease_until)): min() over
 -- `queue = ANY(...)` read every waiting row of those queues instead.
 SELECT least(
     (SELECT min(w.run_at) FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
         SELECT run_at FROM {schema}.jobs
-        WHERE queue = q.name AND state IN ('ready', 'suspended')
+        WHERE queue = q.name AND state IN {waiting_states}
         ORDER BY run_at LIMIT 1
     ) AS w),
-    (SELECT min(l.lease_until) FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
+    (SELECT greatest(min(l.lease_until), $2::float8)
+     FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
         SELECT lease_until FROM {schema}.jobs
         WHERE queue = q.name AND state = 'running'
         ORDER BY lease_until LIMIT 1

@@ -13,7 +13,13 @@ import attrs
 
 from ..errors import ConfigError
 from .migration_files import Migration, read_migrations
-from .rules import ATTEMPT_HISTORY, JOB_COLUMNS, LIVE_STATES_SQL, SETTLEMENT_KINDS
+from .rules import (
+    ATTEMPT_HISTORY,
+    JOB_COLUMNS,
+    LIVE_STATES_SQL,
+    SETTLEMENT_KINDS,
+    WAITING_STATES_SQL,
+)
 
 # Matched with fullmatch: `$` also matches before a trailing newline, and "jobs\n" must not
 # pass for a plain identifier.
@@ -81,6 +87,7 @@ def load_statements(schema: str) -> Statements:
         "{schema}": f'"{schema}"',
         "{job_columns}": JOB_COLUMNS,
         "{live_states}": LIVE_STATES_SQL,
+        "{waiting_states}": WAITING_STATES_SQL,
         "{attempt_history}": str(ATTEMPT_HISTORY),
     }
     folder = resources.files("jobs_trio.drivers")

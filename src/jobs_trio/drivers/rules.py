@@ -11,6 +11,7 @@ import attrs
 
 from ..errors import ConfigError
 from ..records import (
+    WAITING_STATES,
     AttemptRecord,
     CancelJob,
     Complete,
@@ -38,6 +39,7 @@ def sql_list(states: Iterable[JobState]) -> str:
 
 
 LIVE_STATES_SQL: Final = sql_list(LIVE_STATES)
+WAITING_STATES_SQL: Final = sql_list(WAITING_STATES)
 
 # How many fires of each task the fire record keeps: enough to refuse a second fire of any
 # recent scheduled time; older ones are behind the task's mark, which refuses them anyway.

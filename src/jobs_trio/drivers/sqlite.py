@@ -32,6 +32,7 @@ from ..operator_transitions import (
 )
 from ..records import (
     OUTBOX_COLUMNS,
+    WAITING_STATES,
     AttemptRecord,
     Claim,
     ClaimToken,
@@ -61,7 +62,7 @@ from ..records import (
     outbox_job,
 )
 from .claim_slots import ClaimSlots
-from .contract import BesideConnection, Driver
+from .contract import BesideConnection, Capabilities, Driver
 from .fleet_stats import decode as decode_fleet_stats
 from .fleet_stats import encode as encode_fleet_stats
 from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
@@ -73,6 +74,7 @@ from .rules import (
     JOB_COLUMNS,
     LAPSED_ERROR,
     LIVE_STATES_SQL,
+    WAITING_STATES_SQL,
     Unseen,
     effect,
     event_mark,
@@ -151,7 +153,7 @@ def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
         now,
         conn.execute(
             "SELECT queue, name, substr(waiting_on, 1, 4), count(*) FROM jobs"
-            " WHERE waiting_on IS NOT NULL AND state IN ('ready', 'suspended')"
+            f" WHERE waiting_on IS NOT NULL AND state IN {WAITING_STATES_SQL}"
             " GROUP BY queue, name, substr(waiting_on, 1, 4)"
         ),
     )
@@ -264,7 +266,8 @@ def _release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
     ).fetchall():
         conn.execute(
             "UPDATE jobs SET run_at = ?, updated_at = ? WHERE id = (SELECT id FROM jobs"
-            " INDEXED BY jobs_waiting_on WHERE waiting_on = ? AND state IN ('ready', 'suspended')"
+            " INDEXED BY jobs_waiting_on WHERE waiting_on = ?"
+            f" AND state IN {WAITING_STATES_SQL}"
             " AND run_at > ? ORDER BY priority, run_at, id LIMIT 1)",
             (now, now, waiting_on(SLOT, key), now),
         )
@@ -351,7 +354,7 @@ def _claim_in(
     # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
     candidates: list[Any] = []
     for queue, cap in slots.caps.items():
-        for state in ("ready", "suspended"):
+        for state in WAITING_STATES:
             candidates += conn.execute(
                 "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
                 " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
@@ -550,6 +553,11 @@ def _same_file(here: str, there: str) -> bool:
 class SqliteDriver:
     """Jobs in one SQLite file, reached through one connection that one worker thread at a time
     uses. Open it with `open_sqlite_driver`, which prepares the schema and closes it after."""
+
+    # Every capability of the contract (Capabilities): the conformance suite tests each.
+    capabilities = Capabilities(
+        settles_with_claims=True, claims_ahead=True, rescue_on_request=True, renews_beside=True
+    )
 
     def __init__(self, door: SqliteDoor, *, url: str, poll_interval: float = POLL_INTERVAL) -> None:
         self.url = url
@@ -856,27 +864,39 @@ class SqliteDriver:
 
     # Wake-ups.
 
-    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+    async def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+    ) -> None:
         """No cross-process notification exists in SQLite: this driver's own writes wake a
         waiter at once; another process's are seen at the next look, every ``poll_interval``."""
         wanted = list(dict.fromkeys(queues))
+        lapses_from = -math.inf if rescue_from is None else rescue_from
 
         def work(conn: sqlite3.Connection, now: float) -> float:
             soonest = math.inf
             # INDEXED BY: the lease look reads the queue's running rows, never the table (what
             # SQLite picks once ANALYZE has seen a queue of ready jobs, as in claim()).
             for queue in wanted:
-                for sql in (
-                    "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
-                    " WHERE queue = ? AND state = 'ready'",
-                    "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
-                    " WHERE queue = ? AND state = 'suspended'",
-                    "SELECT min(lease_until) FROM jobs INDEXED BY jobs_next_due"
-                    " WHERE queue = ? AND state = 'running'",
+                for sql, not_before in (
+                    (
+                        "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
+                        " WHERE queue = ? AND state = 'ready'",
+                        -math.inf,
+                    ),
+                    (
+                        "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
+                        " WHERE queue = ? AND state = 'suspended'",
+                        -math.inf,
+                    ),
+                    (
+                        "SELECT min(lease_until) FROM jobs INDEXED BY jobs_next_due"
+                        " WHERE queue = ? AND state = 'running'",
+                        lapses_from,
+                    ),
                 ):
                     (when,) = conn.execute(sql, (queue,)).fetchone()
                     if when is not None:
-                        soonest = min(soonest, when - now)
+                        soonest = min(soonest, max(when, not_before) - now)
             return soonest
 
         wakes = self._wakes

@@ -12,7 +12,7 @@ from ..driver import Driver
 from ..drivers.memory import MemoryDriver
 from ..errors import ConfigError
 from ..metrics import Metrics
-from ..records import JobState
+from ..records import WAITING_STATES
 from ..registry import Registry
 from ..worker import Worker
 
@@ -73,7 +73,7 @@ async def _soonest_wait(worker: Worker) -> float | None:
     """The soonest run-at of a job in the worker's queues that waits only for time to pass."""
     soonest: float | None = None
     for queue in worker.queues:
-        for state in (JobState.READY, JobState.SUSPENDED):
+        for state in WAITING_STATES:
             for job in await worker.driver.list_jobs(state=state, queue=queue, limit=_LISTED):
                 if job.wait_event is None and (soonest is None or job.run_at < soonest):
                     soonest = job.run_at

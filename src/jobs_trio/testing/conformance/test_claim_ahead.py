@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from jobs_trio.driver import Driver, settles_with_claims
+from jobs_trio.driver import Driver
 from jobs_trio.drivers.contract import SettlesWithClaims
 from jobs_trio.records import Complete, JobState
 from jobs_trio.testing.clock import ManualClock
@@ -120,7 +120,7 @@ async def test_retry_of_a_dead_job_renews_the_bound_on_lapses_given_back(
 async def test_settle_and_claim_marks_claims_ahead_too(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    if not settles_with_claims(driver):
+    if not driver.capabilities.settles_with_claims:
         return
     both: SettlesWithClaims = driver  # type: ignore[assignment]
     await enqueue_one(driver)

@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from jobs_trio.driver import Driver, SettlesWithClaims, settles_with_claims
+from jobs_trio.driver import Driver, SettlesWithClaims
 from jobs_trio.records import Claim, JobId, JobState, Suspend
 from jobs_trio.testing.clock import ManualClock
 
@@ -21,7 +21,7 @@ async def _settle(driver: Driver, suspend: Suspend, path: str) -> Sequence[JobId
     """``suspend`` settled by ``settle``, or carried by a claim (PostgreSQL: one statement)."""
     if path == "settle":
         return await driver.settle([suspend])
-    if not settles_with_claims(driver):
+    if not driver.capabilities.settles_with_claims:
         pytest.skip(f"{type(driver).__name__} settles and claims apart (no settle_and_claim)")
     # A claim of no job: only what the settle did is looked at here.
     both = cast(SettlesWithClaims, driver)

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import cast
 
 import pytest
+import trio
 
-from jobs_trio.driver import Driver, SettlesWithClaims, settles_with_claims
+from jobs_trio.driver import Driver, SettlesWithClaims
 from jobs_trio.errors import ValueRefused
 from jobs_trio.records import (
     CancelJob,
@@ -74,7 +75,7 @@ KINDS: dict[str, Kind] = {
 
 
 def carrying(driver: Driver) -> SettlesWithClaims:
-    if not settles_with_claims(driver):
+    if not driver.capabilities.settles_with_claims:
         pytest.skip(f"{type(driver).__name__} settles and claims apart (no settle_and_claim)")
     return cast(SettlesWithClaims, driver)
 
@@ -307,3 +308,20 @@ async def test_a_carried_claim_without_rescue_takes_no_lapsed_job(
     assert [c.job_id for c in claims] == [due]
     record = await driver.get(lapsed)
     assert record is not None and record.state is JobState.RUNNING
+
+
+async def test_a_wait_that_rescues_later_is_not_woken_by_a_lapsed_lease(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # A worker back from an outage takes no lapsed job for a while: its wait for work must not
+    # count one as due (else it answers at once, every time, to a claim that may not take it).
+    if not driver.capabilities.rescue_on_request:
+        pytest.skip(f"{type(driver).__name__} takes every lapsed job it finds")
+    await enqueue_one(driver)
+    await claim_one(driver, lease=5)
+    manual_clock.advance(6)
+    with trio.move_on_after(0.2) as waited:
+        await driver.wait_for_work(["default"], timeout=30, rescue_from=manual_clock.now + 60)
+    assert waited.cancelled_caught
+    with trio.fail_after(5):
+        await driver.wait_for_work(["default"], timeout=30)  # lapsed, and rescued now: at once
