@@ -61,12 +61,14 @@ def browse(url: str, jobs: Seeded, chromium: str, shots: Path | None) -> None:
             assert dialogs == []
 
             page.click(f"a[href='/jobs/{jobs.completed}']")
-            assert _texts(page, "tr.step td:first-child") == ["render", "send"]
+            # A job's page reloads itself (every second here): expect() looks again across a
+            # reload, where a single read could land in the middle of one.
+            sync_api.expect(page.locator("tr.step td:first-child")).to_have_text(["render", "send"])
             shot(page, "job")
 
             attempts(page, url, jobs, shot)
 
-            page.goto(f"{url}/jobs/{jobs.hostile}")
+            page.goto(f"{url}/jobs/{jobs.hostile}?refresh=0")
             shown = page.inner_text("#job-name")
             assert shown.startswith(HOSTILE_NAME[:40]) and "\\x1b" in shown
             assert dialogs == []

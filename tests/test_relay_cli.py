@@ -58,7 +58,7 @@ async def test_the_relay_command_moves_rows_and_stops_cleanly_on_sigterm(
                     await process.wait()
         text = log.read_text()
         mode = "in-place" if one_database else "two-step"
-        assert f"mode='{mode}'" in text
+        assert f"mode={mode}" in text
         for event in ("jobs.relay.started", "jobs.relay.stopping", "jobs.relay.stopped"):
             assert event in text, text
         # Keys as a direct enqueue decides them, in the order written: one job per key k0..k2,

@@ -7,8 +7,6 @@ import signal
 from collections.abc import Sequence
 from types import FrameType
 
-from .logs import log_event
-
 
 class EarlySignals:
     """Records SIGTERM and SIGINT instead of dying of them: a worker signalled while it still
@@ -35,5 +33,9 @@ def stopped_at_start(early: EarlySignals | None, what: str) -> bool:
     then nothing was taken, there is nothing to drain, and it ends at once, saying so."""
     if early is None or not early.received:
         return False
+    # Imported here, not at the top: this module is what the console script loads before
+    # anything heavy, and the log line's formatting is not light.
+    from .logs import log_event
+
     log_event(f"jobs.{what}.stopped-at-start", signals=tuple(early.received))
     return True

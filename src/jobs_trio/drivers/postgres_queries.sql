@@ -565,7 +565,8 @@ SELECT least(
         WHERE queue = q.name AND state IN {waiting_states}
         ORDER BY run_at LIMIT 1
     ) AS w),
-    (SELECT greatest(min(l.lease_until), $2::float8)
+    -- Not greatest(min(...), $2): greatest() skips a NULL, and no lease at all read as $2.
+    (SELECT CASE WHEN min(l.lease_until) < $2::float8 THEN $2::float8 ELSE min(l.lease_until) END
      FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
         SELECT lease_until FROM {schema}.jobs
         WHERE queue = q.name AND state = 'running'

@@ -317,6 +317,9 @@ async def test_a_wait_that_rescues_later_is_not_woken_by_a_lapsed_lease(
     # count one as due (else it answers at once, every time, to a claim that may not take it).
     if not driver.capabilities.rescue_on_request:
         pytest.skip(f"{type(driver).__name__} takes every lapsed job it finds")
+    with trio.move_on_after(0.2) as idle:  # nothing at all: no lease counts as work either
+        await driver.wait_for_work(["default"], timeout=30, rescue_from=manual_clock.now + 60)
+    assert idle.cancelled_caught
     await enqueue_one(driver)
     await claim_one(driver, lease=5)
     manual_clock.advance(6)
