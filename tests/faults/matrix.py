@@ -213,9 +213,9 @@ async def run_cell(
         await cell.fault(scene)
         fault_over = time.monotonic() - zero
         unfinished = await wait_finished(store.url, total, max(60.0, 4 * scale.seconds))
-        scene.note(
-            f"fault over at {fault_over:.1f} s, jobs done at {time.monotonic() - zero:.1f} s"
-        )
+        waited = time.monotonic() - zero
+        ended = f"{unfinished} unfinished at" if unfinished else "jobs done at"
+        scene.note(f"fault over at {fault_over:.1f} s, {ended} {waited:.1f} s")
         await fleet.stop(within=GRACE + 15)
         if unfinished:
             # A clean worker, with the fault over: what it cannot finish either is lost.
