@@ -68,9 +68,9 @@ def bench(session: nox.Session) -> None:
 def faults(session: nox.Session) -> None:
     """The fault matrix (tests/faults/matrix.py, docs/faults.md): real workers under faults on
     SQLite and a private PostgreSQL cluster it makes and removes (never the shared server), one
-    row a cell, ~8 minutes. Not a default session: it needs root (the cluster runs as the
-    `postgres` user; the disk-full cell mounts a tmpfs) and PgBouncer (.ci/install-pgbouncer)
-    for all its cells, and skips with a reason what it cannot run. Arguments go to the harness:
+    row a cell, 6-8 minutes. Not a default session. Every cell runs as root with PostgreSQL's
+    server binaries and PgBouncer (.ci/install-pgbouncer) installed (the disk-full cell mounts a
+    tmpfs); a cell that lacks one is skipped with the reason. Arguments go to the harness:
     `nox -s faults -- --cells 'sqlite/*' --json faults.json`."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "tests.faults.matrix", *session.posargs)
