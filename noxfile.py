@@ -1,5 +1,5 @@
 """Sessions: `tests` (what CI runs), `lint` (ruff + mypy), `docs` (the site, warnings as
-errors), `bench` (measurements, never gating)."""
+errors), `bench` (measurements, never gating), `faults` (the fault matrix, run by hand)."""
 
 from __future__ import annotations
 
@@ -62,3 +62,15 @@ def bench(session: nox.Session) -> None:
     wheel brings one). Needs PostgreSQL at $BENCH_PG (default postgres@127.0.0.1:5432)."""
     session.install("-e", ".[postgres]", "pgqueuer", "uvloop", "procrastinate", "psycopg[binary]")
     session.run("python", "bench/run.py", *(session.posargs or ["all"]))
+
+
+@nox.session(python="3.11")
+def faults(session: nox.Session) -> None:
+    """The fault matrix (tests/faults/matrix.py, docs/faults.md): real workers under faults on
+    SQLite and a private PostgreSQL cluster it makes and removes (never the shared server), one
+    row a cell, 6-8 minutes. Not a default session. Every cell runs as root with PostgreSQL's
+    server binaries and PgBouncer (.ci/install-pgbouncer) installed (the disk-full cell mounts a
+    tmpfs); a cell that lacks one is skipped with the reason. Arguments go to the harness:
+    `nox -s faults -- --cells 'sqlite/*' --json faults.json`."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.faults.matrix", *session.posargs)

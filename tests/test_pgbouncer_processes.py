@@ -4,21 +4,18 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
-import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import trio
 
 from jobs_trio.errors import ConfigError
 from jobs_trio.open_driver import open_driver
 from tests.apps.postgres_app import registry
+from tests.pgbouncer_process import MISSING, PGBOUNCER, open_pgbouncer, through
 from tests.process_helpers import assert_drained, started, until
 from tests.test_processes_postgres import (
     assert_each_ran_once,
@@ -32,76 +29,17 @@ from tests.test_processes_postgres import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-PGBOUNCER = shutil.which("pgbouncer") or (
-    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 @asynccontextmanager
 async def a_pgbouncer(tmp_path: Path, server: str, mode: str) -> AsyncIterator[str]:
-    """A PgBouncer in ``mode`` in front of ``server``; answers the host:port to connect to.
-    Its process is ours: terminated and waited for on the way out."""
+    """A PgBouncer in ``mode`` in front of ``server``; skipped where none is installed (failed
+    under CI=true, where .ci/install-pgbouncer installs it)."""
     if PGBOUNCER is None:
-        why = "no pgbouncer binary (apt-get install pgbouncer, or .ci/install-pgbouncer)"
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
-    target = urlparse(server)
-    user = target.username or "postgres"
-    port = free_port()
-    folder = tmp_path / f"pgbouncer-{mode}"
-    folder.mkdir()
-    (folder / "users.txt").write_text(f'"{user}" "{target.password or ""}"\n')
-    (folder / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"* = host={target.hostname or '127.0.0.1'} port={target.port or 5432}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
-        f"pool_mode = {mode}\nmax_client_conn = 200\n"
-        # Session mode holds a server connection per client connection (a worker: up to
-        # pool_size + 1); transaction mode shares a few between every client.
-        f"default_pool_size = {60 if mode == 'session' else 4}\n"
-    )
-    # PgBouncer refuses to run as root; it reads its files before it drops to the user.
-    command = [
-        PGBOUNCER,
-        *(["-u", "postgres"] if os.geteuid() == 0 else []),
-        str(folder / "pgbouncer.ini"),
-    ]
-    with (folder / "pgbouncer.log").open("wb") as log:
-        process = await trio.lowlevel.open_process(command, stdin=subprocess.DEVNULL, stderr=log)
-    try:
-
-        async def accepting() -> bool:
-            if process.returncode is not None:
-                pytest.fail(f"pgbouncer exited: {(folder / 'pgbouncer.log').read_text()}")
-            try:
-                stream = await trio.open_tcp_stream("127.0.0.1", port)
-            except OSError:
-                return False
-            await stream.aclose()
-            return True
-
-        await until("pgbouncer to accept connections", 10, accepting)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        with trio.CancelScope(shield=True):
-            await process.wait()
-
-
-def through(url: str, bouncer: str, query: str) -> str:
-    parsed = urlparse(url)
-    login = parsed.netloc.rpartition("@")[0]
-    return parsed._replace(netloc=f"{login}@{bouncer}" if login else bouncer, query=query).geturl()
+            pytest.fail(f"CI=true but {MISSING}")
+        pytest.skip(MISSING)
+    async with open_pgbouncer(tmp_path / f"pgbouncer-{mode}", server, mode) as bouncer:
+        yield bouncer
 
 
 MODES = {

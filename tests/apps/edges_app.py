@@ -1,12 +1,14 @@
 # Jobs that go to the edges of the worker's promise (issue 32), run by `jobs-trio worker` in
 # tests/test_edges_processes.py: a body that waits for its cancellation, one that leaves a thread
-# behind, one that forks, one that blocks the event loop, and short ones for a busy run.
+# behind, one that forks, one that blocks the event loop, and short ones for a busy run; and
+# `edge.timed`, the fault matrix's body (tests/faults/): it records when each run starts and ends.
 from __future__ import annotations
 
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -78,3 +80,31 @@ async def short(ctx: jobs_trio.JobContext, payload: dict[str, float] | None) -> 
     await trio.sleep(payload["seconds"] if payload else 0.02)
     returned(ctx.job_id, "short")
     return "done"
+
+
+# The fault matrix's ledger (tests/faults/ledger.py reads it): each run of edge.timed appends
+# "<job id> start|return|unwound <run> <time>" here, and returns its <run>, so the result the
+# database kept names the one run whose ending was written.
+RUNS = os.environ.get("EDGES_RUNS")
+
+
+def ran(job_id: str, what: str, run: str) -> None:
+    if RUNS:
+        with Path(RUNS).open("a") as out:
+            out.write(f"{job_id} {what} {run} {time.time():.6f}\n")
+
+
+@registry.job("edge.timed", timeout=60, attempts=3)
+async def timed(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> str:
+    run = f"{os.getpid()}:{ctx.attempt}:{os.urandom(4).hex()}"
+    ran(ctx.job_id, "start", run)
+    try:
+        if payload.get("block"):
+            time.sleep(payload["seconds"])  # blocks the whole event loop, as edge.block does
+        else:
+            await trio.sleep(payload["seconds"])
+    except BaseException:
+        ran(ctx.job_id, "unwound", run)
+        raise
+    ran(ctx.job_id, "return", run)
+    return run
