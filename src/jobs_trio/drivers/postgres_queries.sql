@@ -520,7 +520,9 @@ FROM {schema}.steps WHERE job_id = $1 ORDER BY position;
 
 -- name: save_step
 -- Fenced: written only while the token is current. FOR SHARE holds off a concurrent claim or
--- settle until this write lands, so it cannot slip in just after the token changed.
+-- settle until this write lands, so it cannot slip in just after the token changed. Written in
+-- a step's own transaction (step.transaction) the lock lasts until that commits: every claim,
+-- renewal and settle locks the row FOR UPDATE, so none changes the token in between.
 WITH held AS (
     SELECT id FROM {schema}.jobs
     WHERE id = $1 AND token = $2 AND state = 'running'
