@@ -30,7 +30,7 @@ from jobs_trio.errors import DriverError
 from jobs_trio.records import JobState
 from tests.apps.transaction_steps_app import registry_for, rows_table
 from tests.conftest import require_postgres
-from tests.process_helpers import ROOT, until
+from tests.process_helpers import ROOT, killed_on_exit, until
 
 pytestmark = pytest.mark.slow
 
@@ -71,23 +71,6 @@ async def enqueue(store: Store, steps: int, **payload: Any) -> str:
     job = registry_for(store.driver, store.schema).require("rows.write")
     payload = {"steps": steps, "notes": str(store.notes), "spacing": 0.0, **payload}
     return await job.enqueue(store.driver, payload)
-
-
-@contextlib.asynccontextmanager
-async def workers(store: Store, tmp_path: Path) -> AsyncIterator[list[trio.Process]]:
-    """Yields a list the test spawns workers into (``spawn``); any still running at the end is
-    killed (and a stopped one continued first, so that it can die)."""
-    started: list[trio.Process] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            if process.returncode is None:
-                process.send_signal(signal.SIGCONT)
-                process.kill()
-        with trio.CancelScope(shield=True):
-            for process in started:
-                await process.wait()
 
 
 async def spawn(store: Store, started: list[trio.Process], log: Path) -> trio.Process:
@@ -136,7 +119,7 @@ async def test_a_job_of_100_transactional_steps_killed_at_random_writes_each_row
 ) -> None:
     seed = random.randrange(2**32)
     moments = random.Random(seed)
-    async with job_store(kind, tmp_path) as store, workers(store, tmp_path) as started:
+    async with job_store(kind, tmp_path) as store, killed_on_exit() as started:
         # 30 ms inside each step's transaction, after its row: most kills land there. And at
         # least 3 s of steps in all, more than the kills' rounds can run (at most ~0.35 s each):
         # the job is still running when the last kill comes.
@@ -223,7 +206,7 @@ async def test_a_zombie_resumed_after_a_takeover_commits_nothing(
     kind: str, pause: str, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    async with job_store(kind, tmp_path) as store, workers(store, tmp_path) as started:
+    async with job_store(kind, tmp_path) as store, killed_on_exit() as started:
         job_id = await enqueue(store, 10, pause=pause, at=4, gate=str(gate))
         first_log = tmp_path / "first.log"
         first = await spawn(store, started, first_log)
@@ -284,7 +267,7 @@ async def test_a_sqlite_worker_stopped_inside_its_steps_transaction_holds_the_fi
     gate = tmp_path / "gate"
     async with (
         job_store("sqlite", tmp_path) as store,
-        workers(store, tmp_path) as started,
+        killed_on_exit() as started,
         jobs_trio.open_driver(store.url, busy_timeout=0.2) as taker,
     ):
         job_id = await enqueue(store, 10, pause="inside", at=4, gate=str(gate))
