@@ -133,7 +133,7 @@ class Driver(Protocol):
 
         ``connection`` (a ``jobs_trio.transaction`` on this driver) writes it in the caller's
         transaction (``step.transaction``): the token is checked there under a lock that every
-        claim of the job must also take (PostgreSQL: the job's row FOR SHARE; SQLite: the
+        claim of the job must also take (PostgreSQL: the job's row FOR KEY SHARE; SQLite: the
         file's write lock), held until that transaction ends, so no other worker takes the job
         over between the check and the commit. A driver without transactions refuses it
         (``ConfigError``)."""

@@ -762,7 +762,7 @@ class PostgresDriver:
             )
 
         # In the caller's transaction (step.transaction), the row lock the statement takes
-        # (FOR SHARE) is held until that transaction ends: a claim (FOR UPDATE SKIP LOCKED)
+        # (FOR KEY SHARE) is held until that transaction ends: a claim (FOR UPDATE SKIP LOCKED)
         # skips the job until the step's effects and its record have committed together.
         return await self._run_here_or_on(connection, write, what="save_step") is not None
 

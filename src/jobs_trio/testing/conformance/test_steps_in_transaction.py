@@ -10,7 +10,7 @@ import trio
 import jobs_trio
 from jobs_trio.driver import Driver
 from jobs_trio.errors import ConfigError
-from jobs_trio.records import Claim, StepRecord, StepStatus
+from jobs_trio.records import Claim, RenewResult, StepRecord, StepStatus
 from jobs_trio.testing.clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
@@ -114,6 +114,36 @@ async def test_no_claim_takes_the_job_over_between_the_check_and_the_commit(
     # Whoever holds the job now replays the step: its record committed before the claim.
     assert taken == [job_id]
     assert await driver.load_steps(job_id) == [DONE]
+
+
+async def test_a_renewal_during_a_steps_transaction_extends_the_lease(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # The run renews its lease while its step commits (a job of many short steps is nearly
+    # always inside one): the fence's lock must hold off claims, not the run's own renewal.
+    # PostgreSQL answers at once (a renewal skips a row locked against it: `busy`, its lease
+    # not extended, and a few of those in a row stopped the run); SQLite waits for the block.
+    _needs_transactions(driver)
+    await enqueue_one(driver)
+    claim = await claim_one(driver, lease=10)
+    renewals: list[RenewResult] = []
+    answered = trio.Event()
+
+    async def renew() -> None:
+        renewals.append(await driver.renew([claim.lease], lease=10))
+        answered.set()
+
+    async with trio.open_nursery() as nursery:
+        async with jobs_trio.transaction(driver) as tx:
+            assert await driver.save_step(claim.lease, DONE, connection=tx)
+            manual_clock.advance(5)
+            nursery.start_soon(renew)
+            with trio.move_on_after(2):  # answered at once, or (SQLite) after the block
+                await answered.wait()
+    [renewed] = renewals
+    assert (renewed.held, renewed.busy) == ({claim.token}, frozenset())
+    manual_clock.advance(9)  # past the first lease: still held, by the renewal
+    assert await driver.claim(["default"], 1, lease=10, worker_id="w2") == []
 
 
 async def test_a_driver_without_transactions_refuses_a_step_record_in_one(driver: Driver) -> None:
