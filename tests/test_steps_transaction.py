@@ -264,14 +264,56 @@ async def test_step_transaction_is_refused_where_it_cannot_hold(tmp_path: Path) 
         async def sync_fn(ctx: jobs_trio.JobContext, payload: None) -> None:
             await ctx.step.transaction("write", not_async)  # type: ignore[arg-type]
 
-        ids = [await nested.enqueue(driver), await sync_fn.enqueue(driver)]
+        async def with_a_step_inside(tx: Transaction, ctx: jobs_trio.JobContext) -> None:
+            await insert_row(tx, driver, "outer", ctx.attempt)
+            await ctx.step.run("inner", trio.sleep, 0)
+
+        @registry.job("step-inside", attempts=5)
+        async def step_inside(ctx: jobs_trio.JobContext, payload: None) -> None:
+            await ctx.step.transaction("outer", with_a_step_inside, ctx)
+
+        ids = [await j.enqueue(driver) for j in (nested, sync_fn, step_inside)]
         outcomes = await worker(driver, registry, queues=["default"]).tick()
         # A StepError is terminal: dead at once, not retried four more times.
-        assert sorted(o.kind for o in outcomes) == ["dead-lettered", "dead-lettered"]
+        assert [o.kind for o in outcomes] == ["dead-lettered"] * 3
         errors = [(await record(driver, i)).last_error or "" for i in ids]
         assert "inside an open jobs_trio.transaction" in errors[0]
         assert "which is not async" in errors[1]
-        assert await driver.load_steps(ids[1]) == []
+        assert "called inside the function of step.transaction('outer')" in errors[2]
+        assert [await driver.load_steps(i) for i in ids] == [[], [], []]
+        assert await rows(driver) == []
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_step_beside_a_transactional_one_is_not_inside_it(
+    kind: str, tmp_path: Path
+) -> None:
+    # Two tasks of one body: the step.run of the other task runs while the transaction is
+    # open (the transaction waits for it), and records itself on its own.
+    registry = Registry()
+    ran = trio.Event()
+
+    async with job_store(kind, tmp_path) as driver:
+
+        async def write(tx: Transaction) -> str:
+            await insert_row(tx, driver, "write", 1)
+            await ran.wait()
+            return "written"
+
+        async def beside() -> str:
+            ran.set()
+            return "beside"
+
+        @registry.job("two-tasks")
+        async def two_tasks(ctx: jobs_trio.JobContext, payload: None) -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ctx.step.transaction, "write", write)
+                nursery.start_soon(ctx.step.run, "beside", beside)
+
+        job_id = await two_tasks.enqueue(driver)
+        assert [o.kind for o in await worker(driver, registry).tick()] == ["completed"]
+        assert await rows(driver) == [("write", 1)]
+        assert {s.name for s in await driver.load_steps(job_id)} == {"write", "beside"}
 
 
 async def test_step_key_is_the_same_on_every_attempt_and_differs_by_step_and_job() -> None:

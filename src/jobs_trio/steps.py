@@ -86,6 +86,11 @@ class Steps:
         self._run = run
         self._records: dict[str, StepRecord] | None = None
         self._used: set[str] = set()
+        # The transactions of the step.transaction functions running now, by step name: a step
+        # called inside one (its task, or a task it started, sees it as the current
+        # transaction) would record itself apart from it, or on SQLite wait on its connection.
+        # Steps of other tasks of the body, side by side with it, are not inside it.
+        self._open: dict[Transaction, str] = {}
         self.ran: list[str] = []  # steps whose function ran in this attempt (not replayed)
 
     async def _load(self) -> dict[str, StepRecord]:
@@ -96,6 +101,15 @@ class Steps:
 
     def _use(self, name: str) -> None:
         check_name(name, argument="step name")
+        tx = current_transaction()
+        inside = None if tx is None else self._open.get(tx)
+        if inside is not None:
+            raise StepError(
+                f"step {name!r} of job {self._definition.name!r} was called inside the function"
+                f" of step.transaction({inside!r})",
+                fix="call steps one after another in the job body; inside the function, write"
+                " through its tx (enqueue and send_event join it)",
+            )
         if name in self._used:
             raise StepError(
                 f"step {name!r} is used twice in one run of job {self._definition.name!r}",
@@ -249,15 +263,19 @@ class Steps:
         ceiling = self._definition.step_timeout
         async with transaction(self._driver) as tx:
             with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
-                pending = fn(tx, *args)
-                if not inspect.isawaitable(pending):
-                    raise StepError(
-                        f"step {name!r} of job {self._definition.name!r}: step.transaction"
-                        f" was given {getattr(fn, '__name__', fn)!r}, which is not async",
-                        fix="pass an async function: `async def fn(tx, *args)` awaiting"
-                        " tx.execute(...)",
-                    )
-                result = await pending
+                self._open[tx] = name
+                try:
+                    pending = fn(tx, *args)
+                    if not inspect.isawaitable(pending):
+                        raise StepError(
+                            f"step {name!r} of job {self._definition.name!r}: step.transaction"
+                            f" was given {getattr(fn, '__name__', fn)!r}, which is not async",
+                            fix="pass an async function: `async def fn(tx, *args)` awaiting"
+                            " tx.execute(...)",
+                        )
+                    result = await pending
+                finally:
+                    del self._open[tx]
             text = self._result_text(name, result)
             done = StepRecord(name, StepStatus.DONE, started, self._driver.now(), result=text)
             await self._save_in(tx, done)

@@ -133,13 +133,12 @@ async def test_a_renewal_during_a_steps_transaction_extends_the_lease(
         renewals.append(await driver.renew([claim.lease], lease=10))
         answered.set()
 
-    async with trio.open_nursery() as nursery:
-        async with jobs_trio.transaction(driver) as tx:
-            assert await driver.save_step(claim.lease, DONE, connection=tx)
-            manual_clock.advance(5)
-            nursery.start_soon(renew)
-            with trio.move_on_after(2):  # answered at once, or (SQLite) after the block
-                await answered.wait()
+    async with trio.open_nursery() as nursery, jobs_trio.transaction(driver) as tx:
+        assert await driver.save_step(claim.lease, DONE, connection=tx)
+        manual_clock.advance(5)
+        nursery.start_soon(renew)
+        with trio.move_on_after(2):  # answered at once, or (SQLite) after the block
+            await answered.wait()
     [renewed] = renewals
     assert (renewed.held, renewed.busy) == ({claim.token}, frozenset())
     manual_clock.advance(9)  # past the first lease: still held, by the renewal
