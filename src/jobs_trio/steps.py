@@ -310,9 +310,9 @@ class Steps:
         the lock a claim takes). Refused, the run is cancelled ``lease-lost`` and the raised
         Aborted rolls ``tx`` back: nothing of the step is written."""
         self._refuse_if_cancelled(record.name)
-        # Shielded: the step's work is done and its commit is the database's to decide. Cut by
-        # a drain here, work the next attempt must redo; and a zombie whose loop resumes here
-        # is refused by the token, whatever its own clock has noticed yet.
+        # Shielded: the step's work is done and its commit is the database's to decide. A drain
+        # cutting it here would only leave the work for the next attempt to redo; and a zombie
+        # whose loop resumes here is refused by the token, whatever its own clock has noticed.
         with trio.CancelScope(shield=True):
             saved = await self._driver.save_step(self._lease, record, connection=tx)
         if not saved:
