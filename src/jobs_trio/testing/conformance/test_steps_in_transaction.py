@@ -1,7 +1,8 @@
 # The fencing rule of a step recorded in the caller's transaction (`save_step(connection=tx)`,
 # what step.transaction rests on), on every driver with transactions: the record commits with
 # the transaction's writes or neither lands, a stale token writes nothing, and no claim takes the
-# job over between the token's check and the commit. A driver without transactions refuses it.
+# job over between the token's check and the commit. A driver without transactions refuses it
+# (each test checks that instead: _with_transactions).
 from __future__ import annotations
 
 import pytest
@@ -22,9 +23,19 @@ class _Undone(Exception):
     """Raised in a block to roll it back, as step.transaction does when its record is refused."""
 
 
-def _needs_transactions(driver: Driver) -> None:
-    if not callable(getattr(driver, "open_transaction", None)):
-        pytest.skip(f"{type(driver).__name__} has no transactions: step.transaction is refused")
+async def _with_transactions(driver: Driver) -> bool:
+    """Whether ``driver`` has transactions, and so the rule's tests run. For a driver without
+    them the rule is a refusal (step.transaction is refused there too), checked instead: a
+    record in a caller's transaction is a ConfigError that writes nothing, never a write that
+    would commit apart from the effects it was meant to commit with."""
+    if callable(getattr(driver, "open_transaction", None)):
+        return True
+    job_id = await enqueue_one(driver)
+    claim = await claim_one(driver)
+    with pytest.raises(ConfigError):
+        await driver.save_step(claim.lease, DONE, connection=object())
+    assert await driver.load_steps(job_id) == []
+    return False
 
 
 async def _step_with_an_effect(driver: Driver, claim: Claim) -> tuple[bool, str]:
@@ -41,7 +52,8 @@ async def _step_with_an_effect(driver: Driver, claim: Claim) -> tuple[bool, str]
 
 
 async def test_a_step_recorded_in_a_transaction_commits_with_its_writes(driver: Driver) -> None:
-    _needs_transactions(driver)
+    if not await _with_transactions(driver):
+        return
     job_id = await enqueue_one(driver)
     recorded, effect = await _step_with_an_effect(driver, await claim_one(driver))
     assert recorded
@@ -52,7 +64,8 @@ async def test_a_step_recorded_in_a_transaction_commits_with_its_writes(driver: 
 async def test_a_step_recorded_in_a_transaction_that_rolls_back_is_not_recorded(
     driver: Driver,
 ) -> None:
-    _needs_transactions(driver)
+    if not await _with_transactions(driver):
+        return
     job_id = await enqueue_one(driver)
     claim = await claim_one(driver)
     with pytest.raises(_Undone):
@@ -67,7 +80,8 @@ async def test_a_step_recorded_in_a_transaction_that_rolls_back_is_not_recorded(
 async def test_a_stale_token_records_nothing_and_its_writes_roll_back(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    _needs_transactions(driver)
+    if not await _with_transactions(driver):
+        return
     job_id = await enqueue_one(driver)
     stale = await claim_one(driver, lease=10)
     manual_clock.advance(11)
@@ -85,7 +99,8 @@ async def test_a_stale_token_records_nothing_and_its_writes_roll_back(
 async def test_no_claim_takes_the_job_over_between_the_check_and_the_commit(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    _needs_transactions(driver)
+    if not await _with_transactions(driver):
+        return
     job_id = await enqueue_one(driver)
     first = await claim_one(driver, lease=10)
     answers: list[tuple[list[str], bool]] = []
@@ -123,7 +138,8 @@ async def test_a_renewal_during_a_steps_transaction_extends_the_lease(
     # always inside one): the fence's lock must hold off claims, not the run's own renewal.
     # PostgreSQL answers at once (a renewal skips a row locked against it: `busy`, its lease
     # not extended, and a few of those in a row stopped the run); SQLite waits for the block.
-    _needs_transactions(driver)
+    if not await _with_transactions(driver):
+        return
     await enqueue_one(driver)
     claim = await claim_one(driver, lease=10)
     renewals: list[RenewResult] = []
@@ -143,13 +159,3 @@ async def test_a_renewal_during_a_steps_transaction_extends_the_lease(
     assert renewed.held == {claim.token} and not renewed.busy
     manual_clock.advance(9)  # past the first lease: still held, by the renewal
     assert await driver.claim(["default"], 1, lease=10, worker_id="w2") == []
-
-
-async def test_a_driver_without_transactions_refuses_a_step_record_in_one(driver: Driver) -> None:
-    if callable(getattr(driver, "open_transaction", None)):
-        pytest.skip(f"{type(driver).__name__} has transactions (the tests above)")
-    job_id = await enqueue_one(driver)
-    claim = await claim_one(driver)
-    with pytest.raises(ConfigError):
-        await driver.save_step(claim.lease, DONE, connection=object())
-    assert await driver.load_steps(job_id) == []
