@@ -120,10 +120,10 @@ async def test_a_job_of_100_transactional_steps_killed_at_random_writes_each_row
     seed = random.randrange(2**32)
     moments = random.Random(seed)
     async with job_store(kind, tmp_path) as store, killed_on_exit() as started:
-        # 30 ms inside each step's transaction, after its row: most kills land there. And at
-        # least 3 s of steps in all, more than the kills' rounds can run (at most ~0.35 s each):
-        # the job is still running when the last kill comes.
-        job_id = await enqueue(store, 100, spacing=0.03)
+        # 30 ms (or more) inside each step's transaction, after its row: most kills land there.
+        # And more time in steps than the kills' rounds can run (at most ~0.35 s each): the job
+        # is still running when the last kill comes.
+        job_id = await enqueue(store, 100, spacing=max(0.03, KILLS * 0.004))
         kills = 0
         while True:
             process = await spawn(store, started, tmp_path / f"worker-{len(started)}.log")
