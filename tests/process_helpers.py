@@ -87,6 +87,22 @@ def free_port() -> int:
         return port
 
 
+@asynccontextmanager
+async def killed_on_exit() -> AsyncIterator[list[trio.Process]]:
+    """A list for the processes a test starts: each one still running at the end of the block
+    is killed (a stopped one too: SIGKILL needs no SIGCONT) and waited for."""
+    started: list[trio.Process] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            if process.returncode is None:
+                process.kill()
+        with trio.CancelScope(shield=True):
+            for process in started:
+                await process.wait()
+
+
 async def until(what: str, within: float, check: Callable[[], Awaitable[bool]]) -> None:
     """Poll ``check`` until it answers True, or fail saying ``what``: the other side is another
     process, so there is no event to wait on, only a deadline."""

@@ -8,8 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,25 +16,11 @@ import trio
 import jobs_trio
 from jobs_trio.driver import Driver
 from tests.apps.outbox_app import registry
-from tests.process_helpers import ROOT, until
+from tests.process_helpers import ROOT, killed_on_exit, until
 
 pytestmark = pytest.mark.slow
 
 ORDERS = 1000
-
-
-@asynccontextmanager
-async def processes(tmp_path: Path) -> AsyncIterator[list[trio.Process]]:
-    started: list[trio.Process] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            if process.returncode is None:
-                process.kill()
-        with trio.CancelScope(shield=True):
-            for process in started:
-                await process.wait()
 
 
 async def spawn(started: list[trio.Process], tmp_path: Path, *args: str) -> trio.Process:
@@ -70,7 +54,7 @@ async def test_a_thousand_orders_through_killed_and_concurrent_relays(tmp_path: 
     async with (
         jobs_trio.open_driver(app_url) as app_db,  # created (and migrated) before the app runs
         jobs_trio.open_driver(jobs_url) as store,
-        processes(tmp_path) as started,
+        killed_on_exit() as started,
     ):
         orders = await spawn(started, tmp_path, "orders", app_url, str(ORDERS), str(seen))
         first = await spawn(started, tmp_path, "relay", app_url, jobs_url)

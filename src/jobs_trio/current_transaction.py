@@ -248,7 +248,12 @@ class SqliteOps:
             await trio.sleep(0.01)  # another writer holds the file: look again shortly
 
     async def commit(self) -> None:
-        await self._run(self.conn.commit)
+        # Shielded, as on PostgreSQL (postgres_transaction.py): the block ended normally, so
+        # its writes are to land. A cancel already pending would otherwise stop the COMMIT
+        # before its thread starts, leaving the connection inside the transaction, holding
+        # the file's write lock, with the caller not knowing whether its writes had landed.
+        with trio.CancelScope(shield=True):
+            await self._run(self.conn.commit)
 
     async def rollback(self) -> None:
         await self._run(self.conn.rollback)

@@ -1,19 +1,24 @@
-# Durable steps: results recorded once (fenced by the claim's token) and replayed, sleeps and
-# event waits that end the attempt as suspended. Apart because replay rules live only here.
+# Durable steps: results recorded once (fenced by the claim's token) and replayed, steps whose
+# record commits in their own transaction, sleeps and event waits that end the attempt as
+# suspended. Apart because replay rules live only here.
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import inspect
 import json
+import logging
 import math
+import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple, overload
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, TypeVarTuple, overload
 
 import trio
 
 from .boundary import check_key, check_name, check_seconds, dump_json, seconds_until
-from .errors import Aborted, JobsError, PayloadNotSerialisable, StepError
+from .current_transaction import Transaction, current_transaction, transaction
+from .errors import Aborted, ConfigError, JobsError, PayloadNotSerialisable, StepError
+from .logs import log_event
 from .records import Lease, StepRecord, StepStatus
 from .run_scope import CancelReason
 
@@ -24,6 +29,10 @@ if TYPE_CHECKING:
 
 _Args = TypeVarTuple("_Args")
 _R = TypeVar("_R")
+
+# step.key's namespace: a key is the UUID of (job id, step name) in it, so it is the same on
+# every attempt of a step and no other step or job, here or in another job store, shares it.
+_KEY_NAMESPACE: Final = uuid.UUID("5d1f1f0e-5a3b-4c1e-9f43-1f0b7d9c2a61")
 
 
 class StepLimits(Protocol):
@@ -77,6 +86,11 @@ class Steps:
         self._run = run
         self._records: dict[str, StepRecord] | None = None
         self._used: set[str] = set()
+        # The transactions of the step.transaction functions running now, by step name: a step
+        # called inside one (its task, or a task it started, sees it as the current
+        # transaction) would record itself apart from it, or on SQLite wait on its connection.
+        # Steps of other tasks of the body, side by side with it, are not inside it.
+        self._open: dict[Transaction, str] = {}
         self.ran: list[str] = []  # steps whose function ran in this attempt (not replayed)
 
     async def _load(self) -> dict[str, StepRecord]:
@@ -87,6 +101,15 @@ class Steps:
 
     def _use(self, name: str) -> None:
         check_name(name, argument="step name")
+        tx = current_transaction()
+        inside = None if tx is None else self._open.get(tx)
+        if inside is not None:
+            raise StepError(
+                f"step {name!r} of job {self._definition.name!r} was called inside the function"
+                f" of step.transaction({inside!r})",
+                fix="call steps one after another in the job body; inside the function, write"
+                " through its tx (enqueue and send_event join it)",
+            )
         if name in self._used:
             raise StepError(
                 f"step {name!r} is used twice in one run of job {self._definition.name!r}",
@@ -119,23 +142,29 @@ class Steps:
             " the old deploy left part-way then runs the new step instead of misreading the old",
         )
 
-    async def _save(self, record: StepRecord) -> None:
+    def _refuse_if_cancelled(self, name: str) -> None:
         # After the run scope was cancelled (timeout, lost lease, operator) nothing of this run
         # may be written: another attempt may already own the records. A drain is not such a
         # cancel: the run still holds its claim, and a step its shielded last part records
         # (fenced by the token, like every write) is one the next attempt need not redo.
         if self._run.reason not in (None, CancelReason.DRAINING):
             raise Aborted(
-                f"step {record.name!r} of job {self._lease.job_id}: the run was cancelled "
+                f"step {name!r} of job {self._lease.job_id}: the run was cancelled "
                 f"({self._run.reason}); its write was refused",
                 fix="nothing to do: the job runs again and replays its recorded steps",
             )
+
+    def _fenced(self, name: str, what: str) -> Aborted:
+        return Aborted(
+            f"step {name!r} of job {self._lease.job_id}: the claim is no longer current"
+            f" (another worker holds the job); {what}",
+            fix="nothing to do: the worker holding the job now replays the steps",
+        )
+
+    async def _save(self, record: StepRecord) -> None:
+        self._refuse_if_cancelled(record.name)
         if not await self._driver.save_step(self._lease, record):
-            raise Aborted(
-                f"step {record.name!r} of job {self._lease.job_id}: the claim is no longer "
-                "current (another worker holds the job); its write was refused",
-                fix="nothing to do: the worker holding the job now replays the steps",
-            )
+            raise self._fenced(record.name, "its write was refused")
         assert self._records is not None
         self._records[record.name] = record
 
@@ -191,8 +220,16 @@ class Steps:
     async def _record(self, name: str, started: float, result: Any) -> Any:
         """Record a step's result, answer it as replay will (the JSON round trip)."""
         self.ran.append(name)
+        text = self._result_text(name, result)
+        await self._save(
+            StepRecord(name, StepStatus.DONE, started, self._driver.now(), result=text)
+        )
+        return json.loads(text)
+
+    def _result_text(self, name: str, result: Any) -> str:
+        """A step's result as the JSON text its record keeps."""
         try:
-            text = dump_json(
+            return dump_json(
                 result,
                 job=self._definition.name,
                 what=f"step[{name!r}] result",
@@ -204,10 +241,100 @@ class Steps:
                 f"be recorded: {exc.cause}",
                 fix="return JSON values from a step (ids, dicts, lists, str, numbers)",
             ) from exc
-        await self._save(
-            StepRecord(name, StepStatus.DONE, started, self._driver.now(), result=text)
-        )
-        return json.loads(text)
+
+    async def transaction(
+        self, name: str, fn: Callable[[Transaction, *_Args], Awaitable[_R]], *args: *_Args
+    ) -> _R:
+        """Run ``await fn(tx, *args)`` once across every attempt of the job, ``tx`` a
+        transaction on the job store's own database (``jobs_trio.transaction(driver)``: its
+        SQL, and every enqueue and ``send_event`` inside it, join it), and record the step IN
+        that transaction: its writes there and its record commit together or not at all.
+        Later calls return the recorded result (the JSON round trip, as ``run``'s).
+
+        The commit is fenced: the claim's token is checked in the transaction under a lock
+        every claim of the job must also take, so a worker that lost its lease (paused past
+        it, its loop blocked) commits nothing; its run is then cancelled ``lease-lost``."""
+        self._use(name)
+        self._refuse_outside_the_store(name)
+        record = self._kind_checked(name, (await self._load()).get(name), "transaction")
+        if record is not None and record.status is StepStatus.DONE:
+            return json.loads(record.result or "null")  # type: ignore[no-any-return]
+        started = self._driver.now()
+        ceiling = self._definition.step_timeout
+        async with transaction(self._driver) as tx:
+            with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
+                self._open[tx] = name
+                try:
+                    pending = fn(tx, *args)
+                    if not inspect.isawaitable(pending):
+                        raise StepError(
+                            f"step {name!r} of job {self._definition.name!r}: step.transaction"
+                            f" was given {getattr(fn, '__name__', fn)!r}, which is not async",
+                            fix="pass an async function: `async def fn(tx, *args)` awaiting"
+                            " tx.execute(...)",
+                        )
+                    result = await pending
+                finally:
+                    del self._open[tx]
+            text = self._result_text(name, result)
+            done = StepRecord(name, StepStatus.DONE, started, self._driver.now(), result=text)
+            await self._save_in(tx, done)
+        # Only now, committed: a record rolled back with its transaction is no record.
+        self.ran.append(name)
+        assert self._records is not None
+        self._records[name] = done
+        return json.loads(text)  # type: ignore[no-any-return]
+
+    def _refuse_outside_the_store(self, name: str) -> None:
+        """``step.transaction`` needs its transaction on the job store's database, and to own
+        it: inside another block the record would commit with that block (or, on another
+        connection, without it), never with the step's own writes alone."""
+        if not callable(getattr(self._driver, "open_transaction", None)):
+            raise ConfigError(
+                f"step {name!r} of job {self._definition.name!r}: step.transaction needs a"
+                f" job store with transactions, and {type(self._driver).__name__} has none",
+                fix="run the job on the SQLite or PostgreSQL driver, with the tables the step"
+                " writes in that database; elsewhere use step.run with step.key(name) as the"
+                " effect's idempotency key",
+            )
+        if current_transaction() is not None:
+            raise StepError(
+                f"step {name!r} of job {self._definition.name!r}: step.transaction was called"
+                " inside an open jobs_trio.transaction(...) block",
+                fix="call it outside the block: the step opens its own transaction on the job"
+                " store, and its record commits with exactly the writes of that transaction",
+            )
+
+    async def _save_in(self, tx: Transaction, record: StepRecord) -> None:
+        """Write ``record`` in ``tx``, fenced by the claim's token (the driver checks it under
+        the lock a claim takes). Refused, the run is cancelled ``lease-lost`` and the raised
+        Aborted rolls ``tx`` back: nothing of the step is written."""
+        self._refuse_if_cancelled(record.name)
+        # Shielded: the step's work is done and its commit is the database's to decide. A drain
+        # cutting it here would only leave the work for the next attempt to redo; and a zombie
+        # whose loop resumes here is refused by the token, whatever its own clock has noticed.
+        with trio.CancelScope(shield=True):
+            saved = await self._driver.save_step(self._lease, record, connection=tx)
+        if not saved:
+            lost = self._fenced(record.name, "its transaction was rolled back, nothing written")
+            log_event(
+                "jobs.step.fenced",
+                logging.WARNING,
+                job_id=self._lease.job_id,
+                job=self._definition.name,
+                step=record.name,
+                why="the claim is no longer current: another worker took the job over",
+            )
+            self._run.cancel(CancelReason.LEASE_LOST, lost)
+            raise lost
+
+    def key(self, name: str) -> str:
+        """An idempotency key for step ``name`` of this job: the same on every attempt and
+        every replay, another for every other step or job (a UUID, 36 characters). Pass it to
+        a service that deduplicates requests by key (a payment provider's ``Idempotency-Key``):
+        an effect outside the database that a crash makes run twice then happens once there."""
+        check_name(name, argument="step.key name")
+        return str(uuid.uuid5(_KEY_NAMESPACE, f"{self._lease.job_id}\x00{name}"))
 
     async def sleep(self, name: str, seconds: float) -> None:
         """Suspend the job for ``seconds`` from the first time this step is reached."""

@@ -63,6 +63,19 @@ async def steps(ctx: JobContext, payload: None) -> float:
     return total + len(text)
 
 
+async def _row(tx: jobs_trio.Transaction, n: int) -> str:
+    await tx.execute("SELECT 1")
+    return str(n)
+
+
+async def _transactional(ctx: JobContext) -> None:
+    """Typed as step.run is: ``fn(tx, *args)``'s result, ``args`` checked (never run here:
+    step.transaction needs a job store with transactions)."""
+    text = await ctx.step.transaction("row", _row, 1)
+    assert_type(text, str)
+    assert_type(ctx.step.key("row"), str)
+
+
 @registry.task("typed.daily", cron="0 9 * * *")
 async def daily(ctx: JobContext, payload: dict[str, Any]) -> None:
     pass
@@ -99,6 +112,8 @@ async def _refused_calls_never_run(driver: Any) -> None:
         await ctx.step.run("sum", _sum, 1)  # type: ignore[arg-type]
         await ctx.step.run("upper", _upper, 1)  # type: ignore[arg-type]
         _number: int = await ctx.step.run("upper", _upper, "a")  # type: ignore[arg-type]
+        await ctx.step.transaction("row", _row, "one")  # type: ignore[arg-type]
+        await ctx.step.transaction("row", _upper, "a")  # type: ignore[arg-type]  # not (tx, ...)
 
     open_worker(driver, registry, concurency=3)  # type: ignore[call-arg]
 

@@ -162,9 +162,18 @@ class Driver(Protocol):
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]: ...
 
-    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+    async def save_step(
+        self, lease: Lease, step: StepRecord, *, connection: object | None = None
+    ) -> bool:
         """Insert or replace one step record, fenced: False (and nothing written) when the
-        lease's token is no longer the job's current one."""
+        lease's token is no longer the job's current one.
+
+        ``connection`` (a ``jobs_trio.transaction`` on this driver) writes it in the caller's
+        transaction (``step.transaction``): the token is checked there under a lock that every
+        claim of the job must also take (PostgreSQL: the job's row FOR KEY SHARE; SQLite: the
+        file's write lock), held until that transaction ends, so no other worker takes the job
+        over between the check and the commit. A driver without transactions refuses it
+        (``ConfigError``)."""
         ...
 
     async def send_event(

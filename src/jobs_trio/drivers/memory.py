@@ -604,9 +604,16 @@ class MemoryDriver:
         self._check_open()
         return list(self._steps.get(job_id, {}).values())
 
-    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+    async def save_step(
+        self, lease: Lease, step: StepRecord, *, connection: object | None = None
+    ) -> bool:
         await trio.lowlevel.checkpoint()
         self._check_open()
+        refuse_connection(
+            connection,
+            driver="memory",
+            fix="record steps with step.run here, or use the SQLite or PostgreSQL driver",
+        )
         if self._current(lease) is None:
             return False
         self._steps.setdefault(lease.job_id, {})[step.name] = step

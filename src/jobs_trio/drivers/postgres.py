@@ -763,7 +763,9 @@ class PostgresDriver:
             for row in await self.bridge.run(read, what="load_steps")
         ]
 
-    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+    async def save_step(
+        self, lease: Lease, step: StepRecord, *, connection: object | None = None
+    ) -> bool:
         self._check_open()
         sql = self._sql
 
@@ -782,7 +784,10 @@ class PostgresDriver:
                 step.match,
             )
 
-        return await self.bridge.run(write, what="save_step") is not None
+        # In the caller's transaction (step.transaction), the row lock the statement takes
+        # (FOR KEY SHARE) is held until that transaction ends: a claim (FOR UPDATE SKIP LOCKED)
+        # skips the job until the step's effects and its record have committed together.
+        return await self._run_here_or_on(connection, write, what="save_step") is not None
 
     async def send_event(
         self, name: str, payload: str, *, key: str | None = None, connection: object | None = None

@@ -256,7 +256,10 @@ WITH held AS MATERIALIZED (
     WHERE j.id = ANY ($3::text[]) AND j.state = 'running'
       AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($3::text[], $4::text[]) AS l(id, token))
     ORDER BY j.id
-    FOR UPDATE OF j SKIP LOCKED
+    -- NO KEY UPDATE, all an UPDATE of these columns needs: it still waits for (here, skips) a
+    -- claim's, a settle's or an operator's FOR UPDATE, but not a step recording itself (FOR KEY
+    -- SHARE, save_step), which would otherwise cost the run its renewal.
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 )
 -- A run's fleet slot row renews with it; a run with a slot whose row another run took (its lease
 -- lapsed) answers slot_lost.
@@ -579,12 +582,16 @@ SELECT name, status, started_at, finished_at, result, wake_at, event, match_key
 FROM {schema}.steps WHERE job_id = $1 ORDER BY position;
 
 -- name: save_step
--- Fenced: written only while the token is current. FOR SHARE holds off a concurrent claim or
--- settle until this write lands, so it cannot slip in just after the token changed.
+-- Fenced: written only while the token is current. The row lock holds off a concurrent claim or
+-- settle (both lock the row FOR UPDATE) until this write lands, so it cannot slip in just after
+-- the token changed. Written in a step's own transaction (step.transaction) the lock lasts until
+-- that commits: no claim takes the job over in between. FOR KEY SHARE, the weakest lock FOR
+-- UPDATE waits for: the run's own renewal (FOR NO KEY UPDATE) passes it, where FOR SHARE made
+-- it answer `busy` (not extended) each time it met a step committing.
 WITH held AS (
     SELECT id FROM {schema}.jobs
     WHERE id = $1 AND token = $2 AND state = 'running'
-    FOR SHARE
+    FOR KEY SHARE
 )
 INSERT INTO {schema}.steps AS s (
     job_id, name, status, started_at, finished_at, result, wake_at, event, match_key

@@ -673,7 +673,11 @@ class SqliteDriver:
         self._wake()
         return answers
 
-    async def save_step(self, lease: Lease, step: StepRecord) -> bool:
+    async def save_step(
+        self, lease: Lease, step: StepRecord, *, connection: object | None = None
+    ) -> bool:
+        conn, tx = unwrap(connection)
+
         def work(conn: sqlite3.Connection, now: float) -> bool:
             cursor = conn.execute(
                 f"INSERT INTO steps (job_id, {_STEP_COLUMNS})"
@@ -699,6 +703,11 @@ class SqliteDriver:
             )
             return cursor.rowcount == 1
 
+        if conn is not None:
+            # In the caller's transaction (step.transaction): it holds the file's write lock
+            # from its BEGIN IMMEDIATE to its end, so no claim of another process can change
+            # the token between this check and the commit that lands the step's effects.
+            return await self._on_callers(conn, tx, work, wake=False)
         return await self._transact(work)
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
