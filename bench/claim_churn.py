@@ -31,9 +31,9 @@ import uuid
 
 import asyncpg
 
-from jobs_trio.drivers.postgres_pool import PLANNER_SETTINGS
-from jobs_trio.drivers.postgres_sql import load_statements
-from jobs_trio.drivers.rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
+from jobs_trio.drivers._postgres_pool import PLANNER_SETTINGS
+from jobs_trio.drivers._postgres_sql import load_statements
+from jobs_trio.drivers._rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
 
 SCHEMA = "bench_claim_churn"
 ROUNDS = 150

@@ -27,8 +27,8 @@ import asyncpg
 import trio
 
 import jobs_trio
-from jobs_trio.drivers.postgres_pool import PLANNER_SETTINGS
-from jobs_trio.drivers.postgres_sql import load_statements
+from jobs_trio.drivers._postgres_pool import PLANNER_SETTINGS
+from jobs_trio.drivers._postgres_sql import load_statements
 
 SCHEMA = "bench_claim_floor"
 registry = jobs_trio.Registry()

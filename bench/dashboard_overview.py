@@ -24,7 +24,7 @@ after; PYTHONPATH=<a clone at efc8824>/src for before):
 
 Before, the overview read each queue's completed jobs for its sparkline (10,000 reads) and
 rendered a row per queue; now six reads in all and the 100 busiest queues. The numbers are
-printed, never asserted (tests/test_dashboard.py checks the page's size and rows)."""
+printed, never asserted (tests/ops/test_dashboard.py checks the page's size and rows)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
+from jobs_trio._core.metrics import Metrics
+from jobs_trio._core.records import NewJob, new_job_id
 from jobs_trio.dashboard import dashboard_app, open_dashboard_driver
-from jobs_trio.metrics import Metrics
-from jobs_trio.open_driver import open_driver
-from jobs_trio.records import NewJob, new_job_id
+from jobs_trio.drivers._open_driver import open_driver
 
 
 async def measure(url: str, options: dict[str, object], queues: int, reps: int) -> None:

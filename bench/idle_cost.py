@@ -31,9 +31,9 @@ import trio
 import trio_asyncio
 
 from jobs_trio import JobContext, Registry
-from jobs_trio.drivers.postgres_bridge import Bridge
-from jobs_trio.open_driver import open_driver
-from jobs_trio.worker import Worker
+from jobs_trio._run.worker import Worker
+from jobs_trio.drivers._open_driver import open_driver
+from jobs_trio.drivers._postgres_bridge import Bridge
 
 ADMIN_URL = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

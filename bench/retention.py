@@ -28,8 +28,8 @@ from pathlib import Path
 import trio
 
 from jobs_trio import Retention, open_driver
-from jobs_trio.pruner import prune_all
-from jobs_trio.records import Complete, NewJob, new_job_id
+from jobs_trio._core.records import Complete, NewJob, new_job_id
+from jobs_trio._retention.pruner import prune_all
 
 ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 LIVE = 2_000

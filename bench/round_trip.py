@@ -60,8 +60,8 @@ async def crossings(driver: Any, n: int) -> None:
     Trio task reading the socket itself (direct_reads: how every pooled operation runs now)."""
     import trio_asyncio
 
-    from jobs_trio.drivers.asyncio_stepper import step_to_end
-    from jobs_trio.drivers.direct_reads import give_back, take_over, transport_of
+    from jobs_trio.drivers._asyncio_stepper import step_to_end
+    from jobs_trio.drivers._direct_reads import give_back, take_over, transport_of
 
     bridge = driver.bridge
     async with bridge._pool.checkout() as conn:

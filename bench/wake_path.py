@@ -27,7 +27,8 @@ import asyncpg
 import trio
 
 import jobs_trio
-from jobs_trio.drivers import postgres, postgres_listener
+from jobs_trio.drivers import _postgres_listener as postgres_listener
+from jobs_trio.drivers import postgres
 
 HERE = Path(__file__).resolve().parent
 ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

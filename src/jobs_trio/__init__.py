@@ -1,29 +1,28 @@
 # jobs_trio: durable background jobs for Trio applications.
 # The public surface, loaded on first use: `import jobs_trio` costs nothing until a name is read,
-# so the console script can hold SIGTERM before the second its imports take (early_signals.py).
+# so the console script can hold SIGTERM before the second its imports take (_run/early_signals).
+"""Everything an application uses is here. Every module whose name starts with ``_`` is private
+and may change without notice; the other public modules are ``jobs_trio.driver`` (for a driver
+of your own), ``jobs_trio.errors`` (every error, with its code), ``jobs_trio.testing``,
+``jobs_trio.metrics``, ``jobs_trio.log_format``, ``jobs_trio.dashboard`` and the drivers
+(``jobs_trio.drivers.memory``); docs/reference.md lists them."""
+
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 # The release (pyproject.toml reads it from here; CHANGELOG.md says what each one changed).
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
-    from .backoff import Backoff
-    from .context import JobContext
-    from .current_transaction import Transaction, current_transaction, transaction
-    from .driver import Driver
-    from .errors import (
+    from ._core.backoff import Backoff
+    from ._core.errors import (
         Aborted,
         AttemptCancelled,
         ConfigError,
         DriverError,
         DuplicateJob,
-        DuplicateJobName,
-        HandedBack,
         InvalidArgument,
         InvalidTransition,
         JobDrained,
@@ -31,81 +30,71 @@ if TYPE_CHECKING:
         JobsError,
         JobTimeout,
         PayloadNotSerialisable,
-        ResultNotStorable,
-        RowLocked,
-        SchemaVersionError,
-        SlotLost,
         StepError,
         TerminalError,
         TooLarge,
-        UnknownJob,
-        ValueRefused,
     )
-    from .events import send_event
-    from .fleet_limits import FleetLimit, RateLimit
-    from .lifecycle import Lifecycle, open_lifecycle
-    from .open_driver import DriverOptions, open_driver
-    from .outbox import Outbox
-    from .pruner import Retention
-    from .records import JobRecord, JobState, OutcomeKind
-    from .registry import JobDefinition, Registry
-    from .relay import Relay, RelayState, open_relay
-    from .steps import EventTimedOut
-    from .worker import Worker, WorkerState, WorkerStats, open_worker
+    from ._core.fleet_limits import FleetLimit, RateLimit
+    from ._core.records import JobRecord, JobState, OutcomeKind
+    from ._jobs.context import JobContext
+    from ._jobs.events import send_event
+    from ._jobs.registry import JobDefinition, Registry
+    from ._jobs.steps import EventTimedOut
+    from ._outbox.outbox import Outbox
+    from ._outbox.relay import Relay, RelayState, open_relay
+    from ._outbox.transaction import Transaction, current_transaction, transaction
+    from ._retention.pruner import Retention
+    from ._run.lifecycle import Lifecycle, open_lifecycle
+    from ._run.worker import Worker, WorkerState, WorkerStats, open_worker
+    from .drivers._open_driver import DriverOptions, open_driver
+    from .drivers.contract import Driver
 
-# Each public name, and the module it lives in.
+# Each public name, and the module it lives in (tests/docs/test_public_surface.py holds this
+# table and the imports above to the same names).
 _WHERE: dict[str, str] = {
-    "Backoff": ".backoff",
-    "JobContext": ".context",
-    "Transaction": ".current_transaction",
-    "current_transaction": ".current_transaction",
-    "transaction": ".current_transaction",
-    "Driver": ".driver",
-    "Aborted": ".errors",
-    "AttemptCancelled": ".errors",
-    "ConfigError": ".errors",
-    "DriverError": ".errors",
-    "DuplicateJob": ".errors",
-    "DuplicateJobName": ".errors",
-    "HandedBack": ".errors",
-    "InvalidArgument": ".errors",
-    "InvalidTransition": ".errors",
-    "JobDrained": ".errors",
-    "JobNotFound": ".errors",
-    "JobsError": ".errors",
-    "JobTimeout": ".errors",
-    "PayloadNotSerialisable": ".errors",
-    "ResultNotStorable": ".errors",
-    "RowLocked": ".errors",
-    "SchemaVersionError": ".errors",
-    "SlotLost": ".errors",
-    "StepError": ".errors",
-    "TerminalError": ".errors",
-    "TooLarge": ".errors",
-    "UnknownJob": ".errors",
-    "ValueRefused": ".errors",
-    "send_event": ".events",
-    "FleetLimit": ".fleet_limits",
-    "RateLimit": ".fleet_limits",
-    "Lifecycle": ".lifecycle",
-    "open_lifecycle": ".lifecycle",
-    "DriverOptions": ".open_driver",
-    "open_driver": ".open_driver",
-    "Outbox": ".outbox",
-    "Retention": ".pruner",
-    "JobRecord": ".records",
-    "JobState": ".records",
-    "OutcomeKind": ".records",
-    "JobDefinition": ".registry",
-    "Registry": ".registry",
-    "Relay": ".relay",
-    "RelayState": ".relay",
-    "open_relay": ".relay",
-    "EventTimedOut": ".steps",
-    "Worker": ".worker",
-    "WorkerState": ".worker",
-    "WorkerStats": ".worker",
-    "open_worker": ".worker",
+    "Backoff": "._core.backoff",
+    "Aborted": "._core.errors",
+    "AttemptCancelled": "._core.errors",
+    "ConfigError": "._core.errors",
+    "DriverError": "._core.errors",
+    "DuplicateJob": "._core.errors",
+    "InvalidArgument": "._core.errors",
+    "InvalidTransition": "._core.errors",
+    "JobDrained": "._core.errors",
+    "JobNotFound": "._core.errors",
+    "JobsError": "._core.errors",
+    "JobTimeout": "._core.errors",
+    "PayloadNotSerialisable": "._core.errors",
+    "StepError": "._core.errors",
+    "TerminalError": "._core.errors",
+    "TooLarge": "._core.errors",
+    "FleetLimit": "._core.fleet_limits",
+    "RateLimit": "._core.fleet_limits",
+    "JobRecord": "._core.records",
+    "JobState": "._core.records",
+    "OutcomeKind": "._core.records",
+    "JobContext": "._jobs.context",
+    "send_event": "._jobs.events",
+    "JobDefinition": "._jobs.registry",
+    "Registry": "._jobs.registry",
+    "EventTimedOut": "._jobs.steps",
+    "Outbox": "._outbox.outbox",
+    "Relay": "._outbox.relay",
+    "RelayState": "._outbox.relay",
+    "open_relay": "._outbox.relay",
+    "Transaction": "._outbox.transaction",
+    "current_transaction": "._outbox.transaction",
+    "transaction": "._outbox.transaction",
+    "Retention": "._retention.pruner",
+    "Lifecycle": "._run.lifecycle",
+    "open_lifecycle": "._run.lifecycle",
+    "Worker": "._run.worker",
+    "WorkerState": "._run.worker",
+    "WorkerStats": "._run.worker",
+    "open_worker": "._run.worker",
+    "Driver": ".drivers.contract",
+    "DriverOptions": ".drivers._open_driver",
+    "open_driver": ".drivers._open_driver",
 }
 
 __all__ = [
@@ -117,10 +106,8 @@ __all__ = [
     "DriverError",
     "DriverOptions",
     "DuplicateJob",
-    "DuplicateJobName",
     "EventTimedOut",
     "FleetLimit",
-    "HandedBack",
     "InvalidArgument",
     "InvalidTransition",
     "JobContext",
@@ -139,17 +126,11 @@ __all__ = [
     "Registry",
     "Relay",
     "RelayState",
-    "ResultNotStorable",
     "Retention",
-    "RowLocked",
-    "SchemaVersionError",
-    "SlotLost",
     "StepError",
     "TerminalError",
     "TooLarge",
     "Transaction",
-    "UnknownJob",
-    "ValueRefused",
     "Worker",
     "WorkerState",
     "WorkerStats",
@@ -162,20 +143,6 @@ __all__ = [
     "send_event",
     "transaction",
 ]
-
-
-class _Surface(types.ModuleType):
-    """The package module. Importing a submodule binds it on the package under its own name,
-    and two public names are their modules' names (``open_driver``, ``current_transaction``):
-    bound here, such a name stays the function it was, never the module."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _WHERE.get(name) == f".{name}":
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Surface
 
 
 def __getattr__(name: str) -> Any:

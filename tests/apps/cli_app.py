@@ -1,4 +1,4 @@
-# The jobs tests/test_cli.py enqueues with `--app` and settles with a worker's tick().
+# The jobs tests/ops/test_cli.py enqueues with `--app` and settles with a worker's tick().
 # Apart from the test because the CLI imports it by name (`tests.apps.cli_app`).
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-# The jobs that tests/test_context_process.py runs in a real `jobs-trio worker` process: an
+# The jobs that tests/jobs/test_context_process.py runs in a real `jobs-trio worker` process: an
 # application whose registry restores its tenant variable around each body.
 # Apart from the test because the worker process imports it by name, as a user's app would be.
 from __future__ import annotations

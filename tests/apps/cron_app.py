@@ -1,4 +1,4 @@
-# The cron task that tests/test_task_processes.py fires from real `jobs-trio worker` processes.
+# The cron task that tests/cron/test_task_processes.py fires from real `jobs-trio worker` processes.
 # Apart from the test because each worker process imports it by name, as a user's app would be.
 from __future__ import annotations
 

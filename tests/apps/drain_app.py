@@ -1,5 +1,5 @@
 # A small Trio application, written as a user would: a worker under the lifecycle, with a job
-# that awaits a minute. tests/test_drain_process.py sends it a real SIGTERM.
+# that awaits a minute. tests/run/test_drain_process.py sends it a real SIGTERM.
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
-# The jobs tests/test_drain_processes.py runs in real `jobs-trio worker` processes, on SQLite and
+# The jobs tests/run/test_drain_processes.py runs in real `jobs-trio worker` processes, on SQLite
+# and
 # PostgreSQL alike: a body that finishes in a shield after SIGTERM, and a sync body that ignores
 # its cancellation. Each appends "<event> <job id> <worker id> <wall time>" lines to a file.
 from __future__ import annotations

@@ -1,5 +1,6 @@
 # Jobs that go to the edges of the worker's promise (issue 32), run by `jobs-trio worker` in
-# tests/test_edges_processes.py: a body that waits for its cancellation, one that leaves a thread
+# tests/run/test_edges_processes.py: a body that waits for its cancellation, one that leaves a
+# thread
 # behind, one that forks, one that blocks the event loop, and short ones for a busy run; and
 # `edge.timed`, the fault matrix's body (tests/faults/): it records when each run starts and ends.
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# A job whose error text carries terminal escapes, for tests/test_cli_safety.py: `list` and
+# A job whose error text carries terminal escapes, for tests/ops/test_cli_safety.py: `list` and
 # `show` must print that text escaped. Apart because a worker imports it by name.
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-# The jobs tests/test_limits_processes.py runs in real `jobs-trio worker` processes: one limited
+# The jobs tests/run/test_limits_processes.py runs in real `jobs-trio worker` processes: one limited
 # to 2 bodies at once fleet-wide, one to 20 starts per second; each appends its times to a file.
 # Apart from the test because each worker process imports it by name, as a user's app would be.
 from __future__ import annotations

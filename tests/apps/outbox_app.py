@@ -1,4 +1,4 @@
-# The processes of tests/test_outbox_process.py: an application committing orders with an
+# The processes of tests/outbox/test_outbox_process.py: an application committing orders with an
 # outbox enqueue each, and relays (killed and restarted by the test). Apart because each is a
 # real process started by name, as an application's would be.
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# The jobs that tests/test_processes_postgres.py runs in real `jobs-trio worker` processes.
+# The jobs that tests/drivers/test_processes_postgres.py runs in real `jobs-trio worker` processes.
 # Apart from the test because each worker process imports it by name, as a user's app would be;
 # apart from sqlite_app because here a job interrupted or killed must then complete elsewhere.
 from __future__ import annotations

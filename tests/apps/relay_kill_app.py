@@ -1,4 +1,5 @@
-# A relay process for tests/test_relay_kill_processes.py that stops dead at one step of its pass
+# A relay process for tests/outbox/test_relay_kill_processes.py that stops dead at one step of its
+# pass
 # for the test to SIGKILL it there: after taking its rows (`claimed`), after writing their jobs
 # (`written`), after deleting the rows (`deleted`); in place, inside the one transaction once
 # its jobs are inserted (`in-transaction`) or after it committed (`committed`). It says
@@ -17,8 +18,8 @@ import trio
 from prometheus_client import CollectorRegistry
 
 import jobs_trio
-from jobs_trio.metrics import Metrics
-from jobs_trio.records import NewJob
+from jobs_trio._core.metrics import Metrics
+from jobs_trio._core.records import NewJob
 
 
 def say(line: str) -> None:

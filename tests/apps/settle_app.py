@@ -1,4 +1,5 @@
-# The jobs that tests/test_settle_faults.py runs in real `jobs-trio worker` processes: good jobs,
+# The jobs that tests/run/test_settle_faults.py runs in real `jobs-trio worker` processes: good
+# jobs,
 # poison ones (errors with NUL and lone surrogates, a result the database refuses), a job held
 # until the test lets it return, and one that logs when it starts and stops.
 from __future__ import annotations

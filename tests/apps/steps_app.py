@@ -1,4 +1,4 @@
-# A three-step job for tests/test_steps_process.py: each step appends a line to a file, and
+# A three-step job for tests/jobs/test_steps_process.py: each step appends a line to a file, and
 # the third step's first run awaits long enough for the test to send SIGTERM during it.
 from __future__ import annotations
 

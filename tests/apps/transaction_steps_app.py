@@ -1,5 +1,5 @@
 # A worker whose one job writes a row per transactional step into an application table of the job
-# store's own database, for tests/test_steps_transaction_processes.py: SIGKILLed at random and
+# store's own database, for tests/jobs/test_steps_transaction_processes.py: SIGKILLed at random and
 # replaced, or paused (its loop blocked, then SIGSTOPped) by the test at a chosen step.
 # Every step's entry is a line in a notes file first, so the test sees which runs began.
 from __future__ import annotations

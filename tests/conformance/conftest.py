@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobs_trio.driver import Driver
-from jobs_trio.open_driver import open_driver
+from jobs_trio.drivers._open_driver import open_driver
 from jobs_trio.testing.conformance import DriverFactory
 from tests.conftest import require_postgres
 

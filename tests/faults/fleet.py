@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from tests.process_helpers import WorkerProcess, worker_processes
+from tests.helpers.process_helpers import WorkerProcess, worker_processes
 
 APP = "tests.apps.edges_app"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from .fleet import Fleet
-from .stores import Store
+from tests.faults.fleet import Fleet
+from tests.faults.stores import Store
 
 
 @attrs.frozen

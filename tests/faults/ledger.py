@@ -11,9 +11,8 @@ from pathlib import Path
 
 import attrs
 
-from jobs_trio.records import JobRecord, JobState
-
-from .fleet import Member
+from jobs_trio._core.records import JobRecord, JobState
+from tests.faults.fleet import Member
 
 # Lines that report a finished body's ending as not written, naming the job.
 REPORTS = (

@@ -28,17 +28,16 @@ from typing import Any
 import attrs
 import trio
 
-from jobs_trio.errors import JobsError
-from jobs_trio.open_driver import open_driver
-from jobs_trio.records import JobRecord
+from jobs_trio._core.errors import JobsError
+from jobs_trio._core.records import JobRecord
+from jobs_trio.drivers._open_driver import open_driver
 from tests.apps.edges_app import timed
-
-from . import injectors as inject
-from .fleet import open_fleet
-from .injectors import Fault, Scale, Scene
-from .ledger import Row, judge, read_runs
-from .postgres_cluster import Cluster, Unavailable, private_cluster
-from .stores import (
+from tests.faults import injectors as inject
+from tests.faults.fleet import open_fleet
+from tests.faults.injectors import Fault, Scale, Scene
+from tests.faults.ledger import Row, judge, read_runs
+from tests.faults.postgres_cluster import Cluster, Unavailable, private_cluster
+from tests.faults.stores import (
     Store,
     postgres_as_a_role,
     postgres_store,

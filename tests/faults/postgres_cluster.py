@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from tests.process_helpers import free_port
+from tests.helpers.process_helpers import free_port
 
 
 class Unavailable(Exception):

@@ -13,10 +13,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from jobs_trio.open_driver import open_driver
-from tests.pgbouncer_process import MISSING, PGBOUNCER, open_pgbouncer, through
-
-from .postgres_cluster import Cluster, Unavailable
+from jobs_trio.drivers._open_driver import open_driver
+from tests.faults.postgres_cluster import Cluster, Unavailable
+from tests.helpers.pgbouncer_process import MISSING, PGBOUNCER, open_pgbouncer, through
 
 # The disk-full cell's filesystem: room for the jobs, the WAL and their growth in a run.
 TMPFS_SIZE = "48m"

@@ -11,7 +11,7 @@ import pytest
 
 import jobs_trio
 from jobs_trio import DriverOptions, JobContext, Registry, Transaction
-from jobs_trio.records import JobId
+from jobs_trio._core.records import JobId
 from tests.conftest import require_postgres
 
 registry = Registry()

@@ -12,7 +12,7 @@ from typing import Any, assert_type, get_overloads, get_type_hints
 import pytest
 
 import jobs_trio
-import jobs_trio.errors
+import jobs_trio._core.errors
 from jobs_trio import (
     AttemptCancelled,
     EventTimedOut,
@@ -23,9 +23,9 @@ from jobs_trio import (
     Worker,
     open_worker,
 )
-from jobs_trio.records import JobId
-from jobs_trio.registry import JobOptions
-from jobs_trio.tasks import TaskDefinition
+from jobs_trio._core.records import JobId
+from jobs_trio._cron.tasks import TaskDefinition
+from jobs_trio._jobs.registry import JobOptions
 from jobs_trio.testing import memory_driver, new_worker, run_until_idle
 
 registry = Registry()
@@ -160,11 +160,11 @@ def test_open_worker_spells_out_exactly_the_worker_s_options() -> None:
 
 
 def test_every_error_a_public_call_raises_is_importable_from_jobs_trio() -> None:
-    # jobs_trio.errors holds every error raised on purpose (EventTimedOut lives with steps):
+    # jobs_trio._core.errors holds every error raised on purpose (EventTimedOut lives with steps):
     # an application catches them from the package, not from a module it must not import.
     raised = {
         obj
-        for obj in vars(jobs_trio.errors).values()
+        for obj in vars(jobs_trio._core.errors).values()
         if isinstance(obj, type) and issubclass(obj, JobsError | AttemptCancelled)
     } | {EventTimedOut}
     exported = {getattr(jobs_trio, name) for name in jobs_trio.__all__}

@@ -2,8 +2,13 @@
 # A package apart because it needs the `dashboard` extra (Starlette, hypercorn, Jinja2).
 from __future__ import annotations
 
-from .app import dashboard_app
-from .serve import DashboardOptions, open_dashboard_driver, read_only_url, serve_dashboard
+from .._dashboard.app import dashboard_app
+from .._dashboard.serve import (
+    DashboardOptions,
+    open_dashboard_driver,
+    read_only_url,
+    serve_dashboard,
+)
 
 __all__ = [
     "DashboardOptions",

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from ..records import (
+from .._core.records import (
     AttemptRecord,
     Claim,
     ClaimToken,
@@ -145,7 +145,7 @@ class Driver(Protocol):
     async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
         """``stats()`` for a fleet's workers to export: the first caller after ``interval``
         seconds since the last turn reads ``stats()`` and stores it; every other caller gets
-        the stored observation from a one-row read (see fleet_stats.py)."""
+        the stored observation from a one-row read (see _fleet_stats.py)."""
         ...
 
     async def wait_for_work(

@@ -12,9 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
-from ..current_transaction import unwrap
-from ..errors import ValueRefused
-from ..operator_transitions import (
+from .._core.errors import ValueRefused
+from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
     cancel_instead,
@@ -22,7 +21,7 @@ from ..operator_transitions import (
     found,
     key_held,
 )
-from ..records import (
+from .._core.records import (
     WAITING_STATES,
     AttemptRecord,
     Claim,
@@ -50,11 +49,11 @@ from ..records import (
     WorkerPresence,
     new_token,
 )
-from .claim_slots import ClaimSlots
-from .contract import BesideConnection, Capabilities, Driver
-from .limit_rules import SLOT, LimitRow, decide, needs
-from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
-from .rules import (
+from .._outbox.transaction import unwrap
+from ._claim_slots import ClaimSlots
+from ._limit_rules import SLOT, LimitRow, decide, needs
+from ._retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
+from ._rules import (
     ATTEMPT_HISTORY,
     FIRE_HISTORY,
     FORGET_WORKERS_AFTER,
@@ -75,6 +74,7 @@ from .rules import (
     send_wakes,
     woken,
 )
+from .contract import BesideConnection, Capabilities, Driver
 
 
 def _refuse_unstorable(settlement: Settlement) -> None:
@@ -147,7 +147,7 @@ class MemoryDriver:
         self._fleet_observed: tuple[QueueStats, ...] = ()
         # The prune turn: who holds it, until when, and when the last turn ended.
         self._prune_turn: tuple[str | None, float | None, float | None] = (None, None, None)
-        # Fleet limits (limit_rules.py): a job's own, and what a put-off job waits for, are in
+        # Fleet limits (_limit_rules.py): a job's own, and what a put-off job waits for, are in
         # its record (as the SQL drivers' rows hold them); the limit rows by (kind, key) then n.
         self._limit_rows: dict[tuple[str, str], dict[int, LimitRow]] = {}
 

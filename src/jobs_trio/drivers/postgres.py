@@ -1,7 +1,6 @@
 # The PostgreSQL driver: the Driver contract in SQL (SKIP LOCKED claims, fenced settles in
 # batches, LISTEN/NOTIFY wake-ups), for fleets of workers on any number of machines. Apart from
 # the bridge, listener and migrations so that this module reads as the contract, one method each.
-# Internal: not part of the public API (docs/reference.md lists the public modules).
 from __future__ import annotations
 
 import asyncio
@@ -19,10 +18,9 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ..current_transaction import Transaction, unwrap
-from ..errors import DriverError, JobsError, RowLocked
-from ..logs import log_event
-from ..operator_transitions import (
+from .._core.errors import DriverError, JobsError, RowLocked
+from .._core.logs import log_event
+from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
     cancel_instead,
@@ -30,7 +28,7 @@ from ..operator_transitions import (
     found,
     key_held,
 )
-from ..records import (
+from .._core.records import (
     OUTBOX_COLUMNS,
     AttemptRecord,
     Claim,
@@ -61,20 +59,20 @@ from ..records import (
     new_token,
     outbox_job,
 )
-from .claim_slots import ClaimSlots
-from .contract import BesideConnection, Capabilities, Driver
-from .fleet_stats import decode as decode_fleet_stats
-from .fleet_stats import encode as encode_fleet_stats
-from .limit_rules import LimitRow, decide, needs
-from .postgres_bridge import ROW_LOCK_STATES, Bridge, open_bridge, sole_error
-from .postgres_listener import Listener
-from .postgres_migrate import apply_migrations, check_migrated, migrate
-from .postgres_pool import Connection, session_settings
-from .postgres_pooler import Pooler
-from .postgres_sql import Statements, load_statements
-from .postgres_transaction import open_pooled_transaction
-from .retention import cutoffs, turn_is_free
-from .rules import (
+from .._outbox.transaction import Transaction, unwrap
+from ._claim_slots import ClaimSlots
+from ._fleet_stats import decode as decode_fleet_stats
+from ._fleet_stats import encode as encode_fleet_stats
+from ._limit_rules import LimitRow, decide, needs
+from ._postgres_bridge import ROW_LOCK_STATES, Bridge, open_bridge, sole_error
+from ._postgres_listener import Listener
+from ._postgres_migrate import apply_migrations, check_migrated, migrate
+from ._postgres_pool import Connection, session_settings
+from ._postgres_pooler import Pooler
+from ._postgres_sql import Statements, load_statements
+from ._postgres_transaction import open_pooled_transaction
+from ._retention import cutoffs, turn_is_free
+from ._rules import (
     FIRE_HISTORY,
     FORGET_WORKERS_AFTER,
     LAPSED_ERROR,
@@ -89,6 +87,7 @@ from .rules import (
     queue_stats,
     refuse_in_place,
 )
+from .contract import BesideConnection, Capabilities, Driver
 
 T = TypeVar("T")
 
@@ -135,7 +134,7 @@ async def open_postgres_driver(
     ``?statement_timeout=30s&lock_timeout=2s``, else those defaults; 0 turns one off) bound every
     statement the driver's own connections run. ``pgbouncer`` ("session" or "transaction"; else
     the URL's ``?pgbouncer=``) says PgBouncer stands in between, and ``listen_url`` (else the URL's
-    ``?listen_host=&listen_port=``) where LISTEN connects directly (postgres_pooler.py,
+    ``?listen_host=&listen_port=``) where LISTEN connects directly (_postgres_pooler.py,
     docs/drivers.md). ``drop_schema_on_close`` is for tests."""
     statements = load_statements(schema)
     session = session_settings(url, statement_timeout=statement_timeout, lock_timeout=lock_timeout)
@@ -486,7 +485,7 @@ class PostgresDriver:
         """Claim what the fleet limits allow of ``ids`` (claim order) and put the rest off, in
         one transaction: the jobs and their limit rows locked SKIP LOCKED (a claim never waits,
         so it never deadlocks with another, a renew or a settle), then the shared rule
-        (limit_rules.py) decides and one statement writes it all. Answers the granted rows."""
+        (_limit_rules.py) decides and one statement writes it all. Answers the granted rows."""
         sql = self._sql
 
         async def take(conn: Connection) -> dict[JobId, Any]:

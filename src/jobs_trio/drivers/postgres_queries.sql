@@ -201,7 +201,7 @@ ON CONFLICT DO NOTHING;
 
 -- name: claim_limited_rows
 -- Every limit row of these keys, locked: a row another claim holds locked right now is skipped,
--- and its key treated as busy (limit_rules.py), never waited for.
+-- and its key treated as busy (_limit_rules.py), never waited for.
 SELECT kind, key, n, until, token, job_id FROM {schema}.limit_rows
 WHERE (kind, key) IN (SELECT kind, key FROM unnest($1::text[], $2::text[]) AS k(kind, key))
 ORDER BY kind, key, n
@@ -300,7 +300,7 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
 -- batch, settle_<kind>_set what that kind changes. Fenced: only a row whose token is still the
 -- claim's changes. $1 now, $2 the NOTIFY channel, $3 ids, $4 tokens, $5 whether each hands
 -- its attempt back (rules.SETTLEMENT_KINDS decides), $6… the kind's own (settle_columns), then
--- the attempt notes' columns ({note_columns}: postgres_sql.py numbers them after the kind's).
+-- the attempt notes' columns ({note_columns}: _postgres_sql.py numbers them after the kind's).
 WITH locked AS MATERIALIZED (
     -- In id order: a worker renews and settles on two connections at once (see renew).
     -- {skip_locked}: a settle alone skips a row another session holds locked (answered busy)
@@ -544,7 +544,7 @@ ORDER BY queue, name, kind;
 
 -- name: fleet_stats_turn
 -- The compare-and-set that gives one worker per interval ($3 seconds) the full stats read
--- (fleet_stats.py); every caller gets the stored observation with it (the row as it was before
+-- (_fleet_stats.py); every caller gets the stored observation with it (the row as it was before
 -- the UPDATE: the same snapshot), which a caller that took the turn replaces.
 WITH turn AS (
     UPDATE {schema}.fleet_stats SET taken_at = $1::float8, worker_id = $2

@@ -1,7 +1,6 @@
 # The SQLite driver: the whole contract on one WAL database file that worker processes on one
-# machine share, as SQL. Apart from the door to the connection (sqlite_door.py: threads, cancel,
-# busy retry) and the file itself (sqlite_migrate.py: URL, identity, migrations, WAL).
-# Internal: not part of the public API (docs/reference.md lists the public modules).
+# machine share, as SQL. Apart from the door to the connection (_sqlite_door.py: threads, cancel,
+# busy retry) and the file itself (_sqlite_migrate.py: URL, identity, migrations, WAL).
 from __future__ import annotations
 
 import contextlib
@@ -16,13 +15,12 @@ from typing import Any, Final, TypeVar
 import attrs
 import trio
 
-from ..current_transaction import SqliteOps, Transaction, owned, unwrap
-from ..errors import (
+from .._core.errors import (
     ConfigError,
     DriverError,
     ValueRefused,
 )
-from ..operator_transitions import (
+from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
     cancel_instead,
@@ -30,7 +28,7 @@ from ..operator_transitions import (
     found,
     key_held,
 )
-from ..records import (
+from .._core.records import (
     OUTBOX_COLUMNS,
     WAITING_STATES,
     AttemptRecord,
@@ -61,13 +59,13 @@ from ..records import (
     WorkerPresence,
     outbox_job,
 )
-from .claim_slots import ClaimSlots
-from .contract import BesideConnection, Capabilities, Driver
-from .fleet_stats import decode as decode_fleet_stats
-from .fleet_stats import encode as encode_fleet_stats
-from .limit_rules import SLOT, LimitRow, decide, needs, waiting_on
-from .retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
-from .rules import (
+from .._outbox.transaction import SqliteOps, Transaction, owned, unwrap
+from ._claim_slots import ClaimSlots
+from ._fleet_stats import decode as decode_fleet_stats
+from ._fleet_stats import encode as encode_fleet_stats
+from ._limit_rules import SLOT, LimitRow, decide, needs, waiting_on
+from ._retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
+from ._rules import (
     ATTEMPT_HISTORY,
     FIRE_HISTORY,
     FORGET_WORKERS_AFTER,
@@ -87,8 +85,9 @@ from .rules import (
     refuse_in_place,
     woken,
 )
-from .sqlite_door import REFUSED, Mode, SqliteDoor, Work
-from .sqlite_migrate import open_beside, open_sqlite_file
+from ._sqlite_door import REFUSED, Mode, SqliteDoor, Work
+from ._sqlite_migrate import open_beside, open_sqlite_file
+from .contract import BesideConnection, Capabilities, Driver
 
 T = TypeVar("T")
 
@@ -399,7 +398,7 @@ def _claim_in(
     ahead = set(slots.ahead(((queue_of[i], i) for i in taken), free)) - limited
     by_id: dict[str, Any] = {}
     if limited & set(taken):
-        # Jobs with fleet limits: the shared rule decides them (limit_rules.py).
+        # Jobs with fleet limits: the shared rule decides them (_limit_rules.py).
         by_id = _claim_limited(conn, [i for i in taken if i in limited], now, lease, worker_id)
         taken = [i for i in taken if i not in limited or i in by_id]
     unlimited = [i for i in taken if i not in by_id]
@@ -582,7 +581,7 @@ class SqliteDriver:
 
     async def _transact(self, work: Work[T], *, mode: Mode = "write") -> T:
         """The door every call goes through: ``work(conn, now)`` in one transaction in a
-        worker thread (sqlite_door.py says how a cancel and a busy file are handled)."""
+        worker thread (_sqlite_door.py says how a cancel and a busy file are handled)."""
         return await self._door.transact(work, mode=mode)
 
     # Enqueue and claim.

@@ -3,8 +3,8 @@
 # conformance suite, jobs_trio.testing.conformance, does: pip install 'jobs-trio[testing]').
 from __future__ import annotations
 
-from ..attempt import Outcome
-from .clock import ManualClock
-from .rounds import memory_driver, new_worker, run_until_idle
+from .._run.attempt import Outcome
+from ._clock import ManualClock
+from ._rounds import memory_driver, new_worker, run_until_idle
 
 __all__ = ["ManualClock", "Outcome", "memory_driver", "new_worker", "run_until_idle"]

@@ -8,7 +8,7 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 
 from jobs_trio.driver import Driver
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 # Given a clock, open a fresh, empty driver that reads its time from that clock only (the suite
 # moves time by hand: a lease's end, a delay, a backoff); close it on the way out. Called once

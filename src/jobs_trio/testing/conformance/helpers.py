@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import trio
 
+from jobs_trio._core.records import Claim, NewJob, new_job_id
 from jobs_trio.driver import Driver
-from jobs_trio.records import Claim, NewJob, new_job_id
 
 
 def new_job(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from jobs_trio.driver import Driver
-from jobs_trio.records import (
+from jobs_trio._core.records import (
     Complete,
     DeadLetter,
     JobRecord,
@@ -15,7 +14,8 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, new_job
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from jobs_trio.driver import Driver
-from jobs_trio.drivers.rules import ATTEMPT_HISTORY
-from jobs_trio.records import (
+from jobs_trio._core.records import (
     AttemptNote,
     AttemptRecord,
     CancelJob,
@@ -21,7 +19,9 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver
+from jobs_trio.drivers._rules import ATTEMPT_HISTORY
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

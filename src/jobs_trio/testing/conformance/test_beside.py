@@ -9,10 +9,10 @@ from typing import TypeVar, cast
 import pytest
 import trio
 
+from jobs_trio._core.records import Complete, JobState, Lease
 from jobs_trio.driver import Driver
 from jobs_trio.drivers.contract import BesideConnection, RenewsBeside
-from jobs_trio.records import Complete, JobState, Lease
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

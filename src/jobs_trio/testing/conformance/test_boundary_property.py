@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from jobs_trio import JobsError, Registry
 from jobs_trio.driver import Driver
-from jobs_trio.open_driver import open_driver
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.drivers._open_driver import open_driver
+from jobs_trio.testing._clock import ManualClock
 
 from .fixtures import DriverFactory
 

@@ -9,11 +9,10 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from jobs_trio import Registry
-from jobs_trio.backoff import Backoff
-from jobs_trio.driver import Driver
-from jobs_trio.metrics import Metrics
-from jobs_trio.operator_transitions import OPERATOR_CANCEL_ERROR
-from jobs_trio.records import (
+from jobs_trio._core.backoff import Backoff
+from jobs_trio._core.metrics import Metrics
+from jobs_trio._core.operator_transitions import OPERATOR_CANCEL_ERROR
+from jobs_trio._core.records import (
     CancelJob,
     Complete,
     DeadLetter,
@@ -24,8 +23,9 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
-from jobs_trio.worker import Worker
+from jobs_trio._run.worker import Worker
+from jobs_trio.driver import Driver
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

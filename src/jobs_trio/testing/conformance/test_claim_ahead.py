@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from jobs_trio._core.records import Complete, JobState
 from jobs_trio.driver import Driver
 from jobs_trio.drivers.contract import SettlesWithClaims
-from jobs_trio.records import Complete, JobState
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import enqueue_one
 

@@ -2,10 +2,10 @@
 # attempts, across two queues, with a limit smaller than each kind: the rule every driver follows.
 from __future__ import annotations
 
+from jobs_trio._core.records import JobState
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.rules import LAPSED_ERROR, lapsed_out_of_attempts
-from jobs_trio.records import JobState
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.drivers._rules import LAPSED_ERROR, lapsed_out_of_attempts
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import enqueue_one
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from jobs_trio._core.records import JobState
 from jobs_trio.driver import Driver
-from jobs_trio.records import JobState
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import enqueue_one
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import json
 
+from jobs_trio._core.records import JobState
 from jobs_trio.driver import Driver
-from jobs_trio.records import JobState
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import a_waiting_worker, claim_one, enqueue_one, new_job
 
@@ -77,7 +77,7 @@ async def test_unique_key_while_live_yields_one_job(driver: Driver) -> None:
 
 
 async def test_unique_key_is_held_while_running_and_freed_when_finished(driver: Driver) -> None:
-    from jobs_trio.records import Complete
+    from jobs_trio._core.records import Complete
 
     job_id = await enqueue_one(driver, key="k")
     claim = await claim_one(driver)

@@ -3,9 +3,9 @@
 # again, so a fleet of workflows keyed by order id woke whole for each order's event.
 from __future__ import annotations
 
+from jobs_trio._core.records import JobId, JobState, Suspend
 from jobs_trio.driver import Driver
-from jobs_trio.records import JobId, JobState, Suspend
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

@@ -8,9 +8,9 @@ from typing import cast
 
 import pytest
 
+from jobs_trio._core.records import Claim, JobId, JobState, Suspend
 from jobs_trio.driver import Driver, SettlesWithClaims
-from jobs_trio.records import Claim, JobId, JobState, Suspend
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

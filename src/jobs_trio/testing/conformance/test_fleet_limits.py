@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import attrs
 
+from jobs_trio._core.records import Complete, JobLimits, JobState, NewJob, Retry
 from jobs_trio.driver import Driver
-from jobs_trio.records import Complete, JobLimits, JobState, NewJob, Retry
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import new_job
 

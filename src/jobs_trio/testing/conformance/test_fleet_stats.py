@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jobs_trio.driver import Driver
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import enqueue_one
 

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from jobs_trio._core.errors import InvalidTransition, JobNotFound
+from jobs_trio._core.records import Complete, DeadLetter, JobState
 from jobs_trio.driver import Driver
-from jobs_trio.errors import InvalidTransition, JobNotFound
-from jobs_trio.records import Complete, DeadLetter, JobState
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
 

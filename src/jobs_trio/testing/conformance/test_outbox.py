@@ -6,16 +6,16 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from jobs_trio.driver import Driver
-from jobs_trio.errors import ConfigError
-from jobs_trio.records import (
+from jobs_trio._core.errors import ConfigError
+from jobs_trio._core.records import (
     Complete,
     JobLimits,
     PruneTurn,
     RelayDecision,
     RelayOutcome,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver
+from jobs_trio.testing._clock import ManualClock
 
 from .fixtures import DriverFactory
 from .helpers import claim_one, new_job

@@ -8,9 +8,7 @@ from collections.abc import Callable
 import attrs
 import pytest
 
-from jobs_trio.driver import Driver
-from jobs_trio.drivers.rules import LAPSED_ERROR, lapsed_out_of_attempts
-from jobs_trio.records import (
+from jobs_trio._core.records import (
     CancelJob,
     Claim,
     Complete,
@@ -24,7 +22,9 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver
+from jobs_trio.drivers._rules import LAPSED_ERROR, lapsed_out_of_attempts
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import new_job
 

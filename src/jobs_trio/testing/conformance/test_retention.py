@@ -2,9 +2,9 @@
 # batches, one pruner at a time; every driver alike, every state walked.
 from __future__ import annotations
 
+from jobs_trio._core.records import Complete, Pruned, PruneTurn, StepRecord, StepStatus
 from jobs_trio.driver import Driver
-from jobs_trio.records import Complete, Pruned, PruneTurn, StepRecord, StepStatus
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 from .job_states import STATES, place

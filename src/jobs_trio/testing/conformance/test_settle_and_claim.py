@@ -9,9 +9,8 @@ from typing import cast
 import pytest
 import trio
 
-from jobs_trio.driver import Driver, SettlesWithClaims
-from jobs_trio.errors import ValueRefused
-from jobs_trio.records import (
+from jobs_trio._core.errors import ValueRefused
+from jobs_trio._core.records import (
     CancelJob,
     Complete,
     DeadLetter,
@@ -23,7 +22,8 @@ from jobs_trio.records import (
     Settlement,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver, SettlesWithClaims
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 from .test_fleet_limits import limited

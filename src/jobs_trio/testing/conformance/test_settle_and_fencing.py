@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from jobs_trio.driver import Driver
-from jobs_trio.records import (
+from jobs_trio._core.records import (
     CancelJob,
     Complete,
     DeadLetter,
@@ -11,7 +10,8 @@ from jobs_trio.records import (
     Retry,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
 

@@ -7,11 +7,9 @@ from collections.abc import Callable
 import attrs
 import pytest
 
-from jobs_trio.driver import Driver
-from jobs_trio.drivers.rules import LAPSED_ERROR
-from jobs_trio.errors import InvalidTransition
-from jobs_trio.operator_transitions import OPERATOR_CANCEL_ERROR
-from jobs_trio.records import (
+from jobs_trio._core.errors import InvalidTransition
+from jobs_trio._core.operator_transitions import OPERATOR_CANCEL_ERROR
+from jobs_trio._core.records import (
     CancelJob,
     Complete,
     DeadLetter,
@@ -24,7 +22,9 @@ from jobs_trio.records import (
     StepStatus,
     Suspend,
 )
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.driver import Driver
+from jobs_trio.drivers._rules import LAPSED_ERROR
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import new_job
 from .job_states import EVENT, LEASE, RUNNING, STATES, WAIT, Placed, place

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
+from jobs_trio._core.records import JobState, StepRecord, StepStatus, Suspend
 from jobs_trio.driver import Driver
-from jobs_trio.records import JobState, StepRecord, StepStatus, Suspend
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
 

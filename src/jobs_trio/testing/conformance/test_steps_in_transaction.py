@@ -9,10 +9,10 @@ import pytest
 import trio
 
 import jobs_trio
+from jobs_trio._core.errors import ConfigError
+from jobs_trio._core.records import Claim, RenewResult, StepRecord, StepStatus
 from jobs_trio.driver import Driver
-from jobs_trio.errors import ConfigError
-from jobs_trio.records import Claim, RenewResult, StepRecord, StepStatus
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one, new_job
 

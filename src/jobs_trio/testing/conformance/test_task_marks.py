@@ -6,10 +6,10 @@ import json
 
 import trio
 
+from jobs_trio._core.records import JobState, TaskAdvance, TaskFire, TaskMark
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.rules import FIRE_HISTORY
-from jobs_trio.records import JobState, TaskAdvance, TaskFire, TaskMark
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.drivers._rules import FIRE_HISTORY
+from jobs_trio.testing._clock import ManualClock
 
 from .helpers import new_job
 

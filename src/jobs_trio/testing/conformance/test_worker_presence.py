@@ -7,10 +7,10 @@ from typing import Any
 
 import attrs
 
+from jobs_trio._core.records import WorkerPresence
 from jobs_trio.driver import Driver
-from jobs_trio.drivers.rules import FORGET_WORKERS_AFTER
-from jobs_trio.records import WorkerPresence
-from jobs_trio.testing.clock import ManualClock
+from jobs_trio.drivers._rules import FORGET_WORKERS_AFTER
+from jobs_trio.testing._clock import ManualClock
 
 
 def presence(worker_id: str, now: float, **changes: Any) -> WorkerPresence:

@@ -1,0 +1,151 @@
+# How a log record looks on a stream: `text` for people, `logfmt` and `json` for log pipelines,
+# one line per record in both. Apart from logs.py (what a line says) so that an application can
+# use these formatters for its own handlers, and the CLI picks one with --log-format.
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .render import visible
+
+FORMATS: Final = ("text", "logfmt", "json")
+LEVELS: Final = ("debug", "info", "warning", "error")
+
+# A logfmt value that needs no quotes: no blank, quote, equals sign or backslash, and printable.
+_BARE = re.compile(r'[^\s"=\\]+')
+
+
+def logfmt_value(value: object) -> str:
+    """``value`` as a logfmt value: bare when it can be, else in double quotes with ``"``, ``\\``
+    and every unprintable character escaped (``\\n``, ``\\x1b``), so a record stays one line
+    and a terminal shows what was logged rather than acting on it. None is empty (``key=``);
+    a list or tuple is its items joined by commas."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple | set | frozenset):
+        value = ",".join(_as_text(item) for item in value)
+    text = _as_text(value)
+    if _BARE.fullmatch(text) and text.isprintable():
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f'"{visible(escaped)}"'
+
+
+def logfmt_pairs(fields: Mapping[str, object]) -> str:
+    return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields.items())
+
+
+def event_of(record: logging.LogRecord) -> str | None:
+    """The event name a jobs_trio line carries (``jobs.attempt.completed``); None for a record
+    of another library (hypercorn, trio-asyncio) that reaches the same handler."""
+    event = getattr(record, "event", None)
+    return event if isinstance(event, str) else None
+
+
+def fields_of(record: logging.LogRecord) -> Mapping[str, object]:
+    fields = getattr(record, "fields", None)
+    return fields if isinstance(fields, Mapping) else {}
+
+
+def _utc(record: logging.LogRecord) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{stamp}.{int(record.msecs):03d}Z"
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-12-02 10:00:00,123 INFO jobs_trio: jobs.attempt.completed job=mail.send ...``:
+    the record's one-line message, then any multi-line field (a traceback) below it,
+    indented, where a person reads it best."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        event = event_of(record)
+        if event is None:
+            return super().formatMessage(record)
+        fields = fields_of(record)
+        below = {k: v for k, v in fields.items() if isinstance(v, str) and "\n" in v}
+        # record.message is each formatter's own (format() sets it from getMessage() first).
+        inline = {k: v for k, v in fields.items() if k not in below}
+        record.message = f"{event} {logfmt_pairs(inline)}"
+        line = super().formatMessage(record).rstrip()
+        for key, value in below.items():
+            assert isinstance(value, str)
+            shown = "\n".join(f"      {visible(part)}" for part in value.split("\n"))
+            line += f"\n    {key}:\n{shown}"
+        return line
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``time=2026-12-02T10:00:00.123Z level=info logger=jobs_trio event=jobs.attempt.completed
+    job=mail.send ...``: one line a record. A line of another library has ``msg=`` where a
+    jobs_trio line has ``event=`` and its fields; an exception is ``exception="..."``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        head: dict[str, object] = {
+            "time": _utc(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        event = event_of(record)
+        if event is None:
+            head["msg"] = record.getMessage()
+        else:
+            head["event"] = event
+            head.update((k, v) for k, v in fields_of(record).items() if k not in head)
+        if record.exc_info:
+            head["exception"] = self.formatException(record.exc_info)
+        return logfmt_pairs(head)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line (docs/logging.md, "Record schema"): ``time``, ``level``,
+    ``logger``, ``message``; a jobs_trio line also ``event`` and ``fields`` (an object: the
+    values as logged, a tuple as an array, anything JSON has no form for as its text); an
+    exception ``exception``. Never raises for what a field holds: a log line must not be what
+    fails a worker."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": _utc(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        event = event_of(record)
+        if event is not None:
+            document["event"] = event
+            document["fields"] = dict(fields_of(record))
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        try:
+            return json.dumps(document, default=_as_text)
+        except (ValueError, RecursionError):  # a circular value, a nesting past the encoder's
+            document["fields"] = {k: _as_text(v) for k, v in fields_of(record).items()}
+            return json.dumps(document, default=_as_text)
+
+
+def _as_text(value: object) -> str:
+    """A value JSON has no form for, as its text; never raises (a hostile ``__str__``)."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} that cannot be shown>"
+
+
+def formatter(name: str) -> logging.Formatter:
+    """The formatter for ``--log-format NAME`` (one of FORMATS)."""
+    chosen: type[logging.Formatter] = {
+        "text": TextFormatter,
+        "logfmt": LogfmtFormatter,
+        "json": JsonFormatter,
+    }[name]
+    return chosen()

@@ -1,0 +1,73 @@
+# An operator's transitions (retry, cancel): which states allow them, and the errors when they
+# do not. Apart so every driver refuses the same things in the same words.
+from __future__ import annotations
+
+from typing import TypeVar
+
+from .errors import InvalidTransition, JobNotFound
+from .records import CancelJob, JobId, JobRecord, JobState, Park, Retry, Settlement, Suspend
+
+T = TypeVar("T")
+
+RETRYABLE_STATES = frozenset({JobState.DEAD, JobState.CANCELLED, JobState.PARKED})
+# Cancelled at once; a running job is only flagged (its worker stops it at the next renewal).
+CANCELLABLE_STATES = frozenset({JobState.READY, JobState.SUSPENDED, JobState.PARKED})
+OPERATOR_CANCEL_ERROR = "cancelled by an operator"
+
+
+def found(record: T | None, job_id: JobId) -> T:
+    """``record`` (a job, or a driver's row of one), or ``JobNotFound``."""
+    if record is None:
+        raise JobNotFound(f"no job with id {job_id!r}", fix="check the id with `jobs-trio list`")
+    return record
+
+
+def check_retry(record: JobRecord) -> None:
+    if record.state not in RETRYABLE_STATES:
+        raise InvalidTransition(
+            f"job {record.id} is {record.state.value}; "
+            "only dead, cancelled or parked jobs can be retried",
+            fix="wait for it to finish, or cancel it first",
+        )
+
+
+def key_held(job_id: JobId, key: str | None) -> InvalidTransition:
+    return InvalidTransition(
+        f"job {job_id}'s key {key!r} is held by another live job",
+        fix="let that job finish or cancel it, then retry this one",
+    )
+
+
+def cancel_flags_only(record: JobRecord) -> bool:
+    """True: the job is running, so the cancel is a request; False: cancel it now. Raises for
+    a job that has finished."""
+    if record.state is JobState.RUNNING:
+        return True
+    if record.state in CANCELLABLE_STATES:
+        return False
+    raise InvalidTransition(
+        f"job {record.id} is {record.state.value} and can no longer be cancelled",
+        fix="nothing to do: it has finished",
+    )
+
+
+def cancel_instead(settlement: Settlement) -> CancelJob | None:
+    """What a settlement becomes when an operator's cancel is pending on its job: an ending that
+    would leave the job live (a retry, an interrupted attempt, a suspension, a park) ends it
+    cancelled instead, its attempt counted, as a cancel heard at renewal would have. None for an
+    ending that already finishes the job (completed, dead, cancelled): that one stands.
+
+    Without this the flag was cleared by the settlement and the job ran again: the operator
+    asked it to stop, and its body failing before the next renewal must not undo that. The
+    drivers apply it under the settlement's own fence, in the same write (for PostgreSQL in the
+    settle SQL, with this function's text as a column)."""
+    match settlement:
+        case Retry(error=ended) | Park(reason=ended):
+            return CancelJob(
+                settlement.lease,
+                f"{OPERATOR_CANCEL_ERROR} (the attempt ended first: {ended})",
+                note=settlement.note,  # the same attempt, as its history records it
+            )
+        case Suspend():
+            return CancelJob(settlement.lease, OPERATOR_CANCEL_ERROR, note=settlement.note)
+    return None

@@ -1,0 +1,422 @@
+# Declaring jobs: a Registry maps names to job definitions, and a definition enqueues itself.
+# Apart because it is the boundary where user input (names, options, payloads) is checked.
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypedDict, Unpack, overload
+
+import attrs
+from typing_extensions import TypeVar
+
+from .._core.backoff import Backoff
+from .._core.boundary import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    INT4_MAX,
+    check_int,
+    check_key,
+    check_limit,
+    check_name,
+    delay_from,
+    dump_json,
+)
+from .._core.errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
+from .._core.fleet_limits import FleetLimit, RateLimit, resolve
+from .._core.records import JobId, NewJob, new_job_id
+from .._core.run_context import CaptureContext, RestoreContext, stored_context
+from .._cron.schedule import parse_schedule
+from .._cron.tasks import Missed, TaskDefinition, check_missed
+from .._outbox.transaction import joined
+
+if TYPE_CHECKING:
+    from .._outbox.outbox import Outbox
+    from ..driver import Driver
+    from .context import JobContext
+
+# A definition keeps its body's payload and result types: ``enqueue`` then takes only what the
+# body accepts. The payload is contravariant (a body taking ``dict | None`` may be enqueued
+# with no payload), the result covariant; both default to Any, so a bare ``JobDefinition`` (an
+# unannotated body, a registry's listing) means "any job".
+PayloadT = TypeVar("PayloadT", contravariant=True, default=Any)
+ResultT = TypeVar("ResultT", covariant=True, default=Any)
+_P = TypeVar("_P")
+_R = TypeVar("_R")
+
+# A body: ``async def`` or a plain ``def`` (run in a thread), given the context and the payload.
+JobFunction = Callable[["JobContext", PayloadT], Awaitable[ResultT] | ResultT]
+
+# What a cron task's body is handed (TaskDefinition.payload): ``task``, ``scheduled_at``,
+# ``scheduled_ts`` and, fired by hand, ``manual``. A task's body must accept it.
+TaskPayload = dict[str, Any]
+TaskBody = JobFunction[TaskPayload, object]
+
+RunAt = dt.datetime | float
+OnDuplicate = Literal["existing", "raise"]
+
+
+def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={value!r} is not a positive number", fix=f"give {name} > 0")
+
+
+@attrs.frozen(eq=False)
+class JobDefinition(Generic[PayloadT, ResultT]):
+    """One declared job: its body and every option a worker applies to its attempts.
+    ``JobDefinition[P, R]``: the body takes a payload of type ``P`` and returns ``R``."""
+
+    name: str
+    fn: JobFunction[PayloadT, ResultT]
+    queue: str = "default"
+    attempts: int = 3
+    timeout: float | None = 60.0
+    priority: int = 0
+    backoff: Backoff = attrs.field(factory=Backoff)
+    terminal: tuple[type[BaseException] | str, ...] = ()  # error types or codes that dead-letter
+    step_timeout: float | None = None
+    event_poll: float = 60.0
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES  # also each step's result
+    fleet_limit: FleetLimit | None = None  # runs at once, fleet-wide (docs/limits.md)
+    rate_limit: RateLimit | None = None  # starts per period, fleet-wide
+    # The registry's context hooks (docs/context.md), carried by each of its jobs.
+    capture_context: CaptureContext | None = None
+    restore_context: RestoreContext | None = None
+
+    # Decided once at declaration: the worker asks for every attempt.
+    is_async: bool = attrs.field(init=False)
+
+    @is_async.default
+    def _is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def is_terminal(self, error: BaseException) -> bool:
+        code = getattr(error, "code", None)
+        for item in self.terminal:
+            if isinstance(item, str) and code == item:
+                return True
+            if isinstance(item, type) and isinstance(error, item):
+                return True
+        return getattr(error, "retryable", True) is False
+
+    def __call__(self, ctx: JobContext, payload: PayloadT) -> ResultT | Awaitable[ResultT]:
+        return self.fn(ctx, payload)
+
+    def new_job(
+        self,
+        payload: PayloadT,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> NewJob:
+        """The row to write, checked: a bad payload, delay, key or context raises before any
+        write. ``context``: the run's context (docs/context.md); None: the capture hook's."""
+        stored = stored_context(context, self.capture_context)
+        return self._row(payload, delay, run_at, priority, key, stored)
+
+    def _row(
+        self,
+        payload: Any,
+        delay: float | None,
+        run_at: RunAt | None,
+        priority: int | None,
+        key: str | None,
+        context: str | None,
+    ) -> NewJob:
+        return NewJob(
+            job_id=new_job_id(),
+            name=self.name,
+            queue=self.queue,
+            payload=dump_json(payload, job=self.name, max_bytes=self.max_payload_bytes),
+            max_attempts=self.attempts,
+            priority=self.priority
+            if priority is None
+            else check_int(priority, argument="priority"),
+            delay=delay_from(delay, run_at),
+            key=None if key is None else check_key(key, argument="key"),
+            limits=resolve(self.name, self.fleet_limit, self.rate_limit, payload),
+            context=context,
+        )
+
+    # Without a payload the body is handed None: only a body whose payload accepts None may be
+    # enqueued so (the first overload); any other takes its payload type and nothing else.
+    @overload
+    async def enqueue(
+        self: JobDefinition[None, Any],
+        driver: Driver | Outbox,
+        payload: None = None,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId: ...
+
+    @overload
+    async def enqueue(
+        self,
+        driver: Driver | Outbox,
+        payload: PayloadT,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId: ...
+
+    async def enqueue(
+        self,
+        driver: Driver | Outbox,
+        payload: Any = None,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId:
+        """Write one job; answer its id. With a ``key`` a live job already holds, answer that
+        job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``); a key deduplicates
+        live jobs only (ready, running, suspended, parked): once its job has finished, the
+        same key makes a new job. Inside a
+        ``jobs_trio.transaction(...)`` block the write joins that transaction; ``driver`` may
+        be an ``Outbox`` (docs/transactions.md). ``context``: the run's context, e.g.
+        ``{"tenant": "t1"}`` (docs/context.md); None: the registry's capture hook's."""
+        job = self.new_job(
+            payload, delay=delay, run_at=run_at, priority=priority, key=key, context=context
+        )
+        [answer] = await driver.enqueue([job], connection=joined(connection))
+        if not answer.created and on_duplicate == "raise":
+            raise DuplicateJob(job=self.name, key=key or "", existing_id=answer.job_id)
+        return answer.job_id
+
+    async def enqueue_many(
+        self,
+        driver: Driver | Outbox,
+        payloads: Iterable[PayloadT],
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> list[JobId]:
+        """Write many jobs in one driver call; every payload is checked before anything is
+        written, so one bad payload writes none. Every job carries the same ``context``."""
+        stored = stored_context(context, self.capture_context)  # once for the batch
+        jobs = [self._row(p, delay, run_at, priority, None, stored) for p in payloads]
+        if not jobs:
+            return []
+        answers = await driver.enqueue(jobs, connection=joined(connection))
+        return [a.job_id for a in answers]
+
+
+class JobDecorator(Protocol):
+    """What ``registry.job(...)`` answers: given the body, its definition, typed by the body's
+    payload and its result (awaited, for an ``async def``)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[JobContext, _P], Awaitable[_R]], /
+    ) -> JobDefinition[_P, _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[JobContext, _P], _R], /) -> JobDefinition[_P, _R]: ...
+
+
+class JobOptions(TypedDict, total=False):
+    """``job()``'s options, for ``task()`` to pass on typed (a misspelt one fails the type
+    check). Names and types as ``job()`` declares them (tests/typecheck holds them equal); the
+    defaults are ``job()``'s."""
+
+    queue: str
+    attempts: int
+    timeout: float | None
+    priority: int
+    backoff: Backoff | None
+    terminal: Sequence[type[BaseException] | str]
+    step_timeout: float | None
+    event_poll: float
+    max_payload_bytes: int | None
+    max_result_bytes: int | None
+    fleet_limit: FleetLimit | None
+    rate_limit: RateLimit | None
+
+
+class Registry:
+    """The jobs an application declares; a worker runs the ones its registry knows."""
+
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        capture_context: CaptureContext | None = None,
+        restore_context: RestoreContext | None = None,
+    ) -> None:
+        """``max_payload_bytes`` / ``max_result_bytes``: the size limits (of the JSON text) of
+        every job declared here that does not set its own; see docs/limits.md.
+
+        ``capture_context()``: the calling request's context, stored with every enqueue that
+        passes no ``context=``; ``restore_context(context)``: a context manager that sets the
+        application's context variables around each body. Here, not on the worker, because
+        ``jobs-trio worker app:registry`` runs a worker from the registry alone
+        (docs/context.md)."""
+        for hook_name, hook in (
+            ("capture_context", capture_context),
+            ("restore_context", restore_context),
+        ):
+            if hook is not None and not callable(hook):
+                raise ConfigError(f"{hook_name}={hook!r} is not callable", fix="pass a function")
+        self.capture_context = capture_context
+        self.restore_context = restore_context
+        self._jobs: dict[str, JobDefinition] = {}
+        self.max_payload_bytes = check_limit(max_payload_bytes, argument="max_payload_bytes")
+        self.max_result_bytes = check_limit(max_result_bytes, argument="max_result_bytes")
+        self._tasks: dict[str, TaskDefinition[JobDefinition]] = {}
+
+    def job(
+        self,
+        name: str,
+        *,
+        queue: str = "default",
+        attempts: int = 3,
+        timeout: float | None = 60.0,
+        priority: int = 0,
+        backoff: Backoff | None = None,
+        terminal: Sequence[type[BaseException] | str] = (),
+        step_timeout: float | None = None,
+        event_poll: float = 60.0,
+        max_payload_bytes: int | None = None,
+        max_result_bytes: int | None = None,
+        fleet_limit: FleetLimit | None = None,
+        rate_limit: RateLimit | None = None,
+    ) -> JobDecorator:
+        """Declare a job: ``@registry.job("emails.send", queue="emails", attempts=5)``.
+        ``max_payload_bytes`` / ``max_result_bytes`` default to the registry's.
+        ``fleet_limit`` / ``rate_limit``: runs at once and starts per period across the fleet,
+        per job or per key of the payload (docs/limits.md)."""
+        check_name(name, argument="job name")
+        if name in self._jobs:
+            raise DuplicateJobName(
+                f"job name {name!r} is already declared (by {self._jobs[name].fn.__qualname__})",
+                fix="give each job its own name; a worker picks the body by name",
+            )
+        check_name(queue, argument="queue")
+        check_int(attempts, argument="attempts", low=1, high=INT4_MAX)
+        _positive("timeout", timeout)
+        _positive("step_timeout", step_timeout)
+        _positive("event_poll", event_poll, allow_none=False)
+        for argument, value, kind in (
+            ("fleet_limit", fleet_limit, FleetLimit),
+            ("rate_limit", rate_limit, RateLimit),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(
+                    f"{argument}={value!r} is not a {kind.__name__}",
+                    fix=f"pass jobs_trio.{kind.__name__}(...)",
+                )
+        check_int(priority, argument="priority")
+        payload_limit = (
+            self.max_payload_bytes
+            if max_payload_bytes is None
+            else check_limit(max_payload_bytes, argument="max_payload_bytes")
+        )
+        result_limit = (
+            self.max_result_bytes
+            if max_result_bytes is None
+            else check_limit(max_result_bytes, argument="max_result_bytes")
+        )
+
+        def declare(fn: JobFunction[Any, Any], /) -> JobDefinition[Any, Any]:
+            if not callable(fn):
+                raise ConfigError(f"job {name!r} body is not callable", fix="decorate a function")
+            definition = JobDefinition(
+                name=name,
+                fn=fn,
+                queue=queue,
+                attempts=attempts,
+                timeout=timeout,
+                priority=priority,
+                backoff=backoff or Backoff(),
+                terminal=tuple(terminal),
+                step_timeout=step_timeout,
+                event_poll=event_poll,
+                max_payload_bytes=payload_limit,
+                max_result_bytes=result_limit,
+                fleet_limit=fleet_limit,
+                rate_limit=rate_limit,
+                capture_context=self.capture_context,
+                restore_context=self.restore_context,
+            )
+            self._jobs[name] = definition
+            return definition
+
+        return declare
+
+    def task(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: float | dt.timedelta | None = None,
+        timezone: str = "UTC",
+        missed: Missed | str = Missed.LATEST,
+        catch_up: int = 10,
+        **job_options: Unpack[JobOptions],
+    ) -> Callable[[TaskBody], TaskDefinition[JobDefinition[TaskPayload]]]:
+        """Declare a cron task: ``@registry.task("reports.daily", cron="0 9 * * *",
+        timezone="Europe/Berlin")``. Each scheduled time enqueues the job ``name`` once per
+        fleet; ``job_options`` are ``job()``'s (queue, attempts, timeout...). See docs/tasks.md."""
+        schedule = parse_schedule(cron=cron, every=every, timezone=timezone)
+        policy = check_missed(missed, catch_up)
+        declare_job = self.job(name, **job_options)
+
+        def declare(fn: TaskBody) -> TaskDefinition[JobDefinition[TaskPayload]]:
+            task = TaskDefinition(name, declare_job(fn), schedule, policy, catch_up)
+            self._tasks[name] = task
+            return task
+
+        return declare
+
+    def tasks(self) -> list[TaskDefinition[JobDefinition]]:
+        return list(self._tasks.values())
+
+    def get(self, name: str) -> JobDefinition | None:
+        return self._jobs.get(name)
+
+    def require(self, name: str) -> JobDefinition:
+        definition = self._jobs.get(name)
+        if definition is None:
+            known = ", ".join(sorted(self._jobs)) or "none"
+            raise UnknownJob(
+                f"no job named {name!r} is declared (known: {known})",
+                fix="check the name, or import the module that declares it",
+            )
+        return definition
+
+    def queues(self) -> list[str]:
+        return sorted({d.queue for d in self._jobs.values()})
+
+    def __iter__(self) -> Iterator[JobDefinition]:
+        return iter(self._jobs.values())
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._jobs

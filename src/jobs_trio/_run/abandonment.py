@@ -1,0 +1,87 @@
+# What a teardown gives up on at its budget, named and counted: the bodies still running when
+# the wait for them was cut, the settlements still unwritten when the writes' deadline passed.
+# Apart because each is a job that runs again elsewhere, and the process must say so loudly.
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from .._core.logs import log_event
+from .budget import WRITE_FLOOR, Budget
+from .drain import Drain
+from .settler import Settler
+
+
+def bodies_running(drain: Drain) -> bool:
+    """Whether a run whose body has not ended is still held (or a claim held for a slot whose
+    hand-back has not been handed in)."""
+    return any(not run.settling for run in drain.held)
+
+
+def abandon_bodies(drain: Drain, budget: Budget, worker_id: str) -> tuple[str, ...]:
+    """The budget ran out on bodies still running: each is named (the process exits non-zero),
+    and nothing of it is written: its lease lapses and it runs again elsewhere. The settlements
+    already handed in are still written, under the floor. Answers their job ids."""
+    running = [run for run in drain.held if not (run.settling or run.abandoned)]
+    if running:
+        log_event(
+            "jobs.worker.wait-cut",
+            logging.WARNING,
+            worker=worker_id,
+            running=len(running),
+            settling=len(drain) - len(running),
+            writes_within=round(max(budget.writes_deadline - trio.current_time(), 0), 3),
+            why="the teardown's budget for bodies ran out (the grace period, or a second"
+            " signal); the endings already decided are still written",
+        )
+    for run in running:
+        # A sync body's thread stops being waited for (its slot stays taken until it really
+        # ends); nothing of this run is written.
+        run.abandon()
+        log_event(
+            "jobs.worker.drain-abandoned",
+            logging.ERROR,
+            worker=worker_id,
+            job_id=run.job_id,
+            job=run.claim.name,
+            fix="the body did not stop within the grace period (an async body that swallows"
+            " Cancelled or shields itself, a sync body or sync step that does not call"
+            " ctx.check_cancelled(), or a step whose record the database did not take in time);"
+            " its lease lapses and it runs again elsewhere. Let it stop, check the database, or"
+            " raise grace",
+        )
+    return tuple(run.job_id for run in running)
+
+
+def report_unwritten(drain: Drain, settler: Settler, worker_id: str) -> tuple[str, ...]:
+    """The writes' deadline ran out with settlements unwritten: each job is named, so the
+    process exits non-zero rather than drop a result silently. Answers their job ids."""
+    unwritten = {s.lease.token: s for s in settler.unwritten()}
+    abandoned: list[str] = []
+    for run in drain.held:
+        if not run.settling:
+            continue  # a body still running: named with the bodies
+        abandoned.append(run.job_id)
+        settlement = unwritten.pop(run.claim.token, None)
+        log_event(
+            "jobs.worker.settle-abandoned",
+            logging.ERROR,
+            worker=worker_id,
+            job_id=run.job_id,
+            job=run.claim.name,
+            outcome=type(settlement).__name__ if settlement else "unknown",
+            fix="the database did not take this attempt's settlement before the teardown's"
+            f" deadline (the grace period, or {WRITE_FLOOR:g} s after a second signal); its"
+            " lease lapses and it runs again elsewhere (at-least-once). Check the database",
+        )
+    for settlement in unwritten.values():  # handed in by a run no longer held (tick())
+        abandoned.append(settlement.lease.job_id)
+        log_event(
+            "jobs.worker.settle-abandoned",
+            logging.ERROR,
+            worker=worker_id,
+            job_id=settlement.lease.job_id,
+            outcome=type(settlement).__name__,
+        )
+    return tuple(abandoned)

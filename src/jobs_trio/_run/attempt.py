@@ -1,0 +1,411 @@
+# One claimed job run to its outcome: parked if this deploy does not know it, else its body under
+# its run scope with a context of its own, then the verdict.
+# Apart because "what did this attempt end as" is answered here and nowhere else.
+from __future__ import annotations
+
+import json
+import logging
+import os
+import traceback
+from types import CodeType
+from typing import Any
+
+import attrs
+import trio
+
+from .._core.boundary import MAX_ERROR_CHARS, dump_json, storable_text
+from .._core.errors import AttemptCancelled, JobsError, ResultNotStorable
+from .._core.logs import log_event
+from .._core.operator_transitions import OPERATOR_CANCEL_ERROR
+from .._core.records import (
+    AttemptNote,
+    CancelJob,
+    Claim,
+    Complete,
+    DeadLetter,
+    OutcomeKind,
+    Park,
+    Retry,
+    Settlement,
+    Suspend,
+)
+from .._core.run_context import restored, trace_of
+from .._core.tracing import attempt_span
+from .._jobs.context import JobContext
+from .._jobs.registry import JobDefinition, Registry
+from .._jobs.steps import Steps, Suspension
+from ..driver import Driver
+from .forked_child import end_if_forked
+from .run_scope import CancelReason, RunScope
+from .thread_slots import ThreadSlots
+
+
+@attrs.frozen
+class Outcome:
+    job_id: str
+    name: str
+    kind: OutcomeKind
+    settlement: Settlement | None  # None: nothing to write (lost)
+    error: str | None = None
+    seconds: float = 0.0
+    traceback: str | None = None  # the tail of the error's traceback, when the body raised
+
+
+def describe(error: BaseException) -> str:
+    """``error`` as the text stored with its job: ``Type: message`` (and a foreign ``code``),
+    made storable by every driver and cut to ``MAX_ERROR_CHARS``. Never raises: an error whose
+    ``__str__`` or ``code`` raises is described by what it raised, not allowed to crash the
+    worker that is recording it."""
+    try:
+        message = str(error)
+    except BaseException as exc:  # whatever a hostile __str__ raises
+        message = f"<str() of this error raised {type(exc).__name__}>"
+    text = f"{type(error).__name__}: {message}"
+    if isinstance(error, BaseExceptionGroup):
+        # "Exceptions from Trio nursery (1 sub-exception)" says nothing of what failed: the
+        # errors inside it do (a body's own nursery wraps whatever its tasks raised).
+        text += " [" + "; ".join(describe(leaf) for leaf in _leaves(error)[:_LEAVES]) + "]"
+    if not isinstance(error, JobsError):
+        try:
+            code = getattr(error, "code", None)
+            if code:
+                text = f"{code}: {text}"
+        except BaseException:
+            pass  # a broken ``code`` property: the type and message still say what happened
+    return storable_text(text)
+
+
+async def run_attempt(
+    claim: Claim,
+    definition: JobDefinition | None,
+    run: RunScope,
+    *,
+    registry: Registry,
+    driver: Driver,
+    worker_id: str,
+    threads: ThreadSlots,
+) -> Outcome:
+    """The verdict on one claim. Parked when this deploy's ``registry`` declares no job of its
+    name (``definition`` None), unless a hand-back reason cancelled it first; else its body
+    runs with a context of its own under ``run``'s cancel scope, and is judged: a body that
+    RETURNED completed, whatever was asked of its scope meanwhile; one that UNWOUND is judged
+    by the scope's first cancel reason, never by what it raised (a body cut short by a drain
+    may surface any error at all, and it is still interrupted)."""
+    if definition is None:
+        if run.reason in _HANDED_BACK:
+            # Cancelled before it was looked at (a claim answered late, a drain): handed back
+            # like any unstarted claim, so a worker that declares the job may run it, rather
+            # than parked here until an operator retries it.
+            return _noted(_handed_back(claim, run, None, 0.0), claim, worker_id, ran=False)
+        parked = _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
+        return _noted(parked, claim, worker_id, ran=False)
+    # A run started in a worker that is being cancelled from outside (a slot freed by a run
+    # going away hands itself to the next claim): it ends here, before a line of its body,
+    # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
+    await trio.lowlevel.checkpoint_if_cancelled()
+    ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
+    # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
+    with attempt_span(claim, lambda: trace_of(claim.context)) as span:
+        outcome = await _judged(claim, definition, run, ctx, threads)
+        span.ended(outcome.kind, run.reason, outcome.error)
+    return _noted(outcome, claim, worker_id, ran=True)
+
+
+def _noted(outcome: Outcome, claim: Claim, worker_id: str, *, ran: bool) -> Outcome:
+    """The outcome with its settlement carrying the attempt's note, for the job's history."""
+    if outcome.settlement is None:
+        return outcome
+    note = AttemptNote(
+        attempt=claim.attempt,
+        worker_id=worker_id,
+        seconds=outcome.seconds if ran else None,
+        traceback=outcome.traceback,
+    )
+    return attrs.evolve(outcome, settlement=attrs.evolve(outcome.settlement, note=note))
+
+
+async def _judged(
+    claim: Claim, definition: JobDefinition, run: RunScope, ctx: JobContext, threads: ThreadSlots
+) -> Outcome:
+    started = trio.current_time()
+    ended = _Ended()
+    try:
+        payload = json.loads(claim.payload)
+        # The application's context variables are set around the body (and copied into a sync
+        # body's thread by Trio); a restore hook that raises fails this attempt like the body.
+        with restored(definition.restore_context, lambda: ctx.context), run.cancel_scope:
+            # A run cancelled before its body started (a claim that committed after the drain
+            # was signalled) is handed back without running a line of it.
+            if not run.cancel_scope.cancel_called:
+                if definition.is_async:
+                    run.start_clock()
+                    ended.result = await definition.fn(ctx, payload)
+                    ended.returned = True
+                else:
+                    # Its own scope swallows the cancel that abandons the thread: "returned" is
+                    # known only in here.
+                    with run.thread_scope():
+                        ended.result = await threads.run(
+                            run, _call_in_thread, definition, ctx, payload
+                        )
+                        ended.returned = True
+    except Suspension as exc:
+        ended.suspension = exc
+    except trio.Cancelled:
+        # Caught here only when it was NOT our run scope's (which swallows its own): an outer
+        # scope is going away, and that must propagate.
+        raise
+    except BaseException as exc:
+        # Anything else a body raises — SystemExit, GeneratorExit, a BaseException of its own —
+        # is that job's failure, never the worker's: only its own cancellation may stop it.
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(trio.Cancelled) is not None:
+            raise
+        if isinstance(exc, GeneratorExit) and not _in_trio_run():
+            raise  # this coroutine itself is being closed (garbage-collected), not the body
+        end_if_forked(run.owner, job_id=claim.job_id, code=_exit_code(exc))
+        ended.suspension = _suspended_in(exc)
+        if ended.suspension is None:
+            ended.error = exc
+    # A child the body forked that returned (or raised) here is not this attempt's worker.
+    end_if_forked(run.owner, job_id=claim.job_id)
+    seconds = trio.current_time() - started
+    return _verdict(claim, definition, run, ended, seconds)
+
+
+def judged_code() -> CodeType:
+    """The code of the frame every job body runs under (``_judged``): how the lease lifeline
+    finds, in a blocked Trio thread's stack, which claim's body holds the loop."""
+    return _judged.__code__
+
+
+def _suspended_in(exc: BaseException) -> Suspension | None:
+    """The suspension a body raised from inside a nursery of its own: Trio hands it up wrapped
+    in an exception group, and read as an error it cost the job an attempt at every sleep (a
+    helper task beside the steps is a common shape). Only a group of nothing but suspensions:
+    one that also carries an error is that error's failure."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return None
+    suspended, rest = exc.split(Suspension)
+    if suspended is None or rest is not None:
+        return None
+    first = _leaves(suspended)[0]
+    assert isinstance(first, Suspension)
+    return first
+
+
+def _parked(claim: Claim, known: list[str]) -> Outcome:
+    reason = (
+        f"no job named {claim.name!r} in this deploy's registry (known: {', '.join(known)}); "
+        "parked, not failed: retry it once a deploy that declares it is running"
+    )
+    park = Park(claim.lease, reason=reason)
+    return Outcome(claim.job_id, claim.name, OutcomeKind.PARKED, park, reason)
+
+
+def _in_trio_run() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+@attrs.define
+class _Ended:
+    """How a body ended: it returned (``result``), raised (``error``), suspended, or none of
+    those — it unwound with the run scope's own ``Cancelled``, or never started."""
+
+    returned: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    suspension: Suspension | None = None
+
+
+def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) -> Any:
+    owner = os.getpid()
+    try:
+        result = definition.fn(ctx, payload)
+    except SystemExit as exc:
+        end_if_forked(owner, job_id=ctx.job_id, code=_exit_code(exc))
+        raise
+    finally:
+        # Forked in this thread, the child has no Trio loop to hand its ending to: it ends here.
+        end_if_forked(owner, job_id=ctx.job_id)
+    try:
+        trio.from_thread.check_cancelled()
+    except trio.Cancelled:
+        # The run was abandoned at its cancel and this body finished anyway: its result goes
+        # nowhere (the run was already settled, fenced), and this line is how to find it.
+        log_event("jobs.timeout.abandoned", logging.WARNING, job_id=ctx.job_id, job=ctx.name)
+        raise
+    return result
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    """The status a forked child that raised ``exc`` asked to exit with (``sys.exit(0)`` in the
+    child is the common way to end one), else None."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return None
+
+
+def _verdict(
+    claim: Claim, definition: JobDefinition, run: RunScope, ended: _Ended, seconds: float
+) -> Outcome:
+    lease = claim.lease
+
+    def ended_as(
+        kind: OutcomeKind,
+        settlement: Settlement | None,
+        why: str | None,
+        traceback: str | None = None,
+    ) -> Outcome:
+        return Outcome(claim.job_id, claim.name, kind, settlement, why, seconds, traceback)
+
+    if run.abandoned:
+        # The teardown's budget ran out on it: nothing is written, its lease lapses and it runs
+        # again elsewhere (at-least-once). Never handed back while it may still be running.
+        why = "abandoned at the teardown's budget"
+        return ended_as(OutcomeKind.ABANDONED, None, why)
+    error = ended.error
+    if ended.returned:
+        # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
+        # that finished its work has nothing to redo); a lost lease still fences the write.
+        try:
+            text = _result_json(ended.result, definition)
+        except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
+            error = exc
+        else:
+            return ended_as(OutcomeKind.COMPLETED, Complete(lease, text), None)
+    else:
+        reason = run.reason
+        abandoned_thread = not definition.is_async and error is None and ended.suspension is None
+        if reason is CancelReason.LEASE_EXPIRED and abandoned_thread:
+            # A sync body's thread, abandoned at the expiry, may still be running: handed back,
+            # its job could start elsewhere beside it. Left to lapse, as a lost lease is.
+            return ended_as(OutcomeKind.LOST, None, "lease expired; its thread runs on")
+        # A lost fleet slot is the drain's row of the table: not the job's fault, handed back
+        # uncounted and ready at once (it waits there for a slot like any other). So is a lease
+        # that ran out because no renewal reached the database (issue 32: an outage charged an
+        # attempt to every job whose lease lapsed in it): the worker that ran it hands it back,
+        # fenced by its token, so a job that kills its worker (nothing hands it back) still
+        # runs out of attempts.
+        if reason in _HANDED_BACK:
+            return _handed_back(claim, run, error, seconds)
+        if reason is CancelReason.LEASE_LOST:
+            return ended_as(OutcomeKind.LOST, None, "lease lost")
+        if reason is CancelReason.OPERATOR:
+            why = OPERATOR_CANCEL_ERROR
+            return ended_as(OutcomeKind.CANCELLED, CancelJob(lease, why), why)
+        if reason is CancelReason.TIMEOUT:
+            error = run.cause
+        elif ended.suspension is not None:
+            suspension = ended.suspension
+            settle = Suspend(
+                lease,
+                suspension.delay,
+                suspension.event,
+                seen=suspension.seen,
+                match=suspension.match,
+            )
+            return ended_as(OutcomeKind.SUSPENDED, settle, None)
+    if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
+        error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")
+    why = _safe_text(error)
+    tail = None
+    if error.__traceback__ is not None:
+        tail = _traceback_tail(error)
+        log_event(
+            "jobs.attempt.failed",
+            logging.WARNING,
+            job_id=claim.job_id,
+            job=claim.name,
+            attempt=claim.attempt,
+            error=why,
+            traceback=tail,
+        )
+    if _is_terminal(definition, error) or claim.attempt >= claim.max_attempts:
+        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why), why, tail)
+    delay = definition.backoff.delay(claim.attempt)
+    return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why), why, tail)
+
+
+# Handed back unstarted or unwound, uncounted: the drain's row of the table, and the reasons
+# that are not the job's fault either (the write is fenced: a job another worker holds now is
+# left to it).
+_HANDED_BACK = (
+    CancelReason.DRAINING,
+    CancelReason.SLOT_LOST,
+    CancelReason.HELD_TOO_LONG,
+    CancelReason.CLAIM_LATE,
+    CancelReason.LEASE_EXPIRED,
+)
+
+
+def _handed_back(
+    claim: Claim, run: RunScope, error: BaseException | None, seconds: float
+) -> Outcome:
+    """Interrupted: ready at once, its attempt uncounted, its cause recorded."""
+    why = _safe_text(run.cause)
+    if error is not None and not isinstance(error, AttemptCancelled):
+        why += f" (body stopped with {_safe_text(error)})"
+    retry = Retry(claim.lease, delay=0.0, error=why, counts_as_attempt=False)
+    return Outcome(claim.job_id, claim.name, OutcomeKind.INTERRUPTED, retry, why, seconds)
+
+
+def _safe_text(error: BaseException | None) -> str:
+    return describe(error) if error is not None else "no reason recorded"
+
+
+def _traceback_tail(error: BaseException) -> str:
+    """The last frames and the error line, as every driver stores them (the job's history
+    keeps it): its END kept when it is long, for that is where the error is."""
+    try:
+        tail = "".join(traceback.format_exception(error)[-3:]).strip()
+    except BaseException as exc:
+        return f"<traceback could not be rendered: {type(exc).__name__}>"
+    if len(tail) > MAX_ERROR_CHARS:
+        tail = "… " + tail[2 - MAX_ERROR_CHARS :]
+    return storable_text(tail)
+
+
+def _is_terminal(definition: JobDefinition, error: BaseException) -> bool:
+    """Whether ``error`` ends the job at once. A group from the body's own nursery is terminal
+    when every error in it is: a StepError raised beside a helper task is still a mistake no
+    retry fixes."""
+    try:
+        if isinstance(error, BaseExceptionGroup):
+            return all(definition.is_terminal(leaf) for leaf in _leaves(error))
+        return definition.is_terminal(error)
+    except BaseException:
+        return False  # a hostile `code` attribute: judged by the attempt count alone
+
+
+# How many of a group's errors its stored text names (the text is cut to MAX_ERROR_CHARS anyway).
+_LEAVES = 3
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The errors inside ``group`` and its nested groups, in order."""
+    found: list[BaseException] = []
+    for inner in group.exceptions:
+        found += _leaves(inner) if isinstance(inner, BaseExceptionGroup) else [inner]
+    return found
+
+
+def _result_json(result: Any, definition: JobDefinition) -> str:
+    """The result as JSON text every driver stores, within the job's ``max_result_bytes``;
+    else ``ResultNotStorable`` (the verdict makes it the job's own failure). Checked by the
+    same boundary as payloads, so a result nested 100,000 deep or holding a 5,000-digit int
+    is a failure of its job, not a RecursionError or ValueError that takes the worker down."""
+    try:
+        return dump_json(
+            result, job=definition.name, what="result", max_bytes=definition.max_result_bytes
+        )
+    except JobsError as exc:
+        detail = exc.cause.removeprefix(f"job {definition.name!r}: ")
+        raise ResultNotStorable(
+            f"job {definition.name!r} returned a value that cannot be stored: {detail}",
+            fix="return JSON values (dict, list, str, numbers, bool, None) or nothing, and "
+            "keep large data elsewhere (return its key)",
+        ) from exc

@@ -1,0 +1,210 @@
+# The run scope of one claimed job: the cancel scope its body runs under, and the first reason
+# it was cancelled for. Apart because the outcome of an attempt is decided HERE, from the scope.
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import trio
+
+from .._core.errors import Aborted, HandedBack, JobsError, JobTimeout, SlotLost
+from .._core.records import Claim
+
+
+class CancelReason(enum.StrEnum):
+    """Why a run was cancelled: the first reason given wins. The values are Trio's cancel
+    reasons and the words of the log lines, as they were when these were bare strings."""
+
+    TIMEOUT = "timeout"  # the run's own deadline
+    LEASE_LOST = "lease-lost"  # a renewal found the lease gone: another worker may hold the job
+    # No renewal reached the database before the lease ran out (it was unreachable, or the
+    # renewal hung): the job is most likely still this worker's, handed back uncounted.
+    LEASE_EXPIRED = "lease-expired"
+    DRAINING = "draining"  # the process is going away
+    OPERATOR = "cancelled"  # an operator cancelled the job
+    SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
+    HELD_TOO_LONG = "held-too-long"  # claimed ahead, no slot freed within the hold limit
+    CLAIM_LATE = "claim-late"  # the claim was answered after its lease ran out
+
+
+class RunScope:
+    """One attempt's cancel scope. Every cancel goes through ``cancel`` so the first reason is
+    kept; a deadline that fired first reads as ``timeout`` whatever came after it."""
+
+    def __init__(self, claim: Claim, timeout: float | None) -> None:
+        self.claim = claim
+        self.timeout = timeout
+        # The worker's process: a child a body forks is not it, and ends (forked_child.py).
+        self.owner = os.getpid()
+        # No deadline until the body starts (``start_clock``): a job's timeout is its body's
+        # time, not the time it spent waiting for a thread.
+        self.cancel_scope = trio.CancelScope()
+        self._reason: CancelReason | None = None
+        self._cause: JobsError | None = None
+        # A sync body's thread, or a sync step's, is waited for under a scope of its own
+        # (``thread_scope``); several at once when a body runs sync steps side by side.
+        self._thread_scopes: set[trio.CancelScope] = set()
+        # A claim taken ahead hears a cancel through this while it waits for a slot (``on_cancel``).
+        self._on_cancel: Callable[[], object] | None = None
+        # Set at the teardown's budget: nothing of this run is written, its lease lapses.
+        self.abandoned = False
+        # The worker's own view of the lease, on the Trio clock: renewals move it; when it
+        # passes with the database unreachable, the run is cancelled as lost rather than
+        # racing the worker that may claim it next.
+        self.lease_deadline = math.inf
+        # The body has ended and its settlement waits to be written: still renewed (a slow
+        # database must not turn a finished job into a lapsed one), no longer stopped.
+        self.settling = False
+        # A claim taken ahead whose body has started, the start not yet recorded by a renewal:
+        # until it is, a crash of this worker gives the attempt back (Claim.ahead).
+        self.start_unrecorded = False
+        # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
+        # from its thread while a body blocks the loop, where the Trio clock cannot be read.
+        self.beside_until = -math.inf
+
+    @property
+    def job_id(self) -> str:
+        return self.claim.job_id
+
+    def start_clock(self) -> None:
+        """The body starts now: its timeout counts from here."""
+        if self.timeout is None:
+            return
+        deadline = trio.current_time() + self.timeout
+        self.cancel_scope.deadline = deadline
+        if self._reason is not CancelReason.DRAINING:
+            for thread in self._thread_scopes:
+                thread.deadline = min(thread.deadline, deadline)
+
+    def renewed_beside(self, now: float) -> None:
+        """Move ``lease_deadline`` (Trio clock, ``now``) to where the lease lifeline's renewal
+        put the lease, if that is later: renewed while the loop was blocked, the run must not
+        be stopped as lapsed the moment the loop runs again."""
+        beside = now + (self.beside_until - time.monotonic())
+        if beside > self.lease_deadline:
+            self.lease_deadline = beside
+
+    def cancel(self, reason: CancelReason, cause: JobsError | None = None) -> None:
+        # Reading cancel_called first lets a deadline that has already passed register as
+        # the first reason (Trio checks the deadline there), so a late drain cannot mask it.
+        if self.cancel_scope.cancel_called:
+            return
+        self._reason = reason
+        self._cause = cause or self._cause_of(reason)
+        self.cancel_scope.cancel(reason=reason.value)
+        if self._on_cancel is not None:
+            self._on_cancel()
+        for thread in self._thread_scopes:
+            if reason is CancelReason.DRAINING:
+                # A drain WAITS for a thread (Trio cannot stop one, and handing the job back
+                # while it runs is two runs at once): from here the budget bounds it, not its
+                # timeout (nor a step's).
+                thread.deadline = math.inf
+            else:
+                thread.cancel()  # abandoned: the thread runs on, its result goes nowhere
+
+    def abandon(self) -> None:
+        """The teardown's budget is spent: stop waiting for this run (a thread is left to end on
+        its own), and write nothing for it."""
+        self.abandoned = True
+        for thread in self._thread_scopes:
+            thread.cancel()
+
+    def on_cancel(self, callback: Callable[[], object] | None) -> None:
+        """Call ``callback`` when the run is cancelled (at once if it already is); None stops
+        that. How a claim taken ahead, which has no task until its slot frees, hears a drain,
+        a lost lease, an operator's cancel or its hold limit: a task per held claim, waiting on
+        an event, was ~8% of the worker's CPU at concurrency 10 (issue 16); a cancel scope per
+        held claim, 7% before that."""
+        self._on_cancel = callback
+        if callback is not None and self._reason is not None:
+            callback()
+
+    @contextlib.contextmanager
+    def thread_scope(self, deadline: float = math.inf) -> Iterator[trio.CancelScope]:
+        """The scope a sync body's or sync step's thread is waited for under: shielded from
+        the run scope, so a drain does not abandon the thread; cancelled — the thread
+        abandoned — by the run's own deadline, ``deadline`` (a step's timeout), a lost lease,
+        an operator's cancel, or ``abandon``. It swallows its own cancel: a caller tells a
+        thread that returned by what it set inside."""
+        deadline = min(deadline, self.cancel_scope.deadline)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            self._thread_scopes.add(scope)
+            if self.abandoned or self._reason not in (None, CancelReason.DRAINING):
+                scope.cancel()
+            try:
+                yield scope
+            finally:
+                self._thread_scopes.discard(scope)
+
+    @property
+    def reason(self) -> CancelReason | None:
+        """The first reason this run was cancelled for, or None while it was not."""
+        if not self.cancel_scope.cancel_called:
+            return None
+        return self._reason or CancelReason.TIMEOUT
+
+    @property
+    def cause(self) -> JobsError | None:
+        """The typed error that says why the run was cancelled (``X_DRAINING``, ``JOB_TIMEOUT``,
+        ``X_ABORTED``), or None while it was not. Trio thread only."""
+        reason = self.reason
+        return None if reason is None else (self._cause or self._cause_of(reason))
+
+    def cause_in_thread(self, thread_abandoned: bool) -> JobsError | None:
+        """``cause``, read from a sync body's thread, where Trio's clock cannot be read: a
+        thread abandoned with no reason recorded was abandoned at its deadline."""
+        if self._cause is not None:
+            return self._cause
+        return self._cause_of(CancelReason.TIMEOUT) if thread_abandoned else None
+
+    def _cause_of(self, reason: CancelReason) -> JobsError:
+        job = f"job {self.claim.name!r} ({self.claim.job_id})"
+        if reason is CancelReason.TIMEOUT:
+            return JobTimeout(
+                f"{job} ran past its timeout of {self.timeout}s",
+                fix="raise the job's timeout=, or make the body finish sooner",
+            )
+        if reason is CancelReason.LEASE_LOST:
+            return Aborted(
+                f"{job} lost its lease: another worker may hold it now",
+                fix="nothing: the worker that holds the job runs it",
+            )
+        if reason is CancelReason.LEASE_EXPIRED:
+            return HandedBack(
+                f"interrupted: {job} was stopped when its lease ran out before a renewal reached"
+                " the database (unreachable, or a renewal that hung); handed back to the queue,"
+                " its attempt uncounted (unless another worker claimed it meanwhile: then that"
+                " worker runs it)",
+                fix="nothing for this job: an outage is not its fault. If it recurs, look at the"
+                " database's availability and the worker's latency to it, or raise the lease",
+            )
+        if reason is CancelReason.OPERATOR:
+            return Aborted(f"{job} was cancelled by an operator", fix="nothing: it will not run")
+        if reason is CancelReason.SLOT_LOST:
+            return SlotLost(
+                f"interrupted: {job} lost its fleet slot (its lease lapsed and another run took"
+                " it); the job was handed back to the queue with its attempt uncounted",
+                fix="nothing for this job: it runs again when a slot frees. If it recurs, the"
+                " worker's renewals are late: look at its database latency and lease",
+            )
+        if reason is CancelReason.HELD_TOO_LONG:
+            return HandedBack(
+                f"interrupted: {job} was claimed ahead and no slot of its worker freed in time;"
+                " handed back to the queue unstarted, its attempt uncounted",
+                fix="nothing for this job: the next free worker runs it. If it recurs, lower"
+                " the worker's claim_ahead for queues whose jobs run long",
+            )
+        if reason is CancelReason.CLAIM_LATE:
+            return HandedBack(
+                f"interrupted: {job} was claimed, but the claim was answered after its lease"
+                " ran out; handed back to the queue unstarted, its attempt uncounted (unless"
+                " another worker claimed it meanwhile: then that worker runs it)",
+                fix="nothing for this job. If it recurs, the database answers claims slower"
+                " than the lease: look at its latency and load, or raise the worker's lease",
+            )
+        return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")

@@ -1,0 +1,518 @@
+# Where attempts are settled: finished runs hand their settlement here and one task writes them
+# in batches. Apart because settles are the hot path's second half: batching, isolating a write
+# the database refuses, and bounding what waits to be written all live here.
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, cast
+
+import attrs
+import trio
+
+from .._core.boundary import storable_text
+from .._core.errors import DriverError, JobsError, RowLocked, ValueRefused
+from .._core.logs import log_event
+from .._core.records import (
+    CancelJob,
+    Claim,
+    Complete,
+    DeadLetter,
+    JobId,
+    Park,
+    Retry,
+    Settlement,
+    Suspend,
+)
+from ..driver import Driver, SettlesWithClaims
+from .outage import Outage
+
+# The last word on a settlement every other form of which was refused: plain ASCII, so no
+# driver can refuse it for its text.
+LAST_RESORT_ERROR = (
+    "[X_REFUSED] the database refused every form of this attempt's settlement;"
+    " see the worker's log (jobs.settle.refused) for what it said"
+)
+# Refusal text kept in the stored error: enough to see what was refused, never a payload.
+_REFUSAL_CHARS = 400
+# A settlement whose row stays locked is logged once its backoff reaches this (its 4th try).
+_LOCK_WARN_AFTER = 0.4
+
+
+@attrs.define
+class _Pending:
+    settlement: Settlement
+    # Called once, synchronously, when the write is confirmed (or the settler ends without
+    # it): how a run whose task has already ended is released.
+    on_written: Callable[[], object] | None = None
+    over: bool = False  # written, refused for good, or dropped: nothing more will happen
+    # Made only for a caller that waits (``confirmed``): the worker's runs don't, and an
+    # event per job and the wake it costs were the last thing a finished run waited for.
+    done: trio.Event | None = None
+    applied: bool = False
+    refusals: int = 0  # forms of this settlement the database refused so far
+    # Given back by a claim that carried it and was refused: never carried again, only the
+    # writer takes it, so a settlement the database refuses is isolated there (by halves)
+    # instead of failing claim after claim.
+    solo: bool = False
+    # Its row was locked by another session: written again by the retry task at retry_at,
+    # after a backoff of lock_delay.
+    lock_delay: float = 0.0
+    retry_at: float = 0.0
+
+
+class Settler:
+    """Runs as a task of the worker; ``confirmed`` waits until a settlement is written (or
+    refused by fencing). Settlements that arrive together are written in one driver call.
+
+    ``capacity`` bounds the settlements handed in and not yet written: the worker waits in
+    ``room()`` before it claims, so a slow database slows the claiming instead of piling
+    finished work up in memory.
+
+    With ``carried_by_claims``, the worker's claim loop may take the waiting settlements with
+    its next claim (``take_for_claim``: one round trip writes them and claims, where there were
+    two); the writer then leaves them one scheduling pass to be taken before it writes them
+    itself, and writes whatever a claim gives back (``give_back``)."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        capacity: int = 1000,
+        max_batch: int = 500,
+        retry_cap: float = 1.0,
+        carried_by_claims: bool = False,
+        outage: Outage | None = None,
+    ) -> None:
+        self._driver = driver
+        self._outage = outage
+        # A write that failed for an unreachable database is being retried: the worker's claim
+        # loop waits (``flowing``) so that its finished work lands before its next claim.
+        self.stalled = False
+        self._flowing = trio.lowlevel.ParkingLot()
+        self._max_batch = max_batch
+        self._retry_cap = retry_cap
+        self._carried_by_claims = carried_by_claims
+        self.capacity = capacity
+        # Unbounded: the bound is enforced in room(), before the claim that would produce
+        # more work, never by blocking a run that already finished. A deque rather than a
+        # channel: two takers (the writer, a claim) and a give-back to the front.
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._arrived = trio.lowlevel.ParkingLot()
+        self._unwritten: dict[int, _Pending] = {}
+        self._written = trio.lowlevel.ParkingLot()
+        self._closed = False
+        # Settlements whose row another session holds locked: retried alone by their own task,
+        # so the writer never waits on a lock in front of every other job's settlement.
+        self._locked: collections.deque[_Pending] = collections.deque()
+        self._locked_arrived = trio.lowlevel.ParkingLot()
+        self._writer_done = False
+        self.peak = 0  # the most settlements ever waiting at once (checked against capacity)
+        self.finished = trio.Event()  # set once everything handed in has been written
+
+    @property
+    def waiting(self) -> int:
+        """Settlements handed in and not yet written."""
+        return len(self._unwritten)
+
+    def unwritten(self) -> list[Settlement]:
+        return [p.settlement for p in self._unwritten.values()]
+
+    async def flowing(self) -> None:
+        """Return once no write is being retried for an unreachable database."""
+        while self.stalled:
+            await self._flowing.park()
+        await trio.lowlevel.checkpoint()
+
+    def _reached(self, sent_at: float) -> None:
+        if self._outage is not None:
+            self._outage.reached(sent_at)
+        if self.stalled:
+            self.stalled = False
+            self._flowing.unpark_all()
+
+    async def room(self) -> None:
+        """Return once fewer than ``capacity`` settlements wait to be written."""
+        while len(self._unwritten) >= self.capacity:
+            await self._written.park()
+        await trio.lowlevel.checkpoint()
+
+    async def settle(self, settlement: Settlement) -> bool:
+        """True when the write applied; False when the claim was no longer current, or the
+        settler had stopped its intake (the run was abandoned at the budget)."""
+        pending = self.hand_in(settlement)
+        return await self.confirmed(pending)
+
+    def hand_in(
+        self, settlement: Settlement, on_written: Callable[[], object] | None = None
+    ) -> _Pending | None:
+        """Queue ``settlement`` for the next batch, synchronously: once handed in it is
+        written before the settler finishes, even if the caller stops waiting. None when the
+        settler had stopped its intake (nothing will be written, and ``on_written`` is not
+        called). ``on_written`` is called once the write is confirmed, or when the settler
+        ends without having written it (its teardown's budget ran out)."""
+        if self._closed:
+            log_event(
+                "jobs.timeout.abandoned",
+                logging.WARNING,
+                job_id=settlement.lease.job_id,
+                why="finished after its worker's teardown gave up on it; nothing written",
+            )
+            return None
+        pending = _Pending(settlement, on_written)
+        self._unwritten[id(pending)] = pending
+        self.peak = max(self.peak, len(self._unwritten))
+        self._queue.append(pending)
+        self._arrived.unpark_all()
+        return pending
+
+    async def confirmed(self, pending: _Pending | None) -> bool:
+        """Wait until ``pending`` (from ``hand_in``) is written; answer whether it applied."""
+        if pending is None:
+            await trio.lowlevel.checkpoint()
+            return False
+        if not pending.over:
+            if pending.done is None:
+                pending.done = trio.Event()
+            await pending.done.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        return pending.applied
+
+    def stop_intake(self) -> None:
+        """Take no more settlements: the run loop writes what it holds and returns; a later
+        ``hand_in`` writes nothing (its run was abandoned at the budget)."""
+        self._closed = True
+        self._arrived.unpark_all()
+
+    async def claim(
+        self,
+        driver: Driver,
+        queues: Sequence[str],
+        limit: Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+        **options: Any,
+    ) -> Sequence[Claim]:
+        """``driver.claim(...)``, carrying the settlements that wait to be written when the
+        driver writes both in one round trip (``Capabilities.settles_with_claims``): at
+        concurrency 1 every job's settle then rides on the next job's claim. On any failure
+        nothing of the call was written (one write, or none), and the settlements come back
+        here to be written as they would have been."""
+        carried = self.take_for_claim()
+        if not carried:
+            return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+        both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so
+        try:
+            applied, claims = await both.settle_and_claim(
+                [pending.settlement for pending in carried],
+                queues,
+                limit,
+                lease=lease,
+                worker_id=worker_id,
+                **options,
+            )
+        except RowLocked as exc:
+            # A row of it locked by another session: a settle alone (no slot to claim for)
+            # may have written the rest; what was written is kept, the others are written
+            # alone from now on, and this claim goes on without them.
+            self.give_back_locked(carried, exc)
+        except ValueRefused:
+            self.give_back(carried, solo=True)
+        except DriverError:
+            self.give_back(carried, solo=False)
+            raise  # the claim failed: the claim loop's own handling
+        except Exception:
+            # Not a failure we know (a driver bug, a value it chokes on): as the writer treats
+            # one, a refusal of something carried.
+            self.give_back(carried, solo=True)
+        except BaseException:
+            self.give_back(carried, solo=False)  # cut by the budget
+            raise
+        else:
+            self.written(carried, applied)
+            return claims
+        # Refused: alone from now on, the writer isolates the refused settlement (it never
+        # fails a claim again), and this claim goes without them.
+        return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+
+    def take_for_claim(self) -> list[_Pending]:
+        """The waiting settlements a claim may carry (none once the intake stopped: the
+        teardown's writes are the writer's). The caller reports back with ``written`` or
+        ``give_back``; until then they stay unwritten (and are named if the budget ends)."""
+        if not self._carried_by_claims or self._closed:
+            return []
+        return self._take(include_solo=False)
+
+    def written(self, batch: list[_Pending], applied: Collection[JobId]) -> None:
+        """``batch`` (from ``take_for_claim``) was written with a claim."""
+        self._done(batch, set(applied))
+
+    def give_back_locked(self, batch: list[_Pending], exc: RowLocked) -> None:
+        """``batch`` (from ``take_for_claim``) met a row another session holds locked: what the
+        call wrote is done, the locked ones go to the retry task, and when it wrote nothing
+        the writer writes them all, alone from now on."""
+        if not self._written_past_lock(batch, exc):
+            self.give_back(batch, solo=True)
+
+    def _written_past_lock(self, batch: list[_Pending], exc: RowLocked) -> bool:
+        """When the driver wrote ``batch`` past a locked row (exc.written, exc.busy): mark the
+        written done (and the rest, fenced), hand the locked ones to the retry task; True. A
+        RowLocked that wrote nothing: False, nothing done."""
+        if not (exc.written or exc.busy):
+            return False
+        self._done(
+            [p for p in batch if p.settlement.lease.job_id not in exc.busy], set(exc.written)
+        )
+        for pending in batch:
+            if pending.settlement.lease.job_id in exc.busy:
+                self._defer_locked(pending, exc)
+        return True
+
+    def give_back(self, batch: list[_Pending], *, solo: bool) -> None:
+        """``batch`` (from ``take_for_claim``) was not written: the writer writes it, first,
+        in its order; never carried again when ``solo`` (the database refused the claim that
+        carried it)."""
+        for pending in reversed(batch):
+            pending.solo = pending.solo or solo
+            self._queue.appendleft(pending)
+        if batch:
+            self._arrived.unpark_all()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._retry_locked)
+                try:
+                    await self._write_batches()
+                finally:
+                    # The retry task ends once nothing more can be deferred to it.
+                    self._writer_done = True
+                    self._locked_arrived.unpark_all()
+        finally:
+            # Cut short (the teardown's budget ran out, after it named what was unwritten):
+            # whoever waits on a write that will not happen is released, so nothing counts
+            # a run that ended as in flight for ever.
+            for pending in list(self._unwritten.values()):
+                self._release(pending)
+            self.finished.set()
+
+    async def _write_batches(self) -> None:
+        while True:
+            while not self._queue:
+                if self._closed:
+                    return
+                await self._arrived.park()
+            if self._carried_by_claims and not self._closed:
+                # One pass for a claim loop woken by the same finished runs: it takes these
+                # with its claim, synchronously, before this task runs again.
+                await trio.lowlevel.checkpoint()
+            batch = self._take(include_solo=True)
+            if batch:
+                await self._write(batch)
+
+    async def _retry_locked(self) -> None:
+        """Write the settlements whose rows were locked, each once its backoff has passed (those
+        due together in one batch), until each lands or the settler is cut short; ends once the
+        writer has ended and none is left."""
+        while True:
+            while not self._locked:
+                if self._writer_done:
+                    return
+                await self._locked_arrived.park()
+            # A deferral that arrives meanwhile may be due sooner: look again when one does.
+            with trio.move_on_at(min(p.retry_at for p in self._locked)):
+                await self._locked_arrived.park()
+                continue
+            now = trio.current_time()
+            batch: list[_Pending] = []
+            jobs: set[JobId] = set()
+            for pending in list(self._locked):
+                job_id = pending.settlement.lease.job_id
+                if pending.retry_at <= now and job_id not in jobs:  # (see _take)
+                    self._locked.remove(pending)
+                    batch.append(pending)
+                    jobs.add(job_id)
+            await self._write(batch)  # landed, refused for good, or some locked again
+
+    def _defer_locked(self, pending: _Pending, exc: RowLocked) -> None:
+        pending.lock_delay = min(max(pending.lock_delay * 2, 0.05), self._retry_cap)
+        pending.retry_at = trio.current_time() + pending.lock_delay
+        if pending.lock_delay >= _LOCK_WARN_AFTER:
+            # Not at once: a renewal of this worker's own runs holds their rows for a moment,
+            # and a settle meeting one is written again 50 ms later, which is no news. A lock
+            # still there after a few tries is someone else's.
+            log_event(
+                "jobs.settle.row-locked",
+                logging.WARNING,
+                job_id=pending.settlement.lease.job_id,
+                settlement=type(pending.settlement).__name__,
+                error=str(exc),
+                retry_in=round(pending.lock_delay, 2),
+            )
+        self._locked.append(pending)
+        self._locked_arrived.unpark_all()
+
+    def _take(self, *, include_solo: bool) -> list[_Pending]:
+        """Up to max_batch from the front. Two runs of one job (a lapsed claim beside its
+        re-claim) never share a batch: a driver says which settlements applied by job id, so
+        in one batch the fenced one would pass for written; the second waits for the next."""
+        batch: list[_Pending] = []
+        jobs: set[JobId] = set()
+        while self._queue and len(batch) < self._max_batch:
+            pending = self._queue[0]
+            if pending.settlement.lease.job_id in jobs or (pending.solo and not include_solo):
+                break
+            batch.append(self._queue.popleft())
+            jobs.add(pending.settlement.lease.job_id)
+        return batch
+
+    async def _write(self, batch: list[_Pending]) -> None:
+        """Write ``batch``, and mark each one done. A refused write is narrowed down by halves
+        until the refused settlement stands alone; that one is replaced by a failure its
+        driver can store. Only an unreachable database is retried as it was."""
+        delay = 0.05
+        while True:
+            sent_at = trio.current_time()
+            try:
+                applied = set(await self._driver.settle([p.settlement for p in batch]))
+            except ValueRefused as exc:
+                await self._isolate(batch, exc)
+                return
+            except RowLocked as exc:
+                # A row of the batch is locked by another session. Written past it, see
+                # _written_past_lock; failed whole, every other settlement is written now, each
+                # alone (one lock wait for the locked one, not one per half).
+                if self._written_past_lock(batch, exc):
+                    return
+                if len(batch) == 1:
+                    self._defer_locked(batch[0], exc)
+                    return
+                for pending in batch:
+                    await self._write([pending])
+                return
+            except JobsError as exc:
+                # Unreachable, locked, or the file went bad: nothing was written, and dropping
+                # it would leave the job running until its lease lapsed and cost it an attempt.
+                # The run's lease is still renewed meanwhile; the teardown's budget bounds
+                # these retries from outside, and reports what is still here at the end. Every
+                # retry within a second of the last (retry_cap): once the database is back,
+                # these finished jobs are written before a claim (anyone's) takes them again.
+                if self._outage is not None:
+                    self._outage.unreachable()
+                self.stalled = True
+                log_event("jobs.settle.retrying", logging.WARNING, jobs=len(batch), error=str(exc))
+                await trio.sleep(delay)
+                delay = min(delay * 2, self._retry_cap)
+                continue
+            except Exception as exc:
+                # Not a failure we know (a driver bug, a value it chokes on): treated as a
+                # refusal, so it can cost at most the one settlement that causes it.
+                self._reached(sent_at)
+                await self._isolate(batch, exc)
+                return
+            self._reached(sent_at)
+            self._done(batch, applied)
+            return
+
+    async def _isolate(self, batch: list[_Pending], refusal: Exception) -> None:
+        if len(batch) > 1:
+            middle = len(batch) // 2
+            await self._write(batch[:middle])
+            await self._write(batch[middle:])
+            return
+        [pending] = batch
+        pending.refusals += 1
+        settlement = pending.settlement
+        text = f"{type(refusal).__name__}: {refusal}"
+        replacement = refused_replacement(settlement, text, pending.refusals)
+        log_event(
+            "jobs.settle.refused",
+            logging.ERROR,
+            job_id=settlement.lease.job_id,
+            settlement=type(settlement).__name__,
+            error=ascii(text[:_REFUSAL_CHARS]),
+            replaced_by=type(replacement).__name__ if replacement else None,
+        )
+        if replacement is None:
+            # Nothing left to try: the job stays running until its lease lapses, and the
+            # worker says so loudly rather than loop on it.
+            log_event(
+                "jobs.settle.lost",
+                logging.ERROR,
+                job_id=settlement.lease.job_id,
+                fix="the database refuses even a plain-ASCII dead-letter for this job: check"
+                " its constraints and triggers; the job runs again when its lease lapses",
+            )
+            self._done(batch, set(), reported=True)
+            return
+        pending.settlement = replacement
+        await self._write(batch)
+
+    def _done(self, batch: list[_Pending], applied: set[JobId], *, reported: bool = False) -> None:
+        for pending in batch:
+            pending.applied = pending.settlement.lease.job_id in applied
+            if not pending.applied and not reported:
+                # Fenced: the claim's lease had lapsed and the job is another run's now (or
+                # was buried). That run's ending stands; this one's is dropped, and must not
+                # be dropped without a word (a finished body's result included).
+                log_event(
+                    "jobs.settle.fenced",
+                    logging.WARNING,
+                    job_id=pending.settlement.lease.job_id,
+                    settlement=type(pending.settlement).__name__,
+                    why="not written: this run's lease had lapsed and the job was taken by"
+                    " another run (or buried) before its ending reached the database",
+                )
+            self._release(pending)
+        self._written.unpark_all()
+
+    def _release(self, pending: _Pending) -> None:
+        self._unwritten.pop(id(pending), None)
+        pending.over = True
+        if pending.on_written is not None:
+            pending.on_written()
+        if pending.done is not None:
+            pending.done.set()
+
+
+def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> Settlement | None:
+    """What to write instead of a settlement the database refused (``refusals`` times so far):
+    first the same ending with its text made storable — a result cannot be made storable
+    without changing it, so a refused result dead-letters the job with the refusal as its
+    error — then a fixed ASCII dead-letter, then nothing."""
+    lease = settlement.lease
+    note = settlement.note  # the attempt's line in the job's history stays
+    said = storable_text(refusal, _REFUSAL_CHARS)
+    if refusals == 1:
+        match settlement:
+            case Complete():
+                return DeadLetter(
+                    lease,
+                    f"[X_REFUSED] the job's result could not be stored ({said}); the body had"
+                    " returned: make its result smaller or plainer, then retry the job",
+                    note=note,
+                )
+            case Retry(delay=delay, error=error, counts_as_attempt=counts):
+                return Retry(
+                    lease, delay, storable_text(error), counts_as_attempt=counts, note=note
+                )
+            case DeadLetter(error=error):
+                return DeadLetter(lease, storable_text(error), note=note)
+            case CancelJob(error=error):
+                return CancelJob(lease, storable_text(error), note=note)
+            case Park(reason=reason):
+                return Park(lease, storable_text(reason), note=note)
+            case Suspend():
+                return DeadLetter(
+                    lease,
+                    f"[X_REFUSED] the job's suspension could not be stored ({said})",
+                    note=note,
+                )
+    if refusals <= 2:
+        # Without its note: its traceback text may be what the database refused.
+        return DeadLetter(lease, LAST_RESORT_ERROR)
+    return None

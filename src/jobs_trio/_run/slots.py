@@ -1,0 +1,214 @@
+# A worker's slots: each queue's concurrency, the runs holding one, the claims taken ahead of a
+# free slot and waiting for one, and who gets a slot that frees (its queue's oldest held claim).
+# Apart from the claim loop, which asks here how much to claim, and from the runs, which end here.
+from __future__ import annotations
+
+import functools
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+
+import attrs
+import trio
+
+from .._jobs.registry import JobDefinition
+from .drain import Drain
+from .run_scope import CancelReason, RunScope
+from .thread_slots import ThreadSlots
+
+# How a run starts in the worker's nursery: its scope, its job's definition, and what to call
+# once its task has ended (its slot given back, or its hand-back counted done).
+StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
+
+
+@attrs.define
+class _Held:
+    """A claim taken ahead, waiting for a slot; ``overdue`` once its hold limit (``deadline``)
+    has passed without one."""
+
+    run: RunScope  # its claim is run.claim
+    definition: JobDefinition | None
+    deadline: float
+    overdue: bool = False
+
+
+class Slots:
+    """Counted per queue. A slot frees only through ``_promote``, which hands it to the oldest
+    held claim of its queue first: an open slot means none waits, so a claim never overtakes an
+    older one. ``freed`` is unparked whenever a slot frees or a held claim is let go."""
+
+    def __init__(
+        self,
+        limits: Mapping[str, int],
+        ahead: Mapping[str, int],
+        hold_limit: float,
+        *,
+        start_run: StartRun,
+        on_idle: Callable[[], None],
+    ) -> None:
+        self.limits = dict(limits)
+        self.ahead = dict(ahead)
+        self.hold_limit = hold_limit
+        self._start_run = start_run
+        self._on_idle = on_idle
+        self.in_flight: Counter[str] = Counter()  # runs holding a slot
+        self.unstarted: Counter[str] = Counter()  # claims taken ahead, not yet given a slot
+        # Claims taken ahead of a free slot, oldest first per queue (claim order is the queue's
+        # order), each waiting for a slot of its queue or its hold limit.
+        self._waiting: dict[str, deque[_Held]] = {q: deque() for q in limits}
+        # A queue whose held claim was handed back claims nothing ahead until a slot frees:
+        # else a worker stuck behind a long job would claim and hand back the same job forever.
+        self._ahead_paused: set[str] = set()
+        self._held_one = trio.lowlevel.ParkingLot()
+        self.freed = trio.lowlevel.ParkingLot()
+        self.threads = ThreadSlots(sum(self.limits.values()), self._thread_ended)
+
+    # -- what the claim loop asks -----------------------------------------------------------
+
+    def open(self, queue: str) -> int:
+        """``queue``'s free slots. A thread abandoned at its cancel still runs: it keeps its
+        slot until it ends."""
+        return self.limits[queue] - self.in_flight[queue] - self.threads.lingering(queue)
+
+    def free(self) -> dict[str, int]:
+        """Each queue with a free slot, and how many."""
+        free = {q: self.open(q) for q in self.limits}
+        return {q: n for q, n in free.items() if n > 0}
+
+    def claimable(self) -> dict[str, int]:
+        """What the next claim asks of each queue: its free slots, plus its room ahead
+        (``claim_ahead`` less the claims already waiting). The room is claimed once half of it
+        is free, not job by job: a claim ahead exists to save round trips."""
+        want: dict[str, int] = {}
+        for q in self.limits:
+            free = max(self.open(q), 0)
+            ahead = self.ahead[q]
+            room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
+            if not free and room < (ahead + 1) // 2:
+                room = 0
+            if free + room > 0:
+                want[q] = free + room
+        return want
+
+    def claims_ahead(self) -> bool:
+        return any(self.ahead.values())
+
+    # -- what the worker asks ---------------------------------------------------------------
+
+    def holds_jobs(self) -> bool:
+        """Whether any job is running or held for a slot (held like a running one: renewed,
+        reached by a drain, waited for by stop())."""
+        return sum(self.in_flight.values()) + sum(self.unstarted.values()) > 0
+
+    async def all_ended(self) -> None:
+        while self.holds_jobs():
+            await self.freed.park()
+
+    def use(self) -> dict[str, tuple[int, int]]:
+        """Each queue's running jobs and slots (its concurrency), for the slot gauges."""
+        return {q: (self.in_flight[q], self.limits[q]) for q in self.limits}
+
+    # -- placing a claim --------------------------------------------------------------------
+
+    def place(self, run: RunScope, definition: JobDefinition | None) -> None:
+        """Run ``run`` in a free slot of its queue, or, taken ahead, once one frees."""
+        queue = run.claim.queue
+        if self.open(queue) > 0:
+            self._begin(run, definition)
+            return
+        held = _Held(run, definition, trio.current_time() + self.hold_limit)
+        self._waiting[queue].append(held)
+        self._held_one.unpark_all()  # hand_back_overdue may be waiting for the first
+        self.unstarted[queue] += 1
+        # No task until a slot frees (_promote starts one); a cancel while it waits starts one
+        # that hands it back.
+        run.on_cancel(functools.partial(self._held_cancelled, held))
+
+    def begin_now(self, run: RunScope, definition: JobDefinition | None) -> None:
+        """Run ``run`` in a slot of its queue whether or not one is free (``Worker.tick``)."""
+        self._begin(run, definition)
+
+    def _begin(self, run: RunScope, definition: JobDefinition | None) -> None:
+        """Start ``run`` in a slot of its queue. A claim the database marked ahead is recorded
+        started by the next renewal; till then a crash here gives its attempt back."""
+        queue = run.claim.queue
+        self.in_flight[queue] += 1
+        run.start_unrecorded = run.claim.ahead
+        self._start_run(run, definition, functools.partial(self._release, queue))
+
+    def _held_cancelled(self, held: _Held) -> None:
+        """A held claim's run was cancelled before a slot was handed to it: by a drain, a lost
+        lease or an operator, or at its hold limit by hand_back_overdue (which took it out of
+        _waiting itself). It never starts: a task hands it back, uncounted."""
+        held.run.on_cancel(None)
+        queue = held.run.claim.queue
+        if not held.overdue:
+            self._waiting[queue].remove(held)
+        self._start_run(held.run, held.definition, functools.partial(self._handed_back, queue))
+
+    def _handed_back(self, queue: str) -> None:
+        # Counted unstarted until its hand-back is handed to the settler: the teardown waits for
+        # it like a running job.
+        self.unstarted[queue] -= 1
+        self._note_idle()
+        self.freed.unpark_all()
+
+    def _release(self, queue: str) -> None:
+        """A run's task has ended: its slot goes to its queue's oldest held claim, if any."""
+        self.in_flight[queue] -= 1
+        self._ahead_paused.discard(queue)
+        self._promote(queue)
+        self._note_idle()
+        self.freed.unpark_all()
+
+    def _promote(self, queue: str) -> None:
+        """Hand the free slots of ``queue`` to its oldest held claims."""
+        waiting = self._waiting[queue]
+        while waiting and self.open(queue) > 0:
+            held = waiting.popleft()
+            held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
+            self.unstarted[queue] -= 1
+            self._begin(held.run, held.definition)
+
+    def _thread_ended(self) -> None:
+        """An abandoned thread has really ended: its slot is free again."""
+        for queue in self.limits:
+            self._promote(queue)
+        self.freed.unpark_all()
+
+    def _note_idle(self) -> None:
+        if not self.holds_jobs():
+            self._on_idle()
+
+    def drop_held(self, drain: Drain) -> None:
+        """The worker failed, was cancelled from outside, or its budget ran out with claims
+        still held: those are never started nor handed back from here (their leases lapse;
+        nothing runs them twice)."""
+        for queue, waiting in self._waiting.items():
+            for held in waiting:
+                held.run.on_cancel(None)
+                drain.release(held.run)
+                self.unstarted[queue] -= 1
+            waiting.clear()
+
+    async def hand_back_overdue(self) -> None:
+        """Cancel each held claim whose hold limit has passed (``HELD_TOO_LONG``: its task hands
+        it back uncounted), and pause its queue's claiming ahead until one of its jobs ends.
+        One task for every held claim: held in claim order with one hold limit, the oldest of
+        each queue is always the first due."""
+        while True:
+            due = [waiting[0].deadline for waiting in self._waiting.values() if waiting]
+            if not due:
+                await self._held_one.park()
+                continue
+            await trio.sleep_until(min(due))
+            now = trio.current_time()
+            for queue, waiting in self._waiting.items():
+                while waiting and waiting[0].deadline <= now:
+                    held = waiting.popleft()
+                    held.overdue = True
+                    self._ahead_paused.add(queue)
+                    held.run.cancel(CancelReason.HELD_TOO_LONG)
+
+    def waiting(self) -> bool:
+        """Whether any claim taken ahead still waits for a slot."""
+        return any(self._waiting.values())

@@ -1,0 +1,145 @@
+# A worker's options, checked once where they enter: the queues, each one's concurrency and claims
+# ahead, the lease and its renewals, the waits. Apart so that Worker holds values, not checks.
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from .._core.errors import ConfigError
+from .._jobs.registry import Registry
+from ..driver import Driver
+
+# How long a claim holds a job without renewal: after a worker dies (kill -9, OOM, a lost
+# machine) its jobs are claimable again within this long. 8 s keeps that rescue under 10 s
+# even when the death comes just after a renewal; renewals every lease / 3 (~2.7 s) leave
+# two missed renewals of slack before a live worker loses its jobs.
+DEFAULT_LEASE = 8.0
+# The shortest lease a worker takes (see Worker: a claim must come back well inside it).
+MIN_LEASE = 1.0
+
+# How long a claim taken ahead of a free slot (``claim_ahead``) waits for one before it is handed
+# back, unstarted and uncounted: the most a job waits behind a long one on a busy worker while
+# another worker could have run it.
+DEFAULT_HOLD_LIMIT = 1.0
+
+
+@attrs.frozen
+class WorkerOptions:
+    queues: tuple[str, ...]
+    limits: Mapping[str, int]  # each queue's concurrency
+    ahead: Mapping[str, int]  # each queue's claims ahead of a free slot
+    hold_limit: float
+    lease: float
+    renew_interval: float
+    # After a failed claim, the next try; while idle, the longest wait without a look (every
+    # driver wakes the loop on new work: LISTEN, in-process, SQLite's own poll).
+    poll_interval: float
+    safety_poll: float
+
+
+def worker_options(
+    driver: Driver,
+    registry: Registry,
+    *,
+    queues: Sequence[str] | None,
+    concurrency: int | Mapping[str, int],
+    claim_ahead: int | Mapping[str, int] | None,
+    hold_limit: float,
+    lease: float,
+    renew_interval: float | None,
+    poll_interval: float,
+    safety_poll: float,
+) -> WorkerOptions:
+    """The options of ``Worker(...)``, or a ``ConfigError`` saying which and how to fix it."""
+    chosen = tuple(queues) if queues else tuple(registry.queues())
+    if not chosen:
+        raise ConfigError(
+            "the worker has no queue to claim from: the registry declares no job",
+            fix="declare jobs with @registry.job(...) before starting the worker, or pass queues=",
+        )
+    limits = _limits(concurrency, chosen)
+    ahead = _claim_ahead(claim_ahead, limits)
+    if any(ahead.values()) and not driver.capabilities.claims_ahead:
+        # It tells its driver each queue's free slots (claim(free=)) and which held claims
+        # have started (renew(started=)): a driver without them would fail the first claim.
+        raise ConfigError(
+            f"claim_ahead needs a driver that claims ahead; {type(driver).__name__} does not"
+            " declare it (Capabilities.claims_ahead)",
+            fix="update the driver to the current contract (docs/drivers.md), or leave"
+            " claim_ahead at 0",
+        )
+    if not hold_limit > 0:
+        raise ConfigError(f"hold_limit={hold_limit!r}", fix="give hold_limit > 0 seconds")
+    for name, value in (
+        ("lease", lease),
+        ("poll_interval", poll_interval),
+        ("safety_poll", safety_poll),
+    ):
+        if not value > 0:
+            raise ConfigError(f"{name}={value!r}", fix=f"give {name} > 0 seconds")
+    if lease < MIN_LEASE:
+        # Counted from the claim's send, less a stop margin: shorter than a slow claim's round
+        # trip, every claim came back late and was handed back unstarted (a worker that logged
+        # jobs.claim.late thousands of times a second and ran nothing).
+        raise ConfigError(
+            f"lease={lease!r} is shorter than {MIN_LEASE:g} s",
+            fix=f"give lease >= {MIN_LEASE:g} seconds (the default is {DEFAULT_LEASE:g}): a"
+            " claim must come back well inside its lease, and a run is stopped a margin"
+            " before it runs out",
+        )
+    interval = renew_interval if renew_interval is not None else lease / 3
+    if not 0 < interval < lease:
+        raise ConfigError(
+            f"renew_interval={interval!r} with lease={lease!r}",
+            fix="renew more often than the lease lasts (the default is lease / 3)",
+        )
+    return WorkerOptions(
+        queues=chosen,
+        limits=limits,
+        ahead=ahead,
+        hold_limit=float(hold_limit),
+        lease=float(lease),
+        renew_interval=interval,
+        poll_interval=poll_interval,
+        safety_poll=safety_poll,
+    )
+
+
+def _claim_ahead(
+    ahead: int | Mapping[str, int] | None, limits: Mapping[str, int]
+) -> dict[str, int]:
+    if ahead is None:
+        return dict.fromkeys(limits, 0)
+    if isinstance(ahead, Mapping):
+        # A queue this worker does not claim from is a misspelling, not a setting for another
+        # worker: silently 0, it would turn nothing on.
+        unknown = sorted(str(q) for q in ahead if q not in limits)
+        if unknown:
+            raise ConfigError(
+                f"claim_ahead names queues this worker does not claim from: {unknown}",
+                fix=f"name only its queues ({', '.join(limits)}), or pass one int for all",
+            )
+        values = {q: ahead.get(q, 0) for q in limits}
+    else:
+        values = dict.fromkeys(limits, ahead)
+    for queue, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(
+                f"claim_ahead {value!r} for queue {queue!r}",
+                fix="give each queue 0 (claim only for free slots) or more",
+            )
+    return values
+
+
+def _limits(concurrency: int | Mapping[str, int], queues: Sequence[str]) -> dict[str, int]:
+    if isinstance(concurrency, int):
+        limits = dict.fromkeys(queues, concurrency)
+    else:
+        limits = {q: concurrency.get(q, 10) for q in queues}
+    for queue, limit in limits.items():
+        if not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"concurrency {limit!r} for queue {queue!r}", fix="give each queue >= 1"
+            )
+    return limits

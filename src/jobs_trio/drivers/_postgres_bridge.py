@@ -1,0 +1,597 @@
+# The crossing from Trio into asyncpg: the trio-asyncio loop (borrowed or owned), and running
+# each driver operation as ONE asyncio coroutine crossed once. Apart because every rule of that
+# crossing (cancel, bounded cleanup, lost connections → DriverError) lives here alone.
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from typing import Any, TypeVar, cast
+from urllib.parse import urlparse
+
+import trio
+
+from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
+from .._core.redaction import redact_url
+from .._run.forked_child import end_if_forked
+from ._asyncio_stepper import step_to_end
+from ._direct_reads import give_back, take_over, transport_of
+from ._postgres_pool import Connection, Pool, session_settings
+from ._postgres_pooler import Pooler
+
+T = TypeVar("T")
+
+Operation = Callable[[Connection], Awaitable[T]]
+
+# How long a rollback, a release or a close may take once the operation around it is over or
+# cancelled. Past it the connection is terminated: a cleanup that hangs would turn one lost
+# connection into a worker that cannot stop.
+CLEANUP_SECONDS = 5.0
+CONNECT_SECONDS = 10.0
+# How long closing a connection may wait for the server's end of it before it is dropped: a
+# healthy server answers within milliseconds, and the driver closes after the worker's drain,
+# past its grace period. At CLEANUP_SECONDS, a stalled server made an idle worker's exit take
+# 10 s after a 1 s grace (the LISTEN connection's close, then the pool's).
+CLOSE_SECONDS = 1.0
+# How long past its statement_timeout an operation on a pooled connection may go unanswered
+# before the connection is given up on. The server bounds what it hears; a connection whose
+# packets go nowhere (a failover that moved the address, a frozen proxy) is never heard, and
+# its operation waited for the kernel to give up on TCP: ~15 minutes of a worker that ran
+# nothing and said nothing (a review's blackholing proxy). The margin covers an operation of
+# several statements and its cleanup (a rollback waits up to CLEANUP_SECONDS).
+ANSWER_MARGIN_SECONDS = 10.0
+
+# SQLSTATE classes in which the server refuses the statement for the values it carries: data
+# exceptions (22: a NUL or invalid byte, a number out of range), integrity (23: a constraint),
+# program limits (54: a value too large) and RAISE from a trigger (P0001). Sent again, the same
+# write fails the same way, so it is isolated rather than retried.
+REFUSED_CLASSES = ("22", "23", "54")
+REFUSED_STATES = ("P0001",)
+# Refused at login for a setting the URL's query passed: unknown (42704), or a bad value (22023).
+URL_SETTING_STATES = ("42704", "22023")
+# A row another session holds locked: lock_not_available (the pool's lock_timeout ran out) and
+# deadlock_detected. The write can succeed later, and only the writes touching that row wait.
+ROW_LOCK_STATES = ("55P03", "40P01")
+
+
+class Bridge:
+    """The asyncio side of the PostgreSQL driver, seen from Trio.
+
+    Every public method is Trio-flavoured and crosses into asyncio once (plus one to open a
+    connection when the pool has none idle). Nothing here hands an asyncio context manager to
+    a caller: a Trio cancel landing inside one crossed piecemeal leaves a transaction open and
+    aborted (STACK-NOTES), so a transaction begins and ends inside the one coroutine."""
+
+    def __init__(
+        self,
+        url: str,
+        loop: Any,
+        pool_size: int,
+        application_name: str,
+        session: Mapping[str, str],
+        pooler: Pooler | None = None,
+    ) -> None:
+        self.url = url
+        # Direct, or through PgBouncer: what a connection opens with, and where LISTEN goes.
+        self.pooler = pooler or Pooler.of(url)
+        self.loop = loop
+        self.application_name = application_name
+        # The server settings of our own pooled connections (postgres_pool.session_settings),
+        # never of an application's connection nor of the LISTEN one, which waits on purpose.
+        self.session = dict(session)
+        self._answer_within = _answer_bound(self.session)
+        self._pool = Pool(self._open_pooled, pool_size, retire=self._retire)
+        self._holds = trio.Semaphore(max(1, pool_size - 1))
+        self._where = _where(url)
+        self._owner = os.getpid()
+
+    async def run(
+        self, op: Operation[T], *, what: str, transaction: bool = False, bounded: bool = True
+    ) -> T:
+        """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once.
+        Unanswered past its statement_timeout and a margin, the connection is dropped and the
+        operation fails retryably (``bounded=False`` for a migration, which lifts the timeout)."""
+        async with self._pool.checkout() as conn:
+            return await self.run_checked_out(
+                conn, op, what=what, transaction=transaction, bounded=bounded
+            )
+
+    async def run_checked_out(
+        self,
+        conn: Connection,
+        op: Operation[T],
+        *,
+        what: str,
+        transaction: bool = False,
+        bounded: bool = True,
+    ) -> T:
+        """``run`` on a pooled connection the caller holds already (``held``)."""
+        with trio.move_on_after(self._answer_within if bounded else math.inf):
+            try:
+                return await self._cross(
+                    self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
+                )
+            except (ValueRefused, RowLocked):
+                raise  # the server answered and rolled back: the connection is sound
+            except DriverError:
+                # The database failed this operation in a way we did not plan for (a lost
+                # connection, an error mid-protocol): whatever state that left the
+                # connection in, the next operation gets a fresh one instead. Domain errors
+                # (JobNotFound, InvalidTransition) are not DriverErrors and keep it.
+                conn.terminate()
+                raise
+        # Nothing came back: whether the statement reached the server is unknown, and the
+        # connection may still owe the end of a cancelled one, which would hang the next
+        # operation on it. Dropped; the caller retries on a fresh one.
+        conn.terminate()
+        raise DriverError(
+            f"no answer from PostgreSQL at {self._where} within {self._answer_within:g} s"
+            f" during {what}",
+            fix="the server, or something between (a proxy, a failover that moved the"
+            " address), stopped answering this connection; the operation can be retried on"
+            " a new one, which the pool opens",
+        )
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[Connection]:
+        """A pooled connection for the caller to hold across several operations (an
+        application's transaction, ``jobs_trio.transaction(driver)``), each run with
+        ``run_checked_out``. At most one fewer than the pool's size are held at once: the
+        driver's own operations (a worker's renewals and settles) always find a connection.
+        Handed back still inside a transaction (a rollback that failed), it is dropped."""
+        async with self._holds, self._pool.checkout() as conn:
+            yield conn
+
+    async def run_on(self, connection: Connection, op: Operation[T], *, what: str) -> T:
+        """Run ``op`` on the caller's own connection, inside a savepoint when the caller has a
+        transaction open (so it commits or rolls back with theirs), else a transaction."""
+        import asyncpg
+
+        if not isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+            raise ConfigError(
+                f"connection= must be an asyncpg connection, not {type(connection).__name__}",
+                fix="pass the asyncpg connection your transaction runs on, opened on the same "
+                "trio-asyncio loop as the driver",
+            )
+        if getattr(connection, "_loop", self.loop) is not self.loop:
+            # Its replies are read on another loop: stepped here, they would never arrive (or
+            # arrive on the wrong loop). Two drivers that each opened a loop of their own.
+            raise ConfigError(
+                "the connection belongs to another trio-asyncio loop than this driver's",
+                fix="open the connection on the driver's loop (driver.loop), or open both"
+                " drivers inside one trio_asyncio.open_loop() block so they share it",
+            )
+        # A connection of our pool held by the caller (Bridge.held) is read by this task, not
+        # by the loop (direct_reads); an application's own connection is read by the loop.
+        return await self._cross(
+            self._on_connection, connection, op, what=what, reads=transport_of(connection)
+        )
+
+    async def connect(self, *, purpose: str, connection_class: type | None = None) -> Connection:
+        """A new connection, named ``<application_name>:<purpose>`` on the server (an instance
+        of ``connection_class``, a subclass of asyncpg's, when given)."""
+        connect = self.connector(purpose=purpose, connection_class=connection_class)
+        return await self._cross(connect, what=f"connecting ({purpose})", as_task=True)
+
+    def connector(
+        self, *, purpose: str, connection_class: type | None = None
+    ) -> Callable[[], Awaitable[Connection]]:
+        """The asyncio coroutine function that opens ``connect``'s connection, on whatever
+        asyncio loop runs it (the lease lifeline runs it on a plain loop of its own)."""
+        import asyncpg
+
+        pooler = self.pooler
+        target = pooler.listen_url if purpose == "listen" else pooler.url
+        options = pooler.connect_options(purpose, self.session)
+        options["server_settings"] = {
+            "application_name": f"{self.application_name}:{purpose}",
+            **options["server_settings"],
+        }
+        if connection_class is not None:
+            options["connection_class"] = connection_class
+        sets = pooler.session_sets(purpose, self.session)
+
+        async def connect() -> Connection:
+            conn = await asyncpg.connect(target, timeout=CONNECT_SECONDS, **options)
+            if sets is not None:
+                try:
+                    await conn.execute(sets)  # one round trip, in the same crossing
+                except BaseException:
+                    conn.terminate()
+                    raise
+            return conn
+
+        return connect
+
+    async def _open_pooled(self) -> Connection:
+        conn = await self.connect(purpose="pool")
+        take_over(conn)  # each operation on it reads its replies itself (direct_reads)
+        return conn
+
+    async def _retire(self, conn: Connection) -> None:
+        """A connection whose operation a cancel cut short, before the pool closes it: asyncpg
+        has sent the server a CancelRequest for its query (a task on the loop); closed at
+        once, that task is cancelled with it and the query runs on (a pg_sleep(30) kept its
+        backend busy for 30 s). Waited for within CLOSE_SECONDS. Run shielded by the pool."""
+        pending = [t for t in getattr(conn, "_cancellations", ()) if not t.done()]
+        if not pending:
+            return
+        # The task also waits for the cancelled statement's end, which only a read of the
+        # socket brings: the loop reads it again for that (nobody else will, direct_reads).
+        give_back(conn)
+
+        async def cancelled_on_the_server() -> None:
+            await asyncio.wait(pending)
+
+        with trio.move_on_after(CLOSE_SECONDS), contextlib.suppress(Exception):
+            await self._cross(cancelled_on_the_server, what="cancelling a query", as_task=True)
+
+    async def call(self, fn: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """Cross with any asyncio coroutine function (a LISTEN registration, a ping)."""
+        return await self._cross(fn, what=what, as_task=True)
+
+    async def close_connection(self, connection: Connection) -> None:
+        """Close a connection of our own; shielded and bounded, so it runs even under a
+        cancelled scope and never hangs a teardown."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_SECONDS):
+                with contextlib.suppress(Exception):
+                    await self._cross(connection.close, what="close a connection", as_task=True)
+                    return
+            connection.terminate()
+
+    async def aclose(self) -> None:
+        idle, held = self._pool.take_all()
+        for conn in idle:
+            give_back(conn)  # asyncpg's close waits for the server's end, read by the loop
+        # Not one an operation still holds: its task may be waiting for the socket, and the
+        # loop's reader would fail on the same descriptor ("another task is already reading").
+        # Its close fails the operation, and the pool terminates it as the operation ends.
+        connections = idle + held
+
+        async def close_all() -> None:
+            await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_SECONDS):
+                with contextlib.suppress(Exception):
+                    await self._cross(close_all, what="closing connections", as_task=True)
+            # Whatever did not close in time (an operation that never finished, a server that
+            # stopped answering) is dropped rather than waited on.
+            for conn in connections:
+                if not conn.is_closed():
+                    conn.terminate()
+
+    async def _cross(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        what: str,
+        as_task: bool = False,
+        reads: asyncio.Transport | None = None,
+    ) -> T:
+        import trio_asyncio
+
+        # A child forked by a job body shares these sockets: it must never speak on them.
+        end_if_forked(self._owner)
+        try:
+            if as_task:
+                # Wrapped in an asyncio Task: asyncpg.connect (asyncio.timeout) and a close need
+                # a current task. They are rare; every operation steps from this Trio task.
+                return cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
+            coro = cast(Coroutine[Any, Any, T], fn(*args))
+            return await step_to_end(self.loop, coro, reads=reads)
+        except JobsError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, what) from exc
+
+    def translate(self, exc: Exception, what: str) -> JobsError:
+        """What a caller sees for ``exc``, raised by asyncpg during ``what`` (``_cross``'s
+        rules, for an operation crossed some other way: the lease lifeline's)."""
+        return self._translate(exc, what)
+
+    @property
+    def answer_within(self) -> float:
+        """How long an operation on a pooled connection may go unanswered (see ``run``)."""
+        return self._answer_within
+
+    def _translate(self, exc: Exception, what: str) -> JobsError:
+        import asyncpg
+        from asyncpg.exceptions._base import DataError as ArgumentError
+
+        # Refusals first: each fails the same way however often it is tried, so none may say
+        # "retry" (nor "run jobs-trio migrate", which cannot create a database).
+        if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+            return ConfigError(
+                f"PostgreSQL at {self._where} has no such database: {exc}",
+                fix="create it (CREATE DATABASE, or `createdb`), then run `jobs-trio migrate"
+                " --db URL` once; or correct the database name in the URL",
+            )
+        if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+            return ConfigError(  # 28000 (no such role, pg_hba.conf) and 28P01 (password)
+                f"PostgreSQL at {self._where} refused the login: {exc}",
+                fix="check the user and password in the URL, and the server's pg_hba.conf"
+                " entry for this host",
+            )
+        if "unsupported startup parameter" in str(exc):
+            # PgBouncer's answer to the session settings sent at startup (a direct connect).
+            return ConfigError(
+                f"a connection pooler at {self._where} refused a startup parameter: {exc}",
+                fix="add ?pgbouncer=session (or ?pgbouncer=transaction) to the URL: the driver"
+                " then sends its settings another way (docs/drivers.md, 'PgBouncer')",
+            )
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        if what.startswith("connecting") and sqlstate in URL_SETTING_STATES:
+            return self._url_setting_refused(exc)
+        if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+            # 53300: max_connections (or a role's or database's CONNECTION LIMIT) is used up.
+            # Retryable (slots free up), and the callers retry at their own pace (a failed
+            # claim waits poll_interval): the fix is capacity, which no retry brings.
+            return DriverError(
+                f"PostgreSQL at {self._where} has no connection slot left: {exc}",
+                fix="a worker holds up to pool_size + 1 connections (docs/drivers.md,"
+                " 'Connections'): lower pool_size, raise max_connections, or put PgBouncer"
+                " in front of the server",
+            )
+        if isinstance(exc, ArgumentError | UnicodeError | OverflowError):
+            # Refused on this side, while encoding the arguments (a lone surrogate, an int
+            # past int8): nothing reached the server and the connection is fine.
+            return ValueRefused(
+                f"PostgreSQL driver could not send {what}: {type(exc).__name__}: {exc}",
+                fix="change the value: it cannot be stored as it is; retrying fails the same way",
+            )
+        if isinstance(exc, asyncpg.PostgresError) and (
+            sqlstate[:2] in REFUSED_CLASSES or sqlstate in REFUSED_STATES
+        ):
+            return ValueRefused(
+                f"PostgreSQL refused a value during {what}: [{sqlstate}] {exc}",
+                fix="change the value: the database refuses it as it is (a constraint or"
+                " trigger, a value too large; PostgreSQL stores no NUL character in text, and"
+                " integers only from -2147483648 to 2147483647); retrying fails the same way",
+            )
+        if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+            return ConfigError(
+                f"asyncpg cannot use the URL {redact_url(self.url)!r}: {exc}",
+                fix="correct the URL's options (see asyncpg.connect's dsn parameter)",
+            )
+        if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
+            return DriverError(
+                f"PostgreSQL cancelled {what} at {self._where}: {exc}",
+                fix="check statement_timeout and whether an operator ran pg_cancel_backend; "
+                "the operation can be retried",
+            )
+        lost = (
+            asyncpg.PostgresConnectionError,  # class 08, "closed in the middle of operation"
+            asyncpg.exceptions.OperatorInterventionError,  # pg_terminate_backend, shutdown
+            asyncpg.exceptions.CannotConnectNowError,
+        )
+        closed = isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc)
+        if isinstance(exc, lost) or closed:
+            return DriverError(
+                f"lost the connection to PostgreSQL at {self._where} during {what}: {exc}",
+                fix="retry the operation: the pool replaces dead connections on its own; if it "
+                "keeps failing, check that the server is up and reachable",
+            )
+        if isinstance(exc, asyncpg.InternalClientError):
+            # asyncpg's protocol is stuck in a state it cannot leave. Seen when the server kills
+            # an IDLE pooled connection: asyncpg reads the "terminating connection" error before
+            # the close, so the pool still sees it open, and the next statement on it fails with
+            # "cannot switch to state 12; another operation (2) is in progress". A DriverError
+            # makes run() drop the connection and the caller retry, as for any lost connection.
+            return DriverError(
+                f"the connection to PostgreSQL at {self._where} became unusable during {what}: "
+                f"{type(exc).__name__}: {exc}",
+                fix="retry the operation: the pool replaces the connection on its own; if it "
+                "keeps failing, check that the server is up and the connections are not being "
+                "killed",
+            )
+        if isinstance(exc, asyncpg.InterfaceError):
+            return DriverError(
+                f"asyncpg refused {what}: {exc}",
+                fix="if you passed connection=, pass an open asyncpg connection that no other "
+                "task is using at the same moment",
+            )
+        if isinstance(exc, OSError):  # refused, unreachable, timed out (TimeoutError included)
+            return DriverError(
+                f"cannot reach PostgreSQL at {self._where} during {what}: "
+                f"{type(exc).__name__}: {exc}",
+                fix="check that the server is running and the URL's host and port are right; "
+                "the operation can be retried once it answers",
+            )
+        if isinstance(exc, asyncpg.PostgresError) and sqlstate in ROW_LOCK_STATES:
+            return RowLocked(
+                f"a row {what} needs is locked by another session: [{sqlstate}] {exc}",
+                fix="find the session that holds it (pg_locks joined to pg_stat_activity: a"
+                " transaction left open by hand?) and end it; the write is retried, and only the"
+                " jobs of the locked rows wait",
+            )
+        if isinstance(exc, asyncpg.PostgresError):
+            return DriverError(
+                f"PostgreSQL refused {what}: [{exc.sqlstate}] {exc}",
+                fix="retry the operation; if it fails the same way, the database may have been "
+                "changed by hand: run `jobs-trio migrate` and check the server's log",
+            )
+        # Anything else asyncpg raised leaves its connection in a state nobody planned for: a
+        # DriverError makes run() drop that connection instead of handing it to the next call.
+        return DriverError(
+            f"unexpected error from PostgreSQL at {self._where} during {what}: "
+            f"{type(exc).__name__}: {exc}",
+            fix="retry the operation; if it keeps failing, report it with the server's log",
+        )
+
+    def _url_setting_refused(self, exc: Exception) -> ConfigError:
+        """The server refused a setting at login: asyncpg sends each query parameter of the URL
+        it does not read itself as a session setting, so a typo (``?bogus=1``) or libpq's own
+        option (``?connect_timeout=10``) fails every connection the same way. Said as the URL
+        mistake it is: retrying or migrating (the generic fix) cannot help."""
+        return ConfigError(
+            f"PostgreSQL at {self._where} refused a setting the URL passes: {exc}",
+            fix="remove or correct that ?NAME=VALUE in the URL: a parameter asyncpg does not"
+            " read (sslmode, sslrootcert, target_session_attrs, ... ; jobs_trio reads"
+            " statement_timeout, lock_timeout, pgbouncer, listen_host, listen_port) is sent to"
+            " the server as a setting, and must be one it knows with a value it takes"
+            " (connect_timeout is libpq's, not asyncpg's: leave it out)",
+        )
+
+    # --- the asyncio side: each runs inside ONE crossing ---
+
+    async def _on_pooled(self, conn: Connection, op: Operation[T], transaction: bool) -> T:
+        if transaction:
+            return await _in_transaction(conn, op)
+        return await op(conn)
+
+    async def _on_connection(self, conn: Connection, op: Operation[T]) -> T:
+        if not conn.is_in_transaction():
+            return await _in_transaction(conn, op)
+        # Inside the caller's transaction (begun with BEGIN or asyncpg's transaction(); asyncpg
+        # refuses its own savepoint API under a manual BEGIN, so plain SQL): a savepoint, so a
+        # failure here rolls back only our writes and leaves the caller's transaction usable.
+        await conn.execute("SAVEPOINT jobs_trio_write")
+        try:
+            result = await op(conn)
+        except BaseException:
+            try:
+                await asyncio.wait_for(
+                    conn.execute("ROLLBACK TO SAVEPOINT jobs_trio_write"), CLEANUP_SECONDS
+                )
+            except (Exception, asyncio.CancelledError):
+                conn.terminate()
+            raise
+        await conn.execute("RELEASE SAVEPOINT jobs_trio_write")
+        return result
+
+
+async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
+    tx = conn.transaction()
+    try:
+        await tx.start()
+    except BaseException:
+        # BEGIN failed or was cancelled in flight: asyncpg keeps the failed transaction as the
+        # connection's top one (its next transaction() would only be a SAVEPOINT, released but
+        # never committed), and the server may have begun it while the connection still reads
+        # as idle (the pool would hand it on). Such a connection is never used again.
+        conn.terminate()
+        raise
+    try:
+        result = await op(conn)
+    except BaseException:
+        # A cancel thrown into `op` has already asked the server to cancel its statement; the
+        # rollback waits for that, bounded. A crossing is cancelled once (asyncio_stepper), so this
+        # await is not cancelled again.
+        try:
+            await asyncio.wait_for(tx.rollback(), CLEANUP_SECONDS)
+        except (Exception, asyncio.CancelledError):
+            conn.terminate()
+        raise
+    await tx.commit()
+    return result
+
+
+@contextlib.contextmanager
+def sole_error() -> Iterator[None]:
+    """Let one error out as itself, not wrapped in the exception groups of the nurseries the
+    driver opens (trio-asyncio's loop, the listener's): a caller catching ConfigError, or
+    their own ValueError from inside the block, should not need to know those nurseries exist.
+    Two or more errors at once stay grouped."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        only: BaseException = group
+        while isinstance(only, BaseExceptionGroup) and len(only.exceptions) == 1:
+            only = only.exceptions[0]
+        if only is group or isinstance(only, BaseExceptionGroup):
+            raise
+        context = only.__context__
+        try:
+            raise only
+        finally:
+            # Raising here would chain the group in as the context; keep the error's own.
+            only.__context__ = context
+            del only, group
+
+
+@contextlib.asynccontextmanager
+async def open_bridge(
+    url: str,
+    *,
+    loop: Any = None,
+    pool_size: int,
+    application_name: str,
+    session: Mapping[str, str] | None = None,
+    pooler: Pooler | None = None,
+) -> AsyncIterator[Bridge]:
+    """A bridge on ``loop``, else on the trio-asyncio loop the caller already runs in, else on
+    a loop of its own for as long as the bridge is open."""
+    # Imported here, never at module level: importing trio_asyncio changes asyncio for the
+    # whole process (STACK-NOTES), and only applications that use PostgreSQL should pay that.
+    import trio_asyncio
+
+    if not isinstance(pool_size, int) or pool_size < 1:
+        raise ConfigError(
+            f"pool_size must be a positive whole number, not {pool_size!r}",
+            fix="pass pool_size=10 (or the number of operations you run at once)",
+        )
+    if session is None:
+        session = session_settings(url)
+    if loop is None:
+        loop = trio_asyncio.current_loop.get()
+    if loop is not None:
+        async with _open_pool(url, loop, pool_size, application_name, session, pooler) as bridge:
+            yield bridge
+        return
+    async with (
+        trio_asyncio.open_loop() as own_loop,
+        _open_pool(url, own_loop, pool_size, application_name, session, pooler) as bridge,
+    ):
+        yield bridge
+
+
+@contextlib.asynccontextmanager
+async def _open_pool(
+    url: str,
+    loop: Any,
+    pool_size: int,
+    application_name: str,
+    session: Mapping[str, str],
+    pooler: Pooler | None,
+) -> AsyncIterator[Bridge]:
+    bridge = Bridge(url, loop, pool_size, application_name, session, pooler)
+    try:
+        # One connection now, so a server that cannot be reached fails the open, not the
+        # first operation.
+        await bridge.run(_nothing, what="opening the driver")
+        yield bridge
+    finally:
+        await bridge.aclose()
+
+
+async def _nothing(conn: Connection) -> None:
+    pass
+
+
+def _answer_bound(session: Mapping[str, str]) -> float:
+    """Seconds an operation may go unanswered: the session's statement_timeout (whole
+    milliseconds, as session_settings writes it) plus the margin; unbounded when it is off."""
+    timeout = session.get("statement_timeout", "0")
+    milliseconds = float(timeout.removesuffix("ms") or 0)
+    if milliseconds <= 0:
+        return math.inf
+    return milliseconds / 1000 + ANSWER_MARGIN_SECONDS
+
+
+def _where(url: str) -> str:
+    """``host:port`` for messages (never the whole URL: it may hold a password), once the
+    URL's port is known to be one; urllib raises a bare ValueError for ``:99999``."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"the PostgreSQL URL {redact_url(url)!r} has a bad port: {exc}",
+            fix="write the port as a number from 1 to 65535 (PostgreSQL listens on 5432"
+            " unless told otherwise), e.g. postgresql://user@host:5432/db",
+        ) from exc
+    return f"{parsed.hostname or 'localhost'}:{port or 5432}"

@@ -1,0 +1,359 @@
+# The rules every driver shares, each said once: which states hold a unique key, what each kind
+# of settlement does to its job, how a row becomes a record, and the words of shared refusals.
+# Apart so that drivers import rules, never each other; the SQL drivers render these into SQL.
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from .._core.errors import ConfigError
+from .._core.records import (
+    WAITING_STATES,
+    AttemptRecord,
+    CancelJob,
+    Complete,
+    DeadLetter,
+    JobLimits,
+    JobRecord,
+    JobState,
+    Park,
+    QueueStats,
+    Retry,
+    Settlement,
+    Suspend,
+)
+
+# A unique key is held while its job can still run; a finished job frees it. In this order in
+# every SQL the drivers run (`LIVE_STATES_SQL`): SQLite matches an upsert's conflict target to
+# the partial index by the text of its WHERE, so the list must read as the index's does.
+LIVE_STATES: Final = (JobState.READY, JobState.RUNNING, JobState.SUSPENDED, JobState.PARKED)
+
+
+def sql_list(states: Iterable[JobState]) -> str:
+    """``states`` as an SQL list of string literals: ``('ready', 'running')``. The values are
+    the enum's own, never a caller's text."""
+    return "(" + ", ".join(f"'{JobState(state).value}'" for state in states) + ")"
+
+
+LIVE_STATES_SQL: Final = sql_list(LIVE_STATES)
+WAITING_STATES_SQL: Final = sql_list(WAITING_STATES)
+
+# How many fires of each task the fire record keeps: enough to refuse a second fire of any
+# recent scheduled time; older ones are behind the task's mark, which refuses them anyway.
+FIRE_HISTORY: Final = 100
+
+# Said by the worker that claims a lapsed job, which cannot know why the other stopped: each
+# cause that is not a crash has its own line in that worker's log (issue 32: a blocked loop
+# was reported as "crash or kill", which neither had happened).
+LAPSED_ERROR: Final = (
+    "lease lapsed: no renewal from the worker running this attempt reached the database in"
+    " time (it crashed or was killed, lost the database for longer than the lease, or was"
+    " paused; its log says which: jobs.lease.expired, jobs.worker.loop-wedged)"
+)
+
+# `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
+LAPSED_OUT_OF_ATTEMPTS: Final = LAPSED_ERROR + "; no attempts left after {attempts}"
+
+
+def lapsed_out_of_attempts(attempts: int) -> str:
+    return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
+
+
+def key_matches(wanted: str | None, key: str | None) -> bool:
+    """Whether an event of ``key`` is one a wait for ``wanted`` takes (None: any key). The SQL
+    drivers say the same where they match events to waits."""
+    return wanted is None or wanted == key
+
+
+def send_wakes(record: JobRecord, name: str, key: str | None) -> bool:
+    """Whether a send of event ``name`` with ``key`` wakes ``record``: suspended on the name,
+    waiting for that key or for any. A wait for another key sleeps on: each send of a name woke
+    every waiter of it, a fleet of workflows keyed by order id for each order's event. The SQL
+    drivers say the same in their send_event."""
+    return (
+        record.state is JobState.SUSPENDED
+        and record.wait_event == name
+        and key_matches(record.wait_key, key)
+    )
+
+
+def gives_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
+    """Whether a lapsed job's attempt is given back when it is claimed again: it was claimed
+    ahead of a slot and its start never recorded (it most likely never ran: its worker died
+    holding it), and fewer than ``max_attempts`` such lapses were given back before. The bound
+    is for the job that DID start and killed its worker before a renewal recorded the start:
+    it still runs out of attempts, after at most twice its ``max_attempts`` runs. The
+    PostgreSQL claim says the same in SQL (postgres_queries.sql, `claim`)."""
+    return ahead and ahead_lapses < max_attempts
+
+
+# What a settlement does to its job: the one table every driver applies (the memory driver on
+# its records, SQLite as an UPDATE built from it, PostgreSQL as one statement per kind named
+# here, fed the hand-back column from it). An operator's pending cancel changes a settlement
+# before this applies (operator_transitions.cancel_instead).
+
+
+@attrs.frozen
+class Unseen:
+    """The events a suspension's look could not see: those named ``event`` (with ``key``, when
+    the wait matches one) with an id past ``mark`` (the look's EventLook.seen, as a number)."""
+
+    event: str
+    mark: int
+    key: str | None = None
+
+    def covers(self, name: str, key: str | None, event_id: int) -> bool:
+        return name == self.event and event_id > self.mark and key_matches(self.key, key)
+
+
+@attrs.frozen
+class Effect:
+    state: JobState
+    # The attempt its claim counted goes back: waiting (suspend), deploy skew (park) and an
+    # interrupted run (a retry not counted) are not failures.
+    hands_back: bool = False
+    delay: float | None = None  # run again this many seconds from now; None: run_at stays
+    writes: Mapping[str, str | None] = attrs.field(factory=dict)  # other record fields set
+    # A suspension after a look: when one of these events is stored at the settle, the effect
+    # is `woken(...)` instead.
+    unseen: Unseen | None = None
+
+
+@attrs.frozen
+class SettlementKind:
+    name: str  # PostgreSQL's statement for it is settle_<name>
+    effect: Callable[[Any], Effect]
+    moves_run_at: bool = False  # its statement takes a delay column (None: run_at stays)
+    # Its statement takes a column of look marks (None: no look; Unseen.mark otherwise).
+    reads_events: bool = False
+
+
+# A look's mark when it saw no event of the name: every event id is past it (ids start at 1).
+NO_EVENT_SEEN: Final = "0"
+
+
+def event_mark(newest_id: int | None) -> str:
+    """EventLook.seen for a look whose newest event of the name had id ``newest_id`` (None:
+    it saw none). Read in the same snapshot as the look: an event the look missed because it
+    was stored after it has an id past the mark (see `woken` for PostgreSQL's exception)."""
+    return NO_EVENT_SEEN if newest_id is None else str(newest_id)
+
+
+def woken(change: Effect) -> Effect:
+    """A suspension whose look missed a stored event of its name (Effect.unseen) settles as the
+    send would have left it had it come just after the settle: ready now, its wait_event kept.
+
+    Why: send_event wakes the jobs already suspended on the name, and a job between its look
+    and its suspend is still running, so a send then wakes nothing; without this the job slept
+    its whole event_poll with its event stored. Only an event the wait's key matches wakes it;
+    one its next look still does not take (sent before the wait began, by the clocks) costs
+    that one look, and the next look's mark covers it: it never wakes the job again.
+
+    Exact on memory and SQLite (one writer at a time: ids are given in commit order). On
+    PostgreSQL an event whose transaction commits after the look can hold an id below the
+    mark (another send of the name took a higher id and committed first), and a send whose
+    statement started before the settle's and commits after it is seen by neither: a send
+    still in flight as the look or the settle starts can be missed, as before this rule.
+    A send in an application's transaction that commits after the settle is not covered
+    either (docs/steps.md)."""
+    return attrs.evolve(change, state=JobState.READY, delay=0.0, unseen=None)
+
+
+def _suspend_effect(s: Suspend) -> Effect:
+    unseen = None
+    if s.event is not None and s.seen is not None:
+        unseen = Unseen(s.event, int(s.seen), s.match)
+    return Effect(
+        JobState.SUSPENDED,
+        hands_back=True,
+        delay=s.delay,
+        writes={"wait_event": s.event, "wait_key": s.match},
+        unseen=unseen,
+    )
+
+
+def _retry_effect(s: Retry) -> Effect:
+    # An attempt handed back at once (interrupted: a drain, a late claim, a hold limit) keeps
+    # its run_at, so its place in line: it was running, so it was first. Given a new run_at of
+    # now, it went behind every job that waited meanwhile (a deploy put the jobs it drained at
+    # the back of a deep queue).
+    keeps_place = not s.counts_as_attempt and s.delay <= 0
+    return Effect(
+        JobState.READY,
+        hands_back=not s.counts_as_attempt,
+        delay=None if keeps_place else s.delay,
+        writes={"last_error": s.error},
+    )
+
+
+SETTLEMENT_KINDS: Final[Mapping[type, SettlementKind]] = {
+    Complete: SettlementKind(
+        "complete", lambda s: Effect(JobState.COMPLETED, writes={"result": s.result})
+    ),
+    Retry: SettlementKind("retry", _retry_effect, moves_run_at=True),
+    DeadLetter: SettlementKind(
+        "dead", lambda s: Effect(JobState.DEAD, writes={"last_error": s.error})
+    ),
+    Suspend: SettlementKind("suspend", _suspend_effect, moves_run_at=True, reads_events=True),
+    Park: SettlementKind(
+        "park", lambda s: Effect(JobState.PARKED, hands_back=True, writes={"last_error": s.reason})
+    ),
+    CancelJob: SettlementKind(
+        "cancel", lambda s: Effect(JobState.CANCELLED, writes={"last_error": s.error})
+    ),
+}
+
+
+# A job's attempt history keeps its newest this many endings (a ring: the ending numbered `seq`
+# takes slot `seq % ATTEMPT_HISTORY`), so a job that sleeps in a loop or is drained at every
+# deploy never grows it past this; its error and traceback are capped where they are made.
+ATTEMPT_HISTORY: Final = 20
+
+# A worker's presence record outlives its last announcement by this long (seconds), then the
+# next announcement of any worker deletes it: a fleet's crashed workers do not pile up.
+FORGET_WORKERS_AFTER: Final = 3600.0
+
+
+def history_outcome(settlement: Settlement) -> str:
+    """What a history record calls an ending (OutcomeKind's values); an operator's pending
+    cancel, which the SQL drivers decide in SQL, makes any of them ``cancelled`` instead."""
+    match settlement:
+        case Complete():
+            return "completed"
+        case Retry(counts_as_attempt=False):
+            return "interrupted"
+        case Retry():
+            return "retried"
+        case DeadLetter():
+            return "dead-lettered"
+        case Suspend():
+            return "suspended"
+        case Park():
+            return "parked"
+        case CancelJob():
+            return "cancelled"
+    raise TypeError(f"not a settlement: {settlement!r}")
+
+
+def history_record(applied: Settlement, change: Effect, seq: int, now: float) -> AttemptRecord:
+    """The history record of ``applied`` (with a note), as written: ``change`` is the effect
+    the driver applied (a cancel instead, a woken suspension), ``seq`` the job's count of
+    endings with this one."""
+    note = applied.note
+    assert note is not None
+    return AttemptRecord(
+        seq=seq,
+        attempt=note.attempt,
+        outcome=history_outcome(applied),
+        worker_id=note.worker_id,
+        ended_at=now,
+        seconds=note.seconds,
+        error=change.writes.get("last_error"),
+        traceback=note.traceback,
+    )
+
+
+def kind_of(settlement: Settlement) -> SettlementKind:
+    try:
+        return SETTLEMENT_KINDS[type(settlement)]
+    except KeyError:
+        raise TypeError(f"not a settlement: {settlement!r}") from None
+
+
+def effect(settlement: Settlement) -> Effect:
+    return kind_of(settlement).effect(settlement)
+
+
+# Rows to records: a driver's column names are the record's field names, in this order.
+# The token is deliberately absent: a record is what operators read, and a fencing token must
+# never leak into `show` output.
+JOB_FIELDS: Final = tuple(field.name for field in attrs.fields(JobRecord))
+JOB_COLUMNS: Final = ", ".join(JOB_FIELDS)
+
+
+def job_record(row: Iterable[Any]) -> JobRecord:
+    """A job's row, its values in ``JOB_FIELDS`` order, as its record."""
+    fields = dict(zip(JOB_FIELDS, row, strict=True))
+    fields["state"] = JobState(fields["state"])
+    fields["cancel_requested"] = bool(fields["cancel_requested"])  # SQLite stores 0 / 1
+    # SQLite stores a job's limits whole (a slot count of 0 beside no slot key); a record says
+    # None for the half a job does not have, as PostgreSQL stores it.
+    if fields["slot_key"] is None:
+        fields["slots"] = None
+    if fields["rate_key"] is None:
+        fields["starts"] = fields["per"] = None
+    return JobRecord(**fields)
+
+
+def limit_fields(limits: JobLimits | None) -> dict[str, Any]:
+    """A job's limits as its record's fields: None for the half it does not have."""
+    has = limits or JobLimits()
+    slot, rate = has.slot_key is not None, has.rate_key is not None
+    return {
+        "slot_key": has.slot_key,
+        "slots": has.slots if slot else None,
+        "rate_key": has.rate_key,
+        "starts": has.starts if rate else None,
+        "per": has.per if rate else None,
+    }
+
+
+def queue_stats(
+    depths: Iterable[tuple[str, str, int]],
+    due: Iterable[tuple[str, int, float | None]],
+    now: float,
+    waiting: Iterable[tuple[str, str, str, int]] = (),
+) -> list[QueueStats]:
+    """``stats()``'s answer, by queue name: ``depths`` counts jobs per (queue, state value),
+    ``due`` gives a queue's count of ready jobs whose run-at has come and the earliest such
+    run-at (a queue it leaves out has none due), ``waiting`` counts the jobs a claim put off
+    for a fleet limit per (queue, job name, "slot" or "rate")."""
+    by_queue: dict[str, dict[str, int]] = {}
+    for queue, state, count in depths:
+        by_queue.setdefault(queue, {})[state] = count
+    due_by_queue = {queue: (count, oldest) for queue, count, oldest in due}
+    waiting_by_queue: dict[str, list[tuple[str, str, int]]] = {}
+    for queue, name, kind, count in waiting:
+        waiting_by_queue.setdefault(queue, []).append((name, kind, count))
+    answers = []
+    for queue in sorted(by_queue):
+        count, oldest = due_by_queue.get(queue, (0, None))
+        answers.append(
+            QueueStats(
+                queue=queue,
+                depth=by_queue[queue],
+                due=count,
+                oldest_ready_age=None if oldest is None else now - oldest,
+                dead=by_queue[queue].get(JobState.DEAD.value, 0),
+                limit_waiting=tuple(sorted(waiting_by_queue.get(queue, ()))),
+            )
+        )
+    return answers
+
+
+# Refusals every driver words the same way.
+
+
+def driver_closed(driver: str) -> ConfigError:
+    """For a call on a driver after its ``aclose()`` (``driver``: "memory", "SQLite", ...)."""
+    return ConfigError(f"the {driver} driver is closed", fix="open a new driver")
+
+
+def refuse_connection(connection: object | None, *, driver: str, fix: str) -> None:
+    """Refuse ``connection=`` on a driver that cannot write in the caller's transaction.
+    Refused rather than ignored: a caller who passes its transaction believes the write commits
+    or rolls back with it, and here it could do neither. ``fix`` says what to do instead."""
+    if connection is not None:
+        raise ConfigError(f"the {driver} driver cannot enlist in a caller's transaction", fix=fix)
+
+
+def refuse_in_place(driver: str) -> ConfigError:
+    """``relay_in_place`` asked of an outbox this driver does not share (``shares_outbox``
+    answered False): moving rows in one transaction needs them in this database."""
+    return ConfigError(
+        f"the {driver} driver's relay_in_place was given an outbox in another database",
+        fix="ask shares_outbox(outbox) first; a relay does, and moves the rows of an outbox"
+        " elsewhere in two steps (relay_enqueue, then outbox_delete)",
+    )

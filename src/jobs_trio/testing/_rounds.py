@@ -1,0 +1,80 @@
+# Run an application's jobs in a test: a memory driver on Trio's clock, a worker for tests, and
+# rounds of claim-and-run until nothing is left to run (on a MockClock, backoffs take no time).
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from .._core.errors import ConfigError
+from .._core.metrics import Metrics
+from .._core.records import WAITING_STATES
+from .._jobs.registry import Registry
+from .._run.attempt import Outcome
+from .._run.worker import Worker
+from ..driver import Driver
+from ..drivers.memory import MemoryDriver
+
+# Enough to see every waiting job of a test's queue: run_until_idle looks for the soonest.
+_LISTED = 100_000
+
+
+def memory_driver() -> MemoryDriver:
+    """A memory driver whose time is Trio's: run-ats, leases, backoffs and ``step.sleep`` move
+    with ``trio.testing.MockClock`` (pytest-trio's ``autojump_clock``), as the worker's waits do.
+    (``MemoryDriver()`` alone reads the wall clock, which a mock clock does not move.)"""
+    return MemoryDriver(clock=trio.current_time)
+
+
+def new_worker(driver: Driver, registry: Registry, **options: Any) -> Worker:
+    """A ``Worker`` for one test: its own metrics (a second worker in the process does not
+    collide on prometheus_client's default registry), no queue gauges, and a long safety poll
+    (the memory driver wakes a waiting worker itself; a short poll makes mock days cost many
+    idle wake-ups). ``options`` are ``Worker``'s and override these."""
+    options.setdefault("metrics", Metrics(CollectorRegistry()))
+    options.setdefault("stats_interval", None)
+    options.setdefault("poll_interval", 600.0)
+    return Worker(driver, registry, **options)
+
+
+async def run_until_idle(worker: Worker, *, wait: bool = True) -> list[Outcome]:
+    """Run rounds of ``worker.tick()`` (claim what is due, run it to its outcome, settle it)
+    until nothing is left to run, and answer every attempt's outcome, round after round (within
+    a round, in the order the runs ended).
+
+    With ``wait`` (the default), when nothing is due it sleeps on Trio's clock until the soonest
+    job of the worker's queues that waits for a time (a delay, a retry's backoff, a
+    ``step.sleep``), so on a MockClock retries run to the end at once; a job suspended on an
+    event waits for the test to send it. ``wait=False`` stops at the first round that claims
+    nothing: no time passes. Bound it with ``trio.fail_after``: a job that retries forever
+    runs forever. Not while the worker runs its own loop (``run()``)."""
+    driver = worker.driver
+    outcomes: list[Outcome] = []
+    while True:
+        ran = await worker.tick()
+        outcomes += ran
+        if ran:
+            continue
+        due = await _soonest_wait(worker) if wait else None
+        if due is None:
+            return outcomes
+        before = driver.now()
+        await trio.sleep(max(0.0, due - before))
+        if due > before and driver.now() == before:
+            raise ConfigError(
+                "run_until_idle waited on Trio's clock, and the driver's clock did not move",
+                fix="give the driver Trio's clock: jobs_trio.testing.memory_driver(), "
+                "or MemoryDriver(clock=trio.current_time)",
+            )
+
+
+async def _soonest_wait(worker: Worker) -> float | None:
+    """The soonest run-at of a job in the worker's queues that waits only for time to pass."""
+    soonest: float | None = None
+    for queue in worker.queues:
+        for state in WAITING_STATES:
+            for job in await worker.driver.list_jobs(state=state, queue=queue, limit=_LISTED):
+                if job.wait_event is None and (soonest is None or job.run_at < soonest):
+                    soonest = job.run_at
+    return soonest

@@ -1,0 +1,1 @@
+# The docs and the public surface.

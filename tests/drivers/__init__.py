@@ -1,0 +1,1 @@
+# Each driver on its own: SQLite, PostgreSQL, plans, connections.

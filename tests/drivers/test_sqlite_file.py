@@ -1,0 +1,38 @@
+# The public check of a SQLite file (drivers/sqlite_migrate.identify): is it a jobs_trio
+# database and at which schema version, read without creating or changing anything.
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from jobs_trio.drivers._sqlite_migrate import SCHEMA_VERSION, FileKind, identify
+from jobs_trio.drivers.sqlite import open_sqlite_driver
+
+
+async def test_a_jobs_trio_file_says_its_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    async with open_sqlite_driver(f"sqlite:///{path}"):
+        pass
+    before = path.read_bytes()
+    identity = identify(str(path))
+    assert identity.kind is FileKind.JOBS_TRIO
+    assert identity.schema_version == SCHEMA_VERSION
+    assert "jobs" in identity.tables
+    assert path.read_bytes() == before  # read-only: nothing written, migrated or checkpointed
+
+
+def test_each_kind_of_file(tmp_path: Path) -> None:
+    assert identify(str(tmp_path / "none.db")).kind is FileKind.MISSING
+    assert not (tmp_path / "none.db").exists()
+    (tmp_path / "empty.db").write_bytes(b"")
+    assert identify(str(tmp_path / "empty.db")).kind is FileKind.NEW
+    (tmp_path / "text.db").write_text("name,email\na,a@b.c\n")
+    text = identify(str(tmp_path / "text.db"))
+    assert text.kind is FileKind.NOT_SQLITE and "header" in text.problem
+    (tmp_path / "broken.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    assert identify(str(tmp_path / "broken.db")).kind is FileKind.NOT_SQLITE
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        conn.execute("CREATE TABLE users (email TEXT)")
+    app = identify(str(tmp_path / "app.db"))
+    assert app.kind is FileKind.FOREIGN and app.tables == ("users",)
+    assert app.schema_version == 0

@@ -1,0 +1,1 @@
+# Job bodies: steps, context, tracing, the enqueue boundary.

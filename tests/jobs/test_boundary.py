@@ -1,0 +1,243 @@
+# The boundary away from the drivers: declarations, error text, results, backoff at any attempt,
+# and metric labels that an unknown job name cannot multiply.
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from jobs_trio import Backoff, JobsError, Registry
+from jobs_trio._core.boundary import INT4_MAX, MAX_ERROR_CHARS, MAX_SECONDS, storable_text
+from jobs_trio._core.errors import InvalidArgument
+from jobs_trio._core.records import Claim, JobState, NewJob, Retry, new_job_id
+from jobs_trio._run.attempt import _result_json, describe, run_attempt
+from jobs_trio._run.run_scope import RunScope
+from jobs_trio._run.thread_slots import ThreadSlots
+from jobs_trio.drivers.memory import MemoryDriver
+from jobs_trio.errors import ResultNotStorable
+from jobs_trio.testing import run_until_idle
+from tests.helpers.worker_helpers import record, trio_driver, worker
+
+
+def nested(depth: int) -> Any:
+    value: Any = None
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# -- declarations ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "argument"),
+    [
+        ({"name": "bad\x00name"}, "job name"),
+        ({"name": "evil\x1b[31mRED\x1b]0;pwned\x07"}, "job name"),
+        ({"name": "/data/\udcff.csv"}, "job name"),
+        ({"name": "n" * 201}, "job name"),
+        ({"name": ""}, "job name"),
+        ({"queue": "q\n"}, "queue"),
+        ({"attempts": 0}, "attempts"),
+        ({"attempts": INT4_MAX + 1}, "attempts"),
+        ({"priority": 2**40}, "priority"),
+        ({"max_payload_bytes": 0}, "max_payload_bytes"),
+        ({"max_result_bytes": 2**30}, "max_result_bytes"),
+        ({"max_result_bytes": True}, "max_result_bytes"),
+    ],
+)
+def test_a_declaration_no_driver_could_store_is_refused(
+    options: dict[str, Any], argument: str
+) -> None:
+    name = options.pop("name", "t")
+    with pytest.raises(InvalidArgument) as caught:
+        Registry().job(name, **options)
+    assert caught.value.argument == argument and caught.value.fix
+    assert caught.value.code == "X_ARGUMENT"
+
+
+def test_registry_limits_are_checked_and_inherited() -> None:
+    with pytest.raises(InvalidArgument, match="max_payload_bytes"):
+        Registry(max_payload_bytes=-1)
+    registry = Registry(max_payload_bytes=10, max_result_bytes=20)
+    inherits = registry.job("a")(lambda ctx, p: None)
+    own = registry.job("b", max_result_bytes=30)(lambda ctx, p: None)
+    assert (inherits.max_payload_bytes, inherits.max_result_bytes) == (10, 20)
+    assert (own.max_payload_bytes, own.max_result_bytes) == (10, 30)
+
+
+# -- error text ------------------------------------------------------------------------------
+
+
+def test_storable_text_escapes_nul_and_lone_surrogates_and_marks_a_cut() -> None:
+    assert storable_text("plain\ttext\n") == "plain\ttext\n"  # other controls: stored as they are
+    assert storable_text("a\x00b") == "a\\x00b"
+    assert storable_text("/data/\udcff.csv") == "/data/\\udcff.csv"
+    assert storable_text("x" * MAX_ERROR_CHARS) == "x" * MAX_ERROR_CHARS
+    cut = storable_text("x" * (MAX_ERROR_CHARS + 1))
+    assert len(cut) == MAX_ERROR_CHARS and cut.endswith(
+        f"… [truncated: {MAX_ERROR_CHARS + 1} characters]"
+    )
+    # Escapes lengthen text: the cut still holds.
+    escaped = storable_text("\x00" * MAX_ERROR_CHARS)
+    assert len(escaped) == MAX_ERROR_CHARS and escaped.startswith("\\x00\\x00")
+    assert "truncated" in escaped
+    assert storable_text("x" * 50, max_chars=40).endswith("… [truncated: 50 characters]")
+
+
+class StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class CodeRaises(Exception):
+    @property
+    def code(self) -> str:
+        raise KeyError("code")
+
+
+def test_describe_never_raises_and_gives_storable_text() -> None:
+    assert describe(StrRaises()) == "StrRaises: <str() of this error raised RuntimeError>"
+    assert describe(CodeRaises("boom")) == "CodeRaises: boom"
+    assert describe(ValueError("bad \x00 byte")) == "ValueError: bad \\x00 byte"
+    assert len(describe(ValueError("x" * 1_000_000))) == MAX_ERROR_CHARS
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("result", "cause"),
+    [
+        (nested(100_000), "nested deeper than 100 levels"),
+        ({"n": 10**5000}, "result.n: an int of more than 640 digits"),
+        ({"s": {1, 2}}, "result.s: a set is not JSON-serialisable"),
+        ("x" * 2000, "result of 2,002 bytes exceeds the limit of 1,000 bytes"),
+    ],
+)
+def test_a_result_no_driver_can_store_is_a_clear_error_not_a_crash(
+    result: object, cause: str
+) -> None:
+    definition = Registry().job("t", max_result_bytes=1000)(lambda ctx, p: None)
+    with pytest.raises(ResultNotStorable) as caught:
+        _result_json(result, definition)
+    assert cause in caught.value.cause and "'t'" in caught.value.cause
+    assert caught.value.code == "X_RESULT" and caught.value.fix
+
+
+def test_results_within_the_limit_are_the_same_json_as_before() -> None:
+    definition = Registry().job("t")(lambda ctx, p: None)
+    assert _result_json(None, definition) == "null"
+    assert _result_json({"a": [1, 2.5, "\x00"]}, definition) == '{"a":[1,2.5,"\\u0000"]}'
+
+
+async def test_a_body_returning_an_unstorable_result_fails_alone(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("deep", attempts=3)
+    async def deep(ctx: object, payload: None) -> Any:
+        return nested(100_000)
+
+    @registry.job("fine")
+    async def fine(ctx: object, payload: None) -> int:
+        return 7
+
+    driver = trio_driver()
+    bad, good = await deep.enqueue(driver), await fine.enqueue(driver)
+    w = worker(driver, registry)
+    outcomes = {o.name: o.kind for o in await w.tick()}
+    assert outcomes == {"deep": "dead-lettered", "fine": "completed"}  # not retried: same again
+    dead = await record(driver, bad)
+    assert dead.state is JobState.DEAD and dead.last_error is not None
+    assert "X_RESULT" in dead.last_error and "nested deeper than 100 levels" in dead.last_error
+    assert (await record(driver, good)).result == "7"
+
+
+# -- backoff -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attempt", [1025, 100_000, INT4_MAX, pytest.param(10**400, id="10**400")])
+def test_backoff_at_any_attempt_is_the_cap(attempt: int) -> None:
+    assert Backoff().delay(attempt, rand=lambda: 0.5) == 300.0
+    if attempt >= 100_000:  # a slow factor reaches its cap too, later
+        slow = Backoff(base=0.01, factor=1.0001, cap=60)
+        assert slow.delay(attempt, rand=lambda: 0.5) == 60.0
+
+
+def test_backoff_below_the_cap_is_unchanged() -> None:
+    backoff = Backoff(base=1, factor=2, cap=300, jitter=0)
+    assert [backoff.delay(n) for n in range(1, 11)] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
+    assert Backoff(base=5, factor=1, jitter=0).delay(10**6) == 5
+    assert Backoff(base=0, jitter=0).delay(10**6) == 0
+    assert Backoff(base=10, cap=3, jitter=0).delay(1) == 3
+
+
+async def test_a_retry_forever_job_at_attempt_100_000_is_retried_after_the_cap() -> None:
+    registry = Registry()
+
+    @registry.job("forever", attempts=INT4_MAX, backoff=Backoff(cap=600, jitter=0))
+    async def forever(ctx: object, payload: None) -> None:
+        raise ValueError("again")
+
+    claim = Claim(new_job_id(), "tok", "forever", "default", "null", 100_000, INT4_MAX, 0.0)
+    threads = ThreadSlots(1, lambda: None)
+    outcome = await run_attempt(
+        claim,
+        forever,
+        RunScope(claim, None),
+        registry=registry,
+        driver=MemoryDriver(),
+        worker_id="w",
+        threads=threads,
+    )
+    assert outcome.kind == "retried"
+    assert isinstance(outcome.settlement, Retry) and outcome.settlement.delay == 600
+
+
+@pytest.mark.parametrize(
+    ("options", "argument"),
+    [
+        ({"base": math.nan}, "Backoff base"),
+        ({"base": -1}, "Backoff base"),
+        ({"cap": math.inf}, "Backoff cap"),
+        ({"cap": MAX_SECONDS * 2}, "Backoff cap"),
+        ({"factor": math.inf}, "Backoff factor"),
+        ({"factor": 0.5}, "Backoff factor"),
+        ({"jitter": math.nan}, "Backoff jitter"),
+        ({"jitter": 1.5}, "Backoff jitter"),
+    ],
+)
+def test_backoff_settings_no_retry_could_use_are_refused(
+    options: dict[str, float], argument: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        Backoff(**options)
+    assert caught.value.argument == argument and caught.value.fix
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+async def test_unknown_job_names_share_one_metric_label(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("known")
+    async def known(ctx: object, payload: None) -> None: ...
+
+    driver = trio_driver()
+    # Written by another deploy (or anyone with database access): names this one never declared.
+    await driver.enqueue(
+        [NewJob(new_job_id(), f"ghost-{i}", "default", "null", 3) for i in range(3000)]
+    )
+    await known.enqueue(driver)
+    w = worker(driver, registry, concurrency=500)
+    kinds = [o.kind for o in await run_until_idle(w, wait=False)]
+    assert kinds.count("parked") == 3000 and kinds.count("completed") == 1
+    children = w._metrics.run_seconds._metrics  # prometheus_client's label children
+    assert set(children) == {("default", "unknown"), ("default", "known")}
+    assert len(await driver.list_jobs(state=JobState.PARKED, limit=5000)) == 3000
+
+
+def test_jobs_error_is_the_base_of_every_boundary_error() -> None:
+    assert issubclass(InvalidArgument, JobsError) and issubclass(ResultNotStorable, JobsError)

@@ -1,0 +1,107 @@
+# The enqueue boundary: declarations and payloads checked before anything is written.
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import pytest
+
+from jobs_trio import ConfigError, PayloadNotSerialisable, Registry
+from jobs_trio._core.records import JobState
+from jobs_trio.errors import DuplicateJobName
+from tests.helpers.worker_helpers import trio_driver
+
+
+def test_a_second_job_with_a_taken_name_is_refused() -> None:
+    registry = Registry()
+
+    @registry.job("emails.send")
+    async def first(ctx: object, payload: None) -> None: ...
+
+    with pytest.raises(DuplicateJobName) as caught:
+
+        @registry.job("emails.send")
+        async def second(ctx: object, payload: None) -> None: ...
+
+    assert "first" in caught.value.cause and caught.value.fix
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"attempts": 0}, {"timeout": -1}, {"queue": ""}, {"priority": 1.5}, {"event_poll": 0}],
+)
+def test_bad_job_options_are_refused_with_a_fix(options: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Registry().job("x", **options)  # type: ignore[arg-type]
+    assert caught.value.fix
+
+
+async def test_an_unserialisable_payload_names_job_and_field_and_writes_nothing() -> None:
+    registry = Registry()
+
+    @registry.job("emails.send")
+    async def send(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    with pytest.raises(PayloadNotSerialisable) as caught:
+        await send.enqueue(driver, {"to": "a@b.c", "attachment": {"data": b"\x00"}})
+    err = caught.value
+    assert err.job == "emails.send" and err.field == "payload.attachment.data"
+    assert "bytes" in err.cause and err.code == "X_PAYLOAD"
+    with pytest.raises(PayloadNotSerialisable) as nan:
+        await send.enqueue(driver, {"scores": [1.0, math.nan]})
+    assert nan.value.field == "payload.scores[1]"
+    assert await driver.list_jobs() == []
+
+
+async def test_enqueue_many_with_one_bad_payload_writes_none() -> None:
+    registry = Registry()
+
+    @registry.job("t")
+    async def t(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    with pytest.raises(PayloadNotSerialisable):
+        await t.enqueue_many(driver, [{"ok": 1}, {"bad": {1, 2}}, {"ok": 2}])
+    assert await driver.list_jobs() == []
+    ids = await t.enqueue_many(driver, [{"n": i} for i in range(3)])
+    assert len(ids) == 3 and len(await driver.list_jobs(state=JobState.READY)) == 3
+
+
+async def test_delay_run_at_and_priority_reach_the_driver() -> None:
+    registry = Registry()
+
+    @registry.job("t", priority=3)
+    async def t(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    now = driver.now()
+    a = await driver.get(await t.enqueue(driver, delay=30))
+    assert a is not None and a.run_at == pytest.approx(now + 30) and a.priority == 3
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=90)
+    b = await driver.get(await t.enqueue(driver, run_at=when, priority=-2))
+    assert b is not None and b.run_at == pytest.approx(driver.now() + 90, abs=1)
+    assert b.priority == -2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"delay": -1},
+        {"delay": math.inf},
+        {"delay": 1, "run_at": 5.0},
+        {"run_at": dt.datetime(2030, 1, 1)},  # naive: which zone?
+        {"key": ""},
+    ],
+)
+async def test_bad_enqueue_options_are_refused_and_write_nothing(kwargs: dict[str, object]) -> None:
+    registry = Registry()
+
+    @registry.job("t")
+    async def t(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    with pytest.raises(ConfigError) as caught:
+        await t.enqueue(driver, {}, **kwargs)  # type: ignore[arg-type]
+    assert caught.value.fix
+    assert await driver.list_jobs() == []

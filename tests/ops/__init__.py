@@ -1,0 +1,1 @@
+# The operators' surfaces: the CLI, the dashboard, metrics, logs, the wheel.

@@ -1,0 +1,187 @@
+# Log records as text, logfmt and JSON (issue 36): logfmt values that stay one line and show
+# what a terminal would act on, a JSON line per record with the documented schema whatever a
+# field holds, the text format's traceback below its line, and the CLI's level and format.
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+import pytest
+
+from jobs_trio._cli.logging_flags import configure_logging
+from jobs_trio._core.errors import ConfigError
+from jobs_trio._core.log_format import (
+    JsonFormatter,
+    LogfmtFormatter,
+    TextFormatter,
+    logfmt_value,
+)
+from jobs_trio._core.logs import log_event
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("plain", "plain"),
+        ("vm:1:ab", "vm:1:ab"),
+        ("two words", '"two words"'),
+        ("", '""'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("a=b", '"a=b"'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("line\nnext", '"line\\nnext"'),
+        ("\x1b[31mred", '"\\x1b[31mred"'),
+        ("rtl\u202eevil", '"rtl\\u202eevil"'),
+        (None, ""),
+        (True, "true"),
+        (3, "3"),
+        (0.25, "0.25"),
+        (("a", "b"), "a,b"),
+    ],
+)
+def test_a_logfmt_value_is_one_line_and_shows_what_a_terminal_would_act_on(
+    value: object, shown: str
+) -> None:
+    assert logfmt_value(value) == shown
+
+
+def record_of(event: str, level: int = logging.INFO, **fields: object) -> logging.LogRecord:
+    """The record log_event makes, caught on its way out."""
+    caught: list[logging.LogRecord] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record)
+
+    logger = logging.getLogger("jobs_trio")
+    handler = Catch()
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        log_event(event, level, **fields)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    [record] = caught
+    return record
+
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "app.py", line 3\nRuntimeError: "no"'
+
+
+def test_the_message_is_logfmt_for_any_handler() -> None:
+    record = record_of("jobs.attempt.failed", job="mail.send", error='it said "no"\nthen left')
+    assert record.getMessage() == (
+        'jobs.attempt.failed job=mail.send error="it said \\"no\\"\\nthen left"'
+    )
+    assert record.event == "jobs.attempt.failed"  # type: ignore[attr-defined]
+    assert record.fields == {"job": "mail.send", "error": 'it said "no"\nthen left'}  # type: ignore[attr-defined]
+
+
+def test_a_percent_sign_in_a_field_is_printed_as_it_is() -> None:
+    record = record_of("jobs.attempt.failed", error="100% %s %(x)s")
+    assert record.getMessage() == 'jobs.attempt.failed error="100% %s %(x)s"'
+
+
+def test_json_is_one_object_a_line_with_the_documented_keys() -> None:
+    record = record_of(
+        "jobs.attempt.failed", job="mail.send", queues=("a", "b"), traceback=TRACEBACK
+    )
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    document = json.loads(line)
+    assert set(document) == {"time", "level", "logger", "message", "event", "fields"}
+    assert document["time"].endswith("Z") and document["level"] == "info"
+    assert document["logger"] == "jobs_trio" and document["event"] == "jobs.attempt.failed"
+    assert document["fields"] == {"job": "mail.send", "queues": ["a", "b"], "traceback": TRACEBACK}
+
+
+def test_json_never_fails_on_what_a_field_holds() -> None:
+    class Hostile:
+        def __str__(self) -> str:
+            raise RuntimeError("no str for you")
+
+    record = record_of("jobs.odd", hostile=Hostile(), lone="\udcff", nul="a\x00b", big=10**50)
+    fields = json.loads(JsonFormatter().format(record))["fields"]
+    assert fields == {
+        "hostile": "<Hostile that cannot be shown>",
+        "lone": "\udcff",
+        "nul": "a\x00b",
+        "big": 10**50,
+    }
+    looped: list[object] = []
+    looped.append(looped)
+    record = record_of("jobs.odd", looped=looped, n=1)
+    fields = json.loads(JsonFormatter().format(record))["fields"]
+    assert fields == {"looped": "[[...]]", "n": "1"}  # the whole record as text, still a line
+
+
+def test_another_librarys_record_has_a_message_and_no_event() -> None:
+    record = logging.LogRecord(
+        "hypercorn.error", logging.WARNING, __file__, 1, "bind %s", ("x",), None
+    )
+    document = json.loads(JsonFormatter().format(record))
+    assert document["message"] == "bind x" and "event" not in document
+    assert (
+        LogfmtFormatter()
+        .format(record)
+        .endswith('level=warning logger=hypercorn.error msg="bind x"')
+    )
+
+
+def test_an_exception_is_a_field_of_its_one_line() -> None:
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        record = logging.LogRecord(
+            "jobs_trio", logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
+        )
+    for formatter in (JsonFormatter(), LogfmtFormatter()):
+        line = formatter.format(record)
+        assert "\n" not in line and "ValueError: bad" in line
+
+
+def test_logfmt_puts_the_fields_after_the_event() -> None:
+    record = record_of("jobs.attempt.completed", job="mail.send", attempt=1, seconds=0.5)
+    line = LogfmtFormatter().format(record)
+    assert line.startswith("time=") and line.endswith(
+        " level=info logger=jobs_trio event=jobs.attempt.completed job=mail.send attempt=1"
+        " seconds=0.5"
+    )
+
+
+def test_text_shows_a_traceback_below_its_line() -> None:
+    record = record_of("jobs.attempt.failed", logging.WARNING, job="mail.send", traceback=TRACEBACK)
+    text = TextFormatter().format(record)
+    first, *rest = text.split("\n")
+    assert first.endswith("WARNING jobs_trio: jobs.attempt.failed job=mail.send")
+    assert rest == [
+        "    traceback:",
+        "      Traceback (most recent call last):",
+        '        File "app.py", line 3',
+        '      RuntimeError: "no"',
+    ]
+
+
+def test_the_cli_level_and_format_come_from_the_flags_else_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (tests/conftest.py gives the next test the root logger back as it was.)
+    root = logging.getLogger()
+    others = root.handlers[:]  # pytest's: left in place
+    monkeypatch.setenv("JOBS_TRIO_LOG_LEVEL", "warning")
+    monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "json")
+    configure_logging(argparse.Namespace(log_level=None, log_format=None))
+    assert root.level == logging.WARNING
+    [ours] = [h for h in root.handlers if h not in others]
+    assert isinstance(ours.formatter, JsonFormatter)
+    configure_logging(argparse.Namespace(log_level="debug", log_format="logfmt"))
+    assert root.level == logging.DEBUG
+    [ours] = [h for h in root.handlers if h not in others]  # replaced, not added to
+    assert isinstance(ours.formatter, LogfmtFormatter)
+    monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "yaml")
+    with pytest.raises(ConfigError, match=r"\$JOBS_TRIO_LOG_FORMAT is 'yaml'"):
+        configure_logging(argparse.Namespace(log_level=None, log_format=None))

@@ -1,0 +1,1 @@
+# The application's transaction, the outbox and the relay.

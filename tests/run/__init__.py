@@ -1,0 +1,1 @@
+# The run path: claiming, running, settling, draining, leases, outages.

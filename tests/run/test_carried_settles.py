@@ -1,0 +1,128 @@
+# The worker's settlements carried by its claims (SettlesWithClaims, issue 16), on a memory
+# driver that has settle_and_claim and Trio's mock clock: the settles ride on the claims, a
+# refused one is given back and isolated by the settler, a failed call loses nothing.
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from jobs_trio import Registry
+from jobs_trio._core.errors import DriverError, ValueRefused
+from jobs_trio._core.records import Complete, JobState, Settlement
+from jobs_trio.drivers.memory import MemoryDriver
+from tests.helpers.worker_helpers import worker
+
+
+class CarryingDriver(MemoryDriver):
+    """settle_and_claim as one write on the memory driver; counts who wrote each settlement,
+    and can refuse chosen jobs' results or fail the next carrying calls."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+        self.carried: list[str] = []  # job ids settled by settle_and_claim
+        self.alone: list[str] = []  # job ids settled by the settler's own settle()
+        self.refuse: set[str] = set()  # job ids whose Complete the "database" refuses
+        self.fail_next = 0  # carrying calls to fail as a lost connection would
+
+    def _refuses(self, settlements: Sequence[Settlement]) -> bool:
+        return any(isinstance(s, Complete) and s.lease.job_id in self.refuse for s in settlements)
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+        if self._refuses(settlements):
+            raise ValueRefused("the test database refuses this result", fix="none")
+        applied = await super().settle(settlements)
+        self.alone += applied
+        return applied
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        queues: Sequence[str],
+        limit: Any,
+        *,
+        lease: float,
+        worker_id: str,
+    ) -> tuple[Sequence[str], Any]:
+        if self.fail_next:
+            self.fail_next -= 1
+            await trio.lowlevel.checkpoint()
+            raise DriverError("lost the connection (test)", fix="none")
+        if self._refuses(settlements):
+            await trio.lowlevel.checkpoint()
+            raise ValueRefused("the test database refuses this result", fix="none")
+        applied = await MemoryDriver.settle(self, settlements)
+        self.carried += applied
+        return applied, await self.claim(queues, limit, lease=lease, worker_id=worker_id)
+
+
+def jobs_of(registry: Registry, results: dict[int, str]) -> Any:
+    @registry.job("answer", attempts=1)
+    async def answer(ctx: Any, payload: int) -> str:
+        return results.get(payload, "ok")
+
+    return answer
+
+
+async def settled_states(driver: CarryingDriver) -> dict[str, JobState]:
+    return {r.id: r.state for r in await driver.list_jobs(limit=1000)}
+
+
+async def test_at_concurrency_one_each_settle_rides_on_the_next_claim(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+    answer = jobs_of(registry, {})
+    driver = CarryingDriver()
+    assert driver.capabilities.settles_with_claims
+    ids = [a.job_id for a in await driver.enqueue([answer.new_job(n) for n in range(20)])]
+    w = worker(driver, registry, concurrency=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(5)
+        await w.stop()
+    assert set((await settled_states(driver)).values()) == {JobState.COMPLETED}
+    # Every job's settle but (at most) the last went with the claim after it: one write for
+    # the two. Without the carrying path the settler writes all 20 alone.
+    assert len(driver.carried) >= 19 and set(driver.carried) | set(driver.alone) == set(ids)
+
+
+async def test_a_refused_settlement_carried_is_isolated_and_no_other_job_pays(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+    answer = jobs_of(registry, {3: "poison"})
+    driver = CarryingDriver()
+    ids = [a.job_id for a in await driver.enqueue([answer.new_job(n) for n in range(8)])]
+    driver.refuse = {ids[3]}
+    w = worker(driver, registry, concurrency=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(5)
+        await w.stop()
+    states = await settled_states(driver)
+    # The refused result dead-letters its own job (the settler's isolation); every other job
+    # completes, and the claiming went on (the refusal never failed a claim twice).
+    assert states.pop(ids[3]) is JobState.DEAD
+    assert set(states.values()) == {JobState.COMPLETED}
+    poisoned = await driver.get(ids[3])
+    assert poisoned is not None and "X_REFUSED" in (poisoned.last_error or "")
+    assert ids[3] in driver.alone  # written by the settler, as a DeadLetter
+
+
+async def test_a_carrying_call_that_fails_loses_nothing(autojump_clock: object) -> None:
+    registry = Registry()
+    answer = jobs_of(registry, {})
+    driver = CarryingDriver()
+    await driver.enqueue([answer.new_job(n) for n in range(6)])
+    driver.fail_next = 3
+    w = worker(driver, registry, concurrency=1, poll_interval=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(30)
+        await w.stop()
+    records = await driver.list_jobs(limit=100)
+    # Given back to the settler and written there; each job ran once (nothing lapsed).
+    assert {(r.state, r.attempts) for r in records} == {(JobState.COMPLETED, 1)}
+    assert driver.fail_next == 0 and driver.alone

@@ -1,0 +1,65 @@
+# What a worker leaves for operators to read (issue 36): each attempt's record in the job's
+# history (its outcome, worker, duration, and the traceback of a failure), and its own presence
+# while it runs, taken back when it stops.
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from jobs_trio import Backoff, JobContext, Registry, __version__
+from tests.helpers.worker_helpers import fresh_metrics, trio_driver, worker
+
+
+async def test_a_workers_attempts_are_in_the_jobs_history(autojump_clock: object) -> None:
+    registry = Registry()
+
+    @registry.job("flaky", attempts=3, backoff=Backoff(base=1, cap=1, jitter=0))
+    async def flaky(ctx: JobContext, payload: None) -> str:
+        await trio.sleep(2)
+        if ctx.attempt == 1:
+            raise ValueError("first try fails\non two lines")
+        return "ok"
+
+    driver = trio_driver()
+    job_id = await flaky.enqueue(driver)
+    w = worker(driver, registry, metrics=fresh_metrics(), worker_id="w-history")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(30)
+        await w.stop()
+    failed, completed = await driver.load_attempts(job_id)
+    assert (failed.attempt, failed.outcome, failed.worker_id) == (1, "retried", "w-history")
+    assert failed.error == "ValueError: first try fails\non two lines"
+    assert failed.traceback is not None
+    assert "in flaky" in failed.traceback
+    assert failed.traceback.endswith("ValueError: first try fails\non two lines")
+    assert failed.seconds == 2
+    assert (completed.attempt, completed.outcome, completed.error) == (2, "completed", None)
+    assert completed.traceback is None and completed.ended_at > failed.ended_at
+
+
+async def test_a_running_worker_is_present_and_gone_once_stopped(autojump_clock: object) -> None:
+    registry = Registry()
+    release = trio.Event()
+
+    @registry.job("held", queue="slow")
+    async def held(ctx: JobContext, payload: None) -> None:
+        await release.wait()
+
+    driver = trio_driver()
+    await held.enqueue(driver)
+    w = worker(
+        driver, registry, metrics=fresh_metrics(), worker_id="w-seen", concurrency=4,
+        stats_interval=15,
+    )  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(16)  # the second announcement: the job is running by then
+        [seen] = await driver.workers()
+        assert (seen.worker_id, seen.queues, seen.concurrency) == ("w-seen", ("slow",), 4)
+        assert (seen.running, seen.state, seen.version) == (1, "running", __version__)
+        assert seen.every == 15 and seen.live(driver.now())
+        assert seen.seen_at - seen.started_at == 15
+        release.set()
+        await w.stop()
+    assert await driver.workers() == []
