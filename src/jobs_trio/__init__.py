@@ -12,8 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The release (pyproject.toml reads it from here; CHANGELOG.md says what each one changed).
-__version__ = "0.2.0"
+from ._core.version import VERSION as __version__
 
 if TYPE_CHECKING:
     from ._core.backoff import Backoff
@@ -36,17 +35,17 @@ if TYPE_CHECKING:
     )
     from ._core.fleet_limits import FleetLimit, RateLimit
     from ._core.records import JobRecord, JobState, OutcomeKind
-    from ._jobs.context import JobContext
     from ._jobs.events import send_event
+    from ._jobs.outbox import Outbox
     from ._jobs.registry import JobDefinition, Registry
-    from ._jobs.steps import EventTimedOut
-    from ._outbox.outbox import Outbox
     from ._outbox.relay import Relay, RelayState, open_relay
-    from ._outbox.transaction import Transaction, current_transaction, transaction
     from ._retention.pruner import Retention
+    from ._run.context import JobContext
     from ._run.lifecycle import Lifecycle, open_lifecycle
+    from ._run.steps import EventTimedOut
     from ._run.worker import Worker, WorkerState, WorkerStats, open_worker
     from .drivers._open_driver import DriverOptions, open_driver
+    from .drivers._transaction import Transaction, current_transaction, transaction
     from .drivers.contract import Driver
 
 # Each public name, and the module it lives in (tests/docs/test_public_surface.py holds this
@@ -73,18 +72,18 @@ _WHERE: dict[str, str] = {
     "JobRecord": "._core.records",
     "JobState": "._core.records",
     "OutcomeKind": "._core.records",
-    "JobContext": "._jobs.context",
+    "JobContext": "._run.context",
     "send_event": "._jobs.events",
     "JobDefinition": "._jobs.registry",
     "Registry": "._jobs.registry",
-    "EventTimedOut": "._jobs.steps",
-    "Outbox": "._outbox.outbox",
+    "EventTimedOut": "._run.steps",
+    "Outbox": "._jobs.outbox",
     "Relay": "._outbox.relay",
     "RelayState": "._outbox.relay",
     "open_relay": "._outbox.relay",
-    "Transaction": "._outbox.transaction",
-    "current_transaction": "._outbox.transaction",
-    "transaction": "._outbox.transaction",
+    "Transaction": ".drivers._transaction",
+    "current_transaction": ".drivers._transaction",
+    "transaction": ".drivers._transaction",
     "Retention": "._retention.pruner",
     "Lifecycle": "._run.lifecycle",
     "open_lifecycle": "._run.lifecycle",

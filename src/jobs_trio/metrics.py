@@ -2,7 +2,7 @@
 # of your own, and `serve_metrics` for the /metrics endpoint (docs/metrics.md).
 from __future__ import annotations
 
-from ._cli.metrics_endpoint import serve_metrics
 from ._core.metrics import Metrics, default_metrics
+from ._core.metrics_endpoint import serve_metrics
 
 __all__ = ["Metrics", "default_metrics", "serve_metrics"]

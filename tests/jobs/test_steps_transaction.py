@@ -19,8 +19,8 @@ import jobs_trio
 from jobs_trio import Backoff, Registry, Transaction
 from jobs_trio._core.errors import Aborted
 from jobs_trio._core.records import JobState, StepStatus
-from jobs_trio._jobs.steps import Steps
 from jobs_trio._run.run_scope import CancelReason, RunScope
+from jobs_trio._run.steps import Steps
 from jobs_trio.driver import Driver
 from jobs_trio.testing import ManualClock
 from jobs_trio.testing.conformance.helpers import claim_one

@@ -12,7 +12,7 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from jobs_trio._cli.metrics_endpoint import serve_metrics
+from jobs_trio._core.metrics_endpoint import serve_metrics
 from jobs_trio.drivers._open_driver import open_driver
 from tests.apps.sqlite_app import registry as app_registry
 from tests.helpers.process_helpers import started, until, worker_processes

@@ -14,10 +14,10 @@ from .._core import render as render
 from .._core.errors import ConfigError, InvalidTransition, JobNotFound
 from .._core.operator_transitions import CANCELLABLE_STATES, RETRYABLE_STATES
 from .._core.records import JobRecord, JobState
-from .._retention.command import age
-from ..driver import Driver
+from ..drivers.contract import Driver
+from .args import Command
+from .prune import age
 
-Command = Callable[..., argparse.ArgumentParser]
 RunOnDriver = Callable[[Callable[[Driver, argparse.Namespace], Any]], Any]
 
 # The most jobs one bulk command changes (--limit); run it again for the rest. A bound, so a

@@ -21,13 +21,13 @@ from .._core.errors import ConfigError, JobsError
 from .._core.logs import logger
 from .._core.records import JobId, JobRecord, JobState
 from .._core.redaction import redact_url
-from .._jobs.context import JobContext
 from .._jobs.registry import Registry
+from .._run.context import JobContext
 from .._run.lifecycle import open_lifecycle
 from .._run.worker import open_worker
-from ..driver import Driver
 from ..drivers._open_driver import DriverKind, driver_kind, open_driver
 from ..drivers._sqlite_migrate import FileKind, identify, sqlite_path
+from ..drivers.contract import Driver
 
 GRACE = 5.0  # worker 1's drain budget; the long job hears the drain at once and needs none
 LONG_FIRST_RUN = 60.0  # what the long job would take if nothing interrupted it

@@ -9,7 +9,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -18,40 +17,42 @@ from typing import Any, NoReturn
 
 import trio
 
-from .. import __version__
 from .._core import render as render
 from .._core.errors import ConfigError, JobsError, PayloadNotSerialisable
 from .._core.logs import log_event
 from .._core.operator_transitions import found
 from .._core.records import Enqueued, JobState, NewJob
 from .._core.redaction import redact_url
-from .._cron.command import add_tasks_command
+from .._core.version import VERSION as __version__
 from .._jobs.registry import JobDefinition, Registry
-from .._outbox.command import add_relay_command
-from .._retention.command import add_prune_command
 from .._run.early_signals import EarlySignals, stopped_at_start
 from .._run.lifecycle import Lifecycle, open_lifecycle
 from .._run.worker import DEFAULT_HOLD_LIMIT, DEFAULT_LEASE, open_worker
-from ..driver import Driver
-from ..drivers._open_driver import DriverKind, driver_kind, migrate_database, open_driver
+from ..drivers._open_driver import migrate_database, open_driver
+from ..drivers.contract import Driver
+from .args import (
+    ENV_DB,
+    ENV_SCHEMA,
+    count,
+    count_or_zero,
+    database_url,
+    delay,
+    driver_options,
+    positive_seconds,
+    priority,
+    seconds,
+    whole,
+)
 from .bulk import add_bulk_commands
+from .cron import add_tasks_command
 from .find_registry import load_registry
 from .logging_flags import add_logging_flags, configure_logging, structured
+from .prune import add_prune_command
+from .relay import add_relay_command
 
-ENV_DB = "JOBS_TRIO_DB"
-ENV_SCHEMA = "JOBS_TRIO_SCHEMA"
 ENV_TRACEBACK = "JOBS_TRIO_TRACEBACK"  # set to 1: an unexpected error prints its traceback
 USAGE_ERROR = 2  # argparse's own status for a bad command line; user mistakes share it
 INTERRUPTED_BY_USER = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-
-# The whole numbers a command line may give (priority, attempts, limits): PostgreSQL's
-# `integer`, the narrowest driver column, so that what the CLI accepts on SQLite is not refused
-# on PostgreSQL (and 10**23, which no driver stores, is a usage error instead of an
-# OverflowError from deep inside the SQLite module).
-INT_RANGE = (-(2**31), 2**31 - 1)
-# The longest --delay: a job due a century from now is a mistake (epoch seconds where a
-# delay was meant), and `--delay 1e308` made a job whose run-at no calendar can show.
-MAX_DELAY_DAYS = 36_525
 
 
 def main(argv: Sequence[str] | None = None, *, early: EarlySignals | None = None) -> int:
@@ -204,17 +205,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="Q",
         help="a queue to claim from (repeatable; default: every queue the registry declares)",
     )
-    worker.add_argument("--concurrency", type=_count, default=10, metavar="N", help="per queue")
+    worker.add_argument("--concurrency", type=count, default=10, metavar="N", help="per queue")
     worker.add_argument(
         "--claim-ahead",
-        type=_count_or_zero,
+        type=count_or_zero,
         default=0,
         metavar="N",
         help="per queue, jobs claimed ahead of a free slot (default 0; see docs/model.md)",
     )
     worker.add_argument(
         "--hold-limit",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_HOLD_LIMIT,
         metavar="S",
         help="how long a job claimed ahead waits for a slot before it is handed back "
@@ -222,11 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--no-tasks", action="store_true", help="do not fire cron tasks here")
     worker.add_argument(
-        "--grace", type=_seconds, default=25.0, metavar="S", help="drain budget (default 25)"
+        "--grace", type=seconds, default=25.0, metavar="S", help="drain budget (default 25)"
     )
     worker.add_argument(
         "--lease",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_LEASE,
         metavar="S",
         help=f"how long a claim holds a job without renewal (default {DEFAULT_LEASE:g})",
@@ -238,11 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue = command("enqueue", _enqueue, "Enqueue one job and print its id.")
     enqueue.add_argument("name", metavar="NAME")
     enqueue.add_argument("--payload", metavar="JSON", help="the job's payload (default: null)")
-    enqueue.add_argument("--delay", type=_delay, metavar="S", help="run no sooner than S from now")
+    enqueue.add_argument("--delay", type=delay, metavar="S", help="run no sooner than S from now")
     enqueue.add_argument("--key", metavar="K", help="unique key: one live job per key")
-    enqueue.add_argument("--priority", type=_priority, metavar="P", help="lower runs sooner")
+    enqueue.add_argument("--priority", type=priority, metavar="P", help="lower runs sooner")
     enqueue.add_argument("--queue", metavar="Q", help='default: "default", or as --app declares')
-    enqueue.add_argument("--attempts", type=_count, metavar="N", help="default: 3, or as declared")
+    enqueue.add_argument("--attempts", type=count, metavar="N", help="default: 3, or as declared")
     enqueue.add_argument(
         "--app",
         metavar="MODULE[:ATTR]",
@@ -261,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=render.STATE_ORDER, metavar="S")
     listing.add_argument("--queue", metavar="Q")
     listing.add_argument("--name", metavar="NAME", help="the job's whole name")
-    listing.add_argument("--limit", type=_count, default=100, metavar="N", help="default 100")
+    listing.add_argument("--limit", type=count, default=100, metavar="N", help="default 100")
 
     add_bulk_commands(command, on_driver, as_json)
 
@@ -296,97 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--verbose", action="store_true", help="also print the workers' log lines")
     demo.set_defaults(run=_demo)
     return parser
-
-
-def _whole(text: str, low: int, high: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:  # not a number, or more digits than int() reads
-        value = low - 1
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
-    return value
-
-
-def _count(text: str) -> int:
-    return _whole(text, 1, INT_RANGE[1])
-
-
-def _count_or_zero(text: str) -> int:
-    return _whole(text, 0, INT_RANGE[1])
-
-
-def _priority(text: str) -> int:
-    return _whole(text, *INT_RANGE)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return value
-
-
-def _delay(text: str) -> float:
-    value = _seconds(text)
-    if value > MAX_DELAY_DAYS * 86400:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is more than {MAX_DELAY_DAYS} days of seconds: a job that far off is a"
-            " mistake (a timestamp where a delay was meant?)"
-        )
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
-    return value
-
-
-def database_url(args: argparse.Namespace, *, one_shot: bool = True) -> str:
-    """The database to open. A ``one_shot`` command (all but the worker) refuses memory://:
-    its store begins and ends with the command, so an enqueue there printed an id for a job
-    that was already gone, and a list answered "no jobs" about nothing."""
-    url: str | None = args.db or os.environ.get(ENV_DB)
-    if not url:
-        raise ConfigError(
-            "no database URL was given",
-            fix=f"pass --db URL or set {ENV_DB} (e.g. --db sqlite:///jobs.db)",
-        )
-    if one_shot and driver_kind(url) is DriverKind.MEMORY:
-        raise ConfigError(
-            f"memory:// lasts only as long as the process, and `jobs-trio {args.command}`"
-            " ends when it is done: nothing it wrote or read would outlive it",
-            fix="pass a database that outlives the command, e.g. --db sqlite:///jobs.db",
-        )
-    return url
-
-
-def driver_options(
-    args: argparse.Namespace, url: str, *, existing: bool = False, read_only: bool = False
-) -> dict[str, Any]:
-    """``--schema`` (or its variable) for a PostgreSQL URL; refused elsewhere rather than
-    silently ignored, since it would point at jobs that are not there. On SQLite, ``existing``
-    refuses to create a missing file and ``read_only`` also opens it without migrating or
-    writing it (PostgreSQL creates nothing on open, and migrates only when asked)."""
-    options: dict[str, Any] = {}
-    kind = driver_kind(url)
-    if kind is DriverKind.SQLITE:
-        options = {"create": not existing, "read_only": read_only}
-    schema: str | None = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
-    if schema is None:
-        return options
-    if kind is not DriverKind.POSTGRES:
-        raise ConfigError(
-            f"--schema {schema!r} was given for {url.split(':', 1)[0]}: "
-            "only PostgreSQL has schemas",
-            fix=f"drop --schema (and unset {ENV_SCHEMA}) for this database",
-        )
-    return {**options, "schema": schema}
 
 
 def _print_json(value: object) -> None:
@@ -622,7 +532,7 @@ def add_metrics_flags(worker: argparse.ArgumentParser) -> None:
 
 
 def _port(text: str) -> int:
-    return _whole(text, 0, 65535)
+    return whole(text, 0, 65535)
 
 
 @contextlib.asynccontextmanager
@@ -632,7 +542,7 @@ async def serving_metrics(args: argparse.Namespace) -> AsyncIterator[None]:
     if args.metrics_port is None:
         yield
         return
-    from .metrics_endpoint import serve_metrics
+    from .._core.metrics_endpoint import serve_metrics
 
     async with trio.open_nursery() as nursery:
         await nursery.start(
@@ -670,7 +580,7 @@ def add_dashboard_command(dashboard: argparse.ArgumentParser) -> None:
     )
     dashboard.add_argument(
         "--refresh",
-        type=_seconds,
+        type=seconds,
         default=5.0,
         metavar="S",
         help="the overview and job pages reload every S seconds, with no script (0: never;"

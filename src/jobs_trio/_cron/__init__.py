@@ -1,2 +1,2 @@
-# Cron tasks: schedules, the task declarations, the scheduler that fires each scheduled time
-# once per fleet, and its CLI command. Apart because it is a service beside the worker.
+# Cron tasks: schedules, the task declarations, and the scheduler that fires each scheduled
+# time once per fleet. Apart because it is a service the worker runs beside its claims.

@@ -13,7 +13,7 @@ from .._core.errors import DriverError
 from .._core.logs import log_event
 from .._core.metrics import Metrics, default_metrics
 from .._core.records import JobId, TaskAdvance, TaskFire
-from ..driver import Driver
+from ..drivers.contract import Driver
 from .schedule import next_fire
 from .tasks import FirePlan, TaskDefinition, TaskJob, plan_fires
 

@@ -24,8 +24,8 @@ from .._core.errors import (
 )
 from .._core.records import JobState
 from .._jobs.registry import Registry
-from ..driver import Driver
 from ..drivers._rules import ATTEMPT_HISTORY
+from ..drivers.contract import Driver
 from . import views as views
 from .cross_site import COOKIE, FORM_FIELD, LOOPBACK_HOSTS, CrossSiteGuard
 from .templating import environment, url_part

@@ -20,8 +20,8 @@ from hypercorn.trio import serve
 from .._core.errors import cannot_listen
 from .._core.logs import log_event
 from .._jobs.registry import Registry
-from ..driver import Driver
 from ..drivers._open_driver import DriverKind, driver_kind, open_driver
+from ..drivers.contract import Driver
 from .app import REFRESH_SECONDS, dashboard_app
 from .cross_site import LOOPBACK_HOSTS
 

@@ -22,7 +22,7 @@ from .._core.records import (
 from .._core.render import visible
 from .._cron.tasks import next_fire_of
 from .._jobs.registry import Registry
-from ..driver import Driver
+from ..drivers.contract import Driver
 
 READY, RUNNING, SUSPENDED = JobState.READY, JobState.RUNNING, JobState.SUSPENDED
 PAGE_SIZE = 50

@@ -1,2 +1,2 @@
-# What an application declares and a job body calls: the registry, the body's context,
-# durable steps and events. Apart because it is the jobs' own side of the run path.
+# What an application declares and enqueues into: the registry of jobs and tasks, the outbox
+# enqueue target, events sent. Apart because the run path reads it, never the other way.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._core.boundary import check_key, check_name, dump_json
-from .._outbox.transaction import joined
-from ..driver import Driver
+from ..drivers._transaction import joined
+from ..drivers.contract import Driver
 
 
 async def send_event(

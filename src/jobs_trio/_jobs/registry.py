@@ -29,12 +29,12 @@ from .._core.records import JobId, NewJob, new_job_id
 from .._core.run_context import CaptureContext, RestoreContext, stored_context
 from .._cron.schedule import parse_schedule
 from .._cron.tasks import Missed, TaskDefinition, check_missed
-from .._outbox.transaction import joined
+from ..drivers._transaction import joined
 
 if TYPE_CHECKING:
-    from .._outbox.outbox import Outbox
-    from ..driver import Driver
-    from .context import JobContext
+    from .._run.context import JobContext
+    from ..drivers.contract import Driver
+    from .outbox import Outbox
 
 # A definition keeps its body's payload and result types: ``enqueue`` then takes only what the
 # body accepts. The payload is contravariant (a body taking ``dict | None`` may be enqueued

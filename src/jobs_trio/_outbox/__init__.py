@@ -1,2 +1,2 @@
-# The application's database: its transaction, the outbox written in it, and the relay that
-# moves outbox rows into jobs. Apart because it is a service beside the worker.
+# The relay: committed outbox rows moved from the application's database into the job store,
+# each decided once. Apart because it is a service of its own beside the worker.

@@ -18,9 +18,9 @@ from .._core.instance_id import instance_id
 from .._core.logs import log_event
 from .._core.metrics import Metrics, default_metrics
 from .._core.records import JobId, RelayDecision, RelayOutcome
+from .._jobs.outbox import Outbox
 from .._run.lifecycle import open_own_lifecycle
-from ..driver import Driver
-from .outbox import Outbox
+from ..drivers.contract import Driver
 
 if TYPE_CHECKING:
     from .._run.lifecycle import Lifecycle

@@ -1,2 +1,2 @@
-# Retention: finished jobs deleted after their age, one pruner per fleet at a time, and the
-# prune command. Apart because it is a service beside the worker.
+# Retention: finished jobs deleted after their age, one pruner per fleet at a time. Apart
+# because it is a service the worker runs beside its claims.

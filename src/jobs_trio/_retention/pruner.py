@@ -15,7 +15,7 @@ from .._core.errors import DriverError
 from .._core.logs import log_event
 from .._core.metrics import Metrics, default_metrics
 from .._core.records import PruneTurn
-from ..driver import Driver
+from ..drivers.contract import Driver
 
 DAY = 86_400.0
 # How long a pruner holds the fleet's turn between its batches: far longer than a batch, so a

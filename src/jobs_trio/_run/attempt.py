@@ -15,6 +15,7 @@ import trio
 
 from .._core.boundary import MAX_ERROR_CHARS, dump_json, storable_text
 from .._core.errors import AttemptCancelled, JobsError, ResultNotStorable
+from .._core.forked_child import end_if_forked
 from .._core.logs import log_event
 from .._core.operator_transitions import OPERATOR_CANCEL_ERROR
 from .._core.records import (
@@ -31,12 +32,11 @@ from .._core.records import (
 )
 from .._core.run_context import restored, trace_of
 from .._core.tracing import attempt_span
-from .._jobs.context import JobContext
 from .._jobs.registry import JobDefinition, Registry
-from .._jobs.steps import Steps, Suspension
-from ..driver import Driver
-from .forked_child import end_if_forked
+from ..drivers.contract import Driver
+from .context import JobContext
 from .run_scope import CancelReason, RunScope
+from .steps import Steps, Suspension
 from .thread_slots import ThreadSlots
 
 

@@ -14,7 +14,7 @@ import trio
 from .._core.errors import DriverError
 from .._core.logs import log_event
 from .._core.records import Claim
-from ..driver import Driver
+from ..drivers.contract import Driver
 from .outage import Outage
 from .settler import Settler
 from .slots import Slots

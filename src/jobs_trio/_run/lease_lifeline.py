@@ -17,13 +17,14 @@ import attrs
 import trio
 import trio.testing
 
+from .._core.ending import end_process
 from .._core.errors import HandedBack, JobsError, JobTimeout
 from .._core.logs import log_event
 from .._core.records import Claim, DeadLetter, Retry, Settlement
 from .._jobs.registry import Registry
-from ..driver import BesideConnection, Driver, RenewsBeside
+from ..drivers.contract import BesideConnection, Driver, RenewsBeside
 from .attempt import describe, judged_code
-from .lifecycle import ABANDONED_EXIT_CODE, end_process
+from .lifecycle import ABANDONED_EXIT_CODE
 from .run_scope import RunScope
 
 # A loop that has not answered for this long is blocked: logged, and from here watched.

@@ -13,7 +13,7 @@ import trio
 from .._core.errors import JobsError
 from .._core.logs import log_event
 from .._core.records import ClaimToken
-from ..driver import Driver
+from ..drivers.contract import Driver
 from .drain import Drain
 from .outage import Outage
 from .run_scope import CancelReason, RunScope

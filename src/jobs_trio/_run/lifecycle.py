@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 import trio
 
+from .._core.ending import end_process
 from .._core.errors import ConfigError
 from .._core.logs import log_event
 from .._core.single_error import unwrap_single_error
@@ -38,16 +37,6 @@ class Hook(Protocol):
     async def aclose(self) -> Sequence[str]:
         """Answers what was abandoned at the budget (job ids), if anything."""
         ...
-
-
-def end_process(code: int) -> NoReturn:
-    """End this process at once with ``code``, its log lines written first: a Trio nursery
-    cannot be left while a task in it ignores cancellation, nor an interpreter while a thread
-    that is not a daemon runs on; a process that must not go on (a forked child, a wedged
-    worker) or was going away anyway is ended here rather than hang."""
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _exit_abandoned(jobs: Sequence[str]) -> None:

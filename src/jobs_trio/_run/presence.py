@@ -13,7 +13,7 @@ import trio
 from .._core.errors import DriverError
 from .._core.logs import log_event
 from .._core.records import WorkerPresence
-from ..driver import Driver
+from ..drivers.contract import Driver
 
 # The goodbye is one short write, shielded so a cancelled worker still says it; bounded, so a
 # database that stopped answering costs a teardown at most this long (the record then ages out).

@@ -25,7 +25,7 @@ from .._core.records import (
     Settlement,
     Suspend,
 )
-from ..driver import Driver, SettlesWithClaims
+from ..drivers.contract import Driver, SettlesWithClaims
 from .outage import Outage
 
 # The last word on a settlement every other form of which was refused: plain ASCII, so no

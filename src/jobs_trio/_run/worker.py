@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from .. import __version__
 from .._core.errors import ConfigError, DriverError, JobDrained
 from .._core.instance_id import instance_id
 from .._core.logs import log_event
 from .._core.metrics import Metrics, default_metrics
 from .._core.records import Claim, OutcomeKind, QueueStats, WorkerPresence
 from .._core.single_error import unwrap_single_error
+from .._core.version import VERSION as __version__
 from .._cron.scheduler import TaskScheduler
 from .._jobs.registry import JobDefinition, Registry
 from .._retention.pruner import DEFAULT_RETENTION, Pruner, Retention
-from ..driver import Driver
+from ..drivers.contract import Driver
 from .abandonment import abandon_bodies, bodies_running, report_unwritten
 from .attempt import Outcome, run_attempt
 from .budget import Budget

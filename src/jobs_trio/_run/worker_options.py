@@ -8,7 +8,7 @@ import attrs
 
 from .._core.errors import ConfigError
 from .._jobs.registry import Registry
-from ..driver import Driver
+from ..drivers.contract import Driver
 
 # How long a claim holds a job without renewal: after a worker dies (kill -9, OOM, a lost
 # machine) its jobs are claimable again within this long. 8 s keeps that rescue under 10 s

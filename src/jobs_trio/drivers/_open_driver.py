@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from .._core.errors import ConfigError
 from .._core.redaction import redact_url
-from ..driver import Driver
+from .contract import Driver
 
 SCHEMES = ("memory://", "sqlite:///", "postgresql://", "postgres://")
 POSTGRES_EXTRA = "pip install 'jobs-trio[postgres]'"

@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 import trio
 
 from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
+from .._core.forked_child import end_if_forked
 from .._core.redaction import redact_url
-from .._run.forked_child import end_if_forked
 from ._asyncio_stepper import step_to_end
 from ._direct_reads import give_back, take_over, transport_of
 from ._postgres_pool import Connection, Pool, session_settings

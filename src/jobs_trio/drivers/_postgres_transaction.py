@@ -11,9 +11,9 @@ from typing import Any
 import trio
 
 from .._core.logs import log_event
-from .._outbox.transaction import ROLLBACK_SECONDS, Transaction, owned
 from ._postgres_bridge import Bridge
 from ._postgres_pool import Connection
+from ._transaction import ROLLBACK_SECONDS, Transaction, owned
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,7 @@ import outcome
 import trio
 
 from .._core.errors import ConfigError, DriverError, ValueRefused
-from .._run.forked_child import end_if_forked
+from .._core.forked_child import end_if_forked
 from ._rules import driver_closed
 
 T = TypeVar("T")

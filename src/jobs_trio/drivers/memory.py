@@ -49,7 +49,6 @@ from .._core.records import (
     WorkerPresence,
     new_token,
 )
-from .._outbox.transaction import unwrap
 from ._claim_slots import ClaimSlots
 from ._limit_rules import SLOT, LimitRow, decide, needs
 from ._retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
@@ -74,6 +73,7 @@ from ._rules import (
     send_wakes,
     woken,
 )
+from ._transaction import unwrap
 from .contract import BesideConnection, Capabilities, Driver
 
 

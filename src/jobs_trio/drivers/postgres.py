@@ -59,7 +59,6 @@ from .._core.records import (
     new_token,
     outbox_job,
 )
-from .._outbox.transaction import Transaction, unwrap
 from ._claim_slots import ClaimSlots
 from ._fleet_stats import decode as decode_fleet_stats
 from ._fleet_stats import encode as encode_fleet_stats
@@ -87,6 +86,7 @@ from ._rules import (
     queue_stats,
     refuse_in_place,
 )
+from ._transaction import Transaction, unwrap
 from .contract import BesideConnection, Capabilities, Driver
 
 T = TypeVar("T")

@@ -59,7 +59,6 @@ from .._core.records import (
     WorkerPresence,
     outbox_job,
 )
-from .._outbox.transaction import SqliteOps, Transaction, owned, unwrap
 from ._claim_slots import ClaimSlots
 from ._fleet_stats import decode as decode_fleet_stats
 from ._fleet_stats import encode as encode_fleet_stats
@@ -87,6 +86,7 @@ from ._rules import (
 )
 from ._sqlite_door import REFUSED, Mode, SqliteDoor, Work
 from ._sqlite_migrate import open_beside, open_sqlite_file
+from ._transaction import SqliteOps, Transaction, owned, unwrap
 from .contract import BesideConnection, Capabilities, Driver
 
 T = TypeVar("T")

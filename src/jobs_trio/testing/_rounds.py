@@ -13,7 +13,7 @@ from .._core.records import WAITING_STATES
 from .._jobs.registry import Registry
 from .._run.attempt import Outcome
 from .._run.worker import Worker
-from ..driver import Driver
+from ..drivers.contract import Driver
 from ..drivers.memory import MemoryDriver
 
 # Enough to see every waiting job of a test's queue: run_until_idle looks for the soonest.

@@ -14,9 +14,9 @@ from jobs_trio import JobsError, Registry, send_event
 from jobs_trio._core.boundary import INT4_MAX, INT4_MIN, MAX_ERROR_CHARS, MAX_SECONDS
 from jobs_trio._core.errors import InvalidArgument, PayloadNotSerialisable, TooLarge
 from jobs_trio._core.records import DeadLetter
-from jobs_trio._jobs.steps import Steps
 from jobs_trio._run.attempt import describe
 from jobs_trio._run.run_scope import RunScope
+from jobs_trio._run.steps import Steps
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
-from .._core.logs import log_event
-from .lifecycle import end_process
+from .ending import end_process
+from .logs import log_event
 
 # A forked child that returned from the body, or reached the database: a mistake in the body,
 # and EX_SOFTWARE says so to whoever waits for the child.

@@ -13,10 +13,9 @@ import trio
 from .._core import render as render
 from .._core.errors import JobsError
 from .._core.instance_id import instance_id
-from ..driver import Driver
-from .pruner import TURN_HOLD, Retention, prune_all
-
-Command = Callable[..., argparse.ArgumentParser]
+from .._retention.pruner import TURN_HOLD, Retention, prune_all
+from ..drivers.contract import Driver
+from .args import Command
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")

@@ -6,15 +6,14 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from .._cli.find_registry import load_registry
 from .._core import render as render
 from .._core.errors import UnknownJob
 from .._core.records import TaskMark
-from ..driver import Driver
-from .scheduler import fire_now
-from .tasks import TaskDefinition, TaskJob, next_fire_of
-
-Command = Callable[..., argparse.ArgumentParser]
+from .._cron.scheduler import fire_now
+from .._cron.tasks import TaskDefinition, TaskJob, next_fire_of
+from ..drivers.contract import Driver
+from .args import Command
+from .find_registry import load_registry
 
 
 def add_tasks_command(

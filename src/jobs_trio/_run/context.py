@@ -13,7 +13,7 @@ from .._core.errors import AttemptCancelled, JobsError
 from .._core.logs import logger
 from .._core.records import Claim
 from .._core.run_context import app_context
-from .._run.run_scope import RunScope
+from .run_scope import RunScope
 
 if TYPE_CHECKING:
     from .steps import Steps

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import argparse
 import signal
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from .._cli.logging_flags import add_logging_flags, configure_logging
 from .._core.errors import ConfigError
+from .._outbox.relay import open_relay
 from .._run.early_signals import stopped_at_start
 from .._run.lifecycle import Lifecycle, open_lifecycle
 from ..drivers._open_driver import DriverKind, driver_kind, open_driver
-from .relay import open_relay
-
-Command = Callable[..., argparse.ArgumentParser]
+from .args import Command, count, database_url, driver_options, positive_seconds, seconds
+from .logging_flags import add_logging_flags, configure_logging
 
 HELP = (
     "Move the outbox of the application's database (APP_URL) into the job store (JOBS_URL, else"
@@ -29,7 +27,6 @@ HELP = (
 def add_relay_command(command: Command) -> None:
     """Register ``relay`` with cli.py's ``command`` helper."""
     # Imported here: cli.py imports this module, and its argument types are its own.
-    from .._cli.main import _count, _positive_seconds, _seconds
 
     relay = command("relay", _relay, HELP)
     relay.add_argument("app_url", metavar="APP_URL", help="the database the application writes")
@@ -41,26 +38,24 @@ def add_relay_command(command: Command) -> None:
         metavar="S",
         help="PostgreSQL schema of APP_URL's outbox (default jobs_trio); --schema is JOBS_URL's",
     )
-    relay.add_argument("--batch", type=_count, default=100, metavar="N", help="rows per pass")
+    relay.add_argument("--batch", type=count, default=100, metavar="N", help="rows per pass")
     relay.add_argument(
-        "--poll", type=_positive_seconds, default=1.0, metavar="S", help="idle wait (default 1)"
+        "--poll", type=positive_seconds, default=1.0, metavar="S", help="idle wait (default 1)"
     )
     relay.add_argument(
         "--lease",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=60.0,
         metavar="S",
         help="how long a pass holds its rows from other relays (default 60)",
     )
     relay.add_argument(
-        "--grace", type=_seconds, default=25.0, metavar="S", help="stop budget (default 25)"
+        "--grace", type=seconds, default=25.0, metavar="S", help="stop budget (default 25)"
     )
     add_logging_flags(relay)
 
 
 def _relay(args: argparse.Namespace) -> int:
-    from .._cli.main import database_url, driver_options
-
     if args.jobs_url and args.db and args.jobs_url != args.db:
         raise ConfigError(
             "two job stores were given: JOBS_URL and --db",

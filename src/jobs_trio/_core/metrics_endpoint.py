@@ -10,8 +10,8 @@ import trio
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from .._core.errors import cannot_listen
-from .._core.logs import log_event
+from .errors import cannot_listen
+from .logs import log_event
 
 # A scrape request is one short line and a few headers; anything larger is not Prometheus.
 MAX_REQUEST_BYTES = 16 * 1024

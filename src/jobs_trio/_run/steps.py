@@ -19,12 +19,12 @@ from .._core.boundary import check_key, check_name, check_seconds, dump_json, se
 from .._core.errors import Aborted, ConfigError, JobsError, PayloadNotSerialisable, StepError
 from .._core.logs import log_event
 from .._core.records import Lease, StepRecord, StepStatus
-from .._outbox.transaction import Transaction, current_transaction, transaction
-from .._run.run_scope import CancelReason
+from ..drivers._transaction import Transaction, current_transaction, transaction
+from .run_scope import CancelReason
 
 if TYPE_CHECKING:
-    from .._run.run_scope import RunScope
-    from ..driver import Driver
+    from ..drivers.contract import Driver
+    from .run_scope import RunScope
 
 
 _Args = TypeVarTuple("_Args")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._core.records import Enqueued, NewJob
-from ..driver import Driver
+from ..drivers.contract import Driver
 
 
 class Outbox:
