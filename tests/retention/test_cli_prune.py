@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from jobs_trio._core.records import Complete, DeadLetter, PruneTurn
 from jobs_trio._cli import prune as cli_prune
+from jobs_trio._core.records import Complete, DeadLetter, PruneTurn
 from jobs_trio.drivers._open_driver import open_driver
 from jobs_trio.testing.conformance.helpers import new_job
 from tests.ops.test_cli import Cli
