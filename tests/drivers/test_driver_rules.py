@@ -67,7 +67,7 @@ def test_every_settlement_has_one_kind_and_postgres_a_statement_for_each() -> No
     [
         (Complete(LEASE, "1"), False),
         (Retry(LEASE, 1.0, "boom"), False),
-        (Retry(LEASE, 0.0, "drained", counts_as_attempt=False), True),
+        (Retry(LEASE, 0.0, "drained", hands_back=True), True),
         (DeadLetter(LEASE, "boom"), False),
         (Suspend(LEASE, 5.0, "paid"), True),
         (Park(LEASE, "unknown name"), True),
@@ -104,14 +104,20 @@ DRIVER_FAMILIES = ("memory", "sqlite", "postgres")
 
 
 def _driver_family(module: str) -> str | None:
-    family = module.split("_", 1)[0]
+    family = module.lstrip("_").split("_", 1)[0]
     return family if family in DRIVER_FAMILIES else None
+
+
+# The one module that knows every driver: it opens the one a URL names.
+BY_URL = "_open_driver"
 
 
 def test_drivers_import_rules_never_each_other() -> None:
     folder = Path(str(DRIVERS))
     crossings = []
     for path in sorted(folder.glob("*.py")):
+        if path.stem == BY_URL:
+            continue
         family = _driver_family(path.stem)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:

@@ -407,7 +407,7 @@ def test_the_command_without_its_extra_is_one_clear_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     for module in list(sys.modules):
-        if module.startswith("jobs_trio.dashboard"):
+        if module.startswith(("jobs_trio.dashboard", "jobs_trio._dashboard")):
             monkeypatch.delitem(sys.modules, module)
         elif module.split(".")[0] == "starlette":
             monkeypatch.setitem(sys.modules, module, None)  # None: what an uninstalled one is

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow
 DATA = [
     "jobs_trio/py.typed",
     "jobs_trio/drivers/postgres_queries.sql",
-    "jobs_trio/dashboard/templates/base.html",
-    "jobs_trio/dashboard/templates/queues.html",
-    "jobs_trio/dashboard/templates/job.html",
+    "jobs_trio/_dashboard/templates/base.html",
+    "jobs_trio/_dashboard/templates/queues.html",
+    "jobs_trio/_dashboard/templates/job.html",
 ]
 
 

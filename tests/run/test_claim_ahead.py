@@ -337,7 +337,7 @@ async def test_a_held_job_started_costs_its_attempt_on_a_crash_once_a_renewal_re
     again = await driver.claim(["q"], 2, lease=30, worker_id="next")
     attempts = {c.job_id: c.attempt for c in again}
     # Once its start is recorded a run's attempt counts, as any running job's; before that the
-    # database cannot tell it from the held one beside it, which never started: both given back.
+    # database cannot tell it from the held one beside it, which never started: both handed back.
     assert attempts == {ids[1]: 2 if renewed_after_start else 1, ids[2]: 1}
 
 
@@ -533,7 +533,7 @@ class SlowHandBack(CountingDriver):
         self.handing_back = trio.Event()
 
     async def settle(self, settlements: Any) -> Any:
-        if any(isinstance(s, Retry) and not s.counts_as_attempt for s in settlements):
+        if any(isinstance(s, Retry) and s.hands_back for s in settlements):
             self.handing_back.set()
             await self.gate.wait()
         return await super().settle(settlements)

@@ -71,7 +71,7 @@ class AheadMachine(ShutdownMachine):
                     f"{outcome.name} {outcome.job_id} interrupted ({run.reason}) in {generation}"
                 )
                 assert isinstance(outcome.settlement, Retry)
-                assert not outcome.settlement.counts_as_attempt
+                assert outcome.settlement.hands_back
                 assert outcome.settlement.delay == 0
 
     @invariant()

@@ -175,7 +175,7 @@ async def test_settlements_a_claim_carried_past_a_locked_row_are_kept_or_retried
         assert len(carried) == 2
         # The carrying call wrote the first (as the driver would have) and skipped the second.
         assert await driver.settle([Complete(first.lease, "1")]) == [first.job_id]
-        settler.give_back_locked(
+        settler.return_carried_locked(
             carried,
             RowLocked(
                 "1 row locked", written=frozenset({first.job_id}), busy=frozenset({second.job_id})

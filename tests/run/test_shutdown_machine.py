@@ -170,7 +170,7 @@ class CheckingDriver(MemoryDriver):
         applied = await super().settle(settlements)
         self.written.update(s.lease.token for s in settlements if s.lease.job_id in applied)
         for s in settlements:
-            if isinstance(s, Retry) and not s.counts_as_attempt and s.lease.job_id in applied:
+            if isinstance(s, Retry) and s.hands_back and s.lease.job_id in applied:
                 after = self._jobs[s.lease.job_id].attempts
                 self.handed_back.append((s.lease.job_id, self.before_claim[s.lease.token], after))
         return applied
@@ -501,7 +501,7 @@ class ShutdownMachine(RuleBasedStateMachine):
                     f"{generation}, where no shutdown was signalled"
                 )
                 assert isinstance(outcome.settlement, Retry)
-                assert not outcome.settlement.counts_as_attempt
+                assert outcome.settlement.hands_back
                 assert outcome.settlement.delay == 0
             if run.reason is CancelReason.DRAINING and outcome.kind != "interrupted":
                 # Drained, yet not interrupted: it returned, or the budget abandoned it.

@@ -198,7 +198,7 @@ class Retry:
     lease: Lease
     delay: float
     error: str
-    counts_as_attempt: bool = True  # False: the attempt is handed back (interrupted)
+    hands_back: bool = False  # True: the attempt is handed back uncounted (interrupted)
     note: AttemptNote | None = None
 
 

@@ -349,7 +349,7 @@ def _handed_back(
     why = _safe_text(run.cause)
     if error is not None and not isinstance(error, AttemptCancelled):
         why += f" (body stopped with {_safe_text(error)})"
-    retry = Retry(claim.lease, delay=0.0, error=why, counts_as_attempt=False)
+    retry = Retry(claim.lease, delay=0.0, error=why, hands_back=True)
     return Outcome(claim.job_id, claim.name, OutcomeKind.INTERRUPTED, retry, why, seconds)
 
 

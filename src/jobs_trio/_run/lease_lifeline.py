@@ -305,7 +305,7 @@ class LeaseLifeline:
                 fix="nothing for this job: another worker runs it",
             )
         )
-        return Retry(claim.lease, 0.0, error, counts_as_attempt=False)
+        return Retry(claim.lease, 0.0, error, hands_back=True)
 
 
 def blocker(trio_thread: int) -> tuple[Claim | None, str]:

@@ -73,7 +73,7 @@ class Settler:
     With ``carried_by_claims``, the worker's claim loop may take the waiting settlements with
     its next claim (``take_for_claim``: one round trip writes them and claims, where there were
     two); the writer then leaves them one scheduling pass to be taken before it writes them
-    itself, and writes whatever a claim gives back (``give_back``)."""
+    itself, and writes whatever a claim returns to it (``return_carried``)."""
 
     def __init__(
         self,
@@ -218,18 +218,18 @@ class Settler:
             # A row of it locked by another session: a settle alone (no slot to claim for)
             # may have written the rest; what was written is kept, the others are written
             # alone from now on, and this claim goes on without them.
-            self.give_back_locked(carried, exc)
+            self.return_carried_locked(carried, exc)
         except ValueRefused:
-            self.give_back(carried, solo=True)
+            self.return_carried(carried, solo=True)
         except DriverError:
-            self.give_back(carried, solo=False)
+            self.return_carried(carried, solo=False)
             raise  # the claim failed: the claim loop's own handling
         except Exception:
             # Not a failure we know (a driver bug, a value it chokes on): as the writer treats
             # one, a refusal of something carried.
-            self.give_back(carried, solo=True)
+            self.return_carried(carried, solo=True)
         except BaseException:
-            self.give_back(carried, solo=False)  # cut by the budget
+            self.return_carried(carried, solo=False)  # cut by the budget
             raise
         else:
             self.written(carried, applied)
@@ -241,7 +241,7 @@ class Settler:
     def take_for_claim(self) -> list[_Pending]:
         """The waiting settlements a claim may carry (none once the intake stopped: the
         teardown's writes are the writer's). The caller reports back with ``written`` or
-        ``give_back``; until then they stay unwritten (and are named if the budget ends)."""
+        ``return_carried``; until then they stay unwritten (and are named if the budget ends)."""
         if not self._carried_by_claims or self._closed:
             return []
         return self._take(include_solo=False)
@@ -250,12 +250,12 @@ class Settler:
         """``batch`` (from ``take_for_claim``) was written with a claim."""
         self._done(batch, set(applied))
 
-    def give_back_locked(self, batch: list[_Pending], exc: RowLocked) -> None:
+    def return_carried_locked(self, batch: list[_Pending], exc: RowLocked) -> None:
         """``batch`` (from ``take_for_claim``) met a row another session holds locked: what the
         call wrote is done, the locked ones go to the retry task, and when it wrote nothing
         the writer writes them all, alone from now on."""
         if not self._written_past_lock(batch, exc):
-            self.give_back(batch, solo=True)
+            self.return_carried(batch, solo=True)
 
     def _written_past_lock(self, batch: list[_Pending], exc: RowLocked) -> bool:
         """When the driver wrote ``batch`` past a locked row (exc.written, exc.busy): mark the
@@ -271,7 +271,7 @@ class Settler:
                 self._defer_locked(pending, exc)
         return True
 
-    def give_back(self, batch: list[_Pending], *, solo: bool) -> None:
+    def return_carried(self, batch: list[_Pending], *, solo: bool) -> None:
         """``batch`` (from ``take_for_claim``) was not written: the writer writes it, first,
         in its order; never carried again when ``solo`` (the database refused the claim that
         carried it)."""
@@ -496,10 +496,8 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
                     " returned: make its result smaller or plainer, then retry the job",
                     note=note,
                 )
-            case Retry(delay=delay, error=error, counts_as_attempt=counts):
-                return Retry(
-                    lease, delay, storable_text(error), counts_as_attempt=counts, note=note
-                )
+            case Retry(delay=delay, error=error, hands_back=hands_back):
+                return Retry(lease, delay, storable_text(error), hands_back=hands_back, note=note)
             case DeadLetter(error=error):
                 return DeadLetter(lease, storable_text(error), note=note)
             case CancelJob(error=error):

@@ -13,7 +13,7 @@ the socket itself and run the transport's read in place: the round trip wakes on
 The loop stops reading such a connection when it is opened (``take_over``). Nothing reads it
 while it is idle in the pool, so a checkout looks at its socket first (``usable``): anything
 that arrived meanwhile is the server ending it, and it is dropped; and the loop reads it
-again before it is closed (``give_back``), for asyncpg's close waits for the server's end of the
+again before it is closed (``let_loop_read``), for asyncpg's close waits for the server's end of the
 connection. TLS connections are left to the loop (their transport is not a plain socket's).
 
 asyncpg's own done callback on the future a reply completes (its statement timer's bookkeeping)
@@ -50,7 +50,7 @@ def take_over(conn: Connection) -> None:
         transport.pause_reading()
 
 
-def give_back(conn: Connection) -> None:
+def let_loop_read(conn: Connection) -> None:
     """Let the loop read ``conn`` again (before a close, which waits for the server's end)."""
     transport = transport_of(conn)
     if transport is not None and not transport.is_closing():
@@ -85,7 +85,7 @@ async def read_while_open(conn: Connection) -> None:
                 return
             transport._read_ready()
     finally:
-        give_back(conn)
+        let_loop_read(conn)
 
 
 def usable(conn: Connection) -> bool:

@@ -17,7 +17,7 @@ from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, Value
 from .._core.forked_child import end_if_forked
 from .._core.redaction import redact_url
 from ._asyncio_stepper import step_to_end
-from ._direct_reads import give_back, take_over, transport_of
+from ._direct_reads import let_loop_read, take_over, transport_of
 from ._postgres_pool import Connection, Pool, session_settings
 from ._postgres_pooler import Pooler
 
@@ -220,7 +220,7 @@ class Bridge:
             return
         # The task also waits for the cancelled statement's end, which only a read of the
         # socket brings: the loop reads it again for that (nobody else will, direct_reads).
-        give_back(conn)
+        let_loop_read(conn)
 
         async def cancelled_on_the_server() -> None:
             await asyncio.wait(pending)
@@ -245,7 +245,7 @@ class Bridge:
     async def aclose(self) -> None:
         idle, held = self._pool.take_all()
         for conn in idle:
-            give_back(conn)  # asyncpg's close waits for the server's end, read by the loop
+            let_loop_read(conn)  # asyncpg's close waits for the server's end, read by the loop
         # Not one an operation still holds: its task may be waiting for the socket, and the
         # loop's reader would fail on the same descriptor ("another task is already reading").
         # Its close fails the operation, and the pool terminates it as the operation ends.

@@ -79,10 +79,10 @@ def send_wakes(record: JobRecord, name: str, key: str | None) -> bool:
     )
 
 
-def gives_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
-    """Whether a lapsed job's attempt is given back when it is claimed again: it was claimed
+def hands_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
+    """Whether a lapsed job's attempt is handed back when it is claimed again: it was claimed
     ahead of a slot and its start never recorded (it most likely never ran: its worker died
-    holding it), and fewer than ``max_attempts`` such lapses were given back before. The bound
+    holding it), and fewer than ``max_attempts`` such lapses were handed back before. The bound
     is for the job that DID start and killed its worker before a renewal recorded the start:
     it still runs out of attempts, after at most twice its ``max_attempts`` runs. The
     PostgreSQL claim says the same in SQL (postgres_queries.sql, `claim`)."""
@@ -179,10 +179,10 @@ def _retry_effect(s: Retry) -> Effect:
     # its run_at, so its place in line: it was running, so it was first. Given a new run_at of
     # now, it went behind every job that waited meanwhile (a deploy put the jobs it drained at
     # the back of a deep queue).
-    keeps_place = not s.counts_as_attempt and s.delay <= 0
+    keeps_place = s.hands_back and s.delay <= 0
     return Effect(
         JobState.READY,
-        hands_back=not s.counts_as_attempt,
+        hands_back=s.hands_back,
         delay=None if keeps_place else s.delay,
         writes={"last_error": s.error},
     )
@@ -222,7 +222,7 @@ def history_outcome(settlement: Settlement) -> str:
     match settlement:
         case Complete():
             return "completed"
-        case Retry(counts_as_attempt=False):
+        case Retry(hands_back=True):
             return "interrupted"
         case Retry():
             return "retried"

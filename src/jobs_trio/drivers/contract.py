@@ -94,8 +94,8 @@ class Driver(Protocol):
         ``free`` (given only by a worker that claims ahead) is each queue's free slots: a
         queue's claims past that many (without fleet limits) are marked ``Claim.ahead``, and a
         lapsed job so marked, never recorded started (``renew(started=)``), is claimed again
-        with its attempt given back, at most ``max_attempts`` times in its life
-        (``rules.gives_back_lapse``): a worker that dies holding jobs ahead costs them
+        with its attempt handed back, at most ``max_attempts`` times in its life
+        (``rules.hands_back_lapse``): a worker that dies holding jobs ahead costs them
         nothing, and a job that kills its worker still runs out of attempts."""
         ...
 

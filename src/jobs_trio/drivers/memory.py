@@ -62,7 +62,7 @@ from ._rules import (
     driver_closed,
     effect,
     event_mark,
-    gives_back_lapse,
+    hands_back_lapse,
     history_record,
     key_matches,
     lapsed_out_of_attempts,
@@ -120,7 +120,7 @@ class MemoryDriver:
         # what operators read, and a token must never leak into `show` output.
         self._tokens: dict[JobId, str] = {}
         # Claims marked ahead whose start no renewal has recorded, and how many lapses of each
-        # job gave its attempt back (rules.gives_back_lapse): kept beside the record, as the
+        # job gave its attempt back (rules.hands_back_lapse): kept beside the record, as the
         # SQL drivers keep them in columns no record shows.
         self._ahead: set[JobId] = set()
         self._ahead_lapses: collections.Counter[JobId] = collections.Counter()
@@ -231,9 +231,9 @@ class MemoryDriver:
         due.sort(key=lambda r: (r.priority, r.run_at, r.id))
         return due
 
-    def _gives_back(self, record: JobRecord) -> bool:
-        """A lapsed job claimed again with its attempt given back (rules.gives_back_lapse)."""
-        return record.state is JobState.RUNNING and gives_back_lapse(
+    def _hands_back(self, record: JobRecord) -> bool:
+        """A lapsed job claimed again with its attempt handed back (rules.hands_back_lapse)."""
+        return record.state is JobState.RUNNING and hands_back_lapse(
             record.id in self._ahead, self._ahead_lapses[record.id], record.max_attempts
         )
 
@@ -242,7 +242,7 @@ class MemoryDriver:
         return (
             record.state is JobState.RUNNING
             and record.attempts >= record.max_attempts
-            and not self._gives_back(record)
+            and not self._hands_back(record)
         )
 
     async def claim(
@@ -277,8 +277,8 @@ class MemoryDriver:
             last_error = record.last_error
             if record.state is JobState.RUNNING:
                 last_error = LAPSED_ERROR
-            given_back = self._gives_back(record)
-            self._ahead_lapses[record.id] += given_back
+            handed_back = self._hands_back(record)
+            self._ahead_lapses[record.id] += handed_back
             if record.id in ahead:
                 self._ahead.add(record.id)
             else:
@@ -286,7 +286,7 @@ class MemoryDriver:
             updated = self._put(
                 record,
                 state=JobState.RUNNING,
-                attempts=record.attempts + (0 if given_back else 1),
+                attempts=record.attempts + (0 if handed_back else 1),
                 lease_until=now + lease,
                 worker_id=worker_id,
                 last_error=last_error,

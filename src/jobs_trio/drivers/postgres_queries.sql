@@ -89,7 +89,7 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 --   (Driver.claim's rescue=False, a worker just back from an outage: outage.py).
 -- * $9 is each queue's free slots: its candidates past that many are claimed ahead (`ahead`),
 --   and a lapsed job so marked, its start never recorded, is claimed again with its attempt
---   given back while its ahead_lapses are under max_attempts (rules.gives_back_lapse, the rule
+--   handed back while its ahead_lapses are under max_attempts (rules.hands_back_lapse, the rule
 --   the other drivers apply in Python; here in the lapsed walk, `exhausted` and `claimed`).
 WITH candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, c.limited, c.ahead

@@ -75,7 +75,7 @@ from ._rules import (
     Unseen,
     effect,
     event_mark,
-    gives_back_lapse,
+    hands_back_lapse,
     history_record,
     job_record,
     lapsed_out_of_attempts,
@@ -375,15 +375,15 @@ def _claim_in(
     # Attempts are counted at claim, so a job that keeps killing its worker ends here
     # instead of looping forever. Up to `limit` of them per claim, apart from the
     # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
-    given_back = {
+    handed_back = {
         row[2]
         for row in candidates
-        if row[3] == "running" and gives_back_lapse(bool(row[8]), row[9], row[5])
+        if row[3] == "running" and hands_back_lapse(bool(row[8]), row[9], row[5])
     }
     exhausted = [
         row
         for row in candidates
-        if row[3] == "running" and row[4] >= row[5] and row[2] not in given_back
+        if row[3] == "running" and row[4] >= row[5] and row[2] not in handed_back
     ]
     dead = [(lapsed_out_of_attempts(row[4]), now, row[2]) for row in exhausted[: slots.total]]
     skipped = {row[2] for row in exhausted}
@@ -405,7 +405,7 @@ def _claim_in(
     if not taken:
         return []
     # One UPDATE for the batch; each row draws its own fresh token.
-    given_back_json = json.dumps(sorted(given_back & set(unlimited)))
+    handed_back_json = json.dumps(sorted(handed_back & set(unlimited)))
     rows = conn.execute(
         "UPDATE jobs SET state = 'running', lease_until = ?,"
         " attempts = attempts + 1 - (id IN (SELECT value FROM json_each(?))),"
@@ -418,8 +418,8 @@ def _claim_in(
         f" RETURNING {_CLAIMED}",
         (
             now + lease,
-            given_back_json,
-            given_back_json,
+            handed_back_json,
+            handed_back_json,
             json.dumps(sorted(ahead)),
             worker_id,
             LAPSED_ERROR,

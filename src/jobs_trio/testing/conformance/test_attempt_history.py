@@ -46,7 +46,7 @@ async def test_each_ending_with_a_note_is_recorded_by_its_outcome(
 
     await end(lambda lease: Retry(lease, 0.0, "E1: flaky"), "retried", "E1: flaky")
     await end(
-        lambda lease: Retry(lease, 0.0, "X_DRAINING", counts_as_attempt=False),
+        lambda lease: Retry(lease, 0.0, "X_DRAINING", hands_back=True),
         "interrupted",
         "X_DRAINING",
     )
@@ -125,7 +125,7 @@ async def test_the_history_keeps_the_newest_endings(driver: Driver) -> None:
     for n in range(endings):
         claim = await claim_one(driver)
         # Handed back each time (a drain at every deploy): the history must not grow.
-        handed_back = Retry(claim.lease, 0.0, f"drained {n}", counts_as_attempt=False)
+        handed_back = Retry(claim.lease, 0.0, f"drained {n}", hands_back=True)
         await driver.settle([noted(handed_back, claim.attempt)])
     history = await driver.load_attempts(job_id)
     assert len(history) == ATTEMPT_HISTORY

@@ -37,7 +37,7 @@ YIELDING: dict[str, tuple[Callable[[Lease], Settlement], str]] = {
         f"{OPERATOR_CANCEL_ERROR} (the attempt ended first: boom)",
     ),
     "interrupted": (
-        lambda lease: Retry(lease, delay=0.0, error="drained", counts_as_attempt=False),
+        lambda lease: Retry(lease, delay=0.0, error="drained", hands_back=True),
         f"{OPERATOR_CANCEL_ERROR} (the attempt ended first: drained)",
     ),
     "suspended-on-time": (lambda lease: Suspend(lease, delay=60.0), OPERATOR_CANCEL_ERROR),

@@ -81,11 +81,11 @@ async def test_a_claim_ahead_on_its_last_attempt_is_not_buried_by_its_lapse(
     assert [(c.job_id, c.attempt) for c in again] == [(held, 1)]
 
 
-async def test_lapses_given_back_are_bounded_so_a_job_that_kills_its_worker_still_dies(
+async def test_lapses_handed_back_are_bounded_so_a_job_that_kills_its_worker_still_dies(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
     # The case the bound is for: a job claimed ahead that did start and killed its worker
-    # before a renewal recorded the start. Each lapse is given back at most max_attempts
+    # before a renewal recorded the start. Each lapse is handed back at most max_attempts
     # times in the job's life; after that each lapse counts, and the job is dead-lettered.
     job_id = await enqueue_one(driver, attempts=2)
     runs = 0
@@ -97,16 +97,16 @@ async def test_lapses_given_back_are_bounded_so_a_job_that_kills_its_worker_stil
         assert claims[0].ahead
         manual_clock.advance(11)
         assert runs < 10, "a lapsing job claimed ahead must not loop forever"
-    assert runs == 4  # two lapses given back, then its two attempts
+    assert runs == 4  # two lapses handed back, then its two attempts
     record = await driver.get(job_id)
     assert record is not None and record.state is JobState.DEAD and record.attempts == 2
 
 
-async def test_retry_of_a_dead_job_renews_the_bound_on_lapses_given_back(
+async def test_retry_of_a_dead_job_renews_the_bound_on_lapses_handed_back(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
     job_id = await enqueue_one(driver, attempts=1)
-    for _ in range(2):  # one lapse given back, then its one attempt: dead
+    for _ in range(2):  # one lapse handed back, then its one attempt: dead
         await driver.claim(["default"], 1, lease=10, worker_id="w", free={"default": 0})
         manual_clock.advance(11)
     assert await driver.claim(["default"], 1, lease=10, worker_id="w") == []
@@ -114,7 +114,7 @@ async def test_retry_of_a_dead_job_renews_the_bound_on_lapses_given_back(
     [claim] = await driver.claim(["default"], 1, lease=10, worker_id="w", free={"default": 0})
     manual_clock.advance(11)
     [again] = await driver.claim(["default"], 1, lease=10, worker_id="w")
-    assert (claim.attempt, again.attempt) == (1, 1)  # given back again after the retry
+    assert (claim.attempt, again.attempt) == (1, 1)  # handed back again after the retry
 
 
 async def test_settle_and_claim_marks_claims_ahead_too(

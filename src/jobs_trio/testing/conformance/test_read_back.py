@@ -126,14 +126,14 @@ def settled(before: JobRecord, s: Settlement, now: float) -> JobRecord:
     match s:
         case Complete(result=result):
             return attrs.evolve(ended, state=JobState.COMPLETED, result=result)
-        case Retry(delay=delay, error=error, counts_as_attempt=counts):
+        case Retry(delay=delay, error=error, hands_back=hands_back):
             # Interrupted (handed back at once): its run_at, so its place in line, stays.
-            keeps_place = not counts and delay <= 0
+            keeps_place = hands_back and delay <= 0
             return attrs.evolve(
                 ended,
                 state=JobState.READY,
                 run_at=before.run_at if keeps_place else now + delay,
-                attempts=before.attempts - (0 if counts else 1),
+                attempts=before.attempts - (1 if hands_back else 0),
                 last_error=error,
             )
         case DeadLetter(error=error):
@@ -159,7 +159,7 @@ ENDINGS: dict[str, Callable[[Lease], Settlement]] = {
     "complete": lambda lease: Complete(lease, '{"r": 1}'),
     "complete-without-result": lambda lease: Complete(lease),
     "retry": lambda lease: Retry(lease, 17.5, "boom"),
-    "interrupted": lambda lease: Retry(lease, 0.0, "drained", counts_as_attempt=False),
+    "interrupted": lambda lease: Retry(lease, 0.0, "drained", hands_back=True),
     "dead": lambda lease: DeadLetter(lease, "fatal"),
     "suspend-time": lambda lease: Suspend(lease, 40.0),
     "suspend-event": lambda lease: Suspend(lease, 900.0, event="paid"),

@@ -47,7 +47,7 @@ KINDS: dict[str, Kind] = {
         lambda now: (JobState.READY, "again", 1, now + 60),
     ),
     "retry-handed-back": (
-        lambda lease: Retry(lease, delay=60, error="drained", counts_as_attempt=False),
+        lambda lease: Retry(lease, delay=60, error="drained", hands_back=True),
         lambda r: (r.state, r.last_error, r.attempts, r.run_at),
         lambda now: (JobState.READY, "drained", 0, now + 60),
     ),

@@ -44,7 +44,7 @@ async def test_retry_not_counted_hands_the_attempt_back_and_is_ready_now(driver:
     job_id = await enqueue_one(driver, attempts=1)
     claim = await claim_one(driver)
     await driver.settle(
-        [Retry(claim.lease, delay=0, error="interrupted: draining", counts_as_attempt=False)]
+        [Retry(claim.lease, delay=0, error="interrupted: draining", hands_back=True)]
     )
     record = await driver.get(job_id)
     assert record is not None
@@ -66,7 +66,7 @@ async def test_an_interrupted_attempt_keeps_its_place_in_line(
     assert claim.job_id == first
     manual_clock.advance(1)
     await driver.settle(
-        [Retry(claim.lease, delay=0, error="interrupted: draining", counts_as_attempt=False)]
+        [Retry(claim.lease, delay=0, error="interrupted: draining", hands_back=True)]
     )
     assert (await claim_one(driver)).job_id == first
     # A counted retry, or one handed back with a delay, goes where its delay puts it.

@@ -210,7 +210,7 @@ async def test_renew(driver: Driver, manual_clock: ManualClock, state: str) -> N
 SETTLEMENTS: dict[str, Callable[[Lease], Settlement]] = {
     "complete": lambda lease: Complete(lease, '"again"'),
     "retry": lambda lease: Retry(lease, 0.0, "again"),
-    "interrupted": lambda lease: Retry(lease, 0.0, "again", counts_as_attempt=False),
+    "interrupted": lambda lease: Retry(lease, 0.0, "again", hands_back=True),
     "dead": lambda lease: DeadLetter(lease, "again"),
     "suspend": lambda lease: Suspend(lease, 0.0, event=EVENT),
     "park": lambda lease: Park(lease, "again"),
