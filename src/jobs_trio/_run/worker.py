@@ -56,6 +56,9 @@ __all__ = [
     "open_worker",
 ]
 
+# The shortest wait after an outage before this worker rescues lapsed jobs (see Outage).
+MIN_RESCUE_GRACE = 5.0
+
 # Scheduling passes a teardown whose wait for bodies was cut gives the bodies told to stop
 # before it abandons them: enough for a body, and a nursery of its own, to unwind.
 _UNWIND_PASSES = 3
@@ -159,10 +162,11 @@ class Worker:
         )
         self._drain = Drain()
         self._budget = Budget()
-        # For a lease after an outage this worker saw, it rescues no lapsed job: their runners,
-        # back too, write their results and hand-backs first. Only an outage as long as a
-        # renewal interval lapses any lease.
-        self._outage = Outage(grace=self.lease, long=self.renew_interval)
+        # For a lease after an outage this worker saw (5 s at least: a runner back from it
+        # reconnects and writes within its settler's next retry, a second, on a loaded machine
+        # in a few), it rescues no lapsed job: their runners write their results and
+        # hand-backs first. Only an outage as long as a renewal interval lapses any lease.
+        self._outage = Outage(grace=max(self.lease, MIN_RESCUE_GRACE), long=self.renew_interval)
         self._claims = self._claim_loop()
         self._teardown_done = trio.Event()
         self._settler: Settler | None = None
