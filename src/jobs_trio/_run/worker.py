@@ -8,6 +8,7 @@ import contextlib
 import enum
 import functools
 import logging
+import math
 import os
 import socket
 from collections import Counter
@@ -169,6 +170,7 @@ class Worker:
         self._outage = Outage(grace=max(self.lease, MIN_RESCUE_GRACE), long=self.renew_interval)
         self._claims = self._claim_loop()
         self._teardown_done = trio.Event()
+        self._ended_by = math.inf  # the last teardown's writes deadline (_goodbye_by)
         self._settler: Settler | None = None
         # The nursery runs start in, and whom their outcomes are reported to (tick()).
         self._runs: trio.Nursery | None = None
@@ -276,6 +278,7 @@ class Worker:
             )
         self._state = WorkerState.IDLE
         self._abandoned = ()
+        self._ended_by = math.inf
         capabilities = self.driver.capabilities
         # Bounded by the jobs a worker holds: at most two settlements per slot and per claim
         # ahead wait for the database before the claiming stops (see claim_loop.py). Two, not
@@ -330,7 +333,11 @@ class Worker:
                 if self._stats_interval:
                     service.start_soon(self._observe_queues, self._stats_interval)
                     service.start_soon(
-                        announce_presence, self.driver, self._presence, self._stats_interval
+                        announce_presence,
+                        self.driver,
+                        self._presence,
+                        self._stats_interval,
+                        self._goodbye_by,
                     )
                 if self._slots.claims_ahead():
                     service.start_soon(self._slots.hand_back_overdue)
@@ -370,6 +377,11 @@ class Worker:
             # this one's to reset.
             if not torn_down:
                 self._finish_teardown()
+
+    def _goodbye_by(self) -> float:
+        """When the presence goodbye must be over: the end of the teardown's budget for writes,
+        the one being spent (a teardown cut from outside) or the one just finished."""
+        return min(self._budget.writes_deadline, self._ended_by)
 
     def _warn_of_undeclared_queues(self) -> None:
         """A queue given that no declared job uses (a typo: --queue emials) runs nothing: every
@@ -426,6 +438,7 @@ class Worker:
         # stays spent and a stopped loop stays stopped, so a restarted worker would hand every
         # job a scope born cancelled.
         self._drain = Drain()
+        self._ended_by = self._budget.writes_deadline
         self._budget = Budget()
         self._claims = self._claim_loop()
         if self._settler is not None:

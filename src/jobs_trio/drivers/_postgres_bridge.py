@@ -86,6 +86,8 @@ class Bridge:
         self._holds = trio.Semaphore(max(1, pool_size - 1))
         self._where = _where(url)
         self._owner = os.getpid()
+        # The server left a cancel unanswered and has answered nothing since (_retire).
+        self._unanswered = False
 
     async def run(
         self, op: Operation[T], *, what: str, transaction: bool = False, bounded: bool = True
@@ -216,7 +218,7 @@ class Bridge:
         once, that task is cancelled with it and the query runs on (a pg_sleep(30) kept its
         backend busy for 30 s). Waited for within CLOSE_SECONDS. Run shielded by the pool."""
         pending = [t for t in getattr(conn, "_cancellations", ()) if not t.done()]
-        if not pending:
+        if not pending or self._unanswered:
             return
         # The task also waits for the cancelled statement's end, which only a read of the
         # socket brings: the loop reads it again for that (nobody else will, direct_reads).
@@ -225,8 +227,12 @@ class Bridge:
         async def cancelled_on_the_server() -> None:
             await asyncio.wait(pending)
 
-        with trio.move_on_after(CLOSE_SECONDS), contextlib.suppress(Exception):
+        with trio.move_on_after(CLOSE_SECONDS) as waited, contextlib.suppress(Exception):
             await self._cross(cancelled_on_the_server, what="cancelling a query", as_task=True)
+        if waited.cancelled_caught:
+            # Not even a cancel was served: every close from here drops its connection at once
+            # (a goodbye and two closes at CLOSE_SECONDS each made a stalled worker's exit 5 s).
+            self._unanswered = True
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Cross with any asyncio coroutine function (a LISTEN registration, a ping)."""
@@ -235,6 +241,9 @@ class Bridge:
     async def close_connection(self, connection: Connection) -> None:
         """Close a connection of our own; shielded and bounded, so it runs even under a
         cancelled scope and never hangs a teardown."""
+        if self._unanswered:
+            connection.terminate()
+            return
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CLOSE_SECONDS):
                 with contextlib.suppress(Exception):
@@ -250,6 +259,10 @@ class Bridge:
         # loop's reader would fail on the same descriptor ("another task is already reading").
         # Its close fails the operation, and the pool terminates it as the operation ends.
         connections = idle + held
+        if self._unanswered:
+            for conn in connections:
+                conn.terminate()
+            return
 
         async def close_all() -> None:
             await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
@@ -280,9 +293,12 @@ class Bridge:
             if as_task:
                 # Wrapped in an asyncio Task: asyncpg.connect (asyncio.timeout) and a close need
                 # a current task. They are rare; every operation steps from this Trio task.
-                return cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
-            coro = cast(Coroutine[Any, Any, T], fn(*args))
-            return await step_to_end(self.loop, coro, reads=reads)
+                result = cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
+            else:
+                coro = cast(Coroutine[Any, Any, T], fn(*args))
+                result = await step_to_end(self.loop, coro, reads=reads)
+            self._unanswered = False
+            return result
         except JobsError:
             raise
         except Exception as exc:
