@@ -38,6 +38,10 @@ from jobs_trio._core.logs import log_event
         (True, "true"),
         (3, "3"),
         (0.25, "0.25"),
+        # A fast attempt's seconds: positional digits, never 8.1e-05.
+        (8.1e-05, "0.000081"),
+        (1e-9, "0.000000001"),
+        (3.0, "3.0"),
         (("a", "b"), "a,b"),
     ],
 )

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Final
 
 from .render import visible
@@ -134,7 +136,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def _as_text(value: object) -> str:
-    """A value JSON has no form for, as its text; never raises (a hostile ``__str__``)."""
+    """A value JSON has no form for, as its text; never raises (a hostile ``__str__``).
+    A float is written out in positional digits: a duration of 81 µs read as ``8.1e-05``
+    breaks every ``seconds=\\d+\\.\\d+`` pattern a pipeline greps a line with."""
+    if isinstance(value, float) and math.isfinite(value):
+        return format(Decimal(repr(value)), "f")
     try:
         return str(value)
     except Exception:
