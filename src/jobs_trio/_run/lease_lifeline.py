@@ -15,7 +15,6 @@ from typing import cast
 
 import attrs
 import trio
-import trio.testing
 
 from .._core.ending import end_process
 from .._core.errors import HandedBack, JobsError, JobTimeout
@@ -88,7 +87,10 @@ class LeaseLifeline:
         self._answered = 0  # the last ping the Trio loop answered (written on the Trio thread)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        # Looked up, not imported: trio.testing loads pytest's assertion machinery (~90 ms of
+        # every worker process's start), and a run whose clock is a MockClock imported it.
+        testing = sys.modules.get("trio.testing")
+        if testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock):
             # Trio's time is not the wall's here (tests): a ping per tick would keep waking a
             # loop that a test means to be idle, and nothing real can block it for long.
             task_status.started()
