@@ -29,17 +29,34 @@ def url() -> str:
 
 async def woken_by_one_enqueue(driver: Any, queue: str) -> None:
     """Enqueue one job into ``queue`` (which holds none yet) while waiting for work there: only
-    its NOTIFY can end the wait in time."""
-    async with trio.open_nursery() as nursery:
+    its NOTIFY can end the wait in time. The enqueue is sent once the wait's look at the next
+    due time has answered: a task waiting for that reply counts as blocked, and an enqueue that
+    committed before the look read would be seen by the look, not heard (a loaded machine)."""
+    looked = trio.Event()
+    look = driver._next_due_in
 
-        async def wait() -> None:
-            with trio.fail_after(20):  # the wait's own timeout (60 s) would be a missed wake-up
-                await driver.wait_for_work([queue], timeout=60)
-            nursery.cancel_scope.cancel()
+    async def looking(*args: Any, **kwargs: Any) -> float:
+        try:
+            due_in: float = await look(*args, **kwargs)
+            return due_in
+        finally:
+            looked.set()
 
-        nursery.start_soon(wait)
-        await trio.testing.wait_all_tasks_blocked()
-        await driver.enqueue([new_job(queue=queue)])
+    driver._next_due_in = looking
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def wait() -> None:
+                with trio.fail_after(20):  # its own timeout (60 s) would be a missed wake-up
+                    await driver.wait_for_work([queue], timeout=60)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait)
+            await looked.wait()
+            await trio.testing.wait_all_tasks_blocked()  # the waiter parked on its wake-up
+            await driver.enqueue([new_job(queue=queue)])
+    finally:
+        del driver._next_due_in
 
 
 async def test_a_notification_wakes_its_waiter_as_it_is_read(

@@ -7,7 +7,9 @@ import functools
 import html
 import re
 import sys
+import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -144,10 +146,18 @@ async def test_with_the_registry_each_task_shows_its_schedule_and_next_fire(
         page = (await get(site, "/")).text
     rows = re.findall(r'<tr class="task">(.*?)</tr>', page, re.S)
     assert [re.search(r"<td>([^<]*)</td>", r).group(1) for r in rows] == ["hourly", TASK]  # type: ignore[union-attr]
-    # The next ten-minute mark after the fire a minute ago: later, and within ten minutes
-    # (seconds alone when it is under a minute away: the test may run just before a mark).
+    # The next ten-minute mark after the fire a minute ago: shown as ahead ("in 4m10s", or
+    # seconds alone under a minute) unless a mark fell in that minute, which nothing fired yet
+    # (no scheduler runs here): then it is overdue ("49s ago").
     assert "every 600 s" in rows[1]
-    assert re.search(r'">in (\d+m\d\ds|\d+(\.\d)?s)</span>', rows[1]), rows[1]
+    next_fire, last_fired = (
+        datetime.fromisoformat(title).timestamp()
+        for title in re.findall(r'<span title="([^"]+)">', rows[1])[:2]
+    )
+    assert next_fire == (last_fired // 600 + 1) * 600, rows[1]
+    ahead = r'">in (\d+m\d\ds|\d+(\.\d)?s)</span>'
+    overdue = r'">(\d+(\.\d+)?s) ago</span>'
+    assert re.search(ahead if next_fire > time.time() else overdue, rows[1]), rows[1]
     assert "cron &#39;0 0 * * * *&#39; UTC" in rows[0] and "-</td>" in rows[0]
     assert 'id="tasks-no-registry"' not in page
 
