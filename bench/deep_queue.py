@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import asyncpg  # noqa: E402
+
 from run import (  # noqa: E402
     DONE_SQL,
     LIBS,

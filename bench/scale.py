@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE))
 
 import asyncpg  # noqa: E402
 from deep_queue import done, enqueue, load1  # noqa: E402
+
 from run import (  # noqa: E402
     ADMIN_URL,
     BenchError,
