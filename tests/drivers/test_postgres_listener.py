@@ -47,9 +47,11 @@ async def woken_by_one_enqueue(driver: Any, queue: str) -> None:
         async with trio.open_nursery() as nursery:
 
             async def wait() -> None:
+                # Ends the nursery by ending, never by cancelling it: the NOTIFY can be read
+                # before the enqueue's own reply, and a cancel would cut the enqueue short (a
+                # query cancel on the asyncio loop, which the test below must not see).
                 with trio.fail_after(20):  # its own timeout (60 s) would be a missed wake-up
                     await driver.wait_for_work([queue], timeout=60)
-                nursery.cancel_scope.cancel()
 
             nursery.start_soon(wait)
             await looked.wait()
