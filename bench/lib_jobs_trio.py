@@ -15,8 +15,8 @@ import jobs_trio
 
 registry = jobs_trio.Registry()
 _marks: Marks | None = None
-# The worker's claim_ahead: 0 (its default) here; bench/lib_jobs_trio_ahead.py sets it.
-CLAIM_AHEAD = 0
+# The worker's claim_ahead: its default ("auto") when None; bench/lib_jobs_trio_ahead.py sets it.
+CLAIM_AHEAD: int | None = None
 
 
 # Every option at its default but the retry delay: the retries workload retries at once (each
@@ -67,7 +67,7 @@ async def _worker(args: argparse.Namespace) -> None:
             driver,
             registry,
             concurrency=args.concurrency,
-            claim_ahead=CLAIM_AHEAD,
+            **({} if CLAIM_AHEAD is None else {"claim_ahead": CLAIM_AHEAD}),
             lifecycle=lifecycle,
         ),
     ):

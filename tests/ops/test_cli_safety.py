@@ -192,7 +192,7 @@ def test_numbers_no_driver_stores_are_usage_errors(cli: Cli, db: str) -> None:
     cli.fails("list", "--limit", "1" + "0" * 5000, "--db", db, code="X_USAGE")
     # The worker's claim-ahead options, refused before anything is opened.
     err = cli.fails("worker", "m", "--claim-ahead", "-1", "--db", db, code="X_USAGE")
-    assert "argument --claim-ahead: '-1' is not a whole number from 0" in err
+    assert "argument --claim-ahead: '-1' is neither 'auto' nor a whole number from 0" in err
     err = cli.fails("worker", "m", "--hold-limit", "0", "--db", db, code="X_USAGE")
     assert "argument --hold-limit: '0' is not a number of seconds > 0" in err
     assert not path_of(db).exists()

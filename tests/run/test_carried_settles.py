@@ -77,7 +77,9 @@ async def test_at_concurrency_one_each_settle_rides_on_the_next_claim(
     driver = CarryingDriver()
     assert driver.capabilities.settles_with_claims
     ids = [a.job_id for a in await driver.enqueue([answer.new_job(n) for n in range(20)])]
-    w = worker(driver, registry, concurrency=1)
+    # Claiming only for the free slot: each claim carries the settle before it (claimed
+    # ahead, all 20 would be claimed at once and settled by the writer).
+    w = worker(driver, registry, concurrency=1, claim_ahead=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
         await trio.sleep(5)
@@ -117,7 +119,7 @@ async def test_a_carrying_call_that_fails_loses_nothing(autojump_clock: object) 
     driver = CarryingDriver()
     await driver.enqueue([answer.new_job(n) for n in range(6)])
     driver.fail_next = 3
-    w = worker(driver, registry, concurrency=1, poll_interval=1.0)
+    w = worker(driver, registry, concurrency=1, poll_interval=1.0, claim_ahead=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
         await trio.sleep(30)

@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from .._core.errors import ConfigError
 from ..drivers._open_driver import DriverKind, driver_kind
@@ -43,6 +43,18 @@ def count(text: str) -> int:
 
 def count_or_zero(text: str) -> int:
     return whole(text, 0, INT_RANGE[1])
+
+
+def auto_or_count(text: str) -> int | Literal["auto"]:
+    """``auto`` or a whole number from 0 (``--claim-ahead``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return count_or_zero(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither 'auto' nor a whole number from 0 to {INT_RANGE[1]}"
+        ) from None
 
 
 def priority(text: str) -> int:

@@ -33,8 +33,8 @@ from ..drivers.contract import Driver
 from .args import (
     ENV_DB,
     ENV_SCHEMA,
+    auto_or_count,
     count,
-    count_or_zero,
     database_url,
     delay,
     driver_options,
@@ -208,10 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=count, default=10, metavar="N", help="per queue")
     worker.add_argument(
         "--claim-ahead",
-        type=count_or_zero,
-        default=0,
+        type=auto_or_count,
+        default="auto",
         metavar="N",
-        help="per queue, jobs claimed ahead of a free slot (default 0; see docs/model.md)",
+        help="per queue, jobs claimed ahead of a free slot: 'auto' (the default: sized from"
+        " the jobs' pace), 0 for none, or a number (see docs/model.md)",
     )
     worker.add_argument(
         "--hold-limit",

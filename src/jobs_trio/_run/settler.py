@@ -79,7 +79,7 @@ class Settler:
         self,
         driver: Driver,
         *,
-        capacity: int = 1000,
+        capacity: int | Callable[[], int] = 1000,
         max_batch: int = 500,
         retry_cap: float = 1.0,
         carried_by_claims: bool = False,
@@ -94,7 +94,7 @@ class Settler:
         self._max_batch = max_batch
         self._retry_cap = retry_cap
         self._carried_by_claims = carried_by_claims
-        self.capacity = capacity
+        self._capacity = capacity
         # Unbounded: the bound is enforced in room(), before the claim that would produce
         # more work, never by blocking a run that already finished. A deque rather than a
         # channel: two takers (the writer, a claim) and a give-back to the front.
@@ -110,6 +110,13 @@ class Settler:
         self._writer_done = False
         self.peak = 0  # the most settlements ever waiting at once (checked against capacity)
         self.finished = trio.Event()  # set once everything handed in has been written
+
+    @property
+    def capacity(self) -> int:
+        """The most settlements handed in and unwritten before the claiming waits: a number, or
+        what a function answers now (the worker's slots and its claims ahead as sized now)."""
+        capacity = self._capacity
+        return capacity if isinstance(capacity, int) else capacity()
 
     @property
     def waiting(self) -> int:

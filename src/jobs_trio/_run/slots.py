@@ -19,6 +19,38 @@ from .thread_slots import ThreadSlots
 # once its task has ended (its slot given back, or its hand-back counted done).
 StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
 
+# claim_ahead="auto": a queue holds what its slots start in about this long at the pace of its
+# recent runs. Long enough to cover a claim's round trip a few times over (a claim is sent once
+# half of it has started), short enough that a held job's wait, a job enqueued behind the held
+# ones, and what a peer worker could have run meanwhile are all a matter of milliseconds.
+AUTO_HOLD = 0.025
+# How fast the pace follows the runs: each run's time counts this much in the running mean.
+_PACE_WEIGHT = 0.1
+
+
+@attrs.define
+class _Pace:
+    """A queue's mean time from a run's start in a slot to the slot's release, which sizes its
+    claims ahead under claim_ahead="auto". None until its first run ended: a worker knows
+    nothing of its jobs at start, and a first claim ahead for jobs that turn out to run for
+    minutes would hold them for the hold limit."""
+
+    mean: float | None = None
+
+    def observe(self, seconds: float) -> None:
+        self.mean = (
+            seconds if self.mean is None else self.mean + _PACE_WEIGHT * (seconds - self.mean)
+        )
+
+    def ahead(self, slots: int, most: int) -> int:
+        """Claims ahead that ``slots`` busy slots start in about AUTO_HOLD seconds: none when
+        they start fewer than one in that time (long jobs: a held one would wait for a whole
+        run), at most ``most``."""
+        if self.mean is None:
+            return 0
+        # A run's slot time of 0 (a mock clock, a coarse one): as fast as can be.
+        return min(most, int(slots * AUTO_HOLD / max(self.mean, 1e-6)))
+
 
 @attrs.define
 class _Held:
@@ -44,9 +76,13 @@ class Slots:
         *,
         start_run: StartRun,
         on_idle: Callable[[], None],
+        auto_ahead: frozenset[str] = frozenset(),
     ) -> None:
         self.limits = dict(limits)
+        # The most each queue claims ahead: fixed, or for an ``auto_ahead`` queue its ceiling,
+        # below which its pace sizes it (_Pace).
         self.ahead = dict(ahead)
+        self._paces = {q: _Pace() for q in auto_ahead}
         self.hold_limit = hold_limit
         self._start_run = start_run
         self._on_idle = on_idle
@@ -81,7 +117,7 @@ class Slots:
         want: dict[str, int] = {}
         for q in self.limits:
             free = max(self.open(q), 0)
-            ahead = self.ahead[q]
+            ahead = self.ahead_of(q)
             room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
             if not free and room < (ahead + 1) // 2:
                 room = 0
@@ -89,7 +125,15 @@ class Slots:
                 want[q] = free + room
         return want
 
+    def ahead_of(self, queue: str) -> int:
+        """How many ``queue`` claims ahead now: its fixed claim_ahead, or what its pace sizes."""
+        pace = self._paces.get(queue)
+        if pace is None:
+            return self.ahead[queue]
+        return pace.ahead(self.limits[queue], self.ahead[queue])
+
     def claims_ahead(self) -> bool:
+        """Whether any queue may claim ahead (an auto-sized one may, once its pace is known)."""
         return any(self.ahead.values())
 
     # -- what the worker asks ---------------------------------------------------------------
@@ -133,7 +177,8 @@ class Slots:
         queue = run.claim.queue
         self.in_flight[queue] += 1
         run.start_unrecorded = run.claim.ahead
-        self._start_run(run, definition, functools.partial(self._release, queue))
+        began = trio.current_time() if queue in self._paces else None
+        self._start_run(run, definition, functools.partial(self._release, queue, began))
 
     def _held_cancelled(self, held: _Held) -> None:
         """A held claim's run was cancelled before a slot was handed to it: by a drain, a lost
@@ -152,9 +197,12 @@ class Slots:
         self._note_idle()
         self.freed.unpark_all()
 
-    def _release(self, queue: str) -> None:
-        """A run's task has ended: its slot goes to its queue's oldest held claim, if any."""
+    def _release(self, queue: str, began: float | None = None) -> None:
+        """A run's task has ended: its slot goes to its queue's oldest held claim, if any.
+        ``began``: when it took the slot, for an auto-sized queue's pace."""
         self.in_flight[queue] -= 1
+        if began is not None:
+            self._paces[queue].observe(trio.current_time() - began)
         self._ahead_paused.discard(queue)
         self._promote(queue)
         self._note_idle()

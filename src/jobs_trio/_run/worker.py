@@ -42,7 +42,14 @@ from .presence import announce_presence
 from .run_scope import CancelReason, RunScope
 from .settler import Settler
 from .slots import Slots
-from .worker_options import DEFAULT_HOLD_LIMIT, DEFAULT_LEASE, MIN_LEASE, worker_options
+from .worker_options import (
+    AUTO,
+    DEFAULT_HOLD_LIMIT,
+    DEFAULT_LEASE,
+    MIN_LEASE,
+    ClaimAhead,
+    worker_options,
+)
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
@@ -103,11 +110,13 @@ class Worker:
     wake-up and looks again at least every ``safety_poll`` seconds; ``poll_interval`` is the
     pause after a failed claim. ``stats_interval`` paces the queue gauges (``fleet_stats``).
 
-    ``claim_ahead`` (0 by default; an int for all queues, or per queue) lets each claim take
-    that many jobs beyond the free slots, held for the next slot of their queue: renewed and
-    drained like running jobs, handed back uncounted when not started within ``hold_limit``
-    seconds. Throughput for short jobs at low concurrency; a worker that dies costs the jobs it
-    held no attempt (Claim.ahead; docs/model.md, "Claiming ahead")."""
+    ``claim_ahead`` lets each claim take jobs beyond the free slots, held for the next slot of
+    their queue: renewed and drained like running jobs, handed back uncounted when not started
+    within ``hold_limit`` seconds. ``"auto"`` (the default) sizes it per queue from the pace of
+    its runs: what its slots start in about 25 ms, nothing for long jobs or before the first
+    run ends, never for a queue with fleet limits; an int (for all queues, or per queue) fixes
+    it, 0 turns it off. A worker that dies costs the jobs it held no attempt (Claim.ahead;
+    docs/model.md, "Claiming ahead")."""
 
     def __init__(
         self,
@@ -127,7 +136,7 @@ class Worker:
         exit_grace: float = 10.0,
         schedule_tasks: bool = True,
         retention: Retention | None = DEFAULT_RETENTION,
-        claim_ahead: int | Mapping[str, int] | None = None,
+        claim_ahead: ClaimAhead | Mapping[str, ClaimAhead] | None = AUTO,
         hold_limit: float = DEFAULT_HOLD_LIMIT,
     ) -> None:
         self.driver = driver
@@ -160,6 +169,7 @@ class Worker:
             self.options.hold_limit,
             start_run=self._start_run,
             on_idle=self._note_idle,
+            auto_ahead=self.options.auto_ahead,
         )
         self._drain = Drain()
         self._budget = Budget()
@@ -289,10 +299,11 @@ class Worker:
         # alone (20 at c=10) it held the claiming back until the held claims had all run, so
         # every claim's round trip was a stall (bench/worker_cpu.py, c=10 with claim_ahead=32:
         # 1.6 s of a 5.6 s run waiting for settler room, the claim sent with 0 held).
-        slots = sum(self.options.limits.values()) + sum(self.options.ahead.values())
+        # Claims ahead as sized now: an auto-sized queue's grow and shrink with its pace.
+        limits, ahead_of = self.options.limits, self._slots.ahead_of
         settler = Settler(
             self.driver,
-            capacity=2 * slots,
+            capacity=lambda: 2 * sum(n + ahead_of(q) for q, n in limits.items()),
             carried_by_claims=capabilities.settles_with_claims,
             retry_cap=self.options.poll_interval,
             outage=self._outage,
@@ -665,7 +676,7 @@ async def open_worker(
     exit_grace: float = 10.0,
     schedule_tasks: bool = True,
     retention: Retention | None = DEFAULT_RETENTION,
-    claim_ahead: int | Mapping[str, int] | None = None,
+    claim_ahead: ClaimAhead | Mapping[str, ClaimAhead] | None = AUTO,
     hold_limit: float = DEFAULT_HOLD_LIMIT,
 ) -> AsyncIterator[Worker]:
     """Run a worker for the duration of the block. Leaving normally stops it (waits for the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Final, Literal
 
 import attrs
 
@@ -23,12 +24,21 @@ MIN_LEASE = 1.0
 # another worker could have run it.
 DEFAULT_HOLD_LIMIT = 1.0
 
+# ``claim_ahead="auto"`` (the default): each queue claims ahead what its own slots start in about
+# AUTO_HOLD seconds at the pace its runs have kept so far, at most AUTO_MAX (slots.py). A held job
+# then waits for a slot about as long as a claim's round trip takes, not the hold limit.
+AUTO: Final = "auto"
+ClaimAhead = int | Literal["auto"]
+
 
 @attrs.frozen
 class WorkerOptions:
     queues: tuple[str, ...]
     limits: Mapping[str, int]  # each queue's concurrency
-    ahead: Mapping[str, int]  # each queue's claims ahead of a free slot
+    ahead: Mapping[str, int]  # each queue's claims ahead of a free slot (fixed by the caller)
+    # Queues whose claims ahead the worker sizes from their runs' pace (claim_ahead="auto");
+    # their ``ahead`` is the most it takes.
+    auto_ahead: frozenset[str]
     hold_limit: float
     lease: float
     renew_interval: float
@@ -44,7 +54,7 @@ def worker_options(
     *,
     queues: Sequence[str] | None,
     concurrency: int | Mapping[str, int],
-    claim_ahead: int | Mapping[str, int] | None,
+    claim_ahead: ClaimAhead | Mapping[str, ClaimAhead] | None,
     hold_limit: float,
     lease: float,
     renew_interval: float | None,
@@ -59,7 +69,8 @@ def worker_options(
             fix="declare jobs with @registry.job(...) before starting the worker, or pass queues=",
         )
     limits = _limits(concurrency, chosen)
-    ahead = _claim_ahead(claim_ahead, limits)
+    asked = _claim_ahead(claim_ahead, limits)
+    ahead = {q: value for q, value in asked.items() if isinstance(value, int)}
     if any(ahead.values()) and not driver.capabilities.claims_ahead:
         # It tells its driver each queue's free slots (claim(free=)) and which held claims
         # have started (renew(started=)): a driver without them would fail the first claim.
@@ -88,6 +99,12 @@ def worker_options(
             " claim must come back well inside its lease, and a run is stopped a margin"
             " before it runs out",
         )
+    auto = frozenset(
+        q for q, value in asked.items() if value == AUTO and _auto_fits(q, driver, registry)
+    )
+    for queue in asked:
+        if asked[queue] == AUTO:
+            ahead[queue] = AUTO_MAX if queue in auto else 0
     interval = renew_interval if renew_interval is not None else lease / 3
     if not 0 < interval < lease:
         raise ConfigError(
@@ -98,6 +115,7 @@ def worker_options(
         queues=chosen,
         limits=limits,
         ahead=ahead,
+        auto_ahead=auto,
         hold_limit=float(hold_limit),
         lease=float(lease),
         renew_interval=interval,
@@ -106,11 +124,28 @@ def worker_options(
     )
 
 
+# The most a queue claims ahead when the worker sizes it (claim_ahead="auto"): past about 128
+# held, a claim's round trip is no longer what a short job waits for (bench/worker_cpu.py
+# --ahead N at concurrency 10 and 50), and a crash lapses more held jobs at once.
+AUTO_MAX: Final = 128
+
+
+def _auto_fits(queue: str, driver: Driver, registry: Registry) -> bool:
+    """Whether the worker may size ``queue``'s claims ahead itself: its driver claims ahead,
+    and no job of the queue has a fleet limit (a held job would take its fleet slot or rate
+    token at claim, before it runs: an explicit claim_ahead still may)."""
+    if not driver.capabilities.claims_ahead:
+        return False
+    return not any(
+        d.fleet_limit is not None or d.rate_limit is not None for d in registry if d.queue == queue
+    )
+
+
 def _claim_ahead(
-    ahead: int | Mapping[str, int] | None, limits: Mapping[str, int]
-) -> dict[str, int]:
-    if ahead is None:
-        return dict.fromkeys(limits, 0)
+    ahead: ClaimAhead | Mapping[str, ClaimAhead] | None, limits: Mapping[str, int]
+) -> dict[str, ClaimAhead]:
+    if ahead is None or ahead == AUTO:
+        return dict.fromkeys(limits, AUTO)
     if isinstance(ahead, Mapping):
         # A queue this worker does not claim from is a misspelling, not a setting for another
         # worker: silently 0, it would turn nothing on.
@@ -120,14 +155,17 @@ def _claim_ahead(
                 f"claim_ahead names queues this worker does not claim from: {unknown}",
                 fix=f"name only its queues ({', '.join(limits)}), or pass one int for all",
             )
-        values = {q: ahead.get(q, 0) for q in limits}
+        values: dict[str, ClaimAhead] = {q: ahead.get(q, AUTO) for q in limits}
     else:
         values = dict.fromkeys(limits, ahead)
     for queue, value in values.items():
+        if value == AUTO:
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(
                 f"claim_ahead {value!r} for queue {queue!r}",
-                fix="give each queue 0 (claim only for free slots) or more",
+                fix='give each queue "auto" (the default: sized from its jobs\' pace), 0 (claim'
+                " only for free slots) or a number of jobs",
             )
     return values
 

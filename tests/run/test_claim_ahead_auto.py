@@ -1,0 +1,113 @@
+# claim_ahead="auto", the default (issue 35): each queue claims ahead what its slots start in
+# about 25 ms at the pace of its runs, nothing before a run has ended, nothing for long jobs, and
+# never for a queue whose jobs take fleet slots; 0 turns it off.
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from jobs_trio import ConfigError, FleetLimit, JobState, Registry
+from jobs_trio._run.slots import AUTO_HOLD
+from jobs_trio._run.worker_options import AUTO_MAX
+from tests.helpers.worker_helpers import record, worker
+from tests.run.test_claim_loop import CountingDriver
+
+
+def _timed(seconds: float, *, fleet_limit: FleetLimit | None = None) -> Registry:
+    """Job ``q.job`` in queue ``q``: each run takes ``seconds`` of Trio's clock."""
+    registry = Registry()
+
+    @registry.job("q.job", queue="q", fleet_limit=fleet_limit)
+    async def body(ctx: object, payload: Any) -> None:
+        await trio.sleep(seconds)
+
+    return registry
+
+
+async def _run_all(registry: Registry, driver: CountingDriver, n: int, **options: Any) -> None:
+    job = registry.get("q.job")
+    assert job is not None
+    ids = await job.enqueue_many(driver, list(range(n)))
+    w = worker(driver, registry, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        with trio.fail_after(3600):
+            while [(await record(driver, i)).state for i in ids] != [JobState.COMPLETED] * n:
+                await trio.sleep(1)
+        await w.stop()
+    for job_id in ids:
+        assert (await record(driver, job_id)).attempts == 1
+
+
+def _asked(driver: CountingDriver) -> list[int]:
+    asked = []
+    for claim in driver.claims:
+        assert isinstance(claim, dict)
+        asked.append(claim["q"])
+    return asked
+
+
+async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_clock: Any) -> None:
+    driver = CountingDriver()
+    await _run_all(_timed(0.001), driver, 300, concurrency=2)
+    asked = _asked(driver)
+    # The first claim knows nothing of the jobs: only the free slots.
+    assert asked[0] == 2
+    # Once runs have ended (each held its slot 1 ms), what two slots start in AUTO_HOLD.
+    ahead = int(2 * AUTO_HOLD / 0.001)
+    assert 2 < ahead < AUTO_MAX
+    assert max(asked) == 2 + ahead
+    # Held jobs, not a claim per job: far fewer claims than jobs.
+    assert len(asked) < 300 / 10
+
+
+async def test_jobs_whose_slots_start_fewer_than_one_a_hold_are_never_claimed_ahead(
+    autojump_clock: Any,
+) -> None:
+    # Two slots of 0.2 s runs start one job every 0.1 s: none in a hold of 25 ms.
+    driver = CountingDriver()
+    await _run_all(_timed(0.2), driver, 30, concurrency=2)
+    assert max(_asked(driver)) <= 2
+
+
+async def test_claim_ahead_0_turns_it_off(autojump_clock: Any) -> None:
+    driver = CountingDriver()
+    await _run_all(_timed(0.001), driver, 50, concurrency=2, claim_ahead=0)
+    assert max(_asked(driver)) <= 2
+
+
+async def test_a_queue_whose_jobs_take_fleet_slots_is_not_claimed_ahead_by_default(
+    autojump_clock: Any,
+) -> None:
+    # A held job would take its fleet slot at claim, before it runs, while a peer may idle.
+    registry = _timed(0.001, fleet_limit=FleetLimit(100))
+    driver = CountingDriver()
+    w = worker(driver, registry, concurrency=2)
+    assert w.options.auto_ahead == frozenset() and w.options.ahead == {"q": 0}
+    await _run_all(registry, driver, 50, concurrency=2)
+    assert max(_asked(driver)) <= 2
+    # Asked for, it is claimed ahead all the same.
+    w = worker(driver, registry, concurrency=2, claim_ahead=4)
+    assert w.options.ahead == {"q": 4}
+
+
+def test_auto_is_the_default_and_may_be_named_per_queue() -> None:
+    registry = _timed(0.001)
+
+    @registry.job("r.job", queue="r")
+    async def other(ctx: object, payload: Any) -> None: ...
+
+    driver = CountingDriver()
+    assert worker(driver, registry).options.auto_ahead == {"q", "r"}
+    mixed = worker(driver, registry, claim_ahead={"q": 3}).options
+    assert (mixed.auto_ahead, mixed.ahead) == ({"r"}, {"q": 3, "r": AUTO_MAX})
+    named = worker(driver, registry, claim_ahead={"q": "auto", "r": 0}).options
+    assert (named.auto_ahead, named.ahead) == ({"q"}, {"q": AUTO_MAX, "r": 0})
+
+
+@pytest.mark.parametrize("bad", ["fast", "AUTO ", {"q": "some"}])
+def test_claim_ahead_refuses_words_other_than_auto(bad: Any) -> None:
+    with pytest.raises(ConfigError, match="auto"):
+        worker(CountingDriver(), _timed(0.001), claim_ahead=bad)
