@@ -111,6 +111,11 @@ def overview(page: Any, url: str, jobs: Seeded, shot: Any) -> None:
     shot(page, "workers", "#workers")
     [task] = page.locator("tr.task").all()
     assert _cell(task, "td:first-child") == TASK
+    # Its schedule and next fire, from the registry (ahead, or overdue when a ten-minute mark
+    # fell since its last fire: no scheduler runs here).
+    assert _cell(task, "td:nth-child(2)") == "every 600 s"
+    next_fire = _cell(task, "td:nth-child(3)")
+    assert next_fire.startswith("in ") or next_fire.endswith(" ago"), next_fire
     assert task.locator(f"a[href='/jobs/{jobs.report}']").count() == 1
     shot(page, "tasks", "#tasks")
     assert page.inner_text("#outbox-pending") == "1"

@@ -100,3 +100,25 @@ def test_a_metrics_port_in_use_says_to_pick_another(cli: Cli, db: str, taken_por
     )
     assert f"the /metrics endpoint cannot listen on 127.0.0.1:{taken_port}" in err
     assert "--metrics-port N" in err
+
+
+def test_a_metrics_host_not_of_this_machine_is_refused_before_any_job_runs(
+    cli: Cli, db: str
+) -> None:
+    job_id = enqueue(cli, db, "app.hello", "--app", "tests.apps.cli_app")
+    err = cli.fails(
+        "worker",
+        "tests.apps.cli_app",
+        "--db",
+        db,
+        "--metrics-port",
+        "0",
+        "--metrics-host",
+        "203.0.113.1",  # TEST-NET-3: no machine's own address
+        code="X_CONFIG",
+    )
+    assert "the /metrics endpoint cannot listen on 203.0.113.1:0" in err
+    assert "give --metrics-host an address of this machine" in err
+    assert "jobs.worker.started" not in err  # refused before the worker claimed anything
+    shown = cli.ok("show", job_id, "--json", "--db", db)
+    assert '"state": "ready"' in shown and '"attempts": 0' in shown

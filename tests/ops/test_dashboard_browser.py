@@ -17,8 +17,9 @@ import attrs
 import pytest
 import trio
 
+from jobs_trio import Registry
 from jobs_trio._core.records import NewJob, new_job_id
-from tests.helpers.dashboard_site import open_site, seed_history
+from tests.helpers.dashboard_site import TASK, open_site, seed_history
 from tests.helpers.process_helpers import ROOT
 
 CHROMIUM = os.environ.get("JOBS_TRIO_CHROMIUM") or shutil.which("chromium") or ""
@@ -49,8 +50,14 @@ KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 async def test_the_dashboard_in_a_real_browser(kind: str, tmp_path: Path) -> None:
     _browser_or_skip()
     shots = Path(os.environ.get("JOBS_TRIO_SCREENSHOTS") or tmp_path)
+    # The registry the workers run (--app): the cron task's schedule and next fire are shown.
+    registry = Registry()
+
+    @registry.task(TASK, every=600)
+    async def nightly(ctx: object, payload: object) -> None: ...
+
     # Served reloading every second: the live update is seen within the test's patience.
-    async with open_site(kind, tmp_path, refresh=1) as site:
+    async with open_site(kind, tmp_path, refresh=1, registry=registry) as site:
         await seed_history(site.database, site.options)
         # Playwright runs its own asyncio loop, which trio-asyncio (imported by the PostgreSQL
         # driver) has changed for this whole process: the browser is driven from a process of

@@ -56,6 +56,11 @@ async def test_a_running_worker_process_serves_its_metrics(tmp_path: Path) -> No
             "tests.apps.sqlite_app:registry", tmp_path, url, 1, "--metrics-port", "0"
         ) as [worker]:
             await started([worker])
+
+            async def serving() -> bool:
+                return "jobs.metrics.serving" in worker.output()
+
+            await until("the worker to log jobs.metrics.serving", 20, serving)
             logged = re.search(
                 r"jobs\.metrics\.serving host=127\.0\.0\.1 port=(\d+)", worker.output()
             )

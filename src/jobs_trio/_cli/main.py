@@ -323,8 +323,11 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
     async with open_driver(url, **driver_options(args, url)) as driver:
         lifecycle: Lifecycle | None = None
         try:
+            # /metrics is bound before the worker claims: a --metrics-host or --metrics-port
+            # it cannot listen on ends the command before any job's body has started.
             async with (
                 open_lifecycle(grace=args.grace, early=args.early) as lifecycle,
+                serving_metrics(args),
                 open_worker(
                     driver,
                     registry,
@@ -336,7 +339,6 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
                     lifecycle=lifecycle,
                     schedule_tasks=not args.no_tasks,
                 ),
-                serving_metrics(args),
             ):
                 await trio.sleep_forever()  # ended by the lifecycle once the drain is done
         finally:

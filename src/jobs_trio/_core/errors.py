@@ -2,6 +2,8 @@
 # Apart so that each boundary (enqueue, config, CLI, driver) raises the same kind of thing.
 from __future__ import annotations
 
+import errno
+import socket
 from typing import ClassVar
 
 
@@ -251,12 +253,22 @@ class AttemptCancelled(BaseException):
         return self.reason.code
 
 
-def cannot_listen(what: str, host: str, port: int, exc: OSError, *, flag: str) -> ConfigError:
+def cannot_listen(
+    what: str, host: str, port: int, exc: OSError, *, flag: str, host_flag: str = "--host"
+) -> ConfigError:
     """A server of ours (the dashboard, /metrics) could not bind ``host:port``: a port in use,
     an address this machine does not have, a low port without the right. The user's to fix,
-    never "a bug": ``flag`` names the option that picks the port."""
-    return ConfigError(
-        f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}",
-        fix=f"pick another port ({flag} N; 0 picks a free one), stop what listens on {port},"
-        " or give an address of this machine",
-    )
+    never "a bug": ``flag`` names the option that picks the port, ``host_flag`` the address."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        fix = (
+            f"give {host_flag} an address of this machine (127.0.0.1, the default; 0.0.0.0 for"
+            " every address)"
+        )
+    elif exc.errno == errno.EADDRINUSE:
+        fix = f"pick another port ({flag} N; 0 picks a free one), or stop what listens on {port}"
+    else:
+        fix = (
+            f"pick another port ({flag} N; 0 picks a free one; below 1024 needs privileges),"
+            f" or give {host_flag} an address of this machine"
+        )
+    return ConfigError(f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}", fix=fix)

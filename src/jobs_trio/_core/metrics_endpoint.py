@@ -37,7 +37,12 @@ async def serve_metrics(
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
         raise cannot_listen(
-            "the /metrics endpoint", host, port, exc, flag="--metrics-port"
+            "the /metrics endpoint",
+            host,
+            port,
+            exc,
+            flag="--metrics-port",
+            host_flag="--metrics-host",
         ) from exc
     bound = listeners[0].socket.getsockname()[1]
     log_event("jobs.metrics.serving", host=host, port=bound)
