@@ -336,3 +336,28 @@ async def test_step_key_is_the_same_on_every_attempt_and_differs_by_step_and_job
     assert len(set(every)) == 4
     assert all(str(uuid.UUID(k)) == k for k in every)
     assert (await record(driver, first)).state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_block_opened_inside_the_steps_function_is_refused(
+    kind: str, tmp_path: Path
+) -> None:
+    # Its own block commits apart from the step (PostgreSQL: another connection of the pool):
+    # the row it wrote would stay when the step rolls back, and be written again by the retry.
+    registry = Registry()
+
+    async with job_store(kind, tmp_path) as driver:
+
+        async def nested(tx: Transaction, attempt: int) -> None:
+            async with jobs_trio.transaction(driver) as inner:
+                await insert_row(inner, driver, "nested", attempt)
+
+        @registry.job("nested-block", attempts=3, backoff=NOW_AGAIN)
+        async def nested_block(ctx: jobs_trio.JobContext, payload: None) -> None:
+            await ctx.step.transaction("write", nested, ctx.attempt)
+
+        job_id = await nested_block.enqueue(driver)
+        assert [o.kind for o in await worker(driver, registry).tick()] == ["dead-lettered"]
+        error = (await record(driver, job_id)).last_error or ""
+        assert "opened inside the function of step.transaction('write')" in error
+        assert await rows(driver) == []

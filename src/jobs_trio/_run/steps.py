@@ -264,6 +264,7 @@ class Steps:
         async with transaction(self._driver) as tx:
             with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
                 self._open[tx] = name
+                tx.step = name
                 try:
                     pending = fn(tx, *args)
                     if not inspect.isawaitable(pending):
@@ -276,6 +277,7 @@ class Steps:
                     result = await pending
                 finally:
                     del self._open[tx]
+                    tx.step = None
             text = self._result_text(name, result)
             done = StepRecord(name, StepStatus.DONE, started, self._driver.now(), result=text)
             await self._save_in(tx, done)

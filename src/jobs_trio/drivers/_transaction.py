@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import trio
 
-from .._core.errors import ConfigError
+from .._core.errors import ConfigError, StepError
 from .._core.logs import log_event
 
 # How long a rollback may take once the block has failed or been cancelled; past it an asyncpg
@@ -48,6 +48,9 @@ class Transaction:
         self._ops = ops
         self._after_commit: list[Callable[[], None]] = []
         self.owned = False  # whether this block began it (and so commits or rolls it back)
+        # The step.transaction whose function runs in it now (steps.py), else None: a block
+        # opened inside that function would commit apart from the step's record.
+        self.step: str | None = None
         # One statement at a time on the connection, however many tasks of the block run SQL
         # or enqueue in it: a connection is one conversation (asyncpg refuses a second
         # operation in progress, and two readers of one socket would steal each other's reply).
@@ -107,6 +110,17 @@ async def transaction(target: object) -> AsyncIterator[Transaction]:
     threads). The block commits when it ends normally and rolls back when it raises or is
     cancelled: the application's rows and the jobs enqueued in it land together or not at all.
     A connection already inside a transaction is joined, not owned: committing stays yours."""
+    current = _current.get()
+    if current is not None and current.step is not None:
+        # Its writes would commit apart from the step's record: done again when the step runs
+        # again (PostgreSQL: another connection of the pool; SQLite: the step's own connection,
+        # which would fail as a lock re-acquired).
+        raise StepError(
+            f"jobs_trio.transaction() was opened inside the function of"
+            f" step.transaction({current.step!r})",
+            fix="write through the function's tx (enqueue and send_event join it): a block of"
+            " its own commits apart from the step, so its writes would not happen exactly once",
+        )
     opener = getattr(target, "open_transaction", None)
     if opener is not None:
         async with opener() as tx:
