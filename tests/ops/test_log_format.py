@@ -37,6 +37,10 @@ from jobs_trio._core.logs import log_event
         (None, ""),
         (True, "true"),
         (3, "3"),
+        (-42, "-42"),
+        ("café", "café"),  # printable beyond ASCII stays bare
+        ("tab\tin", '"tab\\tin"'),
+        ("~!#<>[]", "~!#<>[]"),
         (0.25, "0.25"),
         # A fast attempt's seconds: positional digits, never 8.1e-05.
         (8.1e-05, "0.000081"),
