@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from .render import visible
 
@@ -30,8 +30,8 @@ def logfmt_value(value: object) -> str:
     and a terminal shows what was logged rather than acting on it. None is empty (``key=``);
     a list or tuple is its items joined by commas."""
     kind = type(value)
-    if kind is str and _BARE_ASCII.fullmatch(value):  # type: ignore[arg-type]
-        return value  # type: ignore[return-value]
+    if kind is str and _BARE_ASCII.fullmatch(cast(str, value)):
+        return cast(str, value)
     if kind is int:  # not a bool (its own type), not an IntEnum (its own str)
         return str(value)
     if value is None:
@@ -87,7 +87,7 @@ class TextFormatter(logging.Formatter):
         if self._second[0] != second:
             shown = time.strftime(self.default_time_format, self.converter(record.created))
             self._second = (second, shown)
-        return self.default_msec_format % (self._second[1], record.msecs)
+        return f"{self._second[1]},{int(record.msecs):03d}"  # logging's default_msec_format
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         event = event_of(record)
