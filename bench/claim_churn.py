@@ -4,6 +4,7 @@
 """The PostgreSQL claim's cost under churn, on plans made while the table was empty.
 
     python bench/claim_churn.py [--db postgresql://postgres@127.0.0.1:5432/postgres] [--seconds 8]
+        [--rounds 150]
 
 A schema `bench_claim_churn` (migrated, emptied and VACUUM ANALYZEd first; left for the next
 run). Two ways, one after the other, each for --seconds:
@@ -31,9 +32,10 @@ import uuid
 
 import asyncpg
 
+from jobs_trio.drivers._claim_slots import ClaimSlots
 from jobs_trio.drivers._postgres_pool import PLANNER_SETTINGS
 from jobs_trio.drivers._postgres_sql import load_statements
-from jobs_trio.drivers._rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
+from jobs_trio.drivers.postgres import _claim_arguments
 
 SCHEMA = "bench_claim_churn"
 ROUNDS = 150
@@ -68,6 +70,7 @@ async def rounds(url: str, seconds: float, *, fed: bool) -> None:
     stop = asyncio.Event()
     feeding = asyncio.create_task(feed(url, stop)) if fed else None
     label = "beside a feed" if fed else "apart"
+    slots = ClaimSlots.of(["q"], 50)
 
     async def timed(n: int) -> tuple[float, int]:
         spent, claimed = 0.0, 0
@@ -75,9 +78,8 @@ async def rounds(url: str, seconds: float, *, fed: bool) -> None:
             if not fed:  # beside a feed, the feed alone enqueues: the queue stays short
                 await side.execute(INSERT, [uuid.uuid4().hex for _ in range(20)], time.time())
             started = time.perf_counter()
-            rows = await claim.fetch(
-                time.time(), ["q"], 50, 8.0, "w", LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS, [50]
-            )
+            # The driver's own argument builder: the claim's parameters change with it.
+            rows = await claim.fetch(*_claim_arguments(time.time(), slots, 8.0, "w", None, True))
             spent += time.perf_counter() - started
             claimed += len(rows)
             await side.execute(COMPLETE, [row["id"] for row in rows])
@@ -102,6 +104,8 @@ async def rounds(url: str, seconds: float, *, fed: bool) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    global ROUNDS
+    ROUNDS = args.rounds  # fewer for a smoke run (tests/bench): each mean takes ~2 s at 150
     import trio
 
     from jobs_trio import open_driver
@@ -120,4 +124,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="claims per mean")
     asyncio.run(main(parser.parse_args()))

@@ -7,12 +7,13 @@
 
 Enqueues jobs into a schema of its own (`bench_claim_floor`, dropped at the end), VACUUM
 ANALYZE, then on one connection with the pool's session settings runs, in rounds, N of each:
-``full``, the driver's own settle_claim_complete statement settling the previous job and
-claiming one; ``minimal``, one statement that only completes the previous job (fenced by its
-token) and claims the next due one (no lapsed-lease rescue, no burial of exhausted jobs, no
-fleet limits, no NOTIFY); and ``select1``, a bare round trip. Prints wall µs per statement and
-the backend's CPU µs per statement (/proc/<pid>/stat of the server process: 10 ms ticks, so
-use thousands). The difference full - minimal is what the features cost each claim."""
+``full``, the driver's own settle_claim_complete statement settling the previous job (with the
+attempt's note, as the worker settles it) and claiming one; ``minimal``, one statement that only
+completes the previous job (fenced by its token) and claims the next due one (no lapsed-lease
+rescue, no burial of exhausted jobs, no fleet limits, no NOTIFY, no attempt history); and
+``select1``, a bare round trip. Prints wall µs per statement and the backend's CPU µs per
+statement (/proc/<pid>/stat of the server process: 10 ms ticks, so use thousands). The
+difference full - minimal is what the features cost each claim."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ import asyncpg
 import trio
 
 import jobs_trio
+from jobs_trio._core.records import AttemptNote, Complete, Lease
+from jobs_trio.drivers._claim_slots import ClaimSlots
 from jobs_trio.drivers._postgres_pool import PLANNER_SETTINGS
 from jobs_trio.drivers._postgres_sql import load_statements
+from jobs_trio.drivers.postgres import _claim_arguments, _settle_columns
 
 SCHEMA = "bench_claim_floor"
 registry = jobs_trio.Registry()
@@ -81,14 +85,19 @@ async def measure(url: str, n: int, rounds: int) -> None:
         await conn.execute(f"VACUUM ANALYZE {SCHEMA}.jobs")
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         queue = noop.queue
+        slots = ClaimSlots.of([queue], 1)
 
-        def claim_args() -> list[Any]:
-            return [time.time(), [queue], 1, 8.0, "w", "lapsed", "dead {attempts}", [1]]
+        # The driver's own argument builders (as postgres.py calls them): the statements'
+        # parameters change with the driver, and a list spelled out here went stale.
+        def claim_args() -> tuple[Any, ...]:
+            return _claim_arguments(time.time(), slots, 8.0, "w", None, True)
 
         async def full(prev: Any) -> Any:
-            settle = [[prev["id"]], [prev["token"]], [False], ["null"]]
+            # As the worker settles a run: Complete, with the attempt's note for its history.
+            note = AttemptNote(attempt=1, worker_id="w", seconds=0.0)
+            done = Complete(Lease(prev["id"], prev["token"]), "null", note=note)
             return await conn.fetch(
-                sql["settle_claim_complete"], *claim_args(), sql.channel, *settle
+                sql["settle_claim_complete"], *claim_args(), sql.channel, *_settle_columns([done])
             )
 
         async def minimal(prev: Any) -> Any:

@@ -49,7 +49,11 @@ async def noop(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
     global _first_written
     if not _first_written:
         _first_written = True
-        Path(os.environ["DEEP_BACKLOG_MARK"]).write_text(repr(time.time()))
+        # Written aside, then renamed: the orchestrator reads the mark as soon as it exists, and
+        # a file written in place could be read still empty.
+        mark = Path(os.environ["DEEP_BACKLOG_MARK"])
+        mark.with_suffix(".part").write_text(repr(time.time()))
+        mark.with_suffix(".part").replace(mark)
 
 
 # --- the orchestrator ----------------------------------------------------------------------
@@ -70,7 +74,7 @@ def load() -> str:
 async def postgres_db() -> AsyncIterator[str]:
     from run import admin, db_url
 
-    # Our own name (pid): run.py's bench_<lib>_<n> may be in use by a run next to this one.
+    # Our own name (pid): run.py's bench_<lib>_<pid>_<n> may be in use by a run next to this one.
     name = f"bench_deep_{os.getpid()}"
     await admin(f'CREATE DATABASE "{name}"')
     try:

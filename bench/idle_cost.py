@@ -104,8 +104,9 @@ async def measure(server: Server, queues: int, seconds: float) -> dict[str, floa
         sent: list[str] = []
         plain_connect = Bridge.connect
 
-        async def counting(self: Bridge, *, purpose: str) -> Any:
-            conn = await plain_connect(self, purpose=purpose)
+        # Every option passed on as given (the listener asks for its own connection class).
+        async def counting(self: Bridge, *, purpose: str, **options: Any) -> Any:
+            conn = await plain_connect(self, purpose=purpose, **options)
             conn.add_query_logger(lambda record: sent.append(record.query))
             return conn
 

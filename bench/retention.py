@@ -5,14 +5,15 @@
 
     python bench/retention.py                       # PostgreSQL and SQLite, 1,000,000 finished
     python bench/retention.py --finished 200000 --driver sqlite
+    python bench/retention.py --finished 1000 --rounds 50   # a smoke run (tests/bench)
 
-For each driver: a fresh database; LIVE ready jobs; the claim measured (ROUNDS claims of one
-job, each settled Complete at once, as a worker at c=1 would: the median and p99 of the claim
-call alone); then N completed jobs two days old written by one INSERT ... SELECT (generate_series
-on PostgreSQL, a recursive CTE on SQLite), ANALYZE, the claim measured again; then
-``jobs-trio prune``'s loop (Retention(keep_finished=1 day), 1,000 a batch) timed, ANALYZE (what
-autovacuum does), the claim measured a third time. PostgreSQL at $BENCH_PG
-(default postgresql://postgres@127.0.0.1:5432)."""
+For each driver: a fresh database; LIVE ready jobs; the claim measured (--rounds claims of one
+job, 500 by default, each settled Complete at once, as a worker at c=1 would: the median and p99
+of the claim call alone); then N completed jobs two days old written by one INSERT ... SELECT
+(generate_series on PostgreSQL, a recursive CTE on SQLite), ANALYZE, the claim measured again;
+then ``jobs-trio prune``'s loop (Retention(keep_finished=1 day), 1,000 a batch) timed, ANALYZE
+(what autovacuum does), the claim measured a third time. PostgreSQL at $BENCH_PG (default
+postgresql://postgres@127.0.0.1:5432)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,8 @@ async def one(kind: str, finished: int, workdir: Path) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    global ROUNDS
+    ROUNDS = args.rounds  # fewer for a smoke run: 500 are ~2 s a measure on PostgreSQL
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.driver:
@@ -168,6 +171,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--driver", action="append", choices=["postgres", "sqlite"])
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="claims timed per measure")
     parsed = parser.parse_args()
     parsed.driver = parsed.driver or ["postgres", "sqlite"]
     trio.run(main, parsed)

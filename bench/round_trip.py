@@ -61,13 +61,13 @@ async def crossings(driver: Any, n: int) -> None:
     import trio_asyncio
 
     from jobs_trio.drivers._asyncio_stepper import step_to_end
-    from jobs_trio.drivers._direct_reads import give_back, take_over, transport_of
+    from jobs_trio.drivers._direct_reads import let_loop_read, take_over, transport_of
 
     bridge = driver.bridge
     async with bridge._pool.checkout() as conn:
 
         def loop_reads() -> None:
-            give_back(conn)
+            let_loop_read(conn)  # named give_back until 840f352 (one name per idea)
 
         ways: dict[str, tuple[Callable[[], object], Callable[[], Awaitable[object]]]] = {
             "SELECT 1 as a Task": (

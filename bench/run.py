@@ -7,7 +7,7 @@
     python bench/run.py latency --lib pgqueuer
     python bench/run.py all              # every workload, every library, interleaved, 3 reps
 
-Each run gets a fresh database (bench_<lib>_<n>, dropped after, also on failure), one worker
+Each run gets a fresh database (bench_<lib>_<pid>_<n>, dropped after, also on failure), one worker
 process per library, start-up excluded: processing is timed from the first handler start (the
 handler's own clock) to the last completion the database recorded. The batch is followed by
 VACUUM ANALYZE, for every library alike (a database that has run for a minute has planner
@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import sqlite3
@@ -270,16 +271,32 @@ async def admin(sql: str) -> None:
         await conn.close()
 
 
+# bench_<lib>_<pid>_<n>, or bench_<lib>_<n> as named before the pid was in it.
+_OURS = re.compile(rf"{PREFIX}(?:{'|'.join(LIBS)})_(?:([0-9]+)_)?[0-9]+")
+
+
+def _gone(pid: str | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    return False
+
+
 async def drop_leftovers() -> None:
-    """Databases a killed earlier run could not drop (only ours: bench_<lib>_<n>)."""
+    """Databases a killed earlier run could not drop: only ours, and only those whose run's
+    process is gone. A run beside this one (a smoke test's, deep_queue.py's, scale.py's) is
+    using its own: dropped WITH (FORCE), its workers lost their tables mid-run."""
     conn = await asyncpg.connect(ADMIN_URL, timeout=10)
     try:
         names = [
             r["datname"]
-            for r in await conn.fetch(
-                "SELECT datname FROM pg_database WHERE datname ~ $1",
-                f"^{PREFIX}({'|'.join(LIBS)})_[0-9]+$",
-            )
+            for r in await conn.fetch("SELECT datname FROM pg_database")
+            if (ours := _OURS.fullmatch(r["datname"])) and _gone(ours.group(1))
         ]
     finally:
         await conn.close()
@@ -289,7 +306,9 @@ async def drop_leftovers() -> None:
 
 @contextlib.asynccontextmanager
 async def fresh_db(lib: str) -> AsyncIterator[str]:
-    name = f"{PREFIX}{lib}_{next(_counter)}"
+    # This process's pid in the name: two runs side by side (the smoke tests run several at
+    # once) each counted from 1, and each dropped and made again the other's database.
+    name = f"{PREFIX}{lib}_{os.getpid()}_{next(_counter)}"
     await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     await admin(f'CREATE DATABASE "{name}"')
     try:
