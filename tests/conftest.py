@@ -64,3 +64,10 @@ def postgres_url() -> str:
 def pg_schema() -> Iterator[str]:
     """A fresh schema name per test; dropped afterwards by the driver tests that create it."""
     yield f"jt_{uuid.uuid4().hex[:12]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests (processes, browsers, a million jobs) first: `nox -s tests` runs on four
+    workers, and one started last would be the whole suite's tail. A stable sort: the order
+    within each kind is the files' own."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

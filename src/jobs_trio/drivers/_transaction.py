@@ -99,6 +99,12 @@ def unwrap(connection: object | None) -> tuple[object | None, Transaction | None
     return connection, None
 
 
+def has_transactions(driver: object) -> bool:
+    """Whether ``transaction(driver)`` opens one on the driver itself (SQLite, PostgreSQL; not
+    the memory driver, nor an Outbox, which writes in the application's)."""
+    return getattr(driver, "open_transaction", None) is not None
+
+
 @contextlib.asynccontextmanager
 async def transaction(target: object) -> AsyncIterator[Transaction]:
     """Open a transaction and make it the current one for the block.
@@ -122,7 +128,7 @@ async def transaction(target: object) -> AsyncIterator[Transaction]:
             " its own commits apart from the step, so its writes would not happen exactly once",
         )
     opener = getattr(target, "open_transaction", None)
-    if opener is not None:
+    if opener is not None:  # has_transactions(target)
         async with opener() as tx:
             with _marked(tx):
                 yield tx

@@ -1,0 +1,118 @@
+# A large enqueue_many (issue 35): written in chunks of bounded statements inside one transaction,
+# all or none, with progress in the log; a million jobs stored on SQLite and on PostgreSQL.
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jobs_trio
+from jobs_trio import JobState, Registry
+from jobs_trio._core.records import Enqueued, NewJob
+from jobs_trio._jobs import registry as registry_module
+from jobs_trio.driver import Driver
+from tests.conftest import require_postgres
+
+STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@contextlib.asynccontextmanager
+async def store(kind: str, tmp_path: Path) -> AsyncIterator[Driver]:
+    if kind == "sqlite":
+        async with jobs_trio.open_driver(f"sqlite:///{tmp_path / 'jobs.db'}") as driver:
+            yield driver
+        return
+    schema = f"jt_{uuid.uuid4().hex[:12]}"
+    async with jobs_trio.open_driver(
+        require_postgres(), schema=schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        yield driver
+
+
+def bulk_job(registry: Registry) -> Any:
+    @registry.job("bulk.job", queue="bulk")
+    async def bulk(ctx: object, payload: Any) -> None: ...
+
+    return bulk
+
+
+async def ready_count(driver: Driver) -> int:
+    for row in await driver.stats():
+        if row.queue == "bulk":
+            return row.depth.get(JobState.READY.value, 0)
+    return 0
+
+
+class FailsOnCall:
+    """``driver``, except that its ``fail_on``-th enqueue call fails after the driver wrote it
+    (a lost connection after the chunk's statement): what was written must roll back."""
+
+    def __init__(self, driver: Driver, fail_on: int) -> None:
+        self._driver = driver
+        self._fail_on = fail_on
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._driver, name)
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        self.calls += 1
+        answers = await self._driver.enqueue(jobs, connection=connection)
+        if self.calls == self._fail_on:
+            raise jobs_trio.DriverError("the connection was lost (test)", fix="retry")
+        return answers
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_batch_larger_than_a_chunk_is_written_in_chunks_all_or_none(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK", 10)
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    registry = Registry()
+    bulk = bulk_job(registry)
+    async with store(kind, tmp_path) as driver:
+        failing = FailsOnCall(driver, fail_on=3)
+        with pytest.raises(jobs_trio.DriverError):
+            await bulk.enqueue_many(failing, [{"i": i} for i in range(35)])
+        assert failing.calls == 3  # chunks of 10: the first two were written, then rolled back
+        assert await ready_count(driver) == 0
+
+        ids = await bulk.enqueue_many(driver, [{"i": i} for i in range(35)])
+        assert len(set(ids)) == 35 and await ready_count(driver) == 35
+        progress = [
+            r.fields  # type: ignore[attr-defined]
+            for r in caplog.records
+            if getattr(r, "event", "") == "jobs.enqueue.progress"
+        ]
+        assert [(p["written"], p["of"]) for p in progress[-4:]] == [
+            (10, 35),
+            (20, 35),
+            (30, 35),
+            (35, 35),
+        ]
+
+        # Inside the application's transaction the chunks join it: rolled back with it.
+        with pytest.raises(RuntimeError, match="the request failed"):
+            async with jobs_trio.transaction(driver):
+                await bulk.enqueue_many(driver, [{"i": i} for i in range(25)])
+                raise RuntimeError("the request failed")
+        assert await ready_count(driver) == 35
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_million_jobs_in_one_enqueue_many_are_all_stored(kind: str, tmp_path: Path) -> None:
+    registry = Registry()
+    bulk = bulk_job(registry)
+    async with store(kind, tmp_path) as driver:
+        ids = await bulk.enqueue_many(driver, [None] * 1_000_000)
+        assert len(ids) == len(set(ids)) == 1_000_000
+        assert await ready_count(driver) == 1_000_000
