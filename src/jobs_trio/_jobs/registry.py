@@ -25,11 +25,11 @@ from .._core.boundary import (
 )
 from .._core.errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
 from .._core.fleet_limits import FleetLimit, RateLimit, resolve
+from .._core.logs import log_event
 from .._core.records import JobId, NewJob, new_job_id
 from .._core.run_context import CaptureContext, RestoreContext, stored_context
 from .._cron.schedule import parse_schedule
 from .._cron.tasks import Missed, TaskDefinition, check_missed
-from .._core.logs import log_event
 from ..drivers._transaction import has_transactions, joined, transaction
 
 if TYPE_CHECKING:
