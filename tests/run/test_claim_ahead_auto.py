@@ -59,8 +59,9 @@ async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_cl
     ahead = int(2 * AUTO_HOLD / 0.001)
     assert 2 < ahead < AUTO_MAX
     assert max(asked) == 2 + ahead
-    # Held jobs, not a claim per job: far fewer claims than jobs.
-    assert len(asked) < 300 / 10
+    # Held jobs, not a claim per job: the first eight claims asked for all 300 (a claim goes
+    # out once half of the room ahead has started).
+    assert sum(asked[:8]) >= 300
 
 
 async def test_jobs_whose_slots_start_fewer_than_one_a_hold_are_never_claimed_ahead(

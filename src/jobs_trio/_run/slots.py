@@ -21,9 +21,10 @@ StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
 
 # claim_ahead="auto": a queue holds what its slots start in about this long at the pace of its
 # recent runs. Long enough to cover a claim's round trip a few times over (a claim is sent once
-# half of it has started), short enough that a held job's wait, a job enqueued behind the held
-# ones, and what a peer worker could have run meanwhile are all a matter of milliseconds.
-AUTO_HOLD = 0.025
+# half of it has started) and to make the claims large (worker_options.AUTO_MAX), short enough
+# that a held job's wait, a job enqueued behind the held ones, and what a peer worker could
+# have run meanwhile are all a matter of milliseconds.
+AUTO_HOLD = 0.05
 # How fast the pace follows the runs: each run's time counts this much in the running mean.
 _PACE_WEIGHT = 0.1
 

@@ -124,10 +124,13 @@ def worker_options(
     )
 
 
-# The most a queue claims ahead when the worker sizes it (claim_ahead="auto"): past about 128
-# held, a claim's round trip is no longer what a short job waits for (bench/worker_cpu.py
-# --ahead N at concurrency 10 and 50), and a crash lapses more held jobs at once.
-AUTO_MAX: Final = 128
+# The most a queue claims ahead when the worker sizes it (claim_ahead="auto"). Larger claims
+# cost both sides less a job (PostgreSQL's fixed cost a statement, ~0.6 ms, spread wider), and
+# at 128 a worker at concurrency 50 still waited for claims: bench/worker_cpu.py --jobs 30000,
+# alternating, 512 with a 50 ms hold ran 6,141/7,329/8,855 jobs/s at c=50 against 5,777/
+# 5,219/6,795, and 7,037/8,214/7,342 at c=10 against 5,204/8,065/6,277. Past it a crash
+# lapses more held jobs at once (their attempts given back, their runs a lease late).
+AUTO_MAX: Final = 512
 
 
 def _auto_fits(queue: str, driver: Driver, registry: Registry) -> bool:
