@@ -90,3 +90,51 @@ async def test_an_outage_longer_than_a_lease_runs_no_finished_body_twice_and_cha
     # Stopped at its lease, handed back uncounted, run again to completion: one attempt.
     assert (again.state, again.attempts) == (JobState.COMPLETED, 1)
     assert ran[stopped] == 2
+
+
+class LosesAnAnswer(MemoryDriver):
+    """The first claim that takes jobs commits, then fails as a connection dropped before its
+    answer arrived would (the worker never learns what it claimed)."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+        self.lost: list[str] = []
+
+    async def claim(self, *args: Any, **kw: Any) -> Any:
+        claims = await super().claim(*args, **kw)
+        if claims and not self.lost:
+            self.lost = [c.job_id for c in claims]
+            raise DriverError("the connection was lost during claim (test)", fix="retry")
+        return claims
+
+    async def settle_and_claim(self, settlements: Any, *args: Any, **kw: Any) -> Any:
+        applied = await MemoryDriver.settle(self, settlements)
+        return applied, await self.claim(*args, **kw)
+
+
+async def test_a_claim_whose_answer_was_lost_costs_its_jobs_no_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Before: its jobs ran under this worker with tokens it never learned, lapsed a lease later
+    # and were each charged an attempt for the outage (issue 32, found by review).
+    registry = Registry()
+    ran: list[tuple[str, int, float]] = []
+
+    @registry.job("quick")
+    async def quick(ctx: JobContext, payload: int) -> None:
+        ran.append((ctx.job_id, ctx.attempt, trio.current_time()))
+
+    driver = LosesAnAnswer()
+    ids = await quick.enqueue_many(driver, list(range(3)))
+    w = worker(driver, registry, concurrency=3, lease=30, poll_interval=1.0, claim_ahead=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        with trio.fail_after(25):  # well inside the lease the lost claim took
+            while len(ran) < 3:
+                await trio.sleep(0.5)
+        await w.stop()
+    assert sorted(driver.lost) == sorted(ids)
+    assert sorted((job_id, attempt) for job_id, attempt, _ in ran) == sorted((i, 1) for i in ids)
+    for job_id in ids:
+        r = await record(driver, job_id)
+        assert (r.state, r.attempts) == (JobState.COMPLETED, 1)

@@ -79,7 +79,9 @@ async def test_an_outage_of_2_5_leases_runs_no_finished_body_twice_and_charges_n
     async with store(tmp_path) as (url, workers_url, outage), open_driver(url) as driver:
         # Short bodies finish during the outage (their results wait to be written); long ones
         # are still running when their leases run out in it (their workers stop them).
-        payloads = [{"seconds": 0.2}] * 150 + [{"seconds": 4.0}] * 20
+        # A few long ones first: they are running whatever the machine's speed when the
+        # outage begins, so the rule for a lease that runs out in it is always exercised.
+        payloads = [{"seconds": 4.0}] * 10 + [{"seconds": 0.2}] * 150 + [{"seconds": 4.0}] * 10
         job_ids = list(await short.enqueue_many(driver, payloads))
         options = ("--lease", str(LEASE), "--concurrency", "10")
         async with worker_processes(
@@ -106,3 +108,4 @@ async def test_an_outage_of_2_5_leases_runs_no_finished_body_twice_and_charges_n
                 charged.append((job_id, r.attempts, r.last_error))
         assert not charged, f"{len(charged)} jobs charged for the outage: {charged[:3]}"
         assert "jobs.settle.fenced" not in outputs
+        assert "jobs.lease.expired" in outputs, outputs[-3000:]  # the hand-back was exercised

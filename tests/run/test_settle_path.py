@@ -14,7 +14,14 @@ import trio.testing
 
 from jobs_trio import Registry
 from jobs_trio._core.errors import DriverError, RowLocked, ValueRefused
-from jobs_trio._core.records import Complete, JobState, Lease, RenewResult, Settlement
+from jobs_trio._core.records import (
+    AttemptNote,
+    Complete,
+    JobState,
+    Lease,
+    RenewResult,
+    Settlement,
+)
 from jobs_trio._run.lease_renewal import lease_margin
 from jobs_trio._run.lifecycle import Lifecycle
 from jobs_trio._run.settler import LAST_RESORT_ERROR, Settler
@@ -149,6 +156,55 @@ async def test_an_ending_fenced_out_by_another_run_is_reported_not_dropped_silen
     [fenced] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.settle.fenced"]
     assert fenced.fields["job_id"] == first.job_id  # type: ignore[attr-defined]
     assert fenced.fields["settlement"] == "Complete"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["settled", "carried-by-a-claim"])
+async def test_a_write_whose_answer_was_lost_is_not_reported_fenced_when_it_had_landed(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture, carried: bool
+) -> None:
+    # The write committed, then the connection dropped before its answer (an outage): the
+    # retry is refused by the fence (the token is cleared), and the worker said the finished
+    # result had been dropped, "taken by another run" (issue 32, found by review).
+    class LosesAnAnswer(MemoryDriver):
+        def __init__(self) -> None:
+            super().__init__(clock=trio.current_time)
+            self.lost = 0
+
+        async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+            applied = await super().settle(settlements)
+            if not self.lost:
+                self.lost += 1
+                raise DriverError("the connection was lost (test)", fix="retry")
+            return applied
+
+        async def settle_and_claim(self, settlements: Any, *args: Any, **kw: Any) -> Any:
+            await self.settle(settlements)  # the first one loses its answer
+            raise AssertionError("not reached")
+
+    driver = LosesAnAnswer()
+    settler = Settler(driver, carried_by_claims=carried)
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    await x.enqueue(driver)
+    [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w")
+    note = AttemptNote(attempt=claim.attempt, worker_id="w", seconds=0.1)
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        pending = settler.hand_in(Complete(claim.lease, '"done"', note=note))
+        if carried:
+            with pytest.raises(DriverError):
+                await settler.claim(driver, ["default"], {"default": 1}, lease=30, worker_id="w")
+        assert await settler.confirmed(pending) is True
+        settler.stop_intake()
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert "jobs.settle.fenced" not in events
+    assert events.count("jobs.settle.written-earlier") == 1
+    r = await record(driver, claim.job_id)
+    assert (r.state, r.result) == (JobState.COMPLETED, '"done"')
 
 
 async def test_settlements_a_claim_carried_past_a_locked_row_are_kept_or_retried_not_rewritten(

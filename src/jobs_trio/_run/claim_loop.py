@@ -7,14 +7,14 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import trio
 
 from .._core.errors import DriverError
 from .._core.logs import log_event
-from .._core.records import Claim
-from ..drivers.contract import Driver
+from .._core.records import Claim, ClaimToken
+from ..drivers.contract import Driver, HandsBackUnheld
 from .outage import Outage
 from .settler import Settler
 from .slots import Slots
@@ -40,6 +40,7 @@ class ClaimLoop:
         outage: Outage,
         worker_id: str,
         place: Place,
+        held: Callable[[], Sequence[ClaimToken]] = tuple,
     ) -> None:
         self._driver = driver
         self._options = options
@@ -47,6 +48,11 @@ class ClaimLoop:
         self._outage = outage
         self._worker_id = worker_id
         self._place = place
+        self._held = held
+        # A claim failed with no answer (the connection dropped while it was in flight): it
+        # may have committed, and its jobs, which no run here holds, are given back before the
+        # next claim (_hand_back_unheld).
+        self._answer_lost = False
         # Claiming stops at once on stop(): every idle wait is cancelled, but a claim in flight
         # is not (it may have committed): it is waited for, under the budget, and whatever it
         # claimed is reached by the drain.
@@ -73,6 +79,8 @@ class ClaimLoop:
                 with self.idle_wait():
                     await settler.flowing()
                 continue
+            if self._answer_lost and not await self._hand_back_unheld():
+                continue
             sent_at = trio.current_time()
             try:
                 # Not cancelled when claiming stops: a claim that committed must reach its
@@ -88,12 +96,8 @@ class ClaimLoop:
                     **self._claim_options(free),
                 )
             except DriverError as exc:
-                self._outage.unreachable()
-                log_event(
-                    "jobs.worker.claim-failed", logging.WARNING, queues=tuple(free), error=str(exc)
-                )
-                with self.idle_wait():
-                    await trio.sleep(self._options.poll_interval)
+                self._answer_lost = True
+                await self._claim_failed(exc, free)
                 continue
             self._outage.reached(sent_at)
             for claim in claims:
@@ -113,6 +117,42 @@ class ClaimLoop:
             else:
                 # Every queue asked filled all its free slots: more may be waiting.
                 await trio.lowlevel.checkpoint()
+
+    async def _claim_failed(self, exc: DriverError, queues: Mapping[str, int]) -> None:
+        self._outage.unreachable()
+        log_event("jobs.worker.claim-failed", logging.WARNING, queues=tuple(queues), error=str(exc))
+        with self.idle_wait():
+            await trio.sleep(self._options.poll_interval)
+
+    async def _hand_back_unheld(self) -> bool:
+        """After a claim that failed with no answer: the jobs it may have taken, running under
+        this worker with tokens no run here holds, are given their attempts back (issue 32: else
+        each lapsed a lease later and was charged an attempt for an outage). Only this worker,
+        alive, does it for its own claims: a job that kills its worker is never handed back so.
+        False when the database still does not answer (the claim loop waits and tries again)."""
+        if not self._driver.capabilities.hands_back_unheld:
+            self._answer_lost = False
+            await trio.lowlevel.checkpoint()
+            return True
+        driver = cast(HandsBackUnheld, self._driver)  # declared by its capabilities
+        try:
+            given = await driver.hand_back_unheld(
+                self._worker_id, self._options.queues, list(self._held())
+            )
+        except DriverError as exc:
+            await self._claim_failed(exc, self._options.limits)
+            return False
+        self._answer_lost = False
+        if given:
+            log_event(
+                "jobs.worker.claim-answer-lost",
+                logging.WARNING,
+                worker=self._worker_id,
+                jobs=len(given),
+                why="a claim committed but its answer never arrived (the connection dropped);"
+                " its jobs are claimable again at once, their attempts given back",
+            )
+        return True
 
     def _claim_options(self, want: Mapping[str, int]) -> dict[str, Any]:
         """What a claim tells its driver beyond the queues and their caps, only when it must:

@@ -84,6 +84,9 @@ class LeaseLifeline:
         # A ping is answered within a tick on a responsive loop; several per renewal interval,
         # so a block is caught well before a lease could lapse.
         self._tick = min(0.25, renew_interval / 4)
+        # A wait of this thread's own that overran by this much: no thread of the process ran
+        # (a C call holding the GIL, a stopped process or machine), this one included.
+        self._stall_after = max(renew_interval, BLOCK_WARN)
         self._answered = 0  # the last ping the Trio loop answered (written on the Trio thread)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -124,8 +127,13 @@ class LeaseLifeline:
         sent_at = 0.0
         block: _Block | None = None
         try:
-            while not stop.wait(self._tick):
+            while True:
+                waited_from = time.monotonic()
+                if stop.wait(self._tick):
+                    return
                 now = time.monotonic()
+                if now - waited_from >= self._stall_after:
+                    self._stalled(now - waited_from)
                 if self._answered == sent:
                     if block is not None:
                         self._ended(block, now)
@@ -221,6 +229,26 @@ class LeaseLifeline:
                 why="the event loop is blocked; the lifeline's own connection keeps the leases",
             )
         block.renewals += 1
+
+    def _stalled(self, stalled_for: float) -> None:
+        """This thread could not run either: nothing renewed the leases meanwhile, beside the
+        loop or on it. Said once it runs again, since the lease that lapsed meanwhile is
+        reported by the worker that claims the job next, as a crash."""
+        runs = self._runs()
+        if not runs:
+            return
+        log_event(
+            "jobs.worker.process-stalled",
+            logging.WARNING,
+            worker=self._worker_id,
+            stalled_for=round(stalled_for, 1),
+            jobs=[run.job_id for run in runs],
+            why="no thread of this process ran for that long (a C call holding the GIL, a"
+            " stopped process or machine), so nothing renewed its leases: a job whose lease"
+            " ran out meanwhile may have been claimed and run by another worker",
+            fix="run GIL-holding work (a large json.loads, a regex, C code) in a subprocess,"
+            " or raise the lease above the longest such call",
+        )
 
     def _ended(self, block: _Block, now: float) -> None:
         if now - block.start >= BLOCK_WARN:

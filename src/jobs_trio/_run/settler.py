@@ -15,6 +15,8 @@ from .._core.boundary import storable_text
 from .._core.errors import DriverError, JobsError, RowLocked, ValueRefused
 from .._core.logs import log_event
 from .._core.records import (
+    AttemptNote,
+    AttemptRecord,
     CancelJob,
     Claim,
     Complete,
@@ -60,6 +62,10 @@ class _Pending:
     # after a backoff of lock_delay.
     lock_delay: float = 0.0
     retry_at: float = 0.0
+    # A write of it failed with no answer (the connection dropped): it may have committed
+    # then. The driver's clock before that try; a later try the fence refuses is then read
+    # back (_written_before) rather than reported fenced.
+    uncertain_since: float | None = None
 
 
 class Settler:
@@ -212,6 +218,7 @@ class Settler:
         if not carried:
             return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
         both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so
+        tried_at = driver.now()
         try:
             applied, claims = await both.settle_and_claim(
                 [pending.settlement for pending in carried],
@@ -229,14 +236,14 @@ class Settler:
         except ValueRefused:
             self.return_carried(carried, solo=True)
         except DriverError:
-            self.return_carried(carried, solo=False)
+            self.return_carried(carried, solo=False, uncertain_since=tried_at)
             raise  # the claim failed: the claim loop's own handling
         except Exception:
             # Not a failure we know (a driver bug, a value it chokes on): as the writer treats
             # one, a refusal of something carried.
             self.return_carried(carried, solo=True)
         except BaseException:
-            self.return_carried(carried, solo=False)  # cut by the budget
+            self.return_carried(carried, solo=False, uncertain_since=tried_at)  # the budget
             raise
         else:
             self.written(carried, applied)
@@ -278,12 +285,17 @@ class Settler:
                 self._defer_locked(pending, exc)
         return True
 
-    def return_carried(self, batch: list[_Pending], *, solo: bool) -> None:
+    def return_carried(
+        self, batch: list[_Pending], *, solo: bool, uncertain_since: float | None = None
+    ) -> None:
         """``batch`` (from ``take_for_claim``) was not written: the writer writes it, first,
         in its order; never carried again when ``solo`` (the database refused the claim that
-        carried it)."""
+        carried it). ``uncertain_since``: the call failed with no answer, and may have
+        committed (see _Pending.uncertain_since)."""
         for pending in reversed(batch):
             pending.solo = pending.solo or solo
+            if uncertain_since is not None and pending.uncertain_since is None:
+                pending.uncertain_since = uncertain_since
             self._queue.appendleft(pending)
         if batch:
             self._arrived.unpark_all()
@@ -384,6 +396,7 @@ class Settler:
         delay = 0.05
         while True:
             sent_at = trio.current_time()
+            tried_at = self._driver.now()
             try:
                 applied = set(await self._driver.settle([p.settlement for p in batch]))
             except ValueRefused as exc:
@@ -410,6 +423,9 @@ class Settler:
                 # these finished jobs are written before a claim (anyone's) takes them again.
                 if self._outage is not None:
                     self._outage.unreachable()
+                for pending in batch:
+                    if pending.uncertain_since is None:
+                        pending.uncertain_since = tried_at
                 self.stalled = True
                 log_event("jobs.settle.retrying", logging.WARNING, jobs=len(batch), error=str(exc))
                 await trio.sleep(delay)
@@ -422,8 +438,36 @@ class Settler:
                 await self._isolate(batch, exc)
                 return
             self._reached(sent_at)
+            if any(p.uncertain_since is not None for p in batch):
+                applied |= await self._written_before(batch, applied)
             self._done(batch, applied)
             return
+
+    async def _written_before(self, batch: list[_Pending], applied: set[JobId]) -> set[JobId]:
+        """The settlements of ``batch`` the fence refused now that an earlier try of theirs,
+        whose answer was lost, had written: the job's newest history record is this attempt's,
+        by this worker, ended since that try. Not a fenced ending (reported as one, it read as
+        a finished result dropped, issue 32); a settlement without a note cannot be told, and
+        a read that fails leaves it reported fenced."""
+        found: set[JobId] = set()
+        for pending in batch:
+            job_id, note = pending.settlement.lease.job_id, pending.settlement.note
+            since = pending.uncertain_since
+            if job_id in applied or note is None or since is None:
+                continue
+            try:
+                history = await self._driver.load_attempts(job_id)
+            except JobsError:
+                continue
+            if history and _is_this_attempt(history[-1], note, since):
+                found.add(job_id)
+                log_event(
+                    "jobs.settle.written-earlier",
+                    job_id=job_id,
+                    settlement=type(pending.settlement).__name__,
+                    why="an earlier try of this write committed, but its answer was lost",
+                )
+        return found
 
     async def _isolate(self, batch: list[_Pending], refusal: Exception) -> None:
         if len(batch) > 1:
@@ -484,6 +528,14 @@ class Settler:
             pending.on_written()
         if pending.done is not None:
             pending.done.set()
+
+
+def _is_this_attempt(record: AttemptRecord, note: AttemptNote, since: float) -> bool:
+    return (
+        record.attempt == note.attempt
+        and record.worker_id == note.worker_id
+        and record.ended_at >= since
+    )
 
 
 def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> Settlement | None:

@@ -113,10 +113,10 @@ class Worker:
     ``claim_ahead`` lets each claim take jobs beyond the free slots, held for the next slot of
     their queue: renewed and drained like running jobs, handed back uncounted when not started
     within ``hold_limit`` seconds. ``"auto"`` (the default) sizes it per queue from the pace of
-    its runs: what its slots start in about 50 ms (at most 512), nothing for long jobs or before the first
-    run ends, never for a queue with fleet limits; an int (for all queues, or per queue) fixes
-    it, 0 turns it off. A worker that dies costs the jobs it held no attempt (Claim.ahead;
-    docs/model.md, "Claiming ahead")."""
+    its runs: what its slots start in about 50 ms (at most 512), nothing for long jobs or
+    before the first run ends, never for a queue with fleet limits; an int (for all queues, or
+    per queue) fixes it, 0 turns it off. A worker that dies costs the jobs it held no attempt
+    (Claim.ahead; docs/model.md, "Claiming ahead")."""
 
     def __init__(
         self,
@@ -201,7 +201,13 @@ class Worker:
 
     def _claim_loop(self) -> ClaimLoop:
         return ClaimLoop(
-            self.driver, self.options, self._slots, self._outage, self.worker_id, self._place
+            self.driver,
+            self.options,
+            self._slots,
+            self._outage,
+            self.worker_id,
+            self._place,
+            held=lambda: [run.claim.token for run in self._drain.held],
         )
 
     # -- what a lifecycle calls ------------------------------------------------------------

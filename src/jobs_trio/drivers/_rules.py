@@ -50,7 +50,8 @@ FIRE_HISTORY: Final = 100
 LAPSED_ERROR: Final = (
     "lease lapsed: no renewal from the worker running this attempt reached the database in"
     " time (it crashed or was killed, lost the database for longer than the lease, or was"
-    " paused; its log says which: jobs.lease.expired, jobs.worker.loop-wedged)"
+    " paused; its log says which: jobs.lease.expired, jobs.worker.loop-wedged,"
+    " jobs.worker.process-stalled)"
 )
 
 # `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.

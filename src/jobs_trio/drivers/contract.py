@@ -51,6 +51,9 @@ class Capabilities:
     # beside() (RenewsBeside): a connection for the worker's lease lifeline, so that a body
     # blocking the Trio loop does not cost the worker its leases.
     renews_beside: bool = False
+    # hand_back_unheld() (HandsBackUnheld): the jobs of a claim whose answer its worker never
+    # received given their attempts back (issue 32: an outage cut the claim's reply).
+    hands_back_unheld: bool = False
 
 
 @runtime_checkable
@@ -347,6 +350,22 @@ class BesideConnection(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class HandsBackUnheld(Protocol):
+    """What a driver may add to ``Driver``: a worker whose claim failed with no answer (the
+    connection dropped while it was in flight) may have had that claim commit, and its jobs
+    would lapse a lease later and each be charged an attempt for an outage."""
+
+    async def hand_back_unheld(
+        self, worker_id: str, queues: Sequence[str], held: Sequence[ClaimToken]
+    ) -> Sequence[JobId]:
+        """Every running job of ``queues`` claimed by ``worker_id`` whose token is not in
+        ``held`` (the worker never learned it) is made lapsed now and marked ahead: the next
+        claim, anyone's, takes it with its attempt given back, within the bound of
+        ``rules.hands_back_lapse``. Answers their ids. Only a worker that is alive calls it,
+        for its own id: a job that kills its worker is never handed back this way."""
+        ...
 
 
 class RenewsBeside(Protocol):

@@ -109,7 +109,11 @@ class MemoryDriver:
 
     # Every capability of the contract (Capabilities): the conformance suite tests each.
     capabilities = Capabilities(
-        settles_with_claims=True, claims_ahead=True, rescue_on_request=True, renews_beside=True
+        settles_with_claims=True,
+        claims_ahead=True,
+        rescue_on_request=True,
+        renews_beside=True,
+        hands_back_unheld=True,
     )
 
     def __init__(self, *, clock: Callable[[], float] = time.time, url: str = "memory://") -> None:
@@ -393,6 +397,25 @@ class MemoryDriver:
 
     def beside(self) -> BesideConnection:
         return _MemoryBeside(self)
+
+    async def hand_back_unheld(
+        self, worker_id: str, queues: Sequence[str], held: Sequence[ClaimToken]
+    ) -> Sequence[JobId]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now, kept, wanted = self.now(), set(held), set(queues)
+        unheld = [
+            r
+            for r in self._jobs.values()
+            if r.state is JobState.RUNNING
+            and r.worker_id == worker_id
+            and r.queue in wanted
+            and self._tokens.get(r.id) not in kept
+        ]
+        for record in unheld:
+            self._ahead.add(record.id)
+            self._put(record, lease_until=now)
+        return [r.id for r in unheld]
 
     def _renew(
         self, leases: Sequence[Lease], lease: float, started: Sequence[ClaimToken]

@@ -194,7 +194,11 @@ class PostgresDriver:
 
     # Every capability of the contract (Capabilities): the conformance suite tests each.
     capabilities = Capabilities(
-        settles_with_claims=True, claims_ahead=True, rescue_on_request=True, renews_beside=True
+        settles_with_claims=True,
+        claims_ahead=True,
+        rescue_on_request=True,
+        renews_beside=True,
+        hands_back_unheld=True,
     )
 
     def __init__(
@@ -548,6 +552,21 @@ class PostgresDriver:
 
     def beside(self) -> BesideConnection:
         return _PostgresBeside(self.bridge, self._sql, self.now)
+
+    async def hand_back_unheld(
+        self, worker_id: str, queues: Sequence[str], held: Sequence[ClaimToken]
+    ) -> Sequence[JobId]:
+        self._check_open()
+        sql, now = self._sql, self.now()
+
+        async def mark(conn: Connection) -> list[JobId]:
+            rows = await conn.fetch(
+                sql["hand_back_unheld"], now, worker_id, list(queues), list(held)
+            )
+            return [row["id"] for row in rows]
+
+        answered: list[JobId] = await self.bridge.run(mark, what="hand_back_unheld")
+        return answered
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         self._check_open()

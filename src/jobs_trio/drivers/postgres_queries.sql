@@ -290,6 +290,23 @@ WHERE (SELECT count(*) FROM held) < cardinality($3::text[])
   AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($3::text[], $4::text[]) AS l(id, token))
   AND j.id NOT IN (SELECT id FROM held);
 
+-- name: hand_back_unheld
+-- A claim whose answer its worker never received may have committed: its jobs run under that
+-- worker with tokens it does not hold. Made lapsed now and marked ahead, the next claim takes
+-- them with their attempts given back (the claim's lapsed walk), as for a held job whose worker
+-- died before its start was recorded. Running rows of the worker's queues, by jobs_leased; a
+-- row another session holds is skipped (a claim taking it now, if it had lapsed already).
+WITH unheld AS MATERIALIZED (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = ANY($3::text[]) AND state = 'running' AND worker_id = $2
+      AND NOT (token = ANY ($4::text[]))
+    ORDER BY id
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS j SET ahead = true, lease_until = $1, updated_at = $1
+WHERE j.id = ANY (ARRAY(SELECT id FROM unheld))
+RETURNING j.id;
+
 -- name: lock_for_settle
 -- A batch of several kinds runs one statement per kind in one transaction: lock all its rows in
 -- id order first, or two kinds' statements could take them in an order a renew crosses.

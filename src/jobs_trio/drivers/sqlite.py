@@ -555,7 +555,11 @@ class SqliteDriver:
 
     # Every capability of the contract (Capabilities): the conformance suite tests each.
     capabilities = Capabilities(
-        settles_with_claims=True, claims_ahead=True, rescue_on_request=True, renews_beside=True
+        settles_with_claims=True,
+        claims_ahead=True,
+        rescue_on_request=True,
+        renews_beside=True,
+        hands_back_unheld=True,
     )
 
     def __init__(self, door: SqliteDoor, *, url: str, poll_interval: float = POLL_INTERVAL) -> None:
@@ -631,6 +635,21 @@ class SqliteDriver:
 
     def beside(self) -> BesideConnection:
         return _SqliteBeside(self.path, self._door.busy_timeout, self.now)
+
+    async def hand_back_unheld(
+        self, worker_id: str, queues: Sequence[str], held: Sequence[ClaimToken]
+    ) -> Sequence[JobId]:
+        def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
+            rows = conn.execute(
+                "UPDATE jobs SET ahead = 1, lease_until = ?, updated_at = ?"
+                " WHERE state = 'running' AND worker_id = ?"
+                " AND queue IN (SELECT value FROM json_each(?))"
+                " AND token NOT IN (SELECT value FROM json_each(?)) RETURNING id",
+                (now, now, worker_id, json.dumps(list(queues)), json.dumps(list(held))),
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        return await self._transact(work)
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         settlements = list(settlements)

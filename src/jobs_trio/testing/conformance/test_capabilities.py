@@ -17,6 +17,7 @@ NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
         "wait_for_work": ("rescue_from",),
     },
     "renews_beside": {"beside": ()},
+    "hands_back_unheld": {"hand_back_unheld": ()},
 }
 
 
