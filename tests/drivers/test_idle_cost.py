@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 pytest.importorskip("trio_asyncio")
 
-IDLE_SECONDS = 10.0
+IDLE_SECONDS = 5.0
 
 # Counted client-side, not from pg_stat_database: on a shared server the transaction counters
 # of an idle database also move by what OTHER sessions do (an idle backend commits a transaction

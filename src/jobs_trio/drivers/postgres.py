@@ -306,6 +306,18 @@ class PostgresDriver:
                 )
             return [answers[i] for i in range(len(jobs))]
 
+        keyed = any(job.key is not None for job in jobs)
+        if not keyed and len(jobs) >= COPY_AT_LEAST:
+            # Nothing a key could turn into a no-op: every row is written, by COPY (the rows
+            # encoded in asyncpg's C code, no unnest on the server), then one NOTIFY; one
+            # transaction, so the wake-up lands with the rows.
+            async def write(conn: Connection) -> list[Enqueued]:
+                await _copy_in(conn, sql, now, jobs)
+                return [Enqueued(job.job_id, created=True) for job in jobs]
+
+            copied = True
+        else:
+            copied = False
         # Without keys this is one statement (insert and notify), atomic on its own. With keys,
         # the holders are looked up after the insert (each statement of a READ COMMITTED
         # transaction gets a fresh snapshot that can see a holder committed meanwhile) and the
@@ -313,8 +325,7 @@ class PostgresDriver:
         if unwrap(connection)[0] is not None:  # the caller's transaction
             result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
         else:
-            keyed = any(job.key is not None for job in jobs)
-            result = await self.bridge.run(write, what="enqueue", transaction=keyed)
+            result = await self.bridge.run(write, what="enqueue", transaction=keyed or copied)
         return result
 
     # --- claim, renew, settle ---
@@ -1532,6 +1543,51 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
         [None if n is None else n.traceback for n in notes],
     ]
     return columns
+
+
+# From this many unkeyed jobs an enqueue writes them by COPY: 20,000 jobs went in at 71,000 a
+# second by COPY against 50,000 by INSERT ... unnest, and the client's encoding from 5 us a job
+# to 1 (/tmp-style A/B on this machine, plain asyncpg). Below it, the statement is cheaper.
+COPY_AT_LEAST = 64
+_COPY_COLUMNS = (
+    "id", "name", "queue", "state", "payload", "priority", "attempts", "max_attempts",
+    "run_at", "created_at", "updated_at", "slot_key", "slots", "rate_key", "starts", "per",
+    "context",
+)  # fmt: skip
+
+
+def _copy_row(job: NewJob, now: float) -> tuple[Any, ...]:
+    """One COPY row, in _COPY_COLUMNS' order."""
+    limits = limit_fields(job.limits)
+    return (
+        job.job_id,
+        job.name,
+        job.queue,
+        "ready",
+        job.payload,
+        job.priority,
+        0,
+        job.max_attempts,
+        now + max(float(job.delay), 0.0),
+        now,
+        now,
+        limits["slot_key"],
+        limits["slots"],
+        limits["rate_key"],
+        limits["starts"],
+        limits["per"],
+        job.context,
+    )
+
+
+async def _copy_in(conn: Connection, sql: Statements, now: float, batch: Sequence[NewJob]) -> None:
+    """Write ``batch`` (no job of it keyed) by COPY, then notify its queues: as ``enqueue``
+    does, row for row (run_at now + the delay, its fleet limits' columns)."""
+    records = [_copy_row(job, now) for job in batch]
+    await conn.copy_records_to_table(
+        "jobs", schema_name=sql.schema, columns=_COPY_COLUMNS, records=records
+    )
+    await conn.execute(sql["notify"], sql.channel, sorted({job.queue for job in batch}))
 
 
 async def _insert(
