@@ -24,7 +24,11 @@ StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
 # half of it has started) and to make the claims large (worker_options.AUTO_MAX), short enough
 # that a held job's wait, a job enqueued behind the held ones, and what a peer worker could
 # have run meanwhile are all a matter of milliseconds.
-AUTO_HOLD = 0.05
+# Measured under load (bench/run.py load, c=50, fed 80% of what it sustains): with all slots busy
+# a job enqueued now waits for about half the hold before the next claim takes it, so the hold
+# is latency: probe start->start p50/p99 23.5/131 ms at 50 ms, 13.3/40.6 at 25 ms, 10.3/36.4 at
+# 15 ms (PgQueuer 7.6-8.7/43-49); throughput at c=50 ~10% lower at 15 ms than at 50 (c=10 level).
+AUTO_HOLD = 0.02
 # How fast the pace follows the runs: each run's time counts this much in the running mean.
 _PACE_WEIGHT = 0.1
 

@@ -113,7 +113,7 @@ class Worker:
     ``claim_ahead`` lets each claim take jobs beyond the free slots, held for the next slot of
     their queue: renewed and drained like running jobs, handed back uncounted when not started
     within ``hold_limit`` seconds. ``"auto"`` (the default) sizes it per queue from the pace of
-    its runs: what its slots start in about 50 ms (at most 512), nothing for long jobs or
+    its runs: what its slots start in about 20 ms (at most 512), nothing for long jobs or
     before the first run ends, never for a queue with fleet limits; an int (for all queues, or
     per queue) fixes it, 0 turns it off. A worker that dies costs the jobs it held no attempt
     (Claim.ahead; docs/model.md, "Claiming ahead")."""
