@@ -56,6 +56,30 @@ async def fork(ctx: jobs_trio.JobContext, payload: None) -> str:
     return "child" if child == 0 else "parent"
 
 
+# Set by edge.fork-await just before it forks: the edge.beside bodies waiting on it are then
+# ready to run in both processes, and the child's first scheduling pass would run them.
+FORK_COMING = trio.Event()
+
+
+@registry.job("edge.beside", timeout=None, attempts=3)
+async def beside(ctx: jobs_trio.JobContext, payload: None) -> str:
+    # Runs beside edge.fork-await: its return must be the parent's alone.
+    await FORK_COMING.wait()
+    returned(ctx.job_id, "beside")
+    return "beside"
+
+
+@registry.job("edge.fork-await", timeout=None, attempts=3)
+async def fork_then_await(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> str:
+    await trio.sleep(payload["seconds"])  # the edge.beside bodies have started and wait
+    FORK_COMING.set()
+    child = os.fork()
+    # The child goes back to the loop before it returns: it used to resume the other jobs.
+    await trio.sleep(1.0)
+    returned(ctx.job_id, "child" if child == 0 else "parent")
+    return "child" if child == 0 else "parent"
+
+
 @registry.job("edge.fork-sync", timeout=None, attempts=3)
 def fork_in_a_thread(ctx: jobs_trio.JobContext, payload: None) -> str:
     child = os.fork()

@@ -161,6 +161,39 @@ async def test_a_body_that_forks_never_has_its_child_act_as_a_worker(
     assert output.count("jobs.worker.forked-child") == 2, output
 
 
+async def test_a_forked_child_that_awaits_never_runs_another_jobs_body(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import beside, fork_then_await
+
+    # The child awaited before returning: on its copy of the loop it resumed the jobs beside it,
+    # whose bodies then returned twice, from two pids (issue 32, found by review).
+    returns = tmp_path / "returns"
+    others = list(await beside.enqueue_many(driver, [None] * 8))
+    forker = await fork_then_await.enqueue(driver, {"seconds": 0.5})
+    env = {"EDGES_RETURNS": str(returns)}
+    async with workers(tmp_path, url, 1, "--grace", "5", env=env) as [worker]:
+
+        async def completed() -> bool:
+            states = {(await record(driver, job_id)).state for job_id in [*others, forker]}
+            return states == {JobState.COMPLETED}
+
+        await until("the jobs to complete", 30, completed)
+        # Had the child lived on, its own wait (1 s) and its return would be logged by now.
+        await until("the child's end", 10, lambda: _async("forked-child" in worker.output()))
+        worker.signal(signal.SIGTERM)
+        code = await worker.exit_code(within=30)
+    output = worker.output()
+    assert code == 0, output
+    rows = _returns(returns)
+    assert sorted(job_id for job_id, what, _ in rows if what == "beside") == sorted(others), rows
+    assert [(job_id, what) for job_id, what, _ in rows if job_id == forker] == [
+        (forker, "parent")
+    ], rows
+    assert (await record(driver, forker)).result == '"parent"'
+    assert output.count("jobs.worker.forked-child") == 1, output
+
+
 async def _async(value: bool) -> bool:
     await trio.lowlevel.checkpoint()
     return value

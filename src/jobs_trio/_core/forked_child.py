@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+import trio
+
 from .ending import end_process
 from .logs import log_event
 
@@ -33,3 +35,56 @@ def end_if_forked(owner: int, *, job_id: str | None = None, code: int | None = N
         " subprocess / multiprocessing's spawn context; the parent's attempt is unaffected",
     )
     end_process(FORKED_CHILD_EXIT_CODE if code is None else code)
+
+
+# Whether this Trio run holds a worker: a run-scoped value (one per trio.run), not module state.
+_WORKER_RUN = trio.lowlevel.RunVar[bool]("jobs_trio_worker_run", default=False)
+
+
+def guard_forks() -> None:
+    """Called by a worker as it starts, in its Trio run: a child a body forks from this run is
+    ended before Trio runs anything more in it (``_EndAtFirstStep``). The pid checks above
+    catch a child that returns from its body; a child that AWAITS first would have resumed
+    the parent's other jobs on its copy of the loop (their side effects done twice: issue 32,
+    found by review)."""
+    _WORKER_RUN.set(True)
+
+
+class _EndAtFirstStep(trio.abc.Instrument):
+    """In a forked child only: the first scheduling pass ends the process."""
+
+    def _end(self) -> None:
+        log_event(
+            "jobs.worker.forked-child",
+            logging.ERROR,
+            parent=os.getppid(),
+            child=os.getpid(),
+            why="a job body forked its worker's process and the child went back to the"
+            " worker's event loop",
+            fix="end the child yourself (os._exit) once its work is done, without awaiting,"
+            " or start it with subprocess / multiprocessing's spawn context; the parent's"
+            " attempt is unaffected",
+        )
+        end_process(FORKED_CHILD_EXIT_CODE)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._end()
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._end()
+
+
+def _after_fork_in_child() -> None:
+    # In the child, on the thread that forked. The Trio thread of a worker's run: the run's
+    # copy gets an instrument (nothing in the parent changes or pays for it). Any other thread
+    # (a sync body's): no Trio loop runs in the child at all, and the pid checks end it.
+    try:
+        if _WORKER_RUN.get():
+            trio.lowlevel.add_instrument(_EndAtFirstStep())
+    except RuntimeError:
+        return
+
+
+# Registered once, at import: os.register_at_fork has no way to unregister, and the hook does
+# nothing outside a worker's Trio run.
+os.register_at_fork(after_in_child=_after_fork_in_child)

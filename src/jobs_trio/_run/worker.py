@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from .._core.errors import ConfigError, DriverError, JobDrained
+from .._core.forked_child import guard_forks
 from .._core.instance_id import instance_id
 from .._core.logs import log_event
 from .._core.metrics import Metrics, default_metrics
@@ -295,6 +296,7 @@ class Worker:
         self._state = WorkerState.IDLE
         self._abandoned = ()
         self._ended_by = math.inf
+        guard_forks()
         capabilities = self.driver.capabilities
         # Bounded by the jobs a worker holds: at most two settlements per slot and per claim
         # ahead wait for the database before the claiming stops (see claim_loop.py). Two, not
