@@ -14,6 +14,39 @@ JOB = "bench.job"  # the one job name every library registers
 QUEUE = "bench"  # the queue it goes to, where a library has queues
 
 
+def process_cpu(pid: int) -> float | None:
+    """Seconds of CPU (user + system) process ``pid`` has spent, or None where /proc cannot
+    tell (another OS, a process already gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            rest = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15
+
+
+def postgres_cpu() -> float | None:
+    """Seconds of CPU spent so far by the processes named ``postgres`` that are alive now (the
+    server's backends and helpers: the local server's share of a workload), or None where
+    /proc cannot tell. A backend that ends between two reads takes its share with it."""
+    total, seen = 0.0, False
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() != "postgres":
+                    continue
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        spent = process_cpu(int(pid))
+        if spent is not None:
+            total, seen = total + spent, True
+    return total if seen else None
+
+
 class Marks:
     """What a handler tells the orchestrator, as lines appended to a file (one write(2) each,
     O_APPEND). ``noop`` writes one line, at the first job's start (wall clock: the end of the

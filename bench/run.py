@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 import asyncpg
+from common import postgres_cpu, process_cpu
 
 HERE = Path(__file__).resolve().parent
 LIBS = ("jobs_trio", "jobs_trio_ahead", "pgqueuer", "procrastinate")
@@ -371,6 +372,10 @@ async def _process(
     mark = workdir / f"{lib}-{time.monotonic_ns()}.marks"
     worker = await start_worker(lib, url, conc, kind, mark, workdir)
     async with running(worker):
+        # The CPU the worker process and the local PostgreSQL spend on the batch, for the cost
+        # a job (the queue was filled before the worker started; the orchestrator's own polls
+        # open a connection each, whose backend is gone by the second read).
+        spent = (process_cpu(worker.proc.pid), postgres_cpu())
         deadline = time.monotonic() + Sizes.throughput_bound
         window_ends = None
         while True:
@@ -388,11 +393,18 @@ async def _process(
             if worker.proc.returncode is not None:
                 raise BenchError(f"{lib} worker died ({worker.proc.returncode}){worker.tail()}")
             await asyncio.sleep(0.1)
+        spent_after = (process_cpu(worker.proc.pid), postgres_cpu())
     marks = read_marks(mark)
     first = _first(marks)
+    worker_us, server_us = (
+        None if b is None or a is None else (a - b) / count * 1e6
+        for b, a in zip(spent, spent_after, strict=True)
+    )
     return {
         "enqueue_jps": jobs / enq["seconds"],
         "process_jps": count / (float(last) - first),
+        "worker_cpu_us": worker_us,
+        "server_cpu_us": server_us,
         "processed": count,
         "jobs": jobs,
         "analyze_s": analyzed,
@@ -795,6 +807,8 @@ METRICS = {
     "throughput": [
         ("process_jps", "jobs/s processed", True),
         ("enqueue_jps", "jobs/s enqueued (one batch)", True),
+        ("worker_cpu_us", "worker process CPU µs a job", False),
+        ("server_cpu_us", "PostgreSQL CPU µs a job", False),
     ],
     "cold": [("process_jps", "jobs/s processed", True)],
     "sqlite": [

@@ -22,33 +22,12 @@ import time
 from typing import Any
 
 import trio
+from common import postgres_cpu
 
 import jobs_trio
 
 SCHEMA = "bench_worker_cpu"
 registry = jobs_trio.Registry()
-
-
-def postgres_cpu() -> float | None:
-    """Seconds of CPU spent so far by the processes named ``postgres`` that are alive now (the
-    server's backends and helpers), or None where /proc cannot tell."""
-    total, seen = 0, False
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)
-        except OSError:
-            continue  # ended meanwhile, or not ours to read
-        if not fields[0].endswith("(postgres"):
-            continue
-        rest = fields[1].split()
-        total += int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15
-        seen = True
-    return total / os.sysconf("SC_CLK_TCK") if seen else None
 
 
 async def main(args: argparse.Namespace) -> None:
