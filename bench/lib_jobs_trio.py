@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 import time
 from typing import Any
 
@@ -12,6 +10,7 @@ import trio
 from common import JOB, QUEUE, Marks, dispatch, done_order, emit, parse, payloads, read_order, ready
 
 import jobs_trio
+from jobs_trio._cli.logging_flags import configure_logging
 
 registry = jobs_trio.Registry()
 _marks: Marks | None = None
@@ -56,7 +55,8 @@ async def _enqueue(args: argparse.Namespace) -> None:
 
 async def _worker(args: argparse.Namespace) -> None:
     global _marks
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # as the CLI does
+    # As the CLI does: its handler on stderr, the text format, INFO (a line per attempt).
+    configure_logging(argparse.Namespace(log_level="info", log_format="text"))
     _marks = Marks(args.mark, args.kind)
     # As `jobs-trio worker` runs one (cli._run_worker), with every default but concurrency
     # (and claim_ahead, for the jobs_trio_ahead column).

@@ -25,6 +25,7 @@ import trio
 from common import postgres_cpu
 
 import jobs_trio
+from jobs_trio._cli.logging_flags import configure_logging
 
 SCHEMA = "bench_worker_cpu"
 registry = jobs_trio.Registry()
@@ -91,4 +92,12 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--ahead", type=int, default=None, help="the worker's claim_ahead")
     parser.add_argument("--profile", help="write a cProfile of the worker here")
-    trio.run(main, parser.parse_args())
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no log lines (default: the CLI's, INFO on stderr: a line per attempt)",
+    )
+    options = parser.parse_args()
+    if not options.quiet:
+        configure_logging(argparse.Namespace(log_level="info", log_format="text"))
+    trio.run(main, options)

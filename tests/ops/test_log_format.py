@@ -193,3 +193,128 @@ def test_the_cli_level_and_format_come_from_the_flags_else_the_environment(
     monkeypatch.setenv("JOBS_TRIO_LOG_FORMAT", "yaml")
     with pytest.raises(ConfigError, match=r"\$JOBS_TRIO_LOG_FORMAT is 'yaml'"):
         configure_logging(argparse.Namespace(log_level=None, log_format=None))
+
+
+def test_a_record_log_event_makes_is_the_one_logging_makes() -> None:
+    # log_event builds its records without LogRecord's constructor (issue 35): every attribute
+    # a handler or formatter may read must be what the constructor would have set.
+    record = record_of("jobs.attempt.completed", job="mail.send", seconds=0.25)
+    made = logging.getLogger("jobs_trio").makeRecord(
+        "jobs_trio",
+        logging.INFO,
+        record.pathname,
+        0,
+        record.msg,
+        (),
+        None,
+        func="log_event",
+        extra={"event": record.event, "fields": record.fields},  # type: ignore[attr-defined]
+    )
+    # (Less what a formatter sets on its way out: pytest's own handler formatted it.)
+    shown = {"message", "asctime"}
+    ours = {k: v for k, v in vars(record).items() if k not in shown}
+    theirs = vars(made)
+    assert set(ours) == set(theirs)
+    timed = {"created", "msecs", "relativeCreated"}
+    assert {k: v for k, v in ours.items() if k not in timed} == {
+        k: v for k, v in theirs.items() if k not in timed
+    }
+    assert abs(record.created - made.created) < 5
+    assert record.relativeCreated == pytest.approx(
+        made.relativeCreated - (made.created - record.created) * 1000, abs=1
+    )
+    assert record.msecs == int((record.created % 1) * 1000)
+    assert logging.Formatter("%(filename)s %(module)s %(funcName)s").format(record) == (
+        "logs.py logs log_event"
+    )
+
+
+def test_an_applications_record_factory_makes_the_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made = logging.getLogRecordFactory()
+
+    def tagged(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = made(*args, **kwargs)
+        record.tenant = "t-1"
+        return record
+
+    monkeypatch.setattr(logging, "_logRecordFactory", tagged)
+    record = record_of("jobs.attempt.completed", job="mail.send")
+    assert record.tenant == "t-1"  # type: ignore[attr-defined]
+    assert record.event == "jobs.attempt.completed"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", [8.1e-05, -1.5e-07, 1e16, 2.5e22, 1.2345678901234567e-300])
+def test_a_small_or_large_float_is_shown_in_its_own_digits(value: float) -> None:
+    from decimal import Decimal
+
+    assert logfmt_value(value) == format(Decimal(repr(value)), "f")
+
+
+def test_the_text_format_of_a_plain_line_is_logging_s_own() -> None:
+    # The text formatter's short way for a line with nothing below it makes what
+    # logging.Formatter makes with the same format.
+    record = record_of("jobs.attempt.completed", job="mail.send", error="trailing ")
+    general = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fast = TextFormatter()
+    assert fast.format(record) == general.format(record).rstrip()
+    assert record.message == record.getMessage()
+
+
+def cli_handler(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Handler, list[str]]:
+    """The CLI's stderr handler, its writes caught (tests/conftest.py restores the root)."""
+    written: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            written.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    root = logging.getLogger()
+    others = root.handlers[:]
+    configure_logging(argparse.Namespace(log_level="info", log_format="logfmt"))
+    [ours] = [h for h in root.handlers if h not in others]
+    return ours, written
+
+
+def test_the_cli_writes_attempt_lines_in_batches_and_every_other_line_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs_trio._core.logs import flush_log_handlers
+
+    handler, written = cli_handler(monkeypatch)
+    for n in range(3):
+        log_event("jobs.attempt.completed", job="mail.send", attempt=n)
+    assert written == []  # held for the next write
+    log_event("jobs.worker.started", worker="w")  # any other line writes them all, in order
+    [text] = written
+    assert [line.split("attempt=")[-1] for line in text.splitlines()[:3]] == ["0", "1", "2"]
+    assert "event=jobs.worker.started" in text.splitlines()[3]
+    log_event("jobs.attempt.completed", job="mail.send", attempt=7)
+    log_event("jobs.attempt.failed", logging.WARNING, job="mail.send", attempt=8)
+    assert "attempt=7" in written[1] and "attempt=8" in written[1]  # a warning at once
+    log_event("jobs.attempt.completed", job="mail.send", attempt=9)
+    assert len(written) == 2
+    flush_log_handlers()  # as a worker does before it waits for work
+    assert "attempt=9" in written[2]
+    handler.flush()
+    assert len(written) == 3  # nothing held, nothing written
+
+
+def test_an_attempt_line_waits_at_most_the_batch_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs_trio._cli import logging_flags
+
+    _, written = cli_handler(monkeypatch)
+    now = [1000.0]
+    monkeypatch.setattr(logging_flags.time, "monotonic", lambda: now[0])
+    log_event("jobs.attempt.completed", attempt=1)
+    now[0] += logging_flags.BATCH_SECONDS / 2
+    log_event("jobs.attempt.completed", attempt=2)
+    assert written == []
+    now[0] += logging_flags.BATCH_SECONDS / 2
+    log_event("jobs.attempt.completed", attempt=3)
+    assert len(written) == 1 and written[0].count("\n") == 3

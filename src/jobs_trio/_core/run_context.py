@@ -51,6 +51,10 @@ def trace_of(text: str | None) -> dict[str, str]:
     return {k: v for k, v in _stored(text).items() if k in TRACE_KEYS}
 
 
+# Reusable: a null context holds nothing of a run.
+_NOTHING_TO_RESTORE: AbstractContextManager[Any] = contextlib.nullcontext()
+
+
 def restored(
     restore: RestoreContext | None, context: Callable[[], Mapping[str, str]]
 ) -> AbstractContextManager[Any]:
@@ -59,5 +63,5 @@ def restored(
     Without a hook, a plain null context and no read of the context: this runs once per
     attempt, and a generator's context manager was a measurable part of a no-op job (issue 16)."""
     if restore is None:
-        return contextlib.nullcontext()
+        return _NOTHING_TO_RESTORE
     return restore(context())

@@ -58,6 +58,9 @@ class AttemptSpan:
 
 
 _NO_SPAN = AttemptSpan()
+# Reusable: a null context holds nothing of a run (one made per attempt cost a no-op job more
+# than the check around it).
+_NO_SPAN_CONTEXT = contextlib.nullcontext(_NO_SPAN)
 
 
 def attempt_span(
@@ -73,7 +76,7 @@ def attempt_span(
         # and making one costs ~10 us an attempt; this look costs a fraction of one. A plain
         # context manager, not a generator's: the attempt's scaffolding is most of a no-op
         # job's cost to the worker (issue 16).
-        return contextlib.nullcontext(_NO_SPAN)
+        return _NO_SPAN_CONTEXT
     return _recorded_span(claim, trace())
 
 

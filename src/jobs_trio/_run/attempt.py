@@ -96,36 +96,36 @@ async def run_attempt(
             # Cancelled before it was looked at (a claim answered late, a drain): handed back
             # like any unstarted claim, so a worker that declares the job may run it, rather
             # than parked here until an operator retries it.
-            return _noted(_handed_back(claim, run, None, 0.0), claim, worker_id, ran=False)
-        parked = _parked(claim, sorted(d.name for d in registry))  # no span: nothing ran
-        return _noted(parked, claim, worker_id, ran=False)
+            return _handed_back(claim, run, None, 0.0, _note(claim, worker_id, None))
+        # No span: nothing ran.
+        return _parked(claim, sorted(d.name for d in registry), _note(claim, worker_id, None))
     # A run started in a worker that is being cancelled from outside (a slot freed by a run
     # going away hands itself to the next claim): it ends here, before a line of its body,
     # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
     await trio.lowlevel.checkpoint_if_cancelled()
-    ctx = JobContext(claim, run, Steps(driver, claim.lease, definition, run), worker_id)
+    ctx = JobContext(claim, run, lambda: Steps(driver, claim.lease, definition, run), worker_id)
     # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
     with attempt_span(claim, lambda: trace_of(claim.context)) as span:
-        outcome = await _judged(claim, definition, run, ctx, threads)
+        outcome = await _judged(claim, definition, run, ctx, threads, worker_id)
         span.ended(outcome.kind, run.reason, outcome.error)
-    return _noted(outcome, claim, worker_id, ran=True)
+    return outcome
 
 
-def _noted(outcome: Outcome, claim: Claim, worker_id: str, *, ran: bool) -> Outcome:
-    """The outcome with its settlement carrying the attempt's note, for the job's history."""
-    if outcome.settlement is None:
-        return outcome
-    note = AttemptNote(
-        attempt=claim.attempt,
-        worker_id=worker_id,
-        seconds=outcome.seconds if ran else None,
-        traceback=outcome.traceback,
-    )
-    return attrs.evolve(outcome, settlement=attrs.evolve(outcome.settlement, note=note))
+def _note(
+    claim: Claim, worker_id: str, seconds: float | None, traceback: str | None = None
+) -> AttemptNote:
+    """What the job's history keeps of this attempt, carried by its settlement; ``seconds``
+    None: its body never started."""
+    return AttemptNote(claim.attempt, worker_id, seconds, traceback)
 
 
 async def _judged(
-    claim: Claim, definition: JobDefinition, run: RunScope, ctx: JobContext, threads: ThreadSlots
+    claim: Claim,
+    definition: JobDefinition,
+    run: RunScope,
+    ctx: JobContext,
+    threads: ThreadSlots,
+    worker_id: str,
 ) -> Outcome:
     started = trio.current_time()
     ended = _Ended()
@@ -133,22 +133,24 @@ async def _judged(
         payload = json.loads(claim.payload)
         # The application's context variables are set around the body (and copied into a sync
         # body's thread by Trio); a restore hook that raises fails this attempt like the body.
-        with restored(definition.restore_context, lambda: ctx.context), run.cancel_scope:
-            # A run cancelled before its body started (a claim that committed after the drain
-            # was signalled) is handed back without running a line of it.
-            if not run.cancel_scope.cancel_called:
-                if definition.is_async:
-                    run.start_clock()
-                    ended.result = await definition.fn(ctx, payload)
-                    ended.returned = True
-                else:
-                    # Its own scope swallows the cancel that abandons the thread: "returned" is
-                    # known only in here.
-                    with run.thread_scope():
-                        ended.result = await threads.run(
-                            run, _call_in_thread, definition, ctx, payload
-                        )
+        with restored(definition.restore_context, lambda: ctx.context):
+            if definition.is_async:
+                run.start_clock_at_entry()
+            with run.cancel_scope:
+                # A run cancelled before its body started (a claim that committed after the
+                # drain was signalled) is handed back without running a line of it.
+                if not run.cancel_scope.cancel_called:
+                    if definition.is_async:
+                        ended.result = await definition.fn(ctx, payload)
                         ended.returned = True
+                    else:
+                        # Its own scope swallows the cancel that abandons the thread:
+                        # "returned" is known only in here.
+                        with run.thread_scope():
+                            ended.result = await threads.run(
+                                run, _call_in_thread, definition, ctx, payload
+                            )
+                            ended.returned = True
     except Suspension as exc:
         ended.suspension = exc
     except trio.Cancelled:
@@ -169,7 +171,7 @@ async def _judged(
     # A child the body forked that returned (or raised) here is not this attempt's worker.
     end_if_forked(run.owner, job_id=claim.job_id)
     seconds = trio.current_time() - started
-    return _verdict(claim, definition, run, ended, seconds)
+    return _verdict(claim, definition, run, ended, seconds, worker_id)
 
 
 def judged_code() -> CodeType:
@@ -193,12 +195,12 @@ def _suspended_in(exc: BaseException) -> Suspension | None:
     return first
 
 
-def _parked(claim: Claim, known: list[str]) -> Outcome:
+def _parked(claim: Claim, known: list[str], note: AttemptNote) -> Outcome:
     reason = (
         f"no job named {claim.name!r} in this deploy's registry (known: {', '.join(known)}); "
         "parked, not failed: retry it once a deploy that declares it is running"
     )
-    park = Park(claim.lease, reason=reason)
+    park = Park(claim.lease, reason=reason, note=note)
     return Outcome(claim.job_id, claim.name, OutcomeKind.PARKED, park, reason)
 
 
@@ -250,9 +252,17 @@ def _exit_code(exc: BaseException) -> int | None:
 
 
 def _verdict(
-    claim: Claim, definition: JobDefinition, run: RunScope, ended: _Ended, seconds: float
+    claim: Claim,
+    definition: JobDefinition,
+    run: RunScope,
+    ended: _Ended,
+    seconds: float,
+    worker_id: str,
 ) -> Outcome:
     lease = claim.lease
+    # Each settlement carries the attempt's note, for the job's history: made with it, not
+    # added after (two attrs.evolve calls were a tenth of a no-op job's verdict, issue 35).
+    note = _note(claim, worker_id, seconds)
 
     def ended_as(
         kind: OutcomeKind,
@@ -276,7 +286,7 @@ def _verdict(
         except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
             error = exc
         else:
-            return ended_as(OutcomeKind.COMPLETED, Complete(lease, text), None)
+            return ended_as(OutcomeKind.COMPLETED, Complete(lease, text, note), None)
     else:
         reason = run.reason
         abandoned_thread = not definition.is_async and error is None and ended.suspension is None
@@ -291,12 +301,12 @@ def _verdict(
         # fenced by its token, so a job that kills its worker (nothing hands it back) still
         # runs out of attempts.
         if reason in _HANDED_BACK:
-            return _handed_back(claim, run, error, seconds)
+            return _handed_back(claim, run, error, seconds, note)
         if reason is CancelReason.LEASE_LOST:
             return ended_as(OutcomeKind.LOST, None, "lease lost")
         if reason is CancelReason.OPERATOR:
             why = OPERATOR_CANCEL_ERROR
-            return ended_as(OutcomeKind.CANCELLED, CancelJob(lease, why), why)
+            return ended_as(OutcomeKind.CANCELLED, CancelJob(lease, why, note), why)
         if reason is CancelReason.TIMEOUT:
             error = run.cause
         elif ended.suspension is not None:
@@ -307,6 +317,7 @@ def _verdict(
                 suspension.event,
                 seen=suspension.seen,
                 match=suspension.match,
+                note=note,
             )
             return ended_as(OutcomeKind.SUSPENDED, settle, None)
     if error is None:  # unwound with no reason and no error: cannot happen, judged as a failure
@@ -324,10 +335,11 @@ def _verdict(
             error=why,
             traceback=tail,
         )
+    note = _note(claim, worker_id, seconds, tail)
     if _is_terminal(definition, error) or claim.attempt >= claim.max_attempts:
-        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why), why, tail)
+        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why, note), why, tail)
     delay = definition.backoff.delay(claim.attempt)
-    return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why), why, tail)
+    return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why, note=note), why, tail)
 
 
 # Handed back unstarted or unwound, uncounted: the drain's row of the table, and the reasons
@@ -343,13 +355,13 @@ _HANDED_BACK = (
 
 
 def _handed_back(
-    claim: Claim, run: RunScope, error: BaseException | None, seconds: float
+    claim: Claim, run: RunScope, error: BaseException | None, seconds: float, note: AttemptNote
 ) -> Outcome:
     """Interrupted: ready at once, its attempt uncounted, its cause recorded."""
     why = _safe_text(run.cause)
     if error is not None and not isinstance(error, AttemptCancelled):
         why += f" (body stopped with {_safe_text(error)})"
-    retry = Retry(claim.lease, delay=0.0, error=why, hands_back=True)
+    retry = Retry(claim.lease, delay=0.0, error=why, hands_back=True, note=note)
     return Outcome(claim.job_id, claim.name, OutcomeKind.INTERRUPTED, retry, why, seconds)
 
 

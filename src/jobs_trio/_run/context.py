@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import trio
@@ -22,12 +22,26 @@ if TYPE_CHECKING:
 class JobContext:
     """``ctx.job_id``, ``ctx.name``, ``ctx.attempt``, ``ctx.step``, ``ctx.check_cancelled()``."""
 
-    def __init__(self, claim: Claim, run: RunScope, steps: Steps, worker_id: str) -> None:
+    def __init__(
+        self, claim: Claim, run: RunScope, steps: Callable[[], Steps], worker_id: str
+    ) -> None:
         self._claim = claim
         self._run = run
-        self.step = steps
+        self._steps = steps
         self.worker_id = worker_id
-        self.log = logging.LoggerAdapter(logger, {"job_id": claim.job_id, "job": claim.name})
+
+    # Made when a body first asks: most bodies use neither, and both were made per attempt.
+    @functools.cached_property
+    def step(self) -> Steps:
+        """The durable steps of this attempt (docs/steps.md)."""
+        return self._steps()
+
+    @functools.cached_property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry ``job_id`` and ``job``."""
+        return logging.LoggerAdapter(
+            logger, {"job_id": self._claim.job_id, "job": self._claim.name}
+        )
 
     @functools.cached_property
     def context(self) -> Mapping[str, str]:

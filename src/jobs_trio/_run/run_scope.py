@@ -80,6 +80,15 @@ class RunScope:
             for thread in self._thread_scopes:
                 thread.deadline = min(thread.deadline, deadline)
 
+    def start_clock_at_entry(self) -> None:
+        """The body starts as the run scope is entered: its timeout counts from then. Set as
+        Trio's relative deadline, which the entry makes absolute: one registration of the
+        deadline with Trio's run loop where ``start_clock`` inside the scope costs two (issue
+        35). Only before the scope is entered, and only for an async body (a sync body's clock
+        starts when its thread does, see ThreadSlots)."""
+        if self.timeout is not None:
+            self.cancel_scope.relative_deadline = self.timeout
+
     def renewed_beside(self, now: float) -> None:
         """Move ``lease_deadline`` (Trio clock, ``now``) to where the lease lifeline's renewal
         put the lease, if that is later: renewed while the loop was blocked, the run must not
