@@ -104,13 +104,16 @@ class Sizes:
     window = 10.0
     cold_concurrency = 10  # the cold-planner workload runs at this concurrency only
     event_reps = 1  # drain and rescue: bounded waits and states, not rates; one repetition
-    # Latency under load: a worker at c=50. First fed all it takes (load_rate, 5,000 jobs/s,
-    # with the feed skipping a tick while more than load_cap wait) for load_ramp s, then its
-    # rate read over the next load_calibrate s; then fed load_rate or load_share of that
+    # Latency under load: a worker at c=50. First fed all it takes (load_offer, 25,000 jobs/s,
+    # more than any library here sustains, with the feed skipping a tick while more than
+    # load_cap wait) for load_ramp s, then its rate read over the next load_calibrate s (until
+    # 2026-12-02 it was offered load_rate, 5,000 jobs/s, and a library that sustains more read
+    # as 5,000: PgQueuer's 4,995 was that cap); then fed load_rate or load_share of that
     # rate, whichever is less, every load_tick (lowered by load_share again after each
     # load_settle s in which the queue still reached the cap, load_settle_tries at most), then
     # probe_jobs single enqueues probe_gap apart into the same queue.
     load_concurrency = 50
+    load_offer = 25_000.0
     load_rate = 5_000.0
     load_share = 0.8
     load_tick = 0.02
@@ -561,7 +564,7 @@ async def under_load(lib: str, conc: int, workdir: Path) -> Result:
             # core by the run's end for a library that keeps them (jobs_trio, Procrastinate)
             # and nothing for one that moves them out (PgQueuer): the harness, not the worker.
             conn = await asyncpg.connect(url, timeout=10, server_settings={"enable_seqscan": "off"})
-            fed: dict[str, float] = {"jobs": 0, "skipped": 0, "rate": Sizes.load_rate}
+            fed: dict[str, float] = {"jobs": 0, "skipped": 0, "rate": Sizes.load_offer}
             stop = asyncio.Event()
             feeding = asyncio.create_task(_feed(feed, conn, lib, fed, stop))
             try:
