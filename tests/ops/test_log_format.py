@@ -284,7 +284,7 @@ def cli_handler(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Handler, list[
 def test_the_cli_writes_attempt_lines_in_batches_and_every_other_line_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jobs_trio._core.logs import flush_log_handlers
+    from jobs_trio._core.logs import flush_held_lines
 
     handler, written = cli_handler(monkeypatch)
     for n in range(3):
@@ -299,7 +299,7 @@ def test_the_cli_writes_attempt_lines_in_batches_and_every_other_line_at_once(
     assert "attempt=7" in written[1] and "attempt=8" in written[1]  # a warning at once
     log_event("jobs.attempt.completed", job="mail.send", attempt=9)
     assert len(written) == 2
-    flush_log_handlers()  # as a worker does before it waits for work
+    flush_held_lines()  # as a worker's loop does before it waits for I/O
     assert "attempt=9" in written[2]
     handler.flush()
     assert len(written) == 3  # nothing held, nothing written
@@ -318,3 +318,62 @@ def test_an_attempt_line_waits_at_most_the_batch_time(monkeypatch: pytest.Monkey
     now[0] += logging_flags.BATCH_SECONDS / 2
     log_event("jobs.attempt.completed", attempt=3)
     assert len(written) == 1 and written[0].count("\n") == 3
+
+
+def test_a_record_whose_event_is_not_text_is_written_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An application's own record may carry an `event` of any kind (extra={"event": ...}):
+    # the CLI's handler writes it like any line, it never fails the logging call.
+    _, written = cli_handler(monkeypatch)
+    app = logging.getLogger("app")
+    for event in ({"kind": "signup"}, None, 42):
+        app.info("user signed up", extra={"event": event})
+    assert len(written) == 3
+
+
+def test_a_patched_make_record_still_makes_jobs_trio_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tracer adds its ids to every record by wrapping Logger.makeRecord in place.
+    made = logging.Logger.makeRecord
+
+    def with_trace_id(self: logging.Logger, *args: object, **kwargs: object) -> logging.LogRecord:
+        record = made(self, *args, **kwargs)  # type: ignore[arg-type]
+        record.trace_id = "1234"
+        return record
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", with_trace_id)
+    assert record_of("jobs.attempt.completed", job="mail.send").trace_id == "1234"  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_drops_the_lines_its_parent_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    _, written = cli_handler(monkeypatch)
+    log_event("jobs.attempt.completed", job="mail.send", attempt=1)
+    # As in a child forked now: its copy of the held line is its parent's to write.
+    monkeypatch.setattr(os, "getpid", lambda: -1)
+    log_event("jobs.worker.forked-child", logging.ERROR, job_id="j")
+    [text] = written
+    assert "attempt=1" not in text and "forked-child" in text
+
+
+async def test_a_worker_loop_writes_held_lines_when_it_waits_for_io(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import trio
+
+    from jobs_trio._core.logs import FlushHeldLines
+
+    _, written = cli_handler(monkeypatch)
+    instrument = FlushHeldLines()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        log_event("jobs.attempt.completed", job="mail.send", attempt=1)
+        assert written == []
+        # A wait for a thread is a wait for I/O: nothing held survives it.
+        await trio.to_thread.run_sync(lambda: None)
+        assert len(written) == 1 and "attempt=1" in written[0]
+    finally:
+        trio.lowlevel.remove_instrument(instrument)

@@ -119,6 +119,25 @@ async def test_the_runs_own_deadline_is_a_timeout_error(autojump_clock: object) 
     assert (await record(driver, job_id)).state is JobState.DEAD
 
 
+async def test_a_timeout_below_the_clocks_grain_still_starts_the_body() -> None:
+    # The deadline has passed by the time the run scope is entered: the body starts all the
+    # same, and one that reaches no checkpoint returns and completes (a run cancelled before
+    # its body started would be judged without a line of it run).
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.job("tiny", timeout=1e-12, attempts=1)
+    async def tiny(ctx: object, payload: None) -> int:
+        ran.append(1)
+        return 7
+
+    driver = trio_driver()
+    job_id = await tiny.enqueue(driver)
+    [outcome] = await worker(driver, registry).tick()
+    assert ran == [1] and outcome.kind == "completed"
+    assert (await record(driver, job_id)).result == "7"
+
+
 async def test_a_drained_attempt_is_interrupted_uncounted_and_claimable_at_once(
     autojump_clock: object,
 ) -> None:

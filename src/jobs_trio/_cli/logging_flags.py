@@ -58,16 +58,23 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """A stream handler on whatever ``sys.stderr`` is when a record is written, not when the
     handler was made: a stream swapped and closed since (a test's capture) is never written to.
 
-    A worker's line per finished attempt (``jobs.attempt.*`` below warning) is written with
-    the lines after it, in one write, within ``BATCH_SECONDS`` or when the worker next waits
-    for work (``jobs_trio._core.logs.flush_log_handlers``): a write and a flush per line were a
-    fifth of what a no-op job cost the worker (issue 35). Every other line writes itself and
-    whatever waits before it at once; an exit flushes (logging.shutdown)."""
+    A worker's line per finished attempt (``jobs.attempt.*`` below warning) is held back and
+    written with the lines after it, in one write: a write and a flush per line were a fifth of
+    what a no-op job cost the worker (issue 35). Held at most until the worker's Trio loop next
+    waits for I/O (``logs.FlushHeldLines``, which a worker installs), ``BATCH_SECONDS``, or
+    ``_BATCH_LINES`` lines; every other line writes itself and whatever is held before it at
+    once; an exit flushes (logging.shutdown)."""
+
+    # What logs.flush_held_lines looks for: this handler holds lines back.
+    holds_lines_back = True
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
-        self._waiting: list[str] = []
-        self._first_waiting = 0.0
+        self._held: list[str] = []
+        self._first_held = 0.0
+        # The process the held lines are of: a child forked with some held has copies of
+        # the parent's lines, which the parent writes; the child drops them.
+        self._held_by = os.getpid()
 
     @property  # type: ignore[override]
     def stream(self) -> object:
@@ -80,30 +87,32 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record)
+            self._drop_if_forked()
+            now = time.monotonic()
+            if not self._held:
+                self._first_held = now
+            self._held.append(line)
+            event = getattr(record, "event", None)
+            if (
+                record.levelno >= logging.WARNING
+                or not (type(event) is str and event.startswith(_BATCHED))
+                or now - self._first_held >= BATCH_SECONDS
+                or len(self._held) >= _BATCH_LINES
+            ):
+                self.flush()
         except RecursionError:
             raise
         except Exception:
             self.handleError(record)
-            return
-        now = time.monotonic()
-        if not self._waiting:
-            self._first_waiting = now
-        self._waiting.append(line)
-        if (
-            record.levelno >= logging.WARNING
-            or not getattr(record, "event", "").startswith(_BATCHED)
-            or now - self._first_waiting >= BATCH_SECONDS
-            or len(self._waiting) >= _BATCH_LINES
-        ):
-            self.flush()
 
     def flush(self) -> None:
         self.acquire()
         try:
-            if not self._waiting:
+            self._drop_if_forked()
+            if not self._held:
                 return
-            text = self.terminator.join(self._waiting) + self.terminator
-            self._waiting.clear()
+            text = self.terminator.join(self._held) + self.terminator
+            self._held.clear()
             stream = sys.stderr
             stream.write(text)
             stream.flush()
@@ -111,6 +120,12 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
             pass  # a closed or broken stderr: nothing left to tell it with
         finally:
             self.release()
+
+    def _drop_if_forked(self) -> None:
+        pid = os.getpid()
+        if pid != self._held_by:
+            self._held.clear()
+            self._held_by = pid
 
 
 # How long an attempt's line may wait to be written with the ones after it, and how many.

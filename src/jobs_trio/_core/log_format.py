@@ -94,13 +94,17 @@ class TextFormatter(logging.Formatter):
         # A jobs_trio line with nothing below it (no traceback field, no exception), as a worker
         # logs one per finished attempt: the line logging.Formatter.format would make, made
         # without its general machinery (a third of a line's cost, issue 35).
+        # Not for a subclass (its own formatMessage), nor a record with a traceback already
+        # rendered (exc_text, as a SocketHandler delivers one).
         fields = getattr(record, "fields", None)
         if (
-            type(getattr(record, "event", None)) is str
+            type(self) is TextFormatter
+            and type(getattr(record, "event", None)) is str
             and type(fields) is dict
             and not record.exc_info
+            and not record.exc_text
             and not record.stack_info
-            and not any(type(v) is str and "\n" in v for v in fields.values())
+            and not any(isinstance(v, str) and "\n" in v for v in fields.values())
         ):
             record.message = record.getMessage()
             record.asctime = self.formatTime(record)

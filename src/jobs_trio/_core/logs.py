@@ -7,8 +7,11 @@ import os
 import sys
 import threading
 import time
+import types
 from collections.abc import Mapping
 from typing import Final
+
+import trio
 
 from .log_format import logfmt_pairs
 
@@ -50,24 +53,29 @@ def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.Log
     (a quarter of a line's cost, at a line per finished attempt: issue 35); every attribute is
     set as the constructor sets it."""
     line = _Line(event, fields)
-    if (
-        logging.getLogRecordFactory() is not logging.LogRecord
-        or type(logger).makeRecord is not logging.Logger.makeRecord
+    if logging.getLogRecordFactory() is not logging.LogRecord or not _plain(
+        type(logger).makeRecord
     ):
         extra = {"event": event, "fields": fields}
         return logger.makeRecord(
             logger.name, level, __file__, 0, line, (), None, func="log_event", extra=extra
         )
-    now = time.time()
     record = logging.LogRecord.__new__(logging.LogRecord)
     values = record.__dict__
     values.update(_CONSTANT)
     values["msg"] = line
     values["levelname"] = logging.getLevelName(level)
     values["levelno"] = level
-    values["created"] = now
-    values["msecs"] = int((now - int(now)) * 1000) + 0.0
-    values["relativeCreated"] = (now - _STARTED) * 1000
+    if _NANOSECONDS:  # 3.13: the clock read in ns, logging's start time in ns
+        ns = time.time_ns()
+        values["created"] = ns / 1e9
+        values["msecs"] = (ns % 1_000_000_000) // 1_000_000 + 0.0
+        values["relativeCreated"] = (ns - _STARTED) / 1e6
+    else:
+        now = time.time()
+        values["created"] = now
+        values["msecs"] = int((now - int(now)) * 1000) + 0.0
+        values["relativeCreated"] = (now - _STARTED) * 1000
     if logging.logThreads:
         values["thread"] = threading.get_ident()
         values["threadName"] = threading.current_thread().name
@@ -75,9 +83,30 @@ def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.Log
         values["thread"] = values["threadName"] = None
     values["processName"] = _process_name()
     values["process"] = os.getpid() if logging.logProcesses else None
+    if _TASK_NAMES:
+        values["taskName"] = _task_name()
     values["event"] = event
     values["fields"] = fields
     return record
+
+
+def _plain(make_record: object) -> bool:
+    """Whether ``make_record`` is logging's own Logger.makeRecord: not a subclass's, and not
+    wrapped or replaced in place (a tracer that adds its ids to every record patches it)."""
+    return type(make_record) is types.FunctionType and make_record.__module__ == "logging"
+
+
+def _task_name() -> str | None:
+    """As LogRecord names the asyncio task (3.12 and later)."""
+    if not getattr(logging, "logAsyncioTasks", False):
+        return None
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    try:
+        return str(asyncio.current_task().get_name())  # type: ignore[union-attr]
+    except Exception:
+        return None
 
 
 # What LogRecord sets the same for every line log_event makes (see _record).
@@ -92,10 +121,13 @@ _CONSTANT: Final[Mapping[str, object]] = {
     "stack_info": None,
     "lineno": 0,
     "funcName": "log_event",
-    **({"taskName": None} if sys.version_info >= (3, 12) else {}),
 }
-# logging's own start time, which relativeCreated counts from.
-_STARTED: Final[float] = getattr(logging, "_startTime", time.time())
+_TASK_NAMES: Final = sys.version_info >= (3, 12)
+_NANOSECONDS: Final = sys.version_info >= (3, 13)
+# logging's own start time, which relativeCreated counts from (in ns from 3.13).
+_STARTED: Final[float] = getattr(
+    logging, "_startTime", time.time_ns() if _NANOSECONDS else time.time()
+)
 
 
 def _process_name() -> str | None:
@@ -111,11 +143,23 @@ def _process_name() -> str | None:
         return "MainProcess"
 
 
-def flush_log_handlers() -> None:
-    """Flush every handler a jobs_trio line reaches: called by a worker as it waits for work,
-    so that a handler writing lines in batches (the CLI's) shows a quiet worker's last lines."""
+def flush_held_lines() -> None:
+    """Write what a handler that holds lines back (``holds_lines_back``, the CLI's) holds, for
+    every handler a jobs_trio line reaches; an application's own handlers are left alone."""
     current: logging.Logger | None = logger
     while current is not None:
         for handler in current.handlers:
-            handler.flush()
+            if getattr(handler, "holds_lines_back", False):
+                handler.flush()
         current = current.parent if current.propagate else None
+
+
+class FlushHeldLines(trio.abc.Instrument):
+    """Installed by a worker for its run: each time its Trio loop is about to wait for I/O
+    (the worker has nothing left to do in this pass: a round trip, a wake-up, a thread), the
+    lines held back are written. A held line so waits a scheduling pass at most, unless a body
+    blocks the loop; and a worker that is draining, or waiting for a sync body, writes its
+    lines as it goes."""
+
+    def before_io_wait(self, timeout: float) -> None:
+        flush_held_lines()

@@ -134,12 +134,16 @@ async def _judged(
         # The application's context variables are set around the body (and copied into a sync
         # body's thread by Trio); a restore hook that raises fails this attempt like the body.
         with restored(definition.restore_context, lambda: ctx.context):
+            # A run cancelled before its body started (a claim that committed after the drain
+            # was signalled) is handed back without running a line of it. Read before the
+            # clock starts: a timeout shorter than the clock's grain has passed by the time
+            # the scope is entered, and the body still starts (and ends at its first
+            # checkpoint), as a body whose deadline fell inside it.
+            starts = not run.cancel_scope.cancel_called
             if definition.is_async:
                 run.start_clock_at_entry()
             with run.cancel_scope:
-                # A run cancelled before its body started (a claim that committed after the
-                # drain was signalled) is handed back without running a line of it.
-                if not run.cancel_scope.cancel_called:
+                if starts:
                     if definition.is_async:
                         ended.result = await definition.fn(ctx, payload)
                         ended.returned = True

@@ -12,7 +12,7 @@ from typing import Any, cast
 import trio
 
 from .._core.errors import DriverError
-from .._core.logs import flush_log_handlers, log_event
+from .._core.logs import log_event
 from .._core.records import Claim, ClaimToken
 from ..drivers.contract import Driver, HandsBackUnheld
 from .outage import Outage
@@ -222,9 +222,6 @@ class ClaimLoop:
     @contextlib.contextmanager
     def idle_wait(self) -> Iterator[None]:
         """A wait for work or a slot: cancelled at once when claiming stops."""
-        # Before any wait: lines a handler holds back to write in batches (the CLI's) are
-        # written while this worker has nothing to do, not at its next busy moment.
-        flush_log_handlers()
         with trio.CancelScope() as scope:
             if self.stopped:
                 scope.cancel()

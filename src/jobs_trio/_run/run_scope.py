@@ -44,6 +44,9 @@ class RunScope:
         # time, not the time it spent waiting for a thread.
         self.cancel_scope = trio.CancelScope()
         self._reason: CancelReason | None = None
+        # Whether its scope has a deadline (the body's clock started): until it does, every
+        # cancel is ``cancel``'s, with its reason, and ``reason`` needs no look at Trio's clock.
+        self._timed = False
         self._cause: JobsError | None = None
         # A sync body's thread, or a sync step's, is waited for under a scope of its own
         # (``thread_scope``); several at once when a body runs sync steps side by side.
@@ -74,6 +77,7 @@ class RunScope:
         """The body starts now: its timeout counts from here."""
         if self.timeout is None:
             return
+        self._timed = True
         deadline = trio.current_time() + self.timeout
         self.cancel_scope.deadline = deadline
         if self._reason is not CancelReason.DRAINING:
@@ -87,6 +91,7 @@ class RunScope:
         35). Only before the scope is entered, and only for an async body (a sync body's clock
         starts when its thread does, see ThreadSlots)."""
         if self.timeout is not None:
+            self._timed = True
             self.cancel_scope.relative_deadline = self.timeout
 
     def renewed_beside(self, now: float) -> None:
@@ -153,9 +158,13 @@ class RunScope:
     @property
     def reason(self) -> CancelReason | None:
         """The first reason this run was cancelled for, or None while it was not."""
+        # Read three times a run: a look at the scope reads Trio's clock, and only a deadline
+        # can cancel it without a reason recorded here.
+        if self._reason is not None or not self._timed:
+            return self._reason
         if not self.cancel_scope.cancel_called:
             return None
-        return self._reason or CancelReason.TIMEOUT
+        return CancelReason.TIMEOUT
 
     @property
     def cause(self) -> JobsError | None:

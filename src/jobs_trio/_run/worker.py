@@ -21,7 +21,7 @@ import trio
 from .._core.errors import ConfigError, DriverError, JobDrained
 from .._core.forked_child import guard_forks
 from .._core.instance_id import instance_id
-from .._core.logs import log_event
+from .._core.logs import FlushHeldLines, flush_held_lines, log_event
 from .._core.metrics import Metrics, default_metrics
 from .._core.records import Claim, OutcomeKind, QueueStats, WorkerPresence
 from .._core.single_error import unwrap_single_error
@@ -323,6 +323,10 @@ class Worker:
             (d.queue, d.name) for d in self.registry if d.queue in self.options.limits
         )
         torn_down = False
+        # A handler that holds attempt lines back (the CLI's) writes them each time this run's
+        # loop waits for I/O: a pass at most, a drain included (logs.FlushHeldLines).
+        flush_lines = FlushHeldLines()
+        trio.lowlevel.add_instrument(flush_lines)
         try:
             async with trio.open_nursery() as service:
                 await service.start(settler.run)
@@ -391,6 +395,8 @@ class Worker:
                     # cancellation keeps this nursery open (the lifecycle ends the process).
                     service.cancel_scope.cancel()
         finally:
+            trio.lowlevel.remove_instrument(flush_lines)
+            flush_held_lines()
             # Only a run that failed before its teardown finishes it here: once torn down,
             # the worker may already have been started again, and that run's state is not
             # this one's to reset.
