@@ -377,3 +377,46 @@ async def test_a_worker_loop_writes_held_lines_when_it_waits_for_io(
         assert len(written) == 1 and "attempt=1" in written[0]
     finally:
         trio.lowlevel.remove_instrument(instrument)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"job_id": "01j", "job": "mail.send", "queue": "q", "attempt": 3, "seconds": 8.1e-05},
+        {"job": "two words", "error": 'say "hi"\tthere', "ok": True, "none": None},
+        {"worker": "w", "queues": ("a", "b"), "rtl": "x\u202ey", "trailing": ""},
+    ],
+)
+def test_the_cli_writes_a_line_without_its_record_as_it_writes_the_record(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, object]
+) -> None:
+    # The CLI's handler takes a jobs_trio line past the record when nothing else would see the
+    # record (logs._line_taker): the text must be what the text format makes of the record.
+    import time
+
+    from jobs_trio._core import logs
+
+    handler, written = cli_handler(monkeypatch)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # as the CLI has it
+    monkeypatch.setattr(time, "time", lambda: 1764669600.25)
+    monkeypatch.setattr(time, "time_ns", lambda: 1764669600_250_000_000)
+    assert logs._line_taker(logging.INFO) is not None
+    log_event("jobs.worker.started", **fields)
+    record = logs._record(logging.INFO, "jobs.worker.started", fields)
+    assert handler.formatter is not None
+    assert written == [handler.formatter.format(record) + "\n"]
+
+
+def test_a_line_goes_by_its_record_when_anything_else_would_see_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs_trio._core import logs
+
+    handler, _ = cli_handler(monkeypatch)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # as the CLI has it
+    assert logs._line_taker(logging.INFO) is not None
+    seen: list[logging.LogRecord] = []
+    handler.addFilter(lambda record: seen.append(record) or True)
+    assert logs._line_taker(logging.INFO) is None
+    log_event("jobs.worker.started", worker="w")
+    assert [r.event for r in seen] == ["jobs.worker.started"]  # type: ignore[attr-defined]

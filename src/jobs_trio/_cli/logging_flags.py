@@ -8,9 +8,18 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 
 from .._core.errors import ConfigError
-from .._core.log_format import FORMATS, LEVELS, formatter
+from .._core.log_format import (
+    FORMATS,
+    LEVELS,
+    TextFormatter,
+    below_the_line,
+    formatter,
+    logfmt_pairs,
+)
+from .._core.logs import logger as _jobs_logger
 
 ENV_LOG_LEVEL = "JOBS_TRIO_LOG_LEVEL"
 ENV_LOG_FORMAT = "JOBS_TRIO_LOG_FORMAT"
@@ -86,24 +95,54 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record)
-            self._drop_if_forked()
-            now = time.monotonic()
-            if not self._held:
-                self._first_held = now
-            self._held.append(line)
-            event = getattr(record, "event", None)
-            if (
-                record.levelno >= logging.WARNING
-                or not (type(event) is str and event.startswith(_BATCHED))
-                or now - self._first_held >= BATCH_SECONDS
-                or len(self._held) >= _BATCH_LINES
-            ):
-                self.flush()
+            self._hold(self.format(record), record.levelno, getattr(record, "event", None))
         except RecursionError:
             raise
         except Exception:
             self.handleError(record)
+
+    def take_line(
+        self,
+        level: int,
+        event: str,
+        fields: Mapping[str, object],
+        created: float,
+        msecs: float,
+    ) -> bool:
+        """A jobs_trio line without its record (logs.TakeLine): the text format's line, as
+        ``format`` makes it of the record; False for any other format, or a line with a field
+        shown below it."""
+        formatter = self.formatter
+        if not isinstance(formatter, TextFormatter) or below_the_line(fields):
+            return False
+        message = f"{event} {logfmt_pairs(fields)}".rstrip()
+        line = formatter.event_line(created, msecs, logging.getLevelName(level), _LOGGER, message)
+        if line is None:
+            return False
+        self.acquire()
+        try:
+            self._hold(line, level, event)
+        except RecursionError:
+            raise
+        except Exception:
+            pass  # as handleError does by default: a log line never fails its caller
+        finally:
+            self.release()
+        return True
+
+    def _hold(self, line: str, level: int, event: object) -> None:
+        self._drop_if_forked()
+        now = time.monotonic()
+        if not self._held:
+            self._first_held = now
+        self._held.append(line)
+        if (
+            level >= logging.WARNING
+            or not (type(event) is str and event.startswith(_BATCHED))
+            or now - self._first_held >= BATCH_SECONDS
+            or len(self._held) >= _BATCH_LINES
+        ):
+            self.flush()
 
     def flush(self) -> None:
         self.acquire()
@@ -128,6 +167,8 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
             self._held_by = pid
 
 
+# The logger every jobs_trio line is logged on, by name (take_line's lines).
+_LOGGER = _jobs_logger.name
 # How long an attempt's line may wait to be written with the ones after it, and how many.
 BATCH_SECONDS = 0.2
 _BATCH_LINES = 256

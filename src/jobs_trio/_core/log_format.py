@@ -50,7 +50,17 @@ def logfmt_value(value: object) -> str:
 
 
 def logfmt_pairs(fields: Mapping[str, object]) -> str:
-    return " ".join([f"{key}={logfmt_value(value)}" for key, value in fields.items()])
+    # logfmt_value's first two cases inline: a worker renders a line per finished attempt,
+    # most of whose values are plain ASCII text and ints, and a call per value was a third of
+    # the rendering.
+    bare, parts = _BARE_ASCII.fullmatch, []
+    for key, value in fields.items():
+        kind = type(value)
+        if (kind is str and bare(cast(str, value))) or kind is int:
+            parts.append(f"{key}={value}")
+        else:
+            parts.append(f"{key}={logfmt_value(value)}")
+    return " ".join(parts)
 
 
 def event_of(record: logging.LogRecord) -> str | None:
@@ -58,6 +68,14 @@ def event_of(record: logging.LogRecord) -> str | None:
     of another library (hypercorn, trio-asyncio) that reaches the same handler."""
     event = getattr(record, "event", None)
     return event if isinstance(event, str) else None
+
+
+def below_the_line(fields: Mapping[str, object]) -> bool:
+    """Whether a field is shown below its line in the text format (a multi-line value)."""
+    for value in fields.values():  # noqa: SIM110 (a loop: no generator made, once a line)
+        if isinstance(value, str) and "\n" in value:
+            return True
+    return False
 
 
 def fields_of(record: logging.LogRecord) -> Mapping[str, object]:
@@ -80,15 +98,28 @@ class TextFormatter(logging.Formatter):
         self._second: tuple[int, str] = (-1, "")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        # The same text for every line of a second, made once: strftime is a fifth of a short
-        # line's cost, at a line per finished attempt.
         if datefmt is not None:
             return super().formatTime(record, datefmt)
-        second = int(record.created)
+        return self._time(record.created, record.msecs)
+
+    def _time(self, created: float, msecs: float) -> str:
+        # The same text for every line of a second, made once: strftime is a fifth of a short
+        # line's cost, at a line per finished attempt.
+        second = int(created)
         if self._second[0] != second:
-            shown = time.strftime(self.default_time_format, self.converter(record.created))
+            shown = time.strftime(self.default_time_format, self.converter(created))
             self._second = (second, shown)
-        return f"{self._second[1]},{int(record.msecs):03d}"  # logging's default_msec_format
+        return f"{self._second[1]},{int(msecs):03d}"  # logging's default_msec_format
+
+    def event_line(
+        self, created: float, msecs: float, level: str, name: str, message: str
+    ) -> str | None:
+        """The line ``format`` makes of a jobs_trio record with these values and nothing below
+        its line, made from them (``logs.log_event``'s way past the record); None when this
+        formatter is a subclass's, which may make its lines otherwise."""
+        if type(self) is not TextFormatter:
+            return None
+        return f"{self._time(created, msecs)} {level} {name}: {message}".rstrip()
 
     def format(self, record: logging.LogRecord) -> str:
         # A jobs_trio line with nothing below it (no traceback field, no exception), as a worker
@@ -104,7 +135,7 @@ class TextFormatter(logging.Formatter):
             and not record.exc_info
             and not record.exc_text
             and not record.stack_info
-            and not any(isinstance(v, str) and "\n" in v for v in fields.values())
+            and not below_the_line(fields)
         ):
             record.message = record.getMessage()
             record.asctime = self.formatTime(record)

@@ -177,7 +177,8 @@ class Settler:
         self._unwritten[id(pending)] = pending
         self.peak = max(self.peak, len(self._unwritten))
         self._queue.append(pending)
-        self._arrived.unpark_all()
+        if self._arrived:  # asked first: at every run's end, the writer is mostly busy
+            self._arrived.unpark_all()
         return pending
 
     async def confirmed(self, pending: _Pending | None) -> bool:

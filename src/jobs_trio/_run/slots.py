@@ -166,7 +166,8 @@ class Slots:
             return
         held = _Held(run, definition, trio.current_time() + self.hold_limit)
         self._waiting[queue].append(held)
-        self._held_one.unpark_all()  # hand_back_overdue may be waiting for the first
+        if self._held_one:  # hand_back_overdue may be waiting for the first
+            self._held_one.unpark_all()
         self.unstarted[queue] += 1
         # No task until a slot frees (_promote starts one); a cancel while it waits starts one
         # that hands it back.
@@ -211,7 +212,9 @@ class Slots:
         self._ahead_paused.discard(queue)
         self._promote(queue)
         self._note_idle()
-        self.freed.unpark_all()
+        # Asked first: an unpark_all with no one parked is a few calls, at every run's end.
+        if self.freed:
+            self.freed.unpark_all()
 
     def _promote(self, queue: str) -> None:
         """Hand the free slots of ``queue`` to its oldest held claims."""
