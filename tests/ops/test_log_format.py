@@ -420,3 +420,14 @@ def test_a_line_goes_by_its_record_when_anything_else_would_see_it(
     assert logs._line_taker(logging.INFO) is None
     log_event("jobs.worker.started", worker="w")
     assert [r.event for r in seen] == ["jobs.worker.started"]  # type: ignore[attr-defined]
+
+
+def test_a_disabled_jobs_trio_logger_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # logging.config.dictConfig(disable_existing_loggers=True) disables the jobs_trio logger:
+    # its records are dropped, and so are the lines that pass them by.
+    handler, written = cli_handler(monkeypatch)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    monkeypatch.setattr(logging.getLogger("jobs_trio"), "disabled", True)
+    log_event("jobs.worker.started", worker="w")
+    handler.flush()
+    assert written == []

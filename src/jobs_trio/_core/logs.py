@@ -65,6 +65,7 @@ def _line_taker(level: int) -> TakeLine | None:
     if (
         logger.handlers
         or logger.filters
+        or logger.disabled  # logging.config.dictConfig's disable_existing_loggers, say
         or not logger.propagate
         or root is None
         or root.parent is not None
