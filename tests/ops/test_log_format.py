@@ -262,8 +262,12 @@ def test_the_text_format_of_a_plain_line_is_logging_s_own() -> None:
     assert record.message == record.getMessage()
 
 
-def cli_handler(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Handler, list[str]]:
-    """The CLI's stderr handler, its writes caught (tests/conftest.py restores the root)."""
+def cli_handler(
+    monkeypatch: pytest.MonkeyPatch, log_format: str = "logfmt", *, alone: bool = False
+) -> tuple[logging.Handler, list[str]]:
+    """The CLI's stderr handler, its writes caught (tests/conftest.py restores the root);
+    ``alone``: the root's only handler, as the CLI has it (pytest's own are set aside), so a
+    jobs_trio line may go to it without its record (logs._line_taker)."""
     written: list[str] = []
 
     class Stream:
@@ -276,8 +280,10 @@ def cli_handler(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Handler, list[
     monkeypatch.setattr(sys, "stderr", Stream())
     root = logging.getLogger()
     others = root.handlers[:]
-    configure_logging(argparse.Namespace(log_level="info", log_format="logfmt"))
+    configure_logging(argparse.Namespace(log_level="info", log_format=log_format))
     [ours] = [h for h in root.handlers if h not in others]
+    if alone:
+        monkeypatch.setattr(root, "handlers", [ours])
     return ours, written
 
 
@@ -396,12 +402,13 @@ def test_the_cli_writes_a_line_without_its_record_as_it_writes_the_record(
 
     from jobs_trio._core import logs
 
-    handler, written = cli_handler(monkeypatch)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # as the CLI has it
+    handler, written = cli_handler(monkeypatch, "text", alone=True)
     monkeypatch.setattr(time, "time", lambda: 1764669600.25)
     monkeypatch.setattr(time, "time_ns", lambda: 1764669600_250_000_000)
-    assert logs._line_taker(logging.INFO) is not None
+    emitted: list[logging.LogRecord] = []
+    monkeypatch.setattr(handler, "emit", emitted.append)
     log_event("jobs.worker.started", **fields)
+    assert emitted == []  # no record made: the line went straight to the handler
     record = logs._record(logging.INFO, "jobs.worker.started", fields)
     assert handler.formatter is not None
     assert written == [handler.formatter.format(record) + "\n"]
@@ -412,8 +419,7 @@ def test_a_line_goes_by_its_record_when_anything_else_would_see_it(
 ) -> None:
     from jobs_trio._core import logs
 
-    handler, _ = cli_handler(monkeypatch)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # as the CLI has it
+    handler, _ = cli_handler(monkeypatch, "text", alone=True)
     assert logs._line_taker(logging.INFO) is not None
     seen: list[logging.LogRecord] = []
     handler.addFilter(lambda record: seen.append(record) or True)
@@ -425,9 +431,56 @@ def test_a_line_goes_by_its_record_when_anything_else_would_see_it(
 def test_a_disabled_jobs_trio_logger_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     # logging.config.dictConfig(disable_existing_loggers=True) disables the jobs_trio logger:
     # its records are dropped, and so are the lines that pass them by.
-    handler, written = cli_handler(monkeypatch)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    handler, written = cli_handler(monkeypatch, "text", alone=True)
     monkeypatch.setattr(logging.getLogger("jobs_trio"), "disabled", True)
     log_event("jobs.worker.started", worker="w")
     handler.flush()
     assert written == []
+
+
+@pytest.mark.parametrize("log_format", ["text", "logfmt"])
+def test_attempt_lines_are_held_the_same_with_or_without_their_records(
+    monkeypatch: pytest.MonkeyPatch, log_format: str
+) -> None:
+    from jobs_trio._core.logs import flush_held_lines
+
+    _, written = cli_handler(monkeypatch, log_format, alone=True)
+    for n in range(3):
+        log_event("jobs.attempt.completed", job="mail.send", attempt=n)
+    assert written == []
+    log_event("jobs.attempt.failed", logging.WARNING, job="mail.send", attempt=3)
+    [text] = written
+    assert [line.split("attempt=")[-1] for line in text.splitlines()] == ["0", "1", "2", "3"]
+    log_event("jobs.attempt.completed", job="mail.send", attempt=4)
+    flush_held_lines()
+    assert len(written) == 2 and "attempt=4" in written[1]
+
+
+def test_code_that_wraps_logging_s_call_of_handlers_sees_every_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Sentry's logging integration wraps Logger.callHandlers to make breadcrumbs and events of
+    # every record: a jobs_trio line must not go past it.
+    _, written = cli_handler(monkeypatch, "text", alone=True)
+    seen: list[str] = []
+    call_handlers = logging.Logger.callHandlers
+
+    def watched(self: logging.Logger, record: logging.LogRecord) -> None:
+        seen.append(record.getMessage())
+        call_handlers(self, record)
+
+    monkeypatch.setattr(logging.Logger, "callHandlers", watched)
+    log_event("jobs.lifecycle.abandoned", logging.ERROR, job_id="j")
+    assert seen == ["jobs.lifecycle.abandoned job_id=j"] and len(written) == 1
+
+
+def test_a_field_that_cannot_be_rendered_never_fails_the_caller(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Hostile(float):
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    cli_handler(monkeypatch, "text", alone=True)
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # handleError's quiet mode
+    log_event("jobs.attempt.completed", seconds=Hostile(1.0))  # no raise: handleError's

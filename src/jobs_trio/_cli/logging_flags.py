@@ -113,10 +113,20 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         ``format`` makes it of the record; False for any other format, or a line with a field
         shown below it."""
         formatter = self.formatter
-        if not isinstance(formatter, TextFormatter) or below_the_line(fields):
+        if (
+            not isinstance(formatter, TextFormatter)
+            or "format" in vars(self)
+            or "format" in vars(formatter)
+            or "formatTime" in vars(formatter)
+            or below_the_line(fields)
+        ):
             return False
-        message = f"{event} {logfmt_pairs(fields)}".rstrip()
-        line = formatter.event_line(created, msecs, logging.getLevelName(level), _LOGGER, message)
+        try:
+            message = f"{event} {logfmt_pairs(fields)}".rstrip()
+            level_name = logging.getLevelName(level)
+            line = formatter.event_line(created, msecs, level_name, _LOGGER, message)
+        except Exception:
+            return False  # the record's way: what cannot be rendered goes to handleError
         if line is None:
             return False
         self.acquire()

@@ -44,7 +44,7 @@ def log_event(event: str, level: int = logging.INFO, **fields: object) -> None:
         return
     take_line = _line_taker(level)
     if take_line is not None:
-        created, msecs = _clock()
+        _, created, msecs = _clock()
         if take_line(level, event, fields, created, msecs):
             return
     logger.handle(_record(level, event, fields))
@@ -65,7 +65,6 @@ def _line_taker(level: int) -> TakeLine | None:
     if (
         logger.handlers
         or logger.filters
-        or logger.disabled  # logging.config.dictConfig's disable_existing_loggers, say
         or not logger.propagate
         or root is None
         or root.parent is not None
@@ -80,19 +79,35 @@ def _line_taker(level: int) -> TakeLine | None:
         or handler.filters
         or level < handler.level
         or logging.getLogRecordFactory() is not logging.LogRecord
-        or not _plain(type(logger).makeRecord)
+        or not _passes_as_logging_has_it()
     ):
         return None
     return take_line
 
 
-def _clock() -> tuple[float, float]:
-    """``created`` and ``msecs`` as LogRecord reads them now."""
-    if _NANOSECONDS:  # 3.13: the clock read in ns
+def _passes_as_logging_has_it() -> bool:
+    """Whether a record would pass through logging's own code on its way to the handlers:
+    Logger.makeRecord, handle and callHandlers neither overridden nor wrapped (Sentry's logging
+    integration wraps callHandlers to see every record; a tracer wraps makeRecord)."""
+    kind, own = type(logger), vars(logger)
+    return all(
+        _plain(getattr(kind, name)) and name not in own
+        for name in ("makeRecord", "handle", "callHandlers")
+    )
+
+
+def _clock() -> tuple[float, float, float]:
+    """The clock as LogRecord reads it now: its reading (ns from 3.13, logging's start time's
+    unit), ``created`` and ``msecs``."""
+    if _NANOSECONDS:
         ns = time.time_ns()
-        return ns / 1e9, (ns % 1_000_000_000) // 1_000_000 + 0.0
+        created = ns / 1e9
+        msecs = (ns % 1_000_000_000) // 1_000_000 + 0.0
+        if msecs == 999.0 and int(created) != ns // 1_000_000_000:
+            msecs = 0.0  # created rounded up into the next second: as 3.13's LogRecord has it
+        return ns, created, msecs
     now = time.time()
-    return now, int((now - int(now)) * 1000) + 0.0
+    return now, now, int((now - int(now)) * 1000) + 0.0
 
 
 def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.LogRecord:
@@ -116,16 +131,8 @@ def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.Log
     values["msg"] = line
     values["levelname"] = logging.getLevelName(level)
     values["levelno"] = level
-    if _NANOSECONDS:  # 3.13: the clock read in ns, logging's start time in ns
-        ns = time.time_ns()
-        values["created"] = ns / 1e9
-        values["msecs"] = (ns % 1_000_000_000) // 1_000_000 + 0.0
-        values["relativeCreated"] = (ns - _STARTED) / 1e6
-    else:
-        now = time.time()
-        values["created"] = now
-        values["msecs"] = int((now - int(now)) * 1000) + 0.0
-        values["relativeCreated"] = (now - _STARTED) * 1000
+    ns, values["created"], values["msecs"] = _clock()
+    values["relativeCreated"] = (ns - _STARTED) / 1e6 if _NANOSECONDS else (ns - _STARTED) * 1000
     if logging.logThreads:
         values["thread"] = threading.get_ident()
         values["threadName"] = threading.current_thread().name
