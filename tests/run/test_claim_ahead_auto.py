@@ -60,12 +60,13 @@ async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_cl
     assert 2 < ahead < AUTO_MAX
     assert max(asked) == 2 + ahead
     # Held jobs, not a claim per job: a claim goes out once half of the room ahead has
-    # started, so about one claim per ahead / 2 jobs asked for all 300.
+    # started, or a quarter when it carries settlements (which a round trip writes anyway),
+    # so about one claim per ahead / 4 jobs asked for all 300.
     total, claims = 0, 0
     while total < 300:
         total += asked[claims]
         claims += 1
-    assert claims <= 300 // (ahead // 2) + 2
+    assert claims <= 300 // (ahead // 4) + 2
 
 
 async def test_jobs_whose_slots_start_fewer_than_one_a_hold_are_never_claimed_ahead(

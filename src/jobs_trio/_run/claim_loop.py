@@ -61,7 +61,7 @@ class ClaimLoop:
 
     async def run(self, settler: Settler) -> None:
         while not self.stopped:
-            free = self._slots.claimable()
+            free = self._slots.claimable(carrying=settler.carriable)
             if not free:
                 with self.idle_wait():
                     await self._slots.freed.park()

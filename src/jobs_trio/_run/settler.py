@@ -38,6 +38,9 @@ LAST_RESORT_ERROR = (
 )
 # Refusal text kept in the stored error: enough to see what was refused, never a payload.
 _REFUSAL_CHARS = 400
+# The scheduling passes with no claim in flight, each with a settlement handed in, that the
+# writer leaves for a claim to carry what waits before it writes it alone (_leave_to_claims).
+_PASSES_FOR_A_CLAIM = 2
 # A settlement whose row stays locked is logged once its backoff reaches this (its 4th try).
 _LOCK_WARN_AFTER = 0.4
 
@@ -114,6 +117,11 @@ class Settler:
         self._locked: collections.deque[_Pending] = collections.deque()
         self._locked_arrived = trio.lowlevel.ParkingLot()
         self._writer_done = False
+        # Claims carrying settlements, in flight, and settlements handed in so far: how the
+        # writer leaves a claim its chance to carry them (see _write_batches).
+        self._claims_in_flight = 0
+        self._handed_in = 0
+        self._claim_answered = trio.lowlevel.ParkingLot()
         self.peak = 0  # the most settlements ever waiting at once (checked against capacity)
         self.finished = trio.Event()  # set once everything handed in has been written
 
@@ -123,6 +131,16 @@ class Settler:
         what a function answers now (the worker's slots and its claims ahead as sized now)."""
         capacity = self._capacity
         return capacity if isinstance(capacity, int) else capacity()
+
+    @property
+    def carriable(self) -> bool:
+        """Whether settlements wait that the next claim would carry."""
+        return (
+            self._carried_by_claims
+            and not self._closed
+            and bool(self._queue)
+            and not self._queue[0].solo
+        )
 
     @property
     def waiting(self) -> int:
@@ -174,6 +192,7 @@ class Settler:
             )
             return None
         pending = _Pending(settlement, on_written)
+        self._handed_in += 1
         self._unwritten[id(pending)] = pending
         self.peak = max(self.peak, len(self._unwritten))
         self._queue.append(pending)
@@ -199,6 +218,7 @@ class Settler:
         ``hand_in`` writes nothing (its run was abandoned at the budget)."""
         self._closed = True
         self._arrived.unpark_all()
+        self._claim_answered.unpark_all()
 
     async def claim(
         self,
@@ -218,6 +238,26 @@ class Settler:
         carried = self.take_for_claim()
         if not carried:
             return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+        self._claims_in_flight += 1
+        try:
+            return await self._claim_carrying(
+                carried, driver, queues, limit, lease=lease, worker_id=worker_id, **options
+            )
+        finally:
+            self._claims_in_flight -= 1
+            self._claim_answered.unpark_all()
+
+    async def _claim_carrying(
+        self,
+        carried: list[_Pending],
+        driver: Driver,
+        queues: Sequence[str],
+        limit: Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+        **options: Any,
+    ) -> Sequence[Claim]:
         both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so
         tried_at = driver.now()
         try:
@@ -327,12 +367,34 @@ class Settler:
                     return
                 await self._arrived.park()
             if self._carried_by_claims and not self._closed:
-                # One pass for a claim loop woken by the same finished runs: it takes these
-                # with its claim, synchronously, before this task runs again.
-                await trio.lowlevel.checkpoint()
+                # A claim that carries them writes these in its round trip (one where a write
+                # of their own would be another, issue 35).
+                await self._leave_to_claims()
             batch = self._take(include_solo=True)
             if batch:
                 await self._write(batch)
+
+    async def _leave_to_claims(self) -> None:
+        """Wait while the claim loop may carry what waits here: as long as its claims that
+        carry settlements are in flight (the next one, sent at the answer, takes what arrived
+        meanwhile), and for a pass after each arrival (a run that hands one in frees its slot
+        too, and wakes the claim loop). Bounded by looks with no claim in flight: a claim
+        loop with no room claims nothing, and these are written here."""
+        quiet = 0
+        while quiet < _PASSES_FOR_A_CLAIM and not self._closed:
+            if self._claims_in_flight:
+                await self._claim_answered.park()
+                continue
+            seen = self._handed_in
+            # Two passes: one handed in just before this look freed its run's slot in the same
+            # pass, and the claim loop that slot woke claims in the next one.
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+            if self._claims_in_flight:
+                continue
+            if self._handed_in == seen:
+                return
+            quiet += 1
 
     async def _retry_locked(self) -> None:
         """Write the settlements whose rows were locked, each once its backoff has passed (those

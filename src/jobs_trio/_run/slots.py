@@ -115,16 +115,19 @@ class Slots:
         free = {q: self.open(q) for q in self.limits}
         return {q: n for q, n in free.items() if n > 0}
 
-    def claimable(self) -> dict[str, int]:
+    def claimable(self, *, carrying: bool = False) -> dict[str, int]:
         """What the next claim asks of each queue: its free slots, plus its room ahead
         (``claim_ahead`` less the claims already waiting). The room is claimed once half of it
-        is free, not job by job: a claim ahead exists to save round trips."""
+        is free, not job by job: a claim ahead exists to save round trips. ``carrying``: the
+        claim would carry settlements, which a round trip writes anyway, so a quarter of the
+        room is enough (issue 35: a settle and a claim apart were two round trips where one
+        does; any room at all made a claim of every settle, where jobs end one at a time)."""
         want: dict[str, int] = {}
         for q in self.limits:
             free = max(self.open(q), 0)
             ahead = self.ahead_of(q)
             room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
-            if not free and room < (ahead + 1) // 2:
+            if not free and room < ((ahead + 3) // 4 if carrying else (ahead + 1) // 2):
                 room = 0
             if free + room > 0:
                 want[q] = free + room
