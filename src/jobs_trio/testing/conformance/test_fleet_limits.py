@@ -186,3 +186,18 @@ async def test_a_settle_batch_freeing_two_slots_wakes_two_waiters(driver: Driver
     await driver.settle([Complete(c.lease) for c in held])
     woken = await driver.claim(["default"], 10, lease=30, worker_id="w1")
     assert [c.job_id for c in woken] == ids[2:]
+
+
+async def test_completions_settled_together_free_their_slots(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # Two holders of a two-slot key completed in one settle call: both slots free, and the two
+    # jobs a claim put off are due at once (a driver that writes completions together must
+    # still free each one's slot).
+    a, b, c, d = await ids_of(driver, [limited(2, priority=n) for n in range(4)])
+    claims = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert [x.job_id for x in claims] == [a, b]
+    manual_clock.advance(1)
+    assert await driver.settle([Complete(x.lease) for x in claims]) == [a, b]
+    again = await driver.claim(["default"], 10, lease=30, worker_id="w2")
+    assert sorted(x.job_id for x in again) == sorted([c, d])

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from jobs_trio._core.records import (
+    AttemptNote,
     CancelJob,
     Complete,
     DeadLetter,
@@ -8,6 +9,7 @@ from jobs_trio._core.records import (
     Lease,
     Park,
     Retry,
+    Settlement,
     Suspend,
 )
 from jobs_trio.driver import Driver
@@ -114,6 +116,44 @@ async def test_batch_settle_of_many_completes(driver: Driver) -> None:
     applied = await driver.settle([Complete(c.lease) for c in claims])
     assert sorted(applied) == sorted(c.job_id for c in claims)
     assert len(await driver.list_jobs(state=JobState.COMPLETED)) == 20
+
+
+async def test_a_mixed_batch_settles_each_as_alone(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # One settle call of completions (with results and notes, one of them stale), a retry and
+    # a dead-letter, each job once: each written as it would be alone, the applied ids in the
+    # call's order, the stale one changing nothing, and every note in its job's history.
+    [lapsed] = [e.job_id for e in await driver.enqueue([new_job()])]
+    stale = await claim_one(driver, lease=10)
+    manual_clock.advance(11)
+    ids = [e.job_id for e in await driver.enqueue([new_job() for _ in range(5)])]
+    claims = {c.job_id: c for c in await driver.claim(["default"], 6, lease=30, worker_id="w")}
+    assert set(claims) == {lapsed, *ids}
+    note = AttemptNote(attempt=1, worker_id="w", seconds=0.5)
+    batch: list[Settlement] = [
+        Complete(claims[ids[0]].lease, result='{"n": 0}', note=note),
+        Retry(claims[ids[1]].lease, delay=60, error="again", note=note),
+        Complete(stale.lease, result='"stale"', note=note),
+        Complete(claims[ids[2]].lease, note=note),
+        DeadLetter(claims[ids[3]].lease, error="gone", note=note),
+        Complete(claims[ids[4]].lease, result="[1, 2]"),
+    ]
+    assert await driver.settle(batch) == [ids[0], ids[1], ids[2], ids[3], ids[4]]
+    found = {i: await driver.get(i) for i in [lapsed, *ids]}
+    assert {i: (r.state, r.result) for i, r in found.items() if r is not None} == {
+        lapsed: (JobState.RUNNING, None),  # its current claim's, untouched
+        ids[0]: (JobState.COMPLETED, '{"n": 0}'),
+        ids[1]: (JobState.READY, None),
+        ids[2]: (JobState.COMPLETED, None),
+        ids[3]: (JobState.DEAD, None),
+        ids[4]: (JobState.COMPLETED, "[1, 2]"),
+    }
+    for job_id in ids[:4]:
+        [entry] = await driver.load_attempts(job_id)
+        assert (entry.attempt, entry.worker_id, entry.seconds) == (1, "w", 0.5)
+    assert await driver.load_attempts(ids[4]) == []  # no note, no history
+    assert await driver.load_attempts(lapsed) == []
 
 
 async def test_settle_with_a_stale_token_changes_nothing(
