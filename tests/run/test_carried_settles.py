@@ -151,3 +151,76 @@ async def test_claiming_ahead_the_settles_still_ride_on_claims(autojump_clock: o
     # (Without it: 73 of 200. Not all: a settle that ends with no quarter of room to claim
     # is written alone, and so are the last ones, once the queue is empty.)
     assert len(driver.carried) >= 0.75 * len(ids), (len(driver.carried), len(driver.alone))
+
+
+class HangingDriver(CarryingDriver):
+    """Its first carrying call hangs 40 s (a claim waiting on a stalled connection until the
+    bridge gives up) and then fails; settle() alone, on another connection, answers at once.
+    Records when each job's settlement was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written_at: dict[str, float] = {}
+        self.hang_next = 1
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+        applied = await super().settle(settlements)
+        self.written_at.update((job_id, trio.current_time()) for job_id in applied)
+        return applied
+
+    async def settle_and_claim(
+        self, settlements: Sequence[Settlement], *args: Any, **options: Any
+    ) -> tuple[Sequence[str], Any]:
+        if self.hang_next:
+            self.hang_next -= 1
+            await trio.sleep(40)
+            raise DriverError("no answer within 40 s (test)", fix="none")
+        return await super().settle_and_claim(settlements, *args, **options)
+
+
+def sleepy_jobs(registry: Registry) -> Any:
+    @registry.job("sleepy", attempts=3)
+    async def sleepy(ctx: Any, seconds: float) -> str:
+        await trio.sleep(seconds)
+        return "done"
+
+    return sleepy
+
+
+async def test_a_claim_that_hangs_holds_no_other_settlement_back(autojump_clock: object) -> None:
+    # Review of issue 35's carrying: the writer left everything to a claim in flight for as
+    # long as it took, and one waiting on a lock or a stalled connection held back writes the
+    # database would have taken at once.
+    registry = Registry()
+    sleepy = sleepy_jobs(registry)
+    driver = HangingDriver()
+    a, b = [x.job_id for x in await driver.enqueue([sleepy.new_job(0.5), sleepy.new_job(2.0)])]
+    w = worker(driver, registry, concurrency=2, claim_ahead=0, poll_interval=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(60)
+        await w.stop()
+    # a's settlement went with the claim that hung (and was written after it failed); b ended
+    # at 2.0 with that claim still in flight, and was written alone within the carry wait.
+    assert driver.written_at[b] < 2.1, driver.written_at
+    assert {(await driver.get(i)).state for i in (a, b)} == {JobState.COMPLETED}  # type: ignore[union-attr]
+
+
+async def test_a_drain_writes_what_waits_while_a_claim_hangs(autojump_clock: object) -> None:
+    # At a drain no claim will carry anything more: a finished job's settlement is written
+    # then, not left behind a hanging claim until the budget abandons it (its job would run
+    # again).
+    registry = Registry()
+    sleepy = sleepy_jobs(registry)
+    driver = HangingDriver()  # the claim that carries a's settlement (at 0.5 s) hangs
+    _, b = [x.job_id for x in await driver.enqueue([sleepy.new_job(0.5), sleepy.new_job(2.0)])]
+    w = worker(driver, registry, concurrency=2, claim_ahead=0, poll_interval=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(3.0)  # b ended at 2.0, its settlement handed in
+        w.accept("shutdown")
+        w.bind(trio.current_time() + 5.0)
+        with trio.fail_after(100):
+            await w.stop()
+    found = await driver.get(b)
+    assert found is not None and found.state is JobState.COMPLETED, w.stats().abandoned

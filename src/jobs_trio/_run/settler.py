@@ -41,6 +41,10 @@ _REFUSAL_CHARS = 400
 # The scheduling passes with no claim in flight, each with a settlement handed in, that the
 # writer leaves for a claim to carry what waits before it writes it alone (_leave_to_claims).
 _PASSES_FOR_A_CLAIM = 2
+# And the longest it leaves them, a claim in flight or not (seconds): a claim's round trip is
+# a millisecond or two when the database keeps up; one held up longer (a lock, a stall) is not
+# waited for.
+CARRY_WAIT = 0.02
 # A settlement whose row stays locked is logged once its backoff reaches this (its 4th try).
 _LOCK_WARN_AFTER = 0.4
 
@@ -121,6 +125,7 @@ class Settler:
         # writer leaves a claim its chance to carry them (see _write_batches).
         self._claims_in_flight = 0
         self._handed_in = 0
+        self._claims_stopped = False
         self._claim_answered = trio.lowlevel.ParkingLot()
         self.peak = 0  # the most settlements ever waiting at once (checked against capacity)
         self.finished = trio.Event()  # set once everything handed in has been written
@@ -213,6 +218,11 @@ class Settler:
             await trio.lowlevel.checkpoint()
         return pending.applied
 
+    def claims_stopped(self) -> None:
+        """The worker claims no more: no claim will carry what waits, which is written now."""
+        self._claims_stopped = True
+        self._claim_answered.unpark_all()
+
     def stop_intake(self) -> None:
         """Take no more settlements: the run loop writes what it holds and returns; a later
         ``hand_in`` writes nothing (its run was abandoned at the budget)."""
@@ -238,28 +248,11 @@ class Settler:
         carried = self.take_for_claim()
         if not carried:
             return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
-        self._claims_in_flight += 1
-        try:
-            return await self._claim_carrying(
-                carried, driver, queues, limit, lease=lease, worker_id=worker_id, **options
-            )
-        finally:
-            self._claims_in_flight -= 1
-            self._claim_answered.unpark_all()
-
-    async def _claim_carrying(
-        self,
-        carried: list[_Pending],
-        driver: Driver,
-        queues: Sequence[str],
-        limit: Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        **options: Any,
-    ) -> Sequence[Claim]:
         both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so
         tried_at = driver.now()
+        # In flight (the writer leaves what waits to the next claim: _leave_to_claims) only
+        # while this call is; a claim after a refusal below carries nothing.
+        self._claims_in_flight += 1
         try:
             applied, claims = await both.settle_and_claim(
                 [pending.settlement for pending in carried],
@@ -289,6 +282,9 @@ class Settler:
         else:
             self.written(carried, applied)
             return claims
+        finally:
+            self._claims_in_flight -= 1
+            self._claim_answered.unpark_all()
         # Refused: alone from now on, the writer isolates the refused settlement (it never
         # fails a claim again), and this claim goes without them.
         return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
@@ -379,12 +375,22 @@ class Settler:
         carry settlements are in flight (the next one, sent at the answer, takes what arrived
         meanwhile), and for a pass after each arrival (a run that hands one in frees its slot
         too, and wakes the claim loop). Bounded by looks with no claim in flight: a claim
-        loop with no room claims nothing, and these are written here."""
+        loop with no room claims nothing, and these are written here; and by CARRY_WAIT in
+        all: a claim in flight that takes longer leaves them to be written alone, as they are
+        once claiming has stopped."""
+        started = trio.current_time()
         quiet = 0
-        while quiet < _PASSES_FOR_A_CLAIM and not self._closed:
+        while quiet < _PASSES_FOR_A_CLAIM and not self._closed and not self._claims_stopped:
             if self._claims_in_flight:
-                await self._claim_answered.park()
-                continue
+                # Not past the bound: a claim that waits on a lock, or hangs on a stalled
+                # connection, must not hold up writes the database would take at once (a
+                # drain's budget could end with these unwritten: their jobs run again).
+                with trio.move_on_at(started + CARRY_WAIT):
+                    await self._claim_answered.park()
+                    continue
+                return
+            if trio.current_time() >= started + CARRY_WAIT:
+                return
             seen = self._handed_in
             # Two passes: one handed in just before this look freed its run's slot in the same
             # pass, and the claim loop that slot woke claims in the next one.

@@ -495,6 +495,9 @@ class Worker:
                 in_flight=sum(self._slots.in_flight.values()),
             )
         self._claims.stop()
+        if self._settler is not None:
+            # No claim will carry what waits to be written now: the settler writes it alone.
+            self._settler.claims_stopped()
 
     async def tick(self) -> list[Outcome]:
         """One claim-and-run round without the claim loop: claim up to each queue's limit, run
