@@ -41,7 +41,7 @@ _REFUSAL_CHARS = 400
 # The scheduling passes with no claim in flight, each with a settlement handed in, that the
 # writer leaves for a claim to carry what waits before it writes it alone (_leave_to_claims).
 _PASSES_FOR_A_CLAIM = 2
-# And the longest it leaves them, a claim in flight or not (seconds): a claim's round trip is
+# And the longest it waits for a claim in flight to answer (seconds): a claim's round trip is
 # a millisecond or two when the database keeps up; one held up longer (a lock, a stall) is not
 # waited for.
 CARRY_WAIT = 0.02
@@ -375,21 +375,18 @@ class Settler:
         carry settlements are in flight (the next one, sent at the answer, takes what arrived
         meanwhile), and for a pass after each arrival (a run that hands one in frees its slot
         too, and wakes the claim loop). Bounded by looks with no claim in flight: a claim
-        loop with no room claims nothing, and these are written here; and by CARRY_WAIT in
-        all: a claim in flight that takes longer leaves them to be written alone, as they are
-        once claiming has stopped."""
-        started = trio.current_time()
+        loop with no room claims nothing, and these are written here; and by CARRY_WAIT for
+        each claim in flight: one that takes longer leaves them to be written alone, as they
+        are once claiming has stopped."""
         quiet = 0
         while quiet < _PASSES_FOR_A_CLAIM and not self._closed and not self._claims_stopped:
             if self._claims_in_flight:
                 # Not past the bound: a claim that waits on a lock, or hangs on a stalled
                 # connection, must not hold up writes the database would take at once (a
                 # drain's budget could end with these unwritten: their jobs run again).
-                with trio.move_on_at(started + CARRY_WAIT):
+                with trio.move_on_after(CARRY_WAIT):
                     await self._claim_answered.park()
                     continue
-                return
-            if trio.current_time() >= started + CARRY_WAIT:
                 return
             seen = self._handed_in
             # Two passes: one handed in just before this look freed its run's slot in the same
