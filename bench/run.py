@@ -104,16 +104,18 @@ class Sizes:
     window = 10.0
     cold_concurrency = 10  # the cold-planner workload runs at this concurrency only
     event_reps = 1  # drain and rescue: bounded waits and states, not rates; one repetition
-    # Latency under load: a worker at c=50. First fed all it takes (load_offer, 25,000 jobs/s,
-    # more than any library here sustains, with the feed skipping a tick while more than
-    # load_cap wait) for load_ramp s, then its rate read over the next load_calibrate s (until
-    # 2026-12-02 it was offered load_rate, 5,000 jobs/s, and a library that sustains more read
-    # as 5,000: PgQueuer's 4,995 was that cap); then fed load_rate or load_share of that
+    # Latency under load: a worker at c=50. First fed all it takes (load_offer, 10,000 jobs/s,
+    # more than any library here sustains, load_cap a tick, with the feed skipping a tick while
+    # more than load_cap wait) for load_ramp s, then its rate read over the next load_calibrate
+    # s (until 2026-12-02 it was offered load_rate, 5,000 jobs/s, and a library that sustains
+    # more read as 5,000: PgQueuer's 4,995 was that cap); the backlog left drains (to
+    # load_cap / 2, load_drain s at most); then fed load_rate or load_share of that
     # rate, whichever is less, every load_tick (lowered by load_share again after each
     # load_settle s in which the queue still reached the cap, load_settle_tries at most), then
     # probe_jobs single enqueues probe_gap apart into the same queue.
     load_concurrency = 50
-    load_offer = 25_000.0
+    load_offer = 10_000.0  # load_cap a tick of load_tick
+    load_drain = 20.0
     load_rate = 5_000.0
     load_share = 0.8
     load_tick = 0.02
@@ -573,6 +575,14 @@ async def under_load(lib: str, conc: int, workdir: Path) -> Result:
                 await asyncio.sleep(Sizes.load_ramp)
                 sustained = await _rate(url, lib, Sizes.load_calibrate)
                 fed["rate"] = min(Sizes.load_rate, Sizes.load_share * sustained)
+                # The calibration's backlog (up to twice the cap) drains before the probes: a
+                # library that sustains 50 jobs/s needs seconds for it, and its probes would
+                # wait behind it past their bound.
+                drained_by = time.monotonic() + Sizes.load_drain
+                while time.monotonic() < drained_by:
+                    if (await query_row(url, READY_SQL[lib]))[0] <= Sizes.load_cap // 2:
+                        break
+                    await asyncio.sleep(0.1)
                 # Settle: the calibration's backlog drains; while the queue still reaches the
                 # cap (the probe client and the feed take CPU the calibration did not have on
                 # a small machine), feed less, by load_share again, a few times at most.
