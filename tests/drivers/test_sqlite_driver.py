@@ -81,6 +81,45 @@ async def test_jobs_survive_a_reopen_and_the_file_is_in_wal_mode(tmp_path: Path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+# Completions settled together (one statement for a call's plain results, issue 35).
+
+
+async def settled_together(
+    tmp_path: Path, results: list[str | None]
+) -> tuple[SqliteDriver, list[str]]:
+    url = url_of(tmp_path / "jobs.db")
+    async with open_sqlite_driver(url) as driver:
+        await driver.enqueue([new_job() for _ in results])
+        claims = await driver.claim(["default"], len(results), lease=30, worker_id="w")
+        batch = [Complete(c.lease, result=r) for c, r in zip(claims, results, strict=True)]
+        try:
+            await driver.settle(batch)
+        finally:
+            ids = [c.job_id for c in claims]
+        return driver, ids
+
+
+async def test_a_result_that_cannot_be_stored_fails_its_settle_as_alone(tmp_path: Path) -> None:
+    # A lone surrogate in a result (not one dump_json makes): refused, nothing of the call
+    # written, as a completion written alone always was; never stored as bytes that cannot be
+    # read back (the JSON of a batched statement carried it through).
+    with pytest.raises(JobsError, match="surrogate"):
+        await settled_together(tmp_path, ['"ok"', '"\ud800"', None])
+    async with open_sqlite_driver(url_of(tmp_path / "jobs.db")) as driver:
+        assert {r.state for r in await driver.list_jobs()} == {JobState.RUNNING}
+
+
+async def test_results_with_nul_and_large_text_are_stored_as_they_are(tmp_path: Path) -> None:
+    large = json.dumps('"' * 70_000)  # escaped twice in a batch's JSON: written alone
+    results = ['"a\x00b"', large, json.dumps({"é": 1}, ensure_ascii=False), "1e400", None]
+    _, ids = await settled_together(tmp_path, results)
+    async with open_sqlite_driver(url_of(tmp_path / "jobs.db")) as driver:
+        for job_id, result in zip(ids, results, strict=True):
+            found = await driver.get(job_id)
+            assert found is not None
+            assert (found.state, found.result) == (JobState.COMPLETED, result)
+
+
 # Files that are not ours: refused, and left byte for byte as they were.
 
 

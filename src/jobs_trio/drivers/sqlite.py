@@ -215,12 +215,30 @@ def _settle_all(
     ids = [s.lease.job_id for s in settlements]
     if len(set(ids)) < len(ids):
         return [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
-    completes = [s for s in settlements if type(s) is Complete]
-    applied = _complete_all(conn, completes, now) if len(completes) > 1 else set()
+    together = [s for s in settlements if type(s) is Complete and _plain_result(s.result)]
+    if len(together) < 2:
+        together = []
+    applied = _complete_all(conn, together, now) if together else set()
+    alone = {id(s) for s in together}
     for s in settlements:
-        if (type(s) is not Complete or len(completes) == 1) and _settle_one(conn, s, now):
+        if id(s) not in alone and _settle_one(conn, s, now):
             applied.add(s.lease.job_id)
     return [job_id for job_id in ids if job_id in applied]
+
+
+# The largest result written with others in one statement (_settle_all): a batch of them is a
+# few MiB of JSON at most, far inside SQLite's limit on one value (1 GB), which a batch of
+# 1 MiB results, twice as long escaped, could pass.
+_TOGETHER_AT_MOST = 64 * 1024
+
+
+def _plain_result(result: str | None) -> bool:
+    """Whether a completion's result goes through the JSON of _complete_all unchanged: what
+    dump_json makes (ASCII, no NUL) and small. Anything else is written alone, as it always
+    was (a lone surrogate refused there, not stored as bytes that cannot be read back)."""
+    return result is None or (
+        len(result) <= _TOGETHER_AT_MOST and result.isascii() and "\x00" not in result
+    )
 
 
 def _complete_all(
