@@ -239,7 +239,10 @@ async def test_a_lock_outlasting_the_lease_never_lets_the_job_run_twice_at_once(
 ) -> None:
     log = tmp_path / "spans.txt"
     async with open_driver(store.url) as driver:
-        job_id = await job("settle.span").enqueue(driver, {"log": str(log), "seconds": 4})
+        # A body long enough to be still running once the second worker has started and the
+        # lock is taken: at 4 s, a loaded machine (the whole suite on 2 cores) started the
+        # second worker after the body had all but ended, and it completed unstopped.
+        job_id = await job("settle.span").enqueue(driver, {"log": str(log), "seconds": 8})
         async with workers(tmp_path, store.url, 1, "--lease", "2") as [first]:
             await started([first])
             await until("the first run to start", 20, functools.partial(_exists, log))
