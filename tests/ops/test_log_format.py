@@ -195,40 +195,6 @@ def test_the_cli_level_and_format_come_from_the_flags_else_the_environment(
         configure_logging(argparse.Namespace(log_level=None, log_format=None))
 
 
-def test_a_record_log_event_makes_is_the_one_logging_makes() -> None:
-    # log_event builds its records without LogRecord's constructor (issue 35): every attribute
-    # a handler or formatter may read must be what the constructor would have set.
-    record = record_of("jobs.attempt.completed", job="mail.send", seconds=0.25)
-    made = logging.getLogger("jobs_trio").makeRecord(
-        "jobs_trio",
-        logging.INFO,
-        record.pathname,
-        0,
-        record.msg,
-        (),
-        None,
-        func="log_event",
-        extra={"event": record.event, "fields": record.fields},  # type: ignore[attr-defined]
-    )
-    # (Less what a formatter sets on its way out: pytest's own handler formatted it.)
-    shown = {"message", "asctime"}
-    ours = {k: v for k, v in vars(record).items() if k not in shown}
-    theirs = vars(made)
-    assert set(ours) == set(theirs)
-    timed = {"created", "msecs", "relativeCreated"}
-    assert {k: v for k, v in ours.items() if k not in timed} == {
-        k: v for k, v in theirs.items() if k not in timed
-    }
-    assert abs(record.created - made.created) < 5
-    assert record.relativeCreated == pytest.approx(
-        made.relativeCreated - (made.created - record.created) * 1000, abs=1
-    )
-    assert record.msecs == int((record.created % 1) * 1000)
-    assert logging.Formatter("%(filename)s %(module)s %(funcName)s").format(record) == (
-        "logs.py logs log_event"
-    )
-
-
 def test_an_applications_record_factory_makes_the_records(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -341,16 +307,21 @@ def test_a_record_whose_event_is_not_text_is_written_not_raised(
 def test_a_patched_make_record_still_makes_jobs_trio_records(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A tracer adds its ids to every record by wrapping Logger.makeRecord in place.
+    # A tracer adds its ids to every record by wrapping Logger.makeRecord in place: with the
+    # CLI's handler alone (where a line may go past its record), a jobs_trio line still gets
+    # its record made by it.
+    _, written = cli_handler(monkeypatch, "text", alone=True)
     made = logging.Logger.makeRecord
+    traced: list[str] = []
 
     def with_trace_id(self: logging.Logger, *args: object, **kwargs: object) -> logging.LogRecord:
         record = made(self, *args, **kwargs)  # type: ignore[arg-type]
-        record.trace_id = "1234"
+        traced.append(record.getMessage())
         return record
 
     monkeypatch.setattr(logging.Logger, "makeRecord", with_trace_id)
-    assert record_of("jobs.attempt.completed", job="mail.send").trace_id == "1234"  # type: ignore[attr-defined]
+    log_event("jobs.worker.started", worker="w")
+    assert traced == ["jobs.worker.started worker=w"] and len(written) == 1
 
 
 def test_a_forked_child_drops_the_lines_its_parent_held(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from jobs_trio import Registry
+from jobs_trio import Registry, Worker
 from jobs_trio._core.errors import DriverError, ValueRefused
 from jobs_trio._core.records import Complete, JobState, Settlement
 from jobs_trio.drivers.memory import MemoryDriver
@@ -67,6 +67,14 @@ def jobs_of(registry: Registry, results: dict[int, str]) -> Any:
     return answer
 
 
+async def run_for(w: Worker, seconds: float) -> None:
+    """Run ``w`` for ``seconds`` of Trio's clock, then stop it (waiting for its settles)."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(seconds)
+        await w.stop()
+
+
 async def settled_states(driver: CarryingDriver) -> dict[str, JobState]:
     return {r.id: r.state for r in await driver.list_jobs(limit=1000)}
 
@@ -82,10 +90,7 @@ async def test_at_concurrency_one_each_settle_rides_on_the_next_claim(
     # Claiming only for the free slot: each claim carries the settle before it (claimed
     # ahead, all 20 would be claimed at once and settled by the writer).
     w = worker(driver, registry, concurrency=1, claim_ahead=0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        await trio.sleep(5)
-        await w.stop()
+    await run_for(w, 5)
     assert set((await settled_states(driver)).values()) == {JobState.COMPLETED}
     # Every job's settle but (at most) the last went with the claim after it: one write for
     # the two. Without the carrying path the settler writes all 20 alone.
@@ -101,10 +106,7 @@ async def test_a_refused_settlement_carried_is_isolated_and_no_other_job_pays(
     ids = [a.job_id for a in await driver.enqueue([answer.new_job(n) for n in range(8)])]
     driver.refuse = {ids[3]}
     w = worker(driver, registry, concurrency=2)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        await trio.sleep(5)
-        await w.stop()
+    await run_for(w, 5)
     states = await settled_states(driver)
     # The refused result dead-letters its own job (the settler's isolation); every other job
     # completes, and the claiming went on (the refusal never failed a claim twice).
@@ -122,10 +124,7 @@ async def test_a_carrying_call_that_fails_loses_nothing(autojump_clock: object) 
     await driver.enqueue([answer.new_job(n) for n in range(6)])
     driver.fail_next = 3
     w = worker(driver, registry, concurrency=1, poll_interval=1.0, claim_ahead=0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        await trio.sleep(30)
-        await w.stop()
+    await run_for(w, 30)
     records = await driver.list_jobs(limit=100)
     # Given back to the settler and written there; each job ran once (nothing lapsed).
     assert {(r.state, r.attempts) for r in records} == {(JobState.COMPLETED, 1)}
@@ -135,17 +134,14 @@ async def test_a_carrying_call_that_fails_loses_nothing(autojump_clock: object) 
 async def test_claiming_ahead_the_settles_still_ride_on_claims(autojump_clock: object) -> None:
     # Issue 35: a worker holding claims ahead claimed again only once half its room was free,
     # and the settlements that ended meanwhile were written alone, a round trip each batch
-    # where the next claim could have carried them. A claim that carries settlements claims
-    # whatever room there is.
+    # where the next claim could have carried them. A claim that carries settlements goes
+    # out once a quarter of the room is free.
     registry = Registry()
     answer = jobs_of(registry, {})
     driver = CarryingDriver()
     ids = [a.job_id for a in await driver.enqueue([answer.new_job(n) for n in range(200)])]
     w = worker(driver, registry, concurrency=4, claim_ahead=16)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        await trio.sleep(5)
-        await w.stop()
+    await run_for(w, 5)
     assert set((await settled_states(driver)).values()) == {JobState.COMPLETED}
     assert set(driver.carried) | set(driver.alone) == set(ids)
     # (Without it: 73 of 200. Not all: a settle that ends with no quarter of room to claim
@@ -196,10 +192,7 @@ async def test_a_claim_that_hangs_holds_no_other_settlement_back(autojump_clock:
     driver = HangingDriver()
     a, b = [x.job_id for x in await driver.enqueue([sleepy.new_job(0.5), sleepy.new_job(2.0)])]
     w = worker(driver, registry, concurrency=2, claim_ahead=0, poll_interval=1.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        await trio.sleep(60)
-        await w.stop()
+    await run_for(w, 60)
     # a's settlement went with the claim that hung (and was written after it failed); b ended
     # at 2.0 with that claim still in flight, and was written alone within the carry wait.
     assert driver.written_at[b] < 2.1, driver.written_at

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable, Mapping
@@ -112,39 +110,19 @@ def _clock() -> tuple[float, float, float]:
 
 def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.LogRecord:
     """The record of one line. Made here, not by logger.log(): that walks the stack for the
-    caller's file and line, which would name this function for every line anyway. And where
-    the application left logging's record factory and logger class as they are, made without
-    LogRecord's constructor, which works out the same file name and module for every line
-    (a quarter of a line's cost, at a line per finished attempt: issue 35); every attribute is
-    set as the constructor sets it."""
-    line = _Line(event, fields)
-    if logging.getLogRecordFactory() is not logging.LogRecord or not _plain(
-        type(logger).makeRecord
-    ):
-        extra = {"event": event, "fields": fields}
-        return logger.makeRecord(
-            logger.name, level, __file__, 0, line, (), None, func="log_event", extra=extra
-        )
-    record = logging.LogRecord.__new__(logging.LogRecord)
-    values = record.__dict__
-    values.update(_CONSTANT)
-    values["msg"] = line
-    values["levelname"] = logging.getLevelName(level)
-    values["levelno"] = level
-    ns, values["created"], values["msecs"] = _clock()
-    values["relativeCreated"] = (ns - _STARTED) / 1e6 if _NANOSECONDS else (ns - _STARTED) * 1000
-    if logging.logThreads:
-        values["thread"] = threading.get_ident()
-        values["threadName"] = threading.current_thread().name
-    else:
-        values["thread"] = values["threadName"] = None
-    values["processName"] = _process_name()
-    values["process"] = os.getpid() if logging.logProcesses else None
-    if _TASK_NAMES:
-        values["taskName"] = _task_name()
-    values["event"] = event
-    values["fields"] = fields
-    return record
+    caller's file and line, which would name this function for every line anyway."""
+    extra = {"event": event, "fields": fields}
+    return logger.makeRecord(
+        logger.name,
+        level,
+        __file__,
+        0,
+        _Line(event, fields),
+        (),
+        None,
+        func="log_event",
+        extra=extra,
+    )
 
 
 def _plain(make_record: object) -> bool:
@@ -153,51 +131,7 @@ def _plain(make_record: object) -> bool:
     return type(make_record) is types.FunctionType and make_record.__module__ == "logging"
 
 
-def _task_name() -> str | None:
-    """As LogRecord names the asyncio task (3.12 and later)."""
-    if not getattr(logging, "logAsyncioTasks", False):
-        return None
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is None:
-        return None
-    try:
-        return str(asyncio.current_task().get_name())  # type: ignore[union-attr]
-    except Exception:
-        return None
-
-
-# What LogRecord sets the same for every line log_event makes (see _record).
-_CONSTANT: Final[Mapping[str, object]] = {
-    "name": logger.name,
-    "args": (),
-    "pathname": __file__,
-    "filename": os.path.basename(__file__),
-    "module": os.path.splitext(os.path.basename(__file__))[0],
-    "exc_info": None,
-    "exc_text": None,
-    "stack_info": None,
-    "lineno": 0,
-    "funcName": "log_event",
-}
-_TASK_NAMES: Final = sys.version_info >= (3, 12)
 _NANOSECONDS: Final = sys.version_info >= (3, 13)
-# logging's own start time, which relativeCreated counts from (in ns from 3.13).
-_STARTED: Final[float] = getattr(
-    logging, "_startTime", time.time_ns() if _NANOSECONDS else time.time()
-)
-
-
-def _process_name() -> str | None:
-    """As LogRecord names the process."""
-    if not logging.logMultiprocessing:
-        return None
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is None:
-        return "MainProcess"
-    try:
-        return str(multiprocessing.current_process().name)
-    except Exception:
-        return "MainProcess"
 
 
 def flush_held_lines() -> None:

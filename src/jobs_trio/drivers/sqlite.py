@@ -217,11 +217,11 @@ def _settle_all(
         return [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
     together = [s for s in settlements if type(s) is Complete and _plain_result(s.result)]
     if len(together) < 2:
-        together = []
+        together = []  # one alone is one statement either way
     applied = _complete_all(conn, together, now) if together else set()
-    alone = {id(s) for s in together}
+    written_together = {id(s) for s in together}
     for s in settlements:
-        if id(s) not in alone and _settle_one(conn, s, now):
+        if id(s) not in written_together and _settle_one(conn, s, now):
             applied.add(s.lease.job_id)
     return [job_id for job_id in ids if job_id in applied]
 
