@@ -492,10 +492,12 @@ class ShutdownMachine(RuleBasedStateMachine):
         for outcome, run, generation, drained_at, _ in self.verdicts:
             if outcome.kind == "interrupted":
                 # Or its claim was answered after its lease ran out (claims stalled 31 s), or
-                # its lease ran out before a renewal landed (the database stalled).
+                # its lease ran out before a renewal landed (the database stalled), or it was
+                # claimed ahead and no slot freed within its hold (a deaf body kept the slot).
                 assert drained_at is not None or run.reason in (
                     CancelReason.CLAIM_LATE,
                     CancelReason.LEASE_EXPIRED,
+                    CancelReason.HELD_TOO_LONG,
                 ), (
                     f"{outcome.name} {outcome.job_id} was interrupted in generation "
                     f"{generation}, where no shutdown was signalled"

@@ -47,6 +47,8 @@ _PASSES_FOR_A_CLAIM = 2
 CARRY_WAIT = 0.02
 # A settlement whose row stays locked is logged once its backoff reaches this (its 4th try).
 _LOCK_WARN_AFTER = 0.4
+# Reads of a job's history to tell a write whose answer was lost (about 3 s of retries).
+_READ_BACK_TRIES = 8
 
 
 @attrs.define
@@ -73,6 +75,13 @@ class _Pending:
     # then. The driver's clock before that try; a later try the fence refuses is then read
     # back (_written_before) rather than reported fenced.
     uncertain_since: float | None = None
+
+    @property
+    def carriable(self) -> bool:
+        # An uncertain one is the writer's alone: only its write is read back when fenced (a
+        # claim that carried it again, its first try committed, reported it fenced: a
+        # finished result that was written, announced as dropped).
+        return not self.solo and self.uncertain_since is None
 
 
 class Settler:
@@ -144,7 +153,7 @@ class Settler:
             self._carried_by_claims
             and not self._closed
             and bool(self._queue)
-            and not self._queue[0].solo
+            and self._queue[0].carriable
         )
 
     @property
@@ -274,8 +283,8 @@ class Settler:
             raise  # the claim failed: the claim loop's own handling
         except Exception:
             # Not a failure we know (a driver bug, a value it chokes on): as the writer treats
-            # one, a refusal of something carried.
-            self.return_carried(carried, solo=True)
+            # one, a refusal of something carried (which may have committed all the same).
+            self.return_carried(carried, solo=True, uncertain_since=tried_at)
         except BaseException:
             self.return_carried(carried, solo=False, uncertain_since=tried_at)  # the budget
             raise
@@ -295,7 +304,7 @@ class Settler:
         ``return_carried``; until then they stay unwritten (and are named if the budget ends)."""
         if not self._carried_by_claims or self._closed:
             return []
-        return self._take(include_solo=False)
+        return self._take(by_writer=False)
 
     def written(self, batch: list[_Pending], applied: Collection[JobId]) -> None:
         """``batch`` (from ``take_for_claim``) was written with a claim."""
@@ -308,14 +317,17 @@ class Settler:
         if not self._written_past_lock(batch, exc):
             self.return_carried(batch, solo=True)
 
-    def _written_past_lock(self, batch: list[_Pending], exc: RowLocked) -> bool:
+    def _written_past_lock(
+        self, batch: list[_Pending], exc: RowLocked, earlier: Collection[JobId] = ()
+    ) -> bool:
         """When the driver wrote ``batch`` past a locked row (exc.written, exc.busy): mark the
-        written done (and the rest, fenced), hand the locked ones to the retry task; True. A
-        RowLocked that wrote nothing: False, nothing done."""
+        written done (and those an ``earlier`` try wrote; the rest, fenced), hand the locked
+        ones to the retry task; True. A RowLocked that wrote nothing: False, nothing done."""
         if not (exc.written or exc.busy):
             return False
         self._done(
-            [p for p in batch if p.settlement.lease.job_id not in exc.busy], set(exc.written)
+            [p for p in batch if p.settlement.lease.job_id not in exc.busy],
+            set(exc.written) | set(earlier),
         )
         for pending in batch:
             if pending.settlement.lease.job_id in exc.busy:
@@ -366,7 +378,7 @@ class Settler:
                 # A claim that carries them writes these in its round trip (one where a write
                 # of their own would be another, issue 35).
                 await self._leave_to_claims()
-            batch = self._take(include_solo=True)
+            batch = self._take(by_writer=True)
             if batch:
                 await self._write(batch)
 
@@ -441,15 +453,16 @@ class Settler:
         self._locked.append(pending)
         self._locked_arrived.unpark_all()
 
-    def _take(self, *, include_solo: bool) -> list[_Pending]:
+    def _take(self, *, by_writer: bool) -> list[_Pending]:
         """Up to max_batch from the front. Two runs of one job (a lapsed claim beside its
         re-claim) never share a batch: a driver says which settlements applied by job id, so
-        in one batch the fenced one would pass for written; the second waits for the next."""
+        in one batch the fenced one would pass for written; the second waits for the next.
+        A claim (not ``by_writer``) takes only carriable ones, up to the first that is not."""
         batch: list[_Pending] = []
         jobs: set[JobId] = set()
         while self._queue and len(batch) < self._max_batch:
             pending = self._queue[0]
-            if pending.settlement.lease.job_id in jobs or (pending.solo and not include_solo):
+            if pending.settlement.lease.job_id in jobs or not (by_writer or pending.carriable):
                 break
             batch.append(self._queue.popleft())
             jobs.add(pending.settlement.lease.job_id)
@@ -472,7 +485,9 @@ class Settler:
                 # A row of the batch is locked by another session. Written past it, see
                 # _written_past_lock; failed whole, every other settlement is written now, each
                 # alone (one lock wait for the locked one, not one per half).
-                if self._written_past_lock(batch, exc):
+                unlocked = [p for p in batch if p.settlement.lease.job_id not in exc.busy]
+                earlier = await self._written_before(unlocked, set(exc.written))
+                if self._written_past_lock(batch, exc, earlier):
                     return
                 if len(batch) == 1:
                     self._defer_locked(batch[0], exc)
@@ -521,10 +536,7 @@ class Settler:
             since = pending.uncertain_since
             if job_id in applied or note is None or since is None:
                 continue
-            try:
-                history = await self._driver.load_attempts(job_id)
-            except JobsError:
-                continue
+            history = await self._read_history(job_id)
             if history and _is_this_attempt(history[-1], note, since):
                 found.add(job_id)
                 log_event(
@@ -534,6 +546,23 @@ class Settler:
                     why="an earlier try of this write committed, but its answer was lost",
                 )
         return found
+
+    async def _read_history(self, job_id: JobId) -> Sequence[AttemptRecord] | None:
+        """The job's attempt history, read again while the database does not answer (it
+        answered the write a moment ago: just after an outage, another pooled connection may
+        still be a dead one), a few times; None when it never answered."""
+        delay = 0.05
+        for tries_left in reversed(range(_READ_BACK_TRIES)):
+            try:
+                return await self._driver.load_attempts(job_id)
+            except DriverError:
+                if not tries_left:
+                    return None
+                await trio.sleep(delay)
+                delay = min(delay * 2, self._retry_cap)
+            except JobsError:
+                return None
+        return None
 
     async def _isolate(self, batch: list[_Pending], refusal: Exception) -> None:
         if len(batch) > 1:
