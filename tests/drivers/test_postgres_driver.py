@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -214,6 +215,26 @@ async def test_the_driver_uses_the_loop_the_caller_already_runs(url: str, pg_sch
     ):
         assert driver.loop is loop
         await claim_and_complete_one(driver)
+
+
+async def test_an_error_asyncio_reports_on_its_own_loop_is_logged_and_ends_nothing(
+    url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A future whose exception nobody read (asyncpg's TLS upgrade when a connect is given up
+    # as its connection closes): trio-asyncio's own handler raised it into the loop's nursery,
+    # and the worker ended X_UNEXPECTED with no job at fault (CI, 2026-12-02).
+    caplog.set_level(logging.WARNING, logger="jobs_trio")
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        stray = driver.loop.create_future()
+        stray.set_exception(ConnectionError("unexpected connection_lost() call"))
+        del stray
+        gc.collect()  # asyncio reports it as the future is collected
+        await trio.sleep(0.05)
+        await claim_and_complete_one(driver)
+    [said] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.driver.loop-error"]
+    assert "connection_lost" in said.fields["error"]  # type: ignore[attr-defined]
 
 
 async def claim_and_complete_one(driver: PostgresDriver) -> None:

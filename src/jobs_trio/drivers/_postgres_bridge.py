@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
@@ -15,6 +16,7 @@ import trio
 
 from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
 from .._core.forked_child import end_if_forked
+from .._core.logs import log_event
 from .._core.redaction import redact_url
 from ._asyncio_stepper import step_to_end
 from ._direct_reads import let_loop_read, take_over, transport_of
@@ -558,11 +560,27 @@ async def open_bridge(
         async with _open_pool(url, loop, pool_size, application_name, session, pooler) as bridge:
             yield bridge
         return
-    async with (
-        trio_asyncio.open_loop() as own_loop,
-        _open_pool(url, own_loop, pool_size, application_name, session, pooler) as bridge,
-    ):
-        yield bridge
+    async with trio_asyncio.open_loop() as own_loop:
+        # trio-asyncio's own handler raises whatever asyncio reports into the loop's nursery:
+        # a future nobody awaited (asyncpg's TLS upgrade, its connect given up while a killed
+        # connection closed) then ended the worker, X_UNEXPECTED, exit 2, with no job at fault.
+        own_loop.set_exception_handler(_report_loop_error)
+        async with _open_pool(url, own_loop, pool_size, application_name, session, pooler) as b:
+            yield b
+
+
+def _report_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """What asyncio reports on our own loop outside any operation (every operation's own
+    errors reach its caller): said, never raised."""
+    exc = context.get("exception")
+    log_event(
+        "jobs.driver.loop-error",
+        logging.WARNING,
+        message=str(context.get("message", "")),
+        error=f"{type(exc).__name__}: {exc}" if exc is not None else None,
+        why="asyncio reported an error no operation was waiting for (a connection given up"
+        " mid-connect, a future nobody read); no operation failed because of it",
+    )
 
 
 @contextlib.asynccontextmanager
