@@ -20,6 +20,9 @@ from .settler import Settler
 from .slots import Slots
 from .worker_options import WorkerOptions
 
+# Claims in flight at once, where the driver serves them side by side.
+_MOST_IN_FLIGHT = 2
+
 # Places one claim the driver answered: held in the drain at once, then run in a slot or held
 # for one. ``sent_at`` is when the claim was sent (its lease counts from there).
 Place = Callable[[Claim, float], None]
@@ -58,65 +61,122 @@ class ClaimLoop:
         # claimed is reached by the drain.
         self.stopped = False
         self._idle_waits: set[trio.CancelScope] = set()
+        # Claims in flight, and what they asked of each queue (claimable() leaves it to them).
+        self._in_flight = 0
+        self._asking: Counter[str] = Counter()
+        # The last answer's queues that came up short (emptied once waited on), whether it
+        # claimed anything, and whether it filled every queue it asked (more is waiting).
+        self._came_up_short: list[str] = []
+        self._had_claims = False
+        self._deep = False
 
     async def run(self, settler: Settler) -> None:
-        while not self.stopped:
-            free = self._slots.claimable(carrying=settler.carriable)
-            if not free:
-                with self.idle_wait():
-                    await self._slots.freed.park()
-                continue
-            if settler.waiting >= settler.capacity:
-                # Backpressure: the database is not keeping up with the settlements; claiming
-                # more would only pile finished work up in memory.
-                with self.idle_wait():
-                    await settler.room()
-                continue
-            if settler.stalled:
-                # Finished work first: the database could not take the last settlements. Once
-                # it can, they are written before this worker claims again (issue 32: a claim
-                # that came first took jobs whose results were still waiting here).
-                with self.idle_wait():
-                    await settler.flowing()
-                continue
-            if self._answer_lost and not await self._hand_back_unheld():
-                continue
-            sent_at = trio.current_time()
-            try:
-                # Not cancelled when claiming stops: a claim that committed must reach its
-                # runs, or its jobs would sit claimed until their leases lapsed and cost them
-                # an attempt. The drain still reaches them: place() cancels them at once. Only
-                # the budget (around the claim loop) cuts a claim short.
-                claims = await settler.claim(
-                    self._driver,
-                    list(free),
-                    free,
-                    lease=self._options.lease,
-                    worker_id=self._worker_id,
-                    **self._claim_options(free),
-                )
-            except DriverError as exc:
-                self._answer_lost = True
-                await self._claim_failed(exc, free)
-                continue
-            self._outage.reached(sent_at)
-            for claim in claims:
-                self._place(claim, sent_at)
-            got = Counter(claim.queue for claim in claims)
-            came_up_short = [q for q, n in free.items() if got[q] < n]
-            if came_up_short:
-                if claims:
-                    # The jobs just claimed start before this task looks for more: the look
-                    # (a round trip on some drivers) would otherwise be sent first, and every
-                    # job wait for it. Two passes: the first lands in the batch the new tasks
-                    # run in, where Trio's order is random; the second is after it.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                with self.idle_wait():
-                    await self._wait_for_work_or_slot(came_up_short)
-            else:
-                # Every queue asked filled all its free slots: more may be waiting.
+        async with trio.open_nursery() as claims:
+            while not self.stopped:
+                if self._in_flight and not self._may_claim_beside(settler):
+                    with self.idle_wait():
+                        await self._slots.freed.park()  # also unparked at each answer
+                    continue
+                if not self._in_flight and self._came_up_short:
+                    short, had_claims = self._came_up_short, self._had_claims
+                    self._came_up_short = []
+                    if had_claims:
+                        # The jobs just claimed start before this task looks for more: the
+                        # look (a round trip on some drivers) would otherwise be sent first,
+                        # and every job wait for it. Two passes: the first lands in the batch
+                        # the new tasks run in, where Trio's order is random; the second is
+                        # after it.
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    with self.idle_wait():
+                        await self._wait_for_work_or_slot(short)
+                    continue
+                free = self._slots.claimable(carrying=settler.carriable, asking=self._asking)
+                if not free:
+                    with self.idle_wait():
+                        await self._slots.freed.park()
+                    continue
+                if settler.waiting >= settler.capacity:
+                    # Backpressure: the database is not keeping up with the settlements;
+                    # claiming more would only pile finished work up in memory.
+                    with self.idle_wait():
+                        await settler.room()
+                    continue
+                if settler.stalled:
+                    # Finished work first: the database could not take the last settlements.
+                    # Once it can, they are written before this worker claims again (issue
+                    # 32: a claim that came first took jobs whose results were still waiting).
+                    with self.idle_wait():
+                        await settler.flowing()
+                    continue
+                if self._answer_lost and not await self._hand_back_unheld():
+                    continue
+                options = self._claim_options(free)
+                self._in_flight += 1
+                self._asking.update(free)
+                # What it carries is taken now, in the pass the settler leaves them to a
+                # claim, not in the claim task's first one.
+                options["carried"] = settler.take_for_claim()
+                claims.start_soon(self._claim, settler, free, options)
+                # The claim is sent before this task looks again (a claim beside it asks
+                # for what this one does not bring).
                 await trio.lowlevel.checkpoint()
+
+    def _may_claim_beside(self, settler: Settler) -> bool:
+        """Whether a claim may go while another is in flight: where the driver serves claims
+        side by side, the last answer filled every queue it asked (work is waiting), and
+        nothing went wrong. The database then works on the next jobs while this worker runs
+        the last ones (issue 35: one claim at a time, the worker waited for each answer with
+        nothing to run, and the server for each claim with nothing to do)."""
+        return (
+            self._in_flight < _MOST_IN_FLIGHT
+            and self._driver.capabilities.claims_side_by_side
+            and self._deep
+            and not self._answer_lost
+            and not settler.stalled
+        )
+
+    async def _claim(self, settler: Settler, free: dict[str, int], options: dict[str, Any]) -> None:
+        """One claim: its jobs placed, or its failure handled (the loop waits for it)."""
+        sent_at = trio.current_time()
+        try:
+            # Not cancelled when claiming stops: a claim that committed must reach its
+            # runs, or its jobs would sit claimed until their leases lapsed and cost them
+            # an attempt. The drain still reaches them: place() cancels them at once. Only
+            # the budget (around the claim loop) cuts a claim short.
+            claims = await settler.claim(
+                self._driver,
+                list(free),
+                free,
+                lease=self._options.lease,
+                worker_id=self._worker_id,
+                **options,
+            )
+        except DriverError as exc:
+            self._answer_lost = True
+            self._asking.subtract(free)
+            try:
+                await self._claim_failed(exc, free)
+            finally:
+                self._answered()
+            return
+        except BaseException:
+            self._asking.subtract(free)
+            self._answered()
+            raise
+        self._outage.reached(sent_at)
+        for claim in claims:
+            self._place(claim, sent_at)
+        self._asking.subtract(free)
+        got = Counter(claim.queue for claim in claims)
+        self._came_up_short = [q for q, n in free.items() if got[q] < n]
+        self._deep = not self._came_up_short
+        self._had_claims = bool(claims)
+        self._answered()
+
+    def _answered(self) -> None:
+        self._in_flight -= 1
+        self._slots.freed.unpark_all()
 
     async def _claim_failed(self, exc: DriverError, queues: Mapping[str, int]) -> None:
         self._outage.unreachable()
@@ -161,7 +221,8 @@ class ClaimLoop:
         gives their attempts back. Just after an outage, ``rescue=False``: no lapsed job
         (their runners write first, outage.py)."""
         options: dict[str, Any] = {}
-        free = {q: max(self._slots.open(q), 0) for q in want}
+        # Free slots a claim in flight will fill are not this claim's.
+        free = {q: max(self._slots.open(q) - self._asking[q], 0) for q in want}
         if any(n > free[q] for q, n in want.items()):
             options["free"] = free
         if self._driver.capabilities.rescue_on_request and not self._outage.rescue():

@@ -247,14 +247,17 @@ class Settler:
         *,
         lease: float,
         worker_id: str,
+        carried: list[_Pending] | None = None,
         **options: Any,
     ) -> Sequence[Claim]:
         """``driver.claim(...)``, carrying the settlements that wait to be written when the
         driver writes both in one round trip (``Capabilities.settles_with_claims``): at
         concurrency 1 every job's settle then rides on the next job's claim. On any failure
         nothing of the call was written (one write, or none), and the settlements come back
-        here to be written as they would have been."""
-        carried = self.take_for_claim()
+        here to be written as they would have been. ``carried``: what ``take_for_claim``
+        gave the caller when it decided to claim (else taken now)."""
+        if carried is None:
+            carried = self.take_for_claim()
         if not carried:
             return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
         both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so

@@ -115,7 +115,9 @@ class Slots:
         free = {q: self.open(q) for q in self.limits}
         return {q: n for q, n in free.items() if n > 0}
 
-    def claimable(self, *, carrying: bool = False) -> dict[str, int]:
+    def claimable(
+        self, *, carrying: bool = False, asking: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
         """What the next claim asks of each queue: its free slots, plus its room ahead
         (``claim_ahead`` less the claims already waiting). The room is claimed once half of it
         is free, not job by job: a claim ahead exists to save round trips. ``carrying``: the
@@ -127,6 +129,11 @@ class Slots:
             free = max(self.open(q), 0)
             ahead = self.ahead_of(q)
             room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
+            if asking:
+                # A claim in flight brings up to what it asked: its jobs fill the free slots
+                # first, then the room ahead.
+                brings = asking.get(q, 0)
+                free, room = max(free - brings, 0), room - max(brings - free, 0)
             if not free and room < ((ahead + 3) // 4 if carrying else (ahead + 1) // 2):
                 room = 0
             if free + room > 0:

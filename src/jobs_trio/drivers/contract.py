@@ -54,6 +54,9 @@ class Capabilities:
     # hand_back_unheld() (HandsBackUnheld): the jobs of a claim whose answer its worker never
     # received given their attempts back (issue 32: an outage cut the claim's reply).
     hands_back_unheld: bool = False
+    # Claims answered side by side (a pool of connections, a server that runs them at once):
+    # a worker with work waiting sends its next claim before the last one is answered.
+    claims_side_by_side: bool = False
 
 
 @runtime_checkable

@@ -114,6 +114,7 @@ class MemoryDriver:
         rescue_on_request=True,
         renews_beside=True,
         hands_back_unheld=True,
+        claims_side_by_side=True,
     )
 
     def __init__(self, *, clock: Callable[[], float] = time.time, url: str = "memory://") -> None:

@@ -199,6 +199,7 @@ class PostgresDriver:
         rescue_on_request=True,
         renews_beside=True,
         hands_back_unheld=True,
+        claims_side_by_side=True,
     )
 
     def __init__(

@@ -1,0 +1,126 @@
+# Claims side by side (issue 35): where the driver serves claims at once, a worker with work
+# waiting sends its next claim before the last is answered; never more than two, never for the
+# slots and room a claim in flight will fill, and never while its queues are empty.
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from jobs_trio import Registry
+from jobs_trio._core.records import Claim, JobState, Settlement
+from jobs_trio.drivers.memory import MemoryDriver
+from tests.helpers.worker_helpers import worker
+
+CLAIM_SECONDS = 0.01  # each claim's round trip, on Trio's mock clock
+
+
+class SlowClaims(MemoryDriver):
+    """A claim answers CLAIM_SECONDS after it is sent (a server working on it); counts the
+    claims in flight at once, and the most jobs this worker ever had claimed and unsettled."""
+
+    def __init__(self, *, side_by_side: bool) -> None:
+        super().__init__(clock=trio.current_time)
+        self.capabilities = attrs.evolve(
+            MemoryDriver.capabilities, claims_side_by_side=side_by_side
+        )
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.claims = 0
+        self.most_unsettled = 0
+
+    async def claim(self, queues: Sequence[str], limit: Any, **options: Any) -> Sequence[Claim]:
+        self.in_flight += 1
+        self.claims += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await trio.sleep(CLAIM_SECONDS)
+            return await super().claim(queues, limit, **options)
+        finally:
+            self.in_flight -= 1
+            running = sum(
+                1 for r in await self.list_jobs(limit=10_000) if r.state is JobState.RUNNING
+            )
+            self.most_unsettled = max(self.most_unsettled, running)
+
+    async def settle_and_claim(
+        self, settlements: Sequence[Settlement], queues: Sequence[str], limit: Any, **options: Any
+    ) -> tuple[Sequence[str], Sequence[Claim]]:
+        applied = await MemoryDriver.settle(self, settlements)
+        return applied, await self.claim(queues, limit, **options)
+
+
+def quick_jobs(registry: Registry) -> Any:
+    @registry.job("quick")
+    async def quick(ctx: Any, payload: int) -> None:
+        await trio.sleep(0.001)
+
+    return quick
+
+
+async def run_all(driver: SlowClaims, jobs: int, **options: Any) -> None:
+    registry = Registry()
+    quick = quick_jobs(registry)
+    await driver.enqueue([quick.new_job(n) for n in range(jobs)])
+    w = worker(driver, registry, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(10)
+        await w.stop()
+    states = {r.state for r in await driver.list_jobs(limit=10_000)}
+    assert states == {JobState.COMPLETED}
+
+
+async def test_with_work_waiting_two_claims_go_side_by_side_and_never_claim_past_the_room(
+    autojump_clock: object,
+) -> None:
+    driver = SlowClaims(side_by_side=True)
+    await run_all(driver, 500, concurrency=8, claim_ahead=16)
+    assert driver.most_in_flight == 2
+    # What a claim in flight will bring is left to it: the next asks only for the rest.
+    assert driver.most_unsettled <= 8 + 16
+
+
+async def test_a_driver_that_does_not_serve_claims_side_by_side_gets_one_at_a_time(
+    autojump_clock: object,
+) -> None:
+    driver = SlowClaims(side_by_side=False)
+    await run_all(driver, 500, concurrency=8, claim_ahead=16)
+    assert driver.most_in_flight == 1
+
+
+async def test_side_by_side_claims_take_the_queue_in_fewer_round_trips_of_time(
+    autojump_clock: object,
+) -> None:
+    # The point of it: the worker runs the last claim's jobs while the next claim is served.
+    finished = {}
+    for side_by_side in (False, True):
+        driver = SlowClaims(side_by_side=side_by_side)
+        registry = Registry()
+        quick = quick_jobs(registry)
+        await driver.enqueue([quick.new_job(n) for n in range(400)])
+        w = worker(driver, registry, concurrency=8, claim_ahead=16)
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            while any(r.state is not JobState.COMPLETED for r in await driver.list_jobs(limit=500)):
+                await trio.sleep(0.001)
+            finished[side_by_side] = trio.current_time() - start
+            await w.stop()
+    assert finished[True] < 0.8 * finished[False], finished
+
+
+async def test_an_idle_worker_has_one_claim_at_a_time(autojump_clock: object) -> None:
+    # An empty queue answers short: no claim beside the one in flight (the idle cost stays
+    # one statement per look, issue 20).
+    driver = SlowClaims(side_by_side=True)
+    registry = Registry()
+    quick_jobs(registry)
+    w = worker(driver, registry, concurrency=8, claim_ahead=16)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(5)
+        await w.stop()
+    assert driver.most_in_flight == 1
