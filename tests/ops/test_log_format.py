@@ -329,11 +329,18 @@ def test_a_forked_child_drops_the_lines_its_parent_held(monkeypatch: pytest.Monk
 
     _, written = cli_handler(monkeypatch)
     log_event("jobs.attempt.completed", job="mail.send", attempt=1)
-    # As in a child forked now: its copy of the held line is its parent's to write.
-    monkeypatch.setattr(os, "getpid", lambda: -1)
-    log_event("jobs.worker.forked-child", logging.ERROR, job_id="j")
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child's verdict is its exit code)
+        # Its copy of the held line is its parent's to write.
+        log_event("jobs.worker.forked-child", logging.ERROR, job_id="j")
+        ok = len(written) == 1 and "attempt=1" not in written[0] and "forked-child" in written[0]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not written  # the parent still holds its line
+    log_event("jobs.worker.stopped", worker="w")
     [text] = written
-    assert "attempt=1" not in text and "forked-child" in text
+    assert "attempt=1" in text and "stopped" in text
 
 
 async def test_a_worker_loop_writes_held_lines_when_it_waits_for_io(

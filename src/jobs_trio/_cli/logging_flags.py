@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Mapping
 
 from .._core.errors import ConfigError
@@ -81,9 +83,11 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(sys.stderr)
         self._held: list[str] = []
         self._first_held = 0.0
-        # The process the held lines are of: a child forked with some held has copies of
-        # the parent's lines, which the parent writes; the child drops them.
-        self._held_by = os.getpid()
+        # A child forked with lines held has copies of the parent's lines, which the parent
+        # writes; the child drops them as it starts (a getpid() a line to notice the fork was
+        # a fiftieth of what a no-op job cost the worker). Held weakly: a handler replaced is
+        # not kept alive by the hook, which os cannot take back.
+        os.register_at_fork(after_in_child=functools.partial(_drop_held, weakref.ref(self)))
 
     @property  # type: ignore[override]
     def stream(self) -> object:
@@ -141,7 +145,6 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         return True
 
     def _hold(self, line: str, level: int, event: object) -> None:
-        self._drop_if_forked()
         now = time.monotonic()
         if not self._held:
             self._first_held = now
@@ -157,7 +160,6 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     def flush(self) -> None:
         self.acquire()
         try:
-            self._drop_if_forked()
             if not self._held:
                 return
             text = self.terminator.join(self._held) + self.terminator
@@ -170,11 +172,14 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         finally:
             self.release()
 
-    def _drop_if_forked(self) -> None:
-        pid = os.getpid()
-        if pid != self._held_by:
-            self._held.clear()
-            self._held_by = pid
+    def drop_held(self) -> None:
+        self._held.clear()
+
+
+def _drop_held(handler: weakref.ref[_Stderr]) -> None:
+    held = handler()
+    if held is not None:
+        held.drop_held()
 
 
 # The logger every jobs_trio line is logged on, by name (take_line's lines).
