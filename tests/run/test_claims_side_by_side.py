@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from jobs_trio import Registry
+from jobs_trio._core.errors import DriverError
 from jobs_trio._core.records import Claim, JobState, Settlement
 from jobs_trio.drivers.memory import MemoryDriver
 from tests.helpers.worker_helpers import worker
@@ -119,3 +120,91 @@ async def test_an_idle_worker_has_one_claim_at_a_time(autojump_clock: object) ->
         await trio.sleep(5)
         await w.stop()
     assert driver.most_in_flight == 1
+
+
+class AnswersLate(MemoryDriver):
+    """Each claim commits when sent and is answered ``latency[n]`` (n counted from 1) later,
+    1 ms by default: a later claim may be answered first. Records what each claim marked
+    ahead, and when a lost answer's jobs were handed back."""
+
+    def __init__(self, latency: dict[int, float], *, lose: int = 0) -> None:
+        super().__init__(clock=trio.current_time)
+        self.latency, self.lose = latency, lose
+        self.n = 0
+        self.claimed: dict[str, bool] = {}
+        self.lost_at: float | None = None
+        self.handed_back_at: list[float] = []
+
+    async def claim(self, queues: Sequence[str], limit: Any, **options: Any) -> Sequence[Claim]:
+        self.n += 1
+        n = self.n
+        claims = await super().claim(queues, limit, **options)
+        self.claimed.update((c.job_id, c.ahead) for c in claims)
+        await trio.sleep(self.latency.get(n, 0.001))
+        if n == self.lose:
+            self.lost_at = trio.current_time()
+            raise DriverError("the connection dropped (test)", fix="none")
+        return claims
+
+    async def hand_back_unheld(self, *args: Any, **options: Any) -> Any:
+        self.handed_back_at.append(trio.current_time())
+        return await super().hand_back_unheld(*args, **options)
+
+
+async def test_a_claim_answered_before_the_one_sent_first_waits_for_it(
+    autojump_clock: object,
+) -> None:
+    # Found by review: claim 3, sent beside the slow claim 2 and answered first, gave its
+    # jobs the free slot claim 2's job was marked for; that one was held instead (marked not
+    # ahead), and a crash charged it an attempt it never ran.
+    registry = Registry()
+    started: set[str] = set()
+
+    @registry.job("j")
+    async def j(ctx: Any, seconds: float) -> None:
+        started.add(ctx.job_id)
+        await trio.sleep(seconds)
+
+    driver = AnswersLate({2: 0.1})
+    for seconds in (0.03, 0.035, 1.0, 1.0, 1.0, 1.0):
+        await driver.enqueue([j.new_job(seconds)])
+        await trio.sleep(0.001)
+    w = worker(driver, registry, concurrency=2, claim_ahead="auto")
+    # The pace as a run of jobs this long sets it: the first run's end claims none ahead,
+    # the second's one.
+    w._slots._paces["default"].mean = 0.0414
+    with trio.CancelScope() as crash:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            await trio.sleep(0.5)
+            crash.cancel()  # as kill -9: nothing handed back
+    never_ran = [job_id for job_id in driver.claimed if job_id not in started]
+    await trio.sleep(10)  # past every lease
+    again = await driver.claim(["default"], 10, lease=8.0, worker_id="next")
+    charged = {c.job_id: c.attempt for c in again if c.job_id in never_ran}
+    assert charged and all(a == 1 for a in charged.values()), (charged, driver.claimed)
+
+
+async def test_a_lost_answer_beside_a_short_one_is_handed_back_after_the_poll_pause(
+    autojump_clock: object,
+) -> None:
+    # Found by review: claim 3's short answer sent the loop to wait for work, and claim 2's
+    # lost jobs waited a whole lease to be handed back, not poll_interval.
+    registry = Registry()
+
+    @registry.job("sleepy")
+    async def sleepy(ctx: Any, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    driver = AnswersLate({1: 0.1, 2: 2.0}, lose=2)
+    await driver.enqueue([sleepy.new_job(s) for s in (0.5, 1.0, 0.1)])
+    w = worker(driver, registry, concurrency=2, claim_ahead=0, poll_interval=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(30)
+        await w.stop()
+    assert driver.lost_at is not None
+    assert driver.handed_back_at and driver.handed_back_at[0] <= driver.lost_at + 0.6, (
+        driver.lost_at,
+        driver.handed_back_at,
+    )

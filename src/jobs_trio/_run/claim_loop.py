@@ -64,6 +64,9 @@ class ClaimLoop:
         # Claims in flight, and what they asked of each queue (claimable() leaves it to them).
         self._in_flight = 0
         self._asking: Counter[str] = Counter()
+        # Set once the last claim sent has placed its jobs (or failed): the next waits for it.
+        self._last_placed = trio.Event()
+        self._last_placed.set()
         # The last answer's queues that came up short (emptied once waited on), whether it
         # claimed anything, and whether it filled every queue it asked (more is waiting).
         self._came_up_short: list[str] = []
@@ -77,7 +80,8 @@ class ClaimLoop:
                     with self.idle_wait():
                         await self._slots.freed.park()  # also unparked at each answer
                     continue
-                if not self._in_flight and self._came_up_short:
+                # A lost answer's jobs are handed back first (below), not after a wait for work.
+                if not self._in_flight and self._came_up_short and not self._answer_lost:
                     short, had_claims = self._came_up_short, self._had_claims
                     self._came_up_short = []
                     if had_claims:
@@ -117,7 +121,9 @@ class ClaimLoop:
                 # What it carries is taken now, in the pass the settler leaves them to a
                 # claim, not in the claim task's first one.
                 options["carried"] = settler.take_for_claim()
-                claims.start_soon(self._claim, settler, free, options)
+                before, placed = self._last_placed, trio.Event()
+                self._last_placed = placed
+                claims.start_soon(self._claim, settler, free, options, before, placed)
                 # The claim is sent before this task looks again (a claim beside it asks
                 # for what this one does not bring).
                 await trio.lowlevel.checkpoint()
@@ -136,8 +142,19 @@ class ClaimLoop:
             and not settler.stalled
         )
 
-    async def _claim(self, settler: Settler, free: dict[str, int], options: dict[str, Any]) -> None:
-        """One claim: its jobs placed, or its failure handled (the loop waits for it)."""
+    async def _claim(
+        self,
+        settler: Settler,
+        free: dict[str, int],
+        options: dict[str, Any],
+        before: trio.Event,
+        placed: trio.Event,
+    ) -> None:
+        """One claim: its jobs placed, once the claim sent before it has placed its own (or
+        failed), or its failure handled (the loop waits for it). In the order they were sent:
+        answered first, a claim sent beside another gave its jobs the free slots the other's
+        were marked for (``free=``), and those were held instead, a crash then charging them
+        an attempt, and older jobs started after younger ones."""
         sent_at = trio.current_time()
         try:
             # Not cancelled when claiming stops: a claim that committed must reach its
@@ -154,7 +171,9 @@ class ClaimLoop:
             )
         except DriverError as exc:
             self._answer_lost = True
+            self._deep = False  # no answer says work is waiting
             self._asking.subtract(free)
+            placed.set()  # before the pause: a claim sent after it places its jobs now
             try:
                 await self._claim_failed(exc, free)
             finally:
@@ -162,11 +181,20 @@ class ClaimLoop:
             return
         except BaseException:
             self._asking.subtract(free)
+            placed.set()
             self._answered()
             raise
-        self._outage.reached(sent_at)
-        for claim in claims:
-            self._place(claim, sent_at)
+        try:
+            # Shielded: the claim before this one sets it when it ends, however it ends (the
+            # budget's cancel included), and this one's jobs are committed: placed, a drain
+            # reaches them.
+            with trio.CancelScope(shield=True):
+                await before.wait()
+            self._outage.reached(sent_at)
+            for claim in claims:
+                self._place(claim, sent_at)
+        finally:
+            placed.set()
         self._asking.subtract(free)
         got = Counter(claim.queue for claim in claims)
         self._came_up_short = [q for q, n in free.items() if got[q] < n]
