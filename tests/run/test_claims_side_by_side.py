@@ -151,7 +151,7 @@ class AnswersLate(MemoryDriver):
         return await super().hand_back_unheld(*args, **options)
 
 
-async def test_a_claim_answered_before_the_one_sent_first_waits_for_it(
+async def test_a_claim_answered_first_leaves_the_free_slots_promised_to_the_one_sent_before_it(
     autojump_clock: object,
 ) -> None:
     # Found by review: claim 3, sent beside the slow claim 2 and answered first, gave its

@@ -64,9 +64,6 @@ class ClaimLoop:
         # Claims in flight, and what they asked of each queue (claimable() leaves it to them).
         self._in_flight = 0
         self._asking: Counter[str] = Counter()
-        # Set once the last claim sent has placed its jobs (or failed): the next waits for it.
-        self._last_placed = trio.Event()
-        self._last_placed.set()
         # The last answer's queues that came up short (emptied once waited on), whether it
         # claimed anything, and whether it filled every queue it asked (more is waiting).
         self._came_up_short: list[str] = []
@@ -121,9 +118,9 @@ class ClaimLoop:
                 # What it carries is taken now, in the pass the settler leaves them to a
                 # claim, not in the claim task's first one.
                 options["carried"] = settler.take_for_claim()
-                before, placed = self._last_placed, trio.Event()
-                self._last_placed = placed
-                claims.start_soon(self._claim, settler, free, options, before, placed)
+                promised = options.get("free", free)
+                self._slots.promise(promised)
+                claims.start_soon(self._claim, settler, free, promised, options)
                 # The claim is sent before this task looks again (a claim beside it asks
                 # for what this one does not bring).
                 await trio.lowlevel.checkpoint()
@@ -146,15 +143,12 @@ class ClaimLoop:
         self,
         settler: Settler,
         free: dict[str, int],
+        promised: dict[str, int],
         options: dict[str, Any],
-        before: trio.Event,
-        placed: trio.Event,
     ) -> None:
-        """One claim: its jobs placed, once the claim sent before it has placed its own (or
-        failed), or its failure handled (the loop waits for it). In the order they were sent:
-        answered first, a claim sent beside another gave its jobs the free slots the other's
-        were marked for (``free=``), and those were held instead, a crash then charging them
-        an attempt, and older jobs started after younger ones."""
+        """One claim: its jobs placed, in the free slots promised to it (``promised``: no
+        claim beside it, answered first, takes them), or its failure handled (the loop waits
+        for it)."""
         sent_at = trio.current_time()
         try:
             # Not cancelled when claiming stops: a claim that committed must reach its
@@ -173,7 +167,8 @@ class ClaimLoop:
             self._answer_lost = True
             self._deep = False  # no answer says work is waiting
             self._asking.subtract(free)
-            placed.set()  # before the pause: a claim sent after it places its jobs now
+            self._slots.promise_ended(promised)
+            self._slots.fill(free)
             try:
                 await self._claim_failed(exc, free)
             finally:
@@ -181,20 +176,15 @@ class ClaimLoop:
             return
         except BaseException:
             self._asking.subtract(free)
-            placed.set()
+            self._slots.promise_ended(promised)
             self._answered()
             raise
-        try:
-            # Shielded: the claim before this one sets it when it ends, however it ends (the
-            # budget's cancel included), and this one's jobs are committed: placed, a drain
-            # reaches them.
-            with trio.CancelScope(shield=True):
-                await before.wait()
-            self._outage.reached(sent_at)
-            for claim in claims:
-                self._place(claim, sent_at)
-        finally:
-            placed.set()
+        self._outage.reached(sent_at)
+        # In one pass: the promise ends and its jobs take what it kept for them.
+        self._slots.promise_ended(promised)
+        for claim in claims:
+            self._place(claim, sent_at)
+        self._slots.fill(free)
         self._asking.subtract(free)
         got = Counter(claim.queue for claim in claims)
         self._came_up_short = [q for q, n in free.items() if got[q] < n]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import attrs
 import trio
@@ -101,6 +101,8 @@ class Slots:
         self._ahead_paused: set[str] = set()
         self._held_one = trio.lowlevel.ParkingLot()
         self.freed = trio.lowlevel.ParkingLot()
+        # Free slots promised to claims in flight (promise()).
+        self._promised: Counter[str] = Counter()
         self.threads = ThreadSlots(sum(self.limits.values()), self._thread_ended)
 
     # -- what the claim loop asks -----------------------------------------------------------
@@ -168,10 +170,29 @@ class Slots:
 
     # -- placing a claim --------------------------------------------------------------------
 
+    def promise(self, free: Mapping[str, int]) -> None:
+        """A claim in flight was told these free slots (``free=``): its jobs not marked ahead
+        are run in them, so no claim answered before it gives them to a job taken ahead (a
+        claim beside it, answered first, did: a job marked as run at once was held, and a
+        crash charged it an attempt it never ran)."""
+        self._promised.update(free)
+
+    def promise_ended(self, free: Mapping[str, int]) -> None:
+        """The claim ``promise(free)`` was made for was answered (its jobs are placed next,
+        then ``fill``) or failed."""
+        self._promised.subtract(free)
+
+    def fill(self, queues: Collection[str]) -> None:
+        """Give what is free and promised to no claim to the held claims of ``queues``."""
+        for q in queues:
+            if self._waiting[q] and self.open(q) - self._promised[q] > 0:
+                self._promote(q)
+
     def place(self, run: RunScope, definition: JobDefinition | None) -> None:
-        """Run ``run`` in a free slot of its queue, or, taken ahead, once one frees."""
+        """Run ``run`` in a free slot of its queue, or, taken ahead, once one frees (not one
+        promised to a claim in flight)."""
         queue = run.claim.queue
-        if self.open(queue) > 0:
+        if self.open(queue) - (self._promised[queue] if run.claim.ahead else 0) > 0:
             self._begin(run, definition)
             return
         held = _Held(run, definition, trio.current_time() + self.hold_limit)
@@ -229,7 +250,7 @@ class Slots:
     def _promote(self, queue: str) -> None:
         """Hand the free slots of ``queue`` to its oldest held claims."""
         waiting = self._waiting[queue]
-        while waiting and self.open(queue) > 0:
+        while waiting and self.open(queue) - self._promised[queue] > 0:
             held = waiting.popleft()
             held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
             self.unstarted[queue] -= 1
