@@ -20,14 +20,15 @@ CLAIM_SECONDS = 0.01  # each claim's round trip, on Trio's mock clock
 
 
 class SlowClaims(MemoryDriver):
-    """A claim answers CLAIM_SECONDS after it is sent (a server working on it); counts the
+    """A claim answers ``seconds`` after it is sent (a server working on it); counts the
     claims in flight at once, and the most jobs this worker ever had claimed and unsettled."""
 
-    def __init__(self, *, side_by_side: bool) -> None:
+    def __init__(self, *, side_by_side: bool, seconds: float = CLAIM_SECONDS) -> None:
         super().__init__(clock=trio.current_time)
         self.capabilities = attrs.evolve(
             MemoryDriver.capabilities, claims_side_by_side=side_by_side
         )
+        self.seconds = seconds
         self.in_flight = 0
         self.most_in_flight = 0
         self.claims = 0
@@ -38,7 +39,7 @@ class SlowClaims(MemoryDriver):
         self.claims += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await trio.sleep(CLAIM_SECONDS)
+            await trio.sleep(self.seconds)
             return await super().claim(queues, limit, **options)
         finally:
             self.in_flight -= 1
@@ -108,17 +109,30 @@ async def test_side_by_side_claims_take_the_queue_in_fewer_round_trips_of_time(
     assert finished[True] < 0.8 * finished[False], finished
 
 
-async def test_an_idle_worker_has_one_claim_at_a_time(autojump_clock: object) -> None:
-    # An empty queue answers short: no claim beside the one in flight (the idle cost stays
-    # one statement per look, issue 20).
-    driver = SlowClaims(side_by_side=True)
+async def test_after_a_short_answer_a_freed_slot_waits_for_the_claim_in_flight(
+    autojump_clock: object,
+) -> None:
+    # A claim that came up short says the queue is drained: a slot that frees while the next
+    # claim is in flight does not send another beside it (the idle cost stays one statement
+    # per look, issue 20). Claims take 0.5 s: the first answers at 0.5 with a (0.8 s, one of
+    # four slots); b, enqueued at 1.0, wakes a claim in flight until 1.5; a ends at 1.3.
+    driver = SlowClaims(side_by_side=True, seconds=0.5)
     registry = Registry()
-    quick_jobs(registry)
-    w = worker(driver, registry, concurrency=8, claim_ahead=16)
+    quick = quick_jobs(registry)
+
+    @registry.job("slow")
+    async def slow(ctx: Any, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    await slow.enqueue(driver, 0.8)
+    w = worker(driver, registry, concurrency=4, claim_ahead=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
-        await trio.sleep(5)
+        await trio.sleep(1.0)
+        await quick.enqueue(driver, 0)
+        await trio.sleep(4)
         await w.stop()
+    assert driver.claims >= 2
     assert driver.most_in_flight == 1
 
 

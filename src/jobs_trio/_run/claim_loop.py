@@ -61,9 +61,8 @@ class ClaimLoop:
         # claimed is reached by the drain.
         self.stopped = False
         self._idle_waits: set[trio.CancelScope] = set()
-        # Claims in flight, and what they asked of each queue (claimable() leaves it to them).
+        # Claims in flight (what they asked: Slots.claim_sent).
         self._in_flight = 0
-        self._asking: Counter[str] = Counter()
         # The last answer's queues that came up short (emptied once waited on), whether it
         # claimed anything, and whether it filled every queue it asked (more is waiting).
         self._came_up_short: list[str] = []
@@ -92,7 +91,7 @@ class ClaimLoop:
                     with self.idle_wait():
                         await self._wait_for_work_or_slot(short)
                     continue
-                free = self._slots.claimable(carrying=settler.carriable, asking=self._asking)
+                free = self._slots.claimable(carrying=settler.carriable)
                 if not free:
                     with self.idle_wait():
                         await self._slots.freed.park()
@@ -114,12 +113,11 @@ class ClaimLoop:
                     continue
                 options = self._claim_options(free)
                 self._in_flight += 1
-                self._asking.update(free)
+                promised = options.get("free", free)
+                self._slots.claim_sent(free, promised)
                 # What it carries is taken now, in the pass the settler leaves them to a
                 # claim, not in the claim task's first one.
                 options["carried"] = settler.take_for_claim()
-                promised = options.get("free", free)
-                self._slots.promise(promised)
                 claims.start_soon(self._claim, settler, free, promised, options)
                 # The claim is sent before this task looks again (a claim beside it asks
                 # for what this one does not bring).
@@ -166,8 +164,7 @@ class ClaimLoop:
         except DriverError as exc:
             self._answer_lost = True
             self._deep = False  # no answer says work is waiting
-            self._asking.subtract(free)
-            self._slots.promise_ended(promised)
+            self._slots.claim_answered(free, promised)
             self._slots.fill(free)
             try:
                 await self._claim_failed(exc, free)
@@ -175,17 +172,15 @@ class ClaimLoop:
                 self._answered()
             return
         except BaseException:
-            self._asking.subtract(free)
-            self._slots.promise_ended(promised)
+            self._slots.claim_answered(free, promised)
             self._answered()
             raise
         self._outage.reached(sent_at)
-        # In one pass: the promise ends and its jobs take what it kept for them.
-        self._slots.promise_ended(promised)
+        # In one pass: the claim's share ends and its jobs take the slots it kept for them.
+        self._slots.claim_answered(free, promised)
         for claim in claims:
             self._place(claim, sent_at)
         self._slots.fill(free)
-        self._asking.subtract(free)
         got = Counter(claim.queue for claim in claims)
         self._came_up_short = [q for q, n in free.items() if got[q] < n]
         self._deep = not self._came_up_short
@@ -240,7 +235,7 @@ class ClaimLoop:
         (their runners write first, outage.py)."""
         options: dict[str, Any] = {}
         # Free slots a claim in flight will fill are not this claim's.
-        free = {q: max(self._slots.open(q) - self._asking[q], 0) for q in want}
+        free = {q: self._slots.unasked(q) for q in want}
         if any(n > free[q] for q, n in want.items()):
             options["free"] = free
         if self._driver.capabilities.rescue_on_request and not self._outage.rescue():

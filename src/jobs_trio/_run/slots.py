@@ -101,7 +101,9 @@ class Slots:
         self._ahead_paused: set[str] = set()
         self._held_one = trio.lowlevel.ParkingLot()
         self.freed = trio.lowlevel.ParkingLot()
-        # Free slots promised to claims in flight (promise()).
+        # What claims in flight asked of each queue, and the free slots they told the
+        # driver their jobs would run in (claim_sent()).
+        self._asking: Counter[str] = Counter()
         self._promised: Counter[str] = Counter()
         self.threads = ThreadSlots(sum(self.limits.values()), self._thread_ended)
 
@@ -117,9 +119,7 @@ class Slots:
         free = {q: self.open(q) for q in self.limits}
         return {q: n for q, n in free.items() if n > 0}
 
-    def claimable(
-        self, *, carrying: bool = False, asking: Mapping[str, int] | None = None
-    ) -> dict[str, int]:
+    def claimable(self, *, carrying: bool = False) -> dict[str, int]:
         """What the next claim asks of each queue: its free slots, plus its room ahead
         (``claim_ahead`` less the claims already waiting). The room is claimed once half of it
         is free, not job by job: a claim ahead exists to save round trips. ``carrying``: the
@@ -131,11 +131,10 @@ class Slots:
             free = max(self.open(q), 0)
             ahead = self.ahead_of(q)
             room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
-            if asking:
-                # A claim in flight brings up to what it asked: its jobs fill the free slots
-                # first, then the room ahead.
-                brings = asking.get(q, 0)
-                free, room = max(free - brings, 0), room - max(brings - free, 0)
+            # A claim in flight brings up to what it asked: its jobs fill the free slots
+            # first, then the room ahead.
+            brings = self._asking[q]
+            free, room = max(free - brings, 0), room - max(brings - free, 0)
             if not free and room < ((ahead + 3) // 4 if carrying else (ahead + 1) // 2):
                 room = 0
             if free + room > 0:
@@ -170,16 +169,23 @@ class Slots:
 
     # -- placing a claim --------------------------------------------------------------------
 
-    def promise(self, free: Mapping[str, int]) -> None:
-        """A claim in flight was told these free slots (``free=``): its jobs not marked ahead
-        are run in them, so no claim answered before it gives them to a job taken ahead (a
-        claim beside it, answered first, did: a job marked as run at once was held, and a
-        crash charged it an attempt it never ran)."""
+    def unasked(self, queue: str) -> int:
+        """``queue``'s free slots that no claim in flight will fill."""
+        return max(self.open(queue) - self._asking[queue], 0)
+
+    def claim_sent(self, asked: Mapping[str, int], free: Mapping[str, int]) -> None:
+        """A claim went out for ``asked``, telling the driver ``free`` of them have a free
+        slot: claimable() leaves what it asked to it, and its jobs not marked ahead are run
+        in those slots, which no claim answered before it gives to a job taken ahead (a claim
+        beside it, answered first, did: a job marked as run at once was held, and a crash
+        charged it an attempt it never ran)."""
+        self._asking.update(asked)
         self._promised.update(free)
 
-    def promise_ended(self, free: Mapping[str, int]) -> None:
-        """The claim ``promise(free)`` was made for was answered (its jobs are placed next,
-        then ``fill``) or failed."""
+    def claim_answered(self, asked: Mapping[str, int], free: Mapping[str, int]) -> None:
+        """The claim ``claim_sent(asked, free)`` told of was answered (its jobs are placed
+        next, in the same pass, then ``fill``) or failed."""
+        self._asking.subtract(asked)
         self._promised.subtract(free)
 
     def fill(self, queues: Collection[str]) -> None:
