@@ -4,6 +4,7 @@
 """A worker's jobs/s, its process CPU per job, and the local PostgreSQL server's.
 
     python bench/worker_cpu.py [--jobs 3000] [--concurrency 1] [--profile FILE]
+    python bench/worker_cpu.py --db sqlite:////tmp/w.db ...   # SQLite: a fresh file, removed after
     PYTHONPATH=/old/tree/src python bench/worker_cpu.py ...   # the same, another tree
 
 Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu`, dropped at the end), runs
@@ -16,6 +17,7 @@ thousands of jobs). ``--profile FILE`` writes a cProfile of the worker."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import time
@@ -42,13 +44,16 @@ async def main(args: argparse.Namespace) -> None:
         if started == args.jobs:
             all_started.set()
 
-    async with jobs_trio.open_driver(args.db, schema=SCHEMA, migrate=True) as driver:
+    sqlite = args.db.startswith("sqlite:")
+    where: dict[str, Any] = {} if sqlite else {"schema": SCHEMA}
+    async with jobs_trio.open_driver(args.db, migrate=True, **where) as driver:
         await noop.enqueue_many(driver, [{"i": i} for i in range(args.jobs)])
-        await driver.bridge.run(  # type: ignore[attr-defined]
-            lambda conn: conn.execute(f"VACUUM ANALYZE {SCHEMA}.jobs"), what="analyze"
-        )
+        if not sqlite:  # SQLite's claim reads through INDEXED BY: no statistics needed
+            await driver.bridge.run(  # type: ignore[attr-defined]
+                lambda conn: conn.execute(f"VACUUM ANALYZE {SCHEMA}.jobs"), what="analyze"
+            )
     try:
-        async with jobs_trio.open_driver(args.db, schema=SCHEMA) as driver:
+        async with jobs_trio.open_driver(args.db, **where) as driver:
             profile = cProfile.Profile() if args.profile else None
             # Read before the worker opens its connections: their backends' CPU since they
             # started all counts (a backend that ends before the second read is not seen).
@@ -79,10 +84,21 @@ async def main(args: argparse.Namespace) -> None:
             f" CPU a job{server_share} (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
         )
     finally:
-        async with jobs_trio.open_driver(args.db, schema=SCHEMA) as driver:
-            await driver.bridge.run(  # type: ignore[attr-defined]
-                lambda conn: conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE"), what="drop"
-            )
+        await _drop(args.db, sqlite)
+
+
+async def _drop(db: str, sqlite: bool) -> None:
+    """The benchmark's store: its SQLite file, or its PostgreSQL schema."""
+    if sqlite:
+        path = db.removeprefix("sqlite:///")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        return
+    async with jobs_trio.open_driver(db, schema=SCHEMA) as driver:
+        await driver.bridge.run(  # type: ignore[attr-defined]
+            lambda conn: conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE"), what="drop"
+        )
 
 
 if __name__ == "__main__":

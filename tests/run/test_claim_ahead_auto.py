@@ -1,6 +1,7 @@
 # claim_ahead="auto", the default (issue 35): each queue claims ahead what its slots start in
-# about 25 ms at the pace of its runs, nothing before a run has ended, nothing for long jobs, and
-# never for a queue whose jobs take fleet slots; 0 turns it off.
+# about 20 ms at the pace of its runs (longer, up to 80 ms, while its claims keep coming back
+# full), nothing before a run has ended, nothing for long jobs, and never for a queue whose jobs
+# take fleet slots; 0 turns it off.
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +10,7 @@ import pytest
 import trio
 
 from jobs_trio import ConfigError, FleetLimit, JobState, Registry
-from jobs_trio._run.slots import AUTO_HOLD
+from jobs_trio._run.slots import AUTO_DEEP_HOLD, AUTO_HOLD
 from jobs_trio._run.worker_options import AUTO_MAX
 from tests.helpers.worker_helpers import record, worker
 from tests.run.test_claim_loop import CountingDriver
@@ -55,10 +56,12 @@ async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_cl
     asked = _asked(driver)
     # The first claim knows nothing of the jobs: only the free slots.
     assert asked[0] == 2
-    # Once runs have ended (each held its slot 1 ms), what two slots start in AUTO_HOLD.
-    ahead = int(2 * AUTO_HOLD / 0.001)
-    assert 2 < ahead < AUTO_MAX
-    assert max(asked) == 2 + ahead
+    # Once runs have ended (each held its slot 1 ms), what two slots start in a hold: AUTO_HOLD,
+    # doubled by each claim in a row that came back full (300 waiting), AUTO_DEEP_HOLD at most.
+    ahead, deepest = int(2 * AUTO_HOLD / 0.001), int(2 * AUTO_DEEP_HOLD / 0.001)
+    assert 2 < ahead < deepest < AUTO_MAX
+    assert asked[1] == 2 + 2 * ahead  # the first claim came back full
+    assert max(asked) <= 2 + deepest
     # Held jobs, not a claim per job: a claim goes out once half of the room ahead has
     # started, or a quarter when it carries settlements (which a round trip writes anyway),
     # so about one claim per ahead / 4 jobs asked for all 300.
@@ -67,6 +70,56 @@ async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_cl
         total += asked[claims]
         claims += 1
     assert claims <= 300 // (ahead // 4) + 2
+
+
+class _HoldingDriver(CountingDriver):
+    """Records, after each claim, how many of its jobs are claimed (running or held)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed_after: list[int] = []
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        claims = await super().claim(*args, **kwargs)
+        (stats,) = await self.stats()
+        self.claimed_after.append(stats.depth.get(JobState.RUNNING.value, 0))
+        return claims
+
+
+async def test_a_backlog_is_held_longer_and_a_stream_kept_up_with_is_not(
+    autojump_clock: Any,
+) -> None:
+    # Behind a backlog, claims that keep coming back full grow the hold to AUTO_DEEP_HOLD: a
+    # claim then covers the next one's round trip (at c=50 a 20 ms hold ran dry waiting for
+    # it). Once the backlog is gone, one short answer brings it back to AUTO_HOLD: a job
+    # enqueued into a stream the worker keeps up with waits behind 20 ms of held jobs, not 80.
+    registry = _timed(0.001)
+    job = registry.get("q.job")
+    assert job is not None
+    driver = _HoldingDriver()
+    w = worker(driver, registry, concurrency=2)
+    ids = list(await job.enqueue_many(driver, list(range(2000))))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        while (await record(driver, ids[-1])).state is not JobState.COMPLETED:
+            await trio.sleep(0.1)
+        backlog = len(driver.claims)
+        # Then a stream: 20 jobs every 0.1 s, which two slots of 1 ms runs keep up with.
+        for _ in range(20):
+            ids += await job.enqueue_many(driver, list(range(20)))
+            await trio.sleep(0.1)
+        while (await record(driver, ids[-1])).state is not JobState.COMPLETED:
+            await trio.sleep(0.1)
+        await w.stop()
+    ahead, deepest = int(2 * AUTO_HOLD / 0.001), int(2 * AUTO_DEEP_HOLD / 0.001)
+    # The two slots' jobs and up to `deepest` held for them.
+    assert max(driver.claimed_after[:backlog]) == 2 + deepest
+    # In the stream each claim comes back short (20 waiting, more asked): never more than 20
+    # claimed at once, and every claim asks for what AUTO_HOLD sizes, not more.
+    assert max(driver.claimed_after[backlog + 1 :]) <= 20
+    assert max(_asked(driver)[backlog + 1 :]) <= 2 + ahead
+    for job_id in ids:
+        assert (await record(driver, job_id)).attempts == 1
 
 
 async def test_jobs_whose_slots_start_fewer_than_one_a_hold_are_never_claimed_ahead(

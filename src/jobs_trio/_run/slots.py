@@ -29,6 +29,13 @@ StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
 # is latency: probe start->start p50/p99 23.5/131 ms at 50 ms, 13.3/40.6 at 25 ms, 10.3/36.4 at
 # 15 ms (PgQueuer 7.6-8.7/43-49); throughput at c=50 ~10% lower at 15 ms than at 50 (c=10 level).
 AUTO_HOLD = 0.02
+# While a queue's claims keep coming back full (more was waiting than they asked for), its hold
+# doubles with each, up to AUTO_DEEP_HOLD: behind a backlog a held job waits no longer than it
+# would have in the table, and a claim then covers the next one's round trip (at c=50 a claim
+# of ~100 jobs took 10-20 ms to come back; a 20 ms hold ran dry waiting for it, the worker idle
+# a fifth of the time). One short answer (the queue emptied) brings it back to AUTO_HOLD, so a
+# stream the worker keeps up with is held 20 ms, as the probes under load want.
+AUTO_DEEP_HOLD = 0.08
 # How fast the pace follows the runs: each run's time counts this much in the running mean.
 _PACE_WEIGHT = 0.1
 
@@ -41,20 +48,27 @@ class _Pace:
     minutes would hold them for the hold limit."""
 
     mean: float | None = None
+    full: int = 0  # claims in a row that came back full
 
     def observe(self, seconds: float) -> None:
         self.mean = (
             seconds if self.mean is None else self.mean + _PACE_WEIGHT * (seconds - self.mean)
         )
 
+    def answered(self, *, full: bool) -> None:
+        self.full = self.full + 1 if full else 0
+
+    def hold(self) -> float:
+        return min(AUTO_HOLD * float(2 ** min(self.full, 8)), AUTO_DEEP_HOLD)
+
     def ahead(self, slots: int, most: int) -> int:
-        """Claims ahead that ``slots`` busy slots start in about AUTO_HOLD seconds: none when
+        """Claims ahead that ``slots`` busy slots start in about a hold (``hold()``): none when
         they start fewer than one in that time (long jobs: a held one would wait for a whole
         run), at most ``most``."""
         if self.mean is None:
             return 0
         # A run's slot time of 0 (a mock clock, a coarse one): as fast as can be.
-        return min(most, int(slots * AUTO_HOLD / max(self.mean, 1e-6)))
+        return min(most, int(slots * self.hold() / max(self.mean, 1e-6)))
 
 
 @attrs.define
@@ -187,6 +201,15 @@ class Slots:
         next, in the same pass, then ``fill``) or failed."""
         self._asking.subtract(asked)
         self._promised.subtract(free)
+
+    def answer_placed(self, asked: Mapping[str, int], got: Mapping[str, int]) -> None:
+        """A claim that asked ``asked`` of each queue brought ``got``: an auto-sized queue
+        whose claims keep coming back full holds longer (AUTO_DEEP_HOLD), one that came up
+        short goes back to AUTO_HOLD."""
+        for q, n in asked.items():
+            pace = self._paces.get(q)
+            if pace is not None:
+                pace.answered(full=got.get(q, 0) >= n)
 
     def fill(self, queues: Collection[str]) -> None:
         """Give what is free and promised to no claim to the held claims of ``queues``."""
