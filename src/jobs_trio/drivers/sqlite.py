@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import operator
 import os
 import sqlite3
 import time
@@ -125,6 +126,9 @@ _INSERT_HISTORY: Final = (
     f"INSERT OR REPLACE INTO attempts (job_id, slot, {_ATTEMPT_COLUMNS})"
     f" VALUES (?, ?, {', '.join('?' for _ in _ATTEMPT_FIELDS)})"
 )
+# A record's values in _ATTEMPT_FIELDS' order, read in C: attrs.astuple's general walk was a
+# tenth of a settle's work in the driver's thread, which the worker's loop waits on (issue 35).
+_attempt_values = operator.attrgetter(*_ATTEMPT_FIELDS)
 
 
 def _step(row: Sequence[Any]) -> StepRecord:
@@ -275,7 +279,7 @@ def _history_row(s: Settlement, change: Effect, seq: int, now: float) -> tuple[o
     """The attempts row of ``s`` (which has a note) as applied by ``change``: the ring's slot,
     so a job keeps ATTEMPT_HISTORY (the oldest record there is replaced)."""
     record = history_record(s, change, seq, now)
-    return (s.lease.job_id, record.seq % ATTEMPT_HISTORY, *attrs.astuple(record))
+    return (s.lease.job_id, record.seq % ATTEMPT_HISTORY, *_attempt_values(record))
 
 
 def _settle_one(conn: sqlite3.Connection, s: Settlement, now: float) -> bool:
