@@ -1,7 +1,7 @@
 # claim_ahead="auto", the default (issue 35): each queue claims ahead what its slots start in
-# about 20 ms at the pace of its runs (longer, up to 80 ms, while its claims keep coming back
-# full), nothing before a run has ended, nothing for long jobs, and never for a queue whose jobs
-# take fleet slots; 0 turns it off.
+# about 20 ms at the pace of its runs (behind a backlog, what covers its claims' round trips, up
+# to 80 ms), nothing before a run has ended, nothing for long jobs, and never for a queue whose
+# jobs take fleet slots; 0 turns it off.
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from jobs_trio import ConfigError, FleetLimit, JobState, Registry
-from jobs_trio._run.slots import AUTO_DEEP_HOLD, AUTO_HOLD
+from jobs_trio._run.slots import AUTO_DEEP_HOLD, AUTO_HOLD, ROUND_TRIPS_HELD
 from jobs_trio._run.worker_options import AUTO_MAX
 from tests.helpers.worker_helpers import record, worker
 from tests.run.test_claim_loop import CountingDriver
@@ -56,12 +56,11 @@ async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_cl
     asked = _asked(driver)
     # The first claim knows nothing of the jobs: only the free slots.
     assert asked[0] == 2
-    # Once runs have ended (each held its slot 1 ms), what two slots start in a hold: AUTO_HOLD,
-    # doubled by each claim in a row that came back full (300 waiting), AUTO_DEEP_HOLD at most.
-    ahead, deepest = int(2 * AUTO_HOLD / 0.001), int(2 * AUTO_DEEP_HOLD / 0.001)
-    assert 2 < ahead < deepest < AUTO_MAX
-    assert asked[1] == 2 + 2 * ahead  # the first claim came back full
-    assert max(asked) <= 2 + deepest
+    # Once runs have ended (each held its slot 1 ms), what two slots start in AUTO_HOLD (the
+    # claims here come back at once: nothing longer to cover).
+    ahead = int(2 * AUTO_HOLD / 0.001)
+    assert 2 < ahead < AUTO_MAX
+    assert max(asked) == 2 + ahead
     # Held jobs, not a claim per job: a claim goes out once half of the room ahead has
     # started, or a quarter when it carries settlements (which a round trip writes anyway),
     # so about one claim per ahead / 4 jobs asked for all 300.
@@ -72,54 +71,93 @@ async def test_short_jobs_are_claimed_ahead_once_their_pace_is_known(autojump_cl
     assert claims <= 300 // (ahead // 4) + 2
 
 
-class _HoldingDriver(CountingDriver):
-    """Records, after each claim, how many of its jobs are claimed (running or held)."""
+class _SlowClaims(CountingDriver):
+    """Each claim comes back ``round_trip`` seconds after it is sent, and records how many jobs
+    are claimed (running or held) once it has."""
 
-    def __init__(self) -> None:
+    def __init__(self, round_trip: float) -> None:
         super().__init__()
+        self.round_trip = round_trip
         self.claimed_after: list[int] = []
 
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        await trio.sleep(self.round_trip)
         claims = await super().claim(*args, **kwargs)
         (stats,) = await self.stats()
         self.claimed_after.append(stats.depth.get(JobState.RUNNING.value, 0))
         return claims
 
 
-async def test_a_backlog_is_held_longer_and_a_stream_kept_up_with_is_not(
-    autojump_clock: Any,
-) -> None:
-    # Behind a backlog, claims that keep coming back full grow the hold to AUTO_DEEP_HOLD: a
-    # claim then covers the next one's round trip (at c=50 a 20 ms hold ran dry waiting for
-    # it). Once the backlog is gone, one short answer brings it back to AUTO_HOLD: a job
-    # enqueued into a stream the worker keeps up with waits behind 20 ms of held jobs, not 80.
-    registry = _timed(0.001)
+async def _completed(driver: CountingDriver, n: int) -> None:
+    while True:
+        (stats,) = await driver.stats()
+        if stats.depth.get(JobState.COMPLETED.value, 0) == n:
+            return
+        await trio.sleep(0.1)
+
+
+async def _backlog_then_stream(
+    driver: _SlowClaims, registry: Registry, backlog: int, **options: Any
+) -> tuple[int, list[str]]:
+    """``backlog`` jobs at once, then a stream of 20 jobs every 0.1 s for 2 s; answers how many
+    claims the backlog took, and every job's id (each then checked to have run once)."""
     job = registry.get("q.job")
     assert job is not None
-    driver = _HoldingDriver()
-    w = worker(driver, registry, concurrency=2)
-    ids = list(await job.enqueue_many(driver, list(range(2000))))
+    w = worker(driver, registry, concurrency=2, **options)
+    ids = list(await job.enqueue_many(driver, list(range(backlog))))
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
-        while (await record(driver, ids[-1])).state is not JobState.COMPLETED:
-            await trio.sleep(0.1)
-        backlog = len(driver.claims)
-        # Then a stream: 20 jobs every 0.1 s, which two slots of 1 ms runs keep up with.
+        await _completed(driver, len(ids))
+        claims = len(driver.claims)
         for _ in range(20):
             ids += await job.enqueue_many(driver, list(range(20)))
             await trio.sleep(0.1)
-        while (await record(driver, ids[-1])).state is not JobState.COMPLETED:
-            await trio.sleep(0.1)
+        await _completed(driver, len(ids))
         await w.stop()
-    ahead, deepest = int(2 * AUTO_HOLD / 0.001), int(2 * AUTO_DEEP_HOLD / 0.001)
-    # The two slots' jobs and up to `deepest` held for them.
-    assert max(driver.claimed_after[:backlog]) == 2 + deepest
+    for job_id in ids:
+        assert (await record(driver, job_id)).attempts == 1
+    return claims, ids
+
+
+async def test_a_backlog_is_held_for_its_claims_round_trips_and_a_stream_is_not(
+    autojump_clock: Any,
+) -> None:
+    # Behind a backlog (each claim comes back full) a queue holds what covers ROUND_TRIPS_HELD
+    # of its claims' round trips: with 20 ms claims and 20 ms held, the worker ran dry waiting
+    # for each. Once the backlog is gone its claims come back short, and it holds AUTO_HOLD
+    # again: a job enqueued into a stream the worker keeps up with waits behind 20 ms of held
+    # jobs, whatever its claims' round trips.
+    driver = _SlowClaims(0.02)
+    backlog, _ = await _backlog_then_stream(driver, _timed(0.001), 2000)
+    ahead = int(2 * AUTO_HOLD / 0.001)
+    covering = int(2 * ROUND_TRIPS_HELD * 0.02 / 0.001)
+    assert ahead < covering < int(2 * AUTO_DEEP_HOLD / 0.001)
+    # The two slots' jobs and, once the round trip is known, up to `covering` held for them.
+    assert 2 + ahead < max(driver.claimed_after[:backlog]) <= 2 + covering
     # In the stream each claim comes back short (20 waiting, more asked): never more than 20
     # claimed at once, and every claim asks for what AUTO_HOLD sizes, not more.
     assert max(driver.claimed_after[backlog + 1 :]) <= 20
     assert max(_asked(driver)[backlog + 1 :]) <= 2 + ahead
-    for job_id in ids:
-        assert (await record(driver, job_id)).attempts == 1
+
+
+async def test_the_hold_stays_under_half_the_hold_limit(autojump_clock: Any) -> None:
+    # Held past its hold limit, a job is handed back to the table, where the next claim (full:
+    # the backlog is still there) takes it again. A hold limit of 50 ms set by hand caps the
+    # hold at 25 ms, so none is held that long (claims of 30 ms would hold 80).
+    driver = _SlowClaims(0.03)
+    await _backlog_then_stream(driver, _timed(0.001), 2000, hold_limit=0.05)
+    assert len(driver.claimed) == len(set(driver.claimed))
+    assert max(driver.claimed_after) <= 2 + int(2 * 0.025 / 0.001)
+
+
+async def test_jobs_too_long_to_claim_ahead_are_not_claimed_ahead_behind_a_backlog(
+    autojump_clock: Any,
+) -> None:
+    # Two slots of 50 ms runs start one job every 25 ms, fewer than one in AUTO_HOLD: a held
+    # one would wait for a whole run, however long the claims' round trips.
+    driver = _SlowClaims(0.03)
+    await _backlog_then_stream(driver, _timed(0.05), 60)
+    assert max(driver.claimed_after) <= 2
 
 
 async def test_jobs_whose_slots_start_fewer_than_one_a_hold_are_never_claimed_ahead(

@@ -182,7 +182,7 @@ class ClaimLoop:
             self._place(claim, sent_at)
         self._slots.fill(free)
         got = Counter(claim.queue for claim in claims)
-        self._slots.answer_placed(free, got)
+        self._slots.answer_placed(free, got, trio.current_time() - sent_at)
         self._came_up_short = [q for q, n in free.items() if got[q] < n]
         self._deep = not self._came_up_short
         self._had_claims = bool(claims)

@@ -29,15 +29,21 @@ StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
 # is latency: probe start->start p50/p99 23.5/131 ms at 50 ms, 13.3/40.6 at 25 ms, 10.3/36.4 at
 # 15 ms (PgQueuer 7.6-8.7/43-49); throughput at c=50 ~10% lower at 15 ms than at 50 (c=10 level).
 AUTO_HOLD = 0.02
-# While a queue's claims keep coming back full (more was waiting than they asked for), its hold
-# doubles with each, up to AUTO_DEEP_HOLD: behind a backlog a held job waits no longer than it
-# would have in the table, and a claim then covers the next one's round trip (at c=50 a claim
-# of ~100 jobs took 10-20 ms to come back; a 20 ms hold ran dry waiting for it, the worker idle
-# a fifth of the time). One short answer (the queue emptied) brings it back to AUTO_HOLD, so a
-# stream the worker keeps up with is held 20 ms, as the probes under load want.
+# Behind a backlog (its last claim came back with all it asked for: more is waiting) a queue
+# holds long enough to cover the next claim's round trip, ROUND_TRIPS_HELD of them at the pace
+# of its recent claims, up to AUTO_DEEP_HOLD: the next claim goes once half the room has
+# started, so what is held must outlast one round trip from there. At c=50 a claim of ~100 jobs
+# took 10-20 ms to come back, and a 20 ms hold ran dry waiting for it (the worker idle a fifth
+# of the time). A held job then waits in the worker instead of in the table, behind the same
+# jobs. A claim that comes back short (the queue emptied) holds AUTO_HOLD again: a stream the
+# worker keeps up with, whose claims are short, is held 20 ms whatever its round trips take.
 AUTO_DEEP_HOLD = 0.08
+ROUND_TRIPS_HELD = 3
 # How fast the pace follows the runs: each run's time counts this much in the running mean.
 _PACE_WEIGHT = 0.1
+# And a claim's round trip in theirs: faster, a claim is rarer than a run (a 10,000-job backlog
+# at c=50 is ~80 claims).
+_ROUND_TRIP_WEIGHT = 0.25
 
 
 @attrs.define
@@ -48,27 +54,40 @@ class _Pace:
     minutes would hold them for the hold limit."""
 
     mean: float | None = None
-    full: int = 0  # claims in a row that came back full
+    # Whether its last claim came back full, and that claim's round trip (a running mean).
+    deep: bool = False
+    round_trip: float = 0.0
 
     def observe(self, seconds: float) -> None:
         self.mean = (
             seconds if self.mean is None else self.mean + _PACE_WEIGHT * (seconds - self.mean)
         )
 
-    def answered(self, *, full: bool) -> None:
-        self.full = self.full + 1 if full else 0
+    def answered(self, *, full: bool, round_trip: float) -> None:
+        self.deep = full
+        self.round_trip += _ROUND_TRIP_WEIGHT * (round_trip - self.round_trip)
 
-    def hold(self) -> float:
-        return min(AUTO_HOLD * float(2 ** min(self.full, 8)), AUTO_DEEP_HOLD)
+    def hold(self, hold_limit: float) -> float:
+        """AUTO_HOLD, or behind a backlog what covers its claims' round trips, up to
+        AUTO_DEEP_HOLD and never past half the hold limit (a lower one set by hand: past it,
+        held jobs reached the limit, were handed back to the table, and the next claim came
+        back full again)."""
+        if not self.deep:
+            return AUTO_HOLD
+        most = max(AUTO_HOLD, min(AUTO_DEEP_HOLD, hold_limit / 2))
+        return min(max(AUTO_HOLD, ROUND_TRIPS_HELD * self.round_trip), most)
 
-    def ahead(self, slots: int, most: int) -> int:
+    def ahead(self, slots: int, most: int, hold_limit: float) -> int:
         """Claims ahead that ``slots`` busy slots start in about a hold (``hold()``): none when
-        they start fewer than one in that time (long jobs: a held one would wait for a whole
-        run), at most ``most``."""
+        they start fewer than one in AUTO_HOLD (long jobs: a held one would wait for a whole
+        run, however deep the backlog), at most ``most``."""
         if self.mean is None:
             return 0
         # A run's slot time of 0 (a mock clock, a coarse one): as fast as can be.
-        return min(most, int(slots * self.hold() / max(self.mean, 1e-6)))
+        starts = slots / max(self.mean, 1e-6)  # a second
+        if starts * AUTO_HOLD < 1:
+            return 0
+        return min(most, int(starts * self.hold(hold_limit)))
 
 
 @attrs.define
@@ -160,7 +179,7 @@ class Slots:
         pace = self._paces.get(queue)
         if pace is None:
             return self.ahead[queue]
-        return pace.ahead(self.limits[queue], self.ahead[queue])
+        return pace.ahead(self.limits[queue], self.ahead[queue], self.hold_limit)
 
     def claims_ahead(self) -> bool:
         """Whether any queue may claim ahead (an auto-sized one may, once its pace is known)."""
@@ -202,14 +221,16 @@ class Slots:
         self._asking.subtract(asked)
         self._promised.subtract(free)
 
-    def answer_placed(self, asked: Mapping[str, int], got: Mapping[str, int]) -> None:
-        """A claim that asked ``asked`` of each queue brought ``got``: an auto-sized queue
-        whose claims keep coming back full holds longer (AUTO_DEEP_HOLD), one that came up
-        short goes back to AUTO_HOLD."""
+    def answer_placed(
+        self, asked: Mapping[str, int], got: Mapping[str, int], round_trip: float
+    ) -> None:
+        """A claim that asked ``asked`` of each queue brought ``got``, ``round_trip`` seconds
+        after it was sent: an auto-sized queue it filled holds what covers its round trips
+        (_Pace.hold), one that came up short AUTO_HOLD."""
         for q, n in asked.items():
             pace = self._paces.get(q)
             if pace is not None:
-                pace.answered(full=got.get(q, 0) >= n)
+                pace.answered(full=got.get(q, 0) >= n, round_trip=round_trip)
 
     def fill(self, queues: Collection[str]) -> None:
         """Give what is free and promised to no claim to the held claims of ``queues``."""
