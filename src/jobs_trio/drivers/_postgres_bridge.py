@@ -458,8 +458,11 @@ class Bridge:
 
     async def _on_pooled(self, conn: Connection, op: Operation[T], transaction: bool) -> T:
         if transaction:
-            return await _in_transaction(conn, op)
+            return await _in_transaction(conn, op, unanswered=self._cancel_unanswered)
         return await op(conn)
+
+    def _cancel_unanswered(self) -> None:
+        self._unanswered = True
 
     async def _on_connection(self, conn: Connection, op: Operation[T]) -> T:
         if not conn.is_in_transaction():
@@ -482,7 +485,11 @@ class Bridge:
         return result
 
 
-async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
+async def _in_transaction(
+    conn: Connection, op: Operation[T], *, unanswered: Callable[[], None] | None = None
+) -> T:
+    """``op`` inside a transaction of its own on ``conn``. ``unanswered`` is told when a cancel
+    thrown into ``op`` was not served within CLOSE_SECONDS (the server stopped answering)."""
     tx = conn.transaction()
     try:
         await tx.start()
@@ -495,12 +502,21 @@ async def _in_transaction(conn: Connection, op: Operation[T]) -> T:
         raise
     try:
         result = await op(conn)
-    except BaseException:
+    except BaseException as exc:
         # A cancel thrown into `op` has already asked the server to cancel its statement; the
-        # rollback waits for that, bounded. A crossing is cancelled once (asyncio_stepper), so this
-        # await is not cancelled again.
+        # rollback waits for that, bounded. A crossing is cancelled once (asyncio_stepper), so
+        # this await is not cancelled again. After a cancel, only as long as a retire waits for
+        # one (Bridge._retire): a drain cut a prune batch on a server that had stopped answering,
+        # and the idle worker's exit waited CLEANUP_SECONDS for this rollback, past its grace
+        # (CI: 5.06 s after SIGTERM with a 3 s grace). Dropped, the connection's transaction
+        # is rolled back by the server itself.
+        cancelled = isinstance(exc, asyncio.CancelledError)
         try:
-            await asyncio.wait_for(tx.rollback(), CLEANUP_SECONDS)
+            await asyncio.wait_for(tx.rollback(), CLOSE_SECONDS if cancelled else CLEANUP_SECONDS)
+        except TimeoutError:
+            conn.terminate()
+            if cancelled and unanswered is not None:
+                unanswered()
         except (Exception, asyncio.CancelledError):
             conn.terminate()
         raise
