@@ -105,3 +105,29 @@ async def test_bad_enqueue_options_are_refused_and_write_nothing(kwargs: dict[st
         await t.enqueue(driver, {}, **kwargs)  # type: ignore[arg-type]
     assert caught.value.fix
     assert await driver.list_jobs() == []
+
+
+async def test_a_batch_checks_its_shared_options_once_and_each_job_gets_its_own_id() -> None:
+    # enqueue_many checks delay, run_at and priority once for the batch and reads the clock and
+    # the OS's randomness once for its ids (issue 35): every job still carries all three, and
+    # its own id of new_job_id's shape (11 hex digits of milliseconds, then 16 random ones).
+    registry = Registry()
+
+    @registry.job("t")
+    async def t(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    with pytest.raises(ConfigError):
+        await t.enqueue_many(driver, ({"n": i} for i in range(3)), priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        await t.enqueue_many(driver, [{}], delay=1, run_at=5.0)
+    assert await driver.list_jobs() == []
+    now = driver.now()
+    ids = await t.enqueue_many(driver, ({"n": i} for i in range(2000)), delay=30, priority=-4)
+    assert len(set(ids)) == 2000
+    assert all(len(i) == 27 and int(i, 16) >= 0 and i == i.lower() for i in ids)
+    single = await t.enqueue(driver, {})
+    assert abs(int(ids[0][:11], 16) - int(single[:11], 16)) < 60_000
+    for job_id in ids[::1999]:
+        got = await driver.get(job_id)
+        assert got is not None and got.priority == -4 and got.run_at == pytest.approx(now + 30)

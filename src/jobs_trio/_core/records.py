@@ -50,8 +50,17 @@ class OutcomeKind(enum.StrEnum):
 
 
 def new_job_id() -> JobId:
-    """A sortable id: milliseconds since the epoch, then 64 random bits (26 hex digits)."""
+    """A sortable id: milliseconds since the epoch, then 64 random bits (27 hex digits: 11,
+    then 16)."""
     return f"{int(time.time() * 1000):011x}{os.urandom(8).hex()}"
+
+
+def new_job_ids(n: int) -> list[JobId]:
+    """``n`` ids as ``new_job_id`` makes them, from one clock read and one read of the OS's
+    randomness: a read each was a fifth of a batch enqueue's Python (issue 35)."""
+    stamp = f"{int(time.time() * 1000):011x}"
+    noise = os.urandom(8 * n).hex()
+    return [stamp + noise[i : i + 16] for i in range(0, 16 * n, 16)]
 
 
 def new_token() -> ClaimToken:

@@ -288,9 +288,12 @@ def job_record(row: Iterable[Any]) -> JobRecord:
     return JobRecord(**fields)
 
 
+_UNLIMITED = JobLimits()  # frozen: one for every job without limits, not one made a job
+
+
 def limit_fields(limits: JobLimits | None) -> dict[str, Any]:
     """A job's limits as its record's fields: None for the half it does not have."""
-    has = limits or JobLimits()
+    has = limits or _UNLIMITED
     slot, rate = has.slot_key is not None, has.rate_key is not None
     return {
         "slot_key": has.slot_key,
