@@ -488,8 +488,9 @@ class Bridge:
 async def _in_transaction(
     conn: Connection, op: Operation[T], *, unanswered: Callable[[], None] | None = None
 ) -> T:
-    """``op`` inside a transaction of its own on ``conn``. ``unanswered`` is told when a cancel
-    thrown into ``op`` was not served within CLOSE_SECONDS (the server stopped answering)."""
+    """``op`` inside a transaction of its own on ``conn``. ``unanswered`` (given for the pool's
+    connections only) is told when a cancel thrown into ``op`` was not served within
+    CLOSE_SECONDS (the server stopped answering)."""
     tx = conn.transaction()
     try:
         await tx.start()
@@ -505,17 +506,19 @@ async def _in_transaction(
     except BaseException as exc:
         # A cancel thrown into `op` has already asked the server to cancel its statement; the
         # rollback waits for that, bounded. A crossing is cancelled once (asyncio_stepper), so
-        # this await is not cancelled again. After a cancel, only as long as a retire waits for
-        # one (Bridge._retire): a drain cut a prune batch on a server that had stopped answering,
-        # and the idle worker's exit waited CLEANUP_SECONDS for this rollback, past its grace
-        # (CI: 5.06 s after SIGTERM with a 3 s grace). Dropped, the connection's transaction
-        # is rolled back by the server itself.
-        cancelled = isinstance(exc, asyncio.CancelledError)
+        # this await is not cancelled again. A pooled connection cut by a cancel waits only as
+        # long as a retire waits for one (Bridge._retire): a drain cut a prune batch on a server
+        # that had stopped answering, and the idle worker's exit waited CLEANUP_SECONDS for this
+        # rollback, past its grace (CI: 5.06 s after SIGTERM, grace 3 s); the pool drops such a
+        # connection anyway, and the server rolls its transaction back. The application's own
+        # connection keeps CLEANUP_SECONDS: dropped, it is the application's loss, and a slow
+        # link (0.5 s a round trip) needs more than 1 s for the cancel and the rollback.
+        cut = unanswered is not None and isinstance(exc, asyncio.CancelledError)
         try:
-            await asyncio.wait_for(tx.rollback(), CLOSE_SECONDS if cancelled else CLEANUP_SECONDS)
+            await asyncio.wait_for(tx.rollback(), CLOSE_SECONDS if cut else CLEANUP_SECONDS)
         except TimeoutError:
             conn.terminate()
-            if cancelled and unanswered is not None:
+            if cut and unanswered is not None:
                 unanswered()
         except (Exception, asyncio.CancelledError):
             conn.terminate()
