@@ -52,11 +52,12 @@ class OutcomeKind(enum.StrEnum):
 def new_job_id() -> JobId:
     """A sortable id: milliseconds since the epoch, then 64 random bits (27 hex digits: 11,
     then 16)."""
-    return f"{int(time.time() * 1000):011x}{os.urandom(8).hex()}"
+    [job_id] = new_job_ids(1)
+    return job_id
 
 
 def new_job_ids(n: int) -> list[JobId]:
-    """``n`` ids as ``new_job_id`` makes them, from one clock read and one read of the OS's
+    """``n`` ids of ``new_job_id``'s shape, from one clock read and one read of the OS's
     randomness: a read each was a fifth of a batch enqueue's Python (issue 35)."""
     stamp = f"{int(time.time() * 1000):011x}"
     noise = os.urandom(8 * n).hex()
