@@ -130,7 +130,11 @@ async def test_a_transaction_cut_on_a_server_that_stopped_answering_holds_the_ex
     async with fresh_database(require_postgres()) as url, open_admin(url) as admin:
         await admin.execute("BEGIN")
         await admin.execute("LOCK TABLE jobs_trio.prune_turn IN ACCESS EXCLUSIVE MODE")
-        async with workers(tmp_path, url, 1, "--grace", str(grace)) as [worker]:
+        # The pool's lock_timeout (2 s) would end the prune's wait before a loaded machine's
+        # poll saw it (CI: 20 s of polls found nothing), and its retry is 30 s away: here the
+        # prune waits on the lock until the statement_timeout, well past the poll.
+        waiting = f"{url}?lock_timeout=0"
+        async with workers(tmp_path, waiting, 1, "--grace", str(grace)) as [worker]:
             await started([worker])
 
             async def prune_waits() -> bool:
