@@ -58,6 +58,20 @@ class Admin:
     async def fetchval(self, query: str, *args: object) -> Any:
         return await trio_asyncio.aio_as_trio(self.conn.fetchval, loop=self.loop)(query, *args)
 
+    async def fetch(self, query: str, *args: object) -> list[Any]:
+        rows: list[Any] = await trio_asyncio.aio_as_trio(self.conn.fetch, loop=self.loop)(
+            query, *args
+        )
+        return rows
+
+    async def fetchval_now(self, query: str, *args: object) -> Any:
+        """``fetchval`` of a statistics view as it is now. The server reads pg_stat_activity once
+        per transaction: from inside one (the test's own, holding a lock) every look answered
+        what the first saw, and a wait that began after it was never seen (CI: 20 s of polls
+        found no worker waiting on the lock it was waiting on)."""
+        await self.execute("SELECT pg_stat_clear_snapshot()")
+        return await self.fetchval(query, *args)
+
     async def execute(self, query: str, *args: object) -> Any:
         return await trio_asyncio.aio_as_trio(self.conn.execute, loop=self.loop)(query, *args)
 

@@ -189,7 +189,7 @@ class stalled:
             return
 
         async def waiting() -> bool:
-            count = await self._admin.fetchval(
+            count = await self._admin.fetchval_now(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' AND application_name LIKE 'jobs_trio:%'"
             )
