@@ -683,7 +683,7 @@ class PostgresDriver:
         async def read(conn: Connection) -> list[QueueStats]:
             return await _read_stats(conn, sql, now)
 
-        stats: list[QueueStats] = await self.bridge.run(read, what="stats")
+        stats: list[QueueStats] = await self.bridge.run(read, what="stats", transaction=True)
         return stats
 
     async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
@@ -691,17 +691,23 @@ class PostgresDriver:
         now = self.now()
         sql = self._sql
 
+        async def take_turn(conn: Connection) -> Any:
+            return await conn.fetchrow(sql["fleet_stats_turn"], now, worker_id, float(interval))
+
+        turn = await self.bridge.run(take_turn, what="fleet_stats")
+        if not turn["mine"]:
+            return decode_fleet_stats(turn["observed"])
+
         async def observe(conn: Connection) -> list[QueueStats]:
-            turn = await conn.fetchrow(sql["fleet_stats_turn"], now, worker_id, float(interval))
-            if not turn["mine"]:
-                return decode_fleet_stats(turn["observed"])
-            # Not one transaction with the turn: the scan must not hold the row's lock, and a
-            # worker that dies here leaves the last observation, replaced an interval later.
             stats = await _read_stats(conn, sql, now)
             await conn.execute(sql["fleet_stats_store"], encode_fleet_stats(stats))
             return stats
 
-        observed: list[QueueStats] = await self.bridge.run(observe, what="fleet_stats")
+        # Not one transaction with the turn: the scan must not hold the row's lock, and a
+        # worker that dies here leaves the last observation, replaced an interval later.
+        observed: list[QueueStats] = await self.bridge.run(
+            observe, what="fleet_stats", transaction=True
+        )
         return observed
 
     async def prune(self, turn: PruneTurn) -> Pruned:
@@ -1607,14 +1613,17 @@ async def _insert(
 
 
 async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[QueueStats]:
-    async with conn.transaction():
-        # A count of every row reads the table through, and the pool turns sequential scans
-        # off (postgres_pool.PLANNER_SETTINGS): back on for this transaction only, or the
-        # count would walk an index and fetch every row from it (slower on a large table).
-        await conn.execute("SET LOCAL enable_seqscan = on")
-        # The stats rows are one per queue and state; only a queue's ready row has jobs due.
-        rows = await conn.fetch(sql["stats"], now)
-        waiting = await conn.fetch(sql["limit_waiting"])
+    """The queues' figures, read inside the caller's transaction: the bridge's (``transaction=
+    True``), whose rollback after a cancel is bounded. One of asyncpg's own here rolled back
+    unbounded: a drain cut the read on a server that had stopped answering, and the worker
+    process never ended (10 minutes after SIGTERM, grace 3 s)."""
+    # A count of every row reads the table through, and the pool turns sequential scans off
+    # (postgres_pool.PLANNER_SETTINGS): back on for this transaction only, or the count would
+    # walk an index and fetch every row from it (slower on a large table).
+    await conn.execute("SET LOCAL enable_seqscan = on")
+    # The stats rows are one per queue and state; only a queue's ready row has jobs due.
+    rows = await conn.fetch(sql["stats"], now)
+    waiting = await conn.fetch(sql["limit_waiting"])
     return queue_stats(
         ((row["queue"], row["state"], row["n"]) for row in rows),
         ((row["queue"], row["due"], row["oldest_due"]) for row in rows if row["due"]),
