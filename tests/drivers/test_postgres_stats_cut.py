@@ -1,31 +1,32 @@
-# A read of the queues' figures cut by a cancel while its server has stopped answering: the
-# driver gives up on its rollback within a second instead of waiting for the server for ever.
-# Apart because it freezes a backend of a real server (SIGSTOP) under an in-process driver.
+# An operation cut by a cancel while its server has stopped answering (its backend SIGSTOPped):
+# the driver gives up on the cleanup in bounded time instead of waiting for the server for ever.
+# Apart because it freezes a backend of a real server under an in-process driver.
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import trio
 
 pytest.importorskip("asyncpg")
 
+from jobs_trio.drivers._asyncio_stepper import CANCEL_THROUGH_SECONDS
 from jobs_trio.drivers._open_driver import open_driver
 from tests.conftest import require_postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-# Past this the test lets the frozen backend go on (SIGCONT): a rollback that waits for the
+# Past this the test lets the frozen backend go on (SIGCONT): a cleanup that waits for the
 # server then ends, and the test reads how long it took instead of hanging with it.
-THAW_AFTER = 8.0
+THAW_AFTER = CANCEL_THROUGH_SECONDS + 4.0
 
 
-@pytest.mark.parametrize("read", ["stats", "fleet_stats"])
-async def test_a_stats_read_cut_on_a_frozen_server_returns_within_a_second(read: str) -> None:
-    # The worker's look at its queues ran in a transaction of asyncpg's own, whose rollback
-    # after a cancel waited for the server unbounded: a worker SIGTERMed as its server stopped
-    # answering logged jobs.lifecycle.closed and then never ended (10 minutes, grace 3 s).
+async def seconds_to_return_after_a_cut(call: Callable[[Any], Awaitable[object]]) -> float:
+    """``call(driver)`` on a fresh database, its statement waiting on a lock when its backend
+    is frozen and the call cancelled: how long the call then takes to return."""
     from tests.drivers.test_postgres_driver import open_admin
     from tests.drivers.test_processes_postgres import fresh_database
 
@@ -41,18 +42,15 @@ async def test_a_stats_read_cut_on_a_frozen_server_returns_within_a_second(read:
         cut = trio.CancelScope()
         returned: list[float] = []
 
-        async def look() -> None:
+        async def run() -> None:
             with cut:
-                if read == "stats":
-                    await driver.stats()
-                else:
-                    await driver.fleet_stats("w-1", 15.0)
+                await call(driver)
             returned.append(trio.current_time())
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(look)
+            nursery.start_soon(run)
 
-            async def read_waits() -> int | None:
+            async def waiting_pid() -> int | None:
                 pid: int | None = await watcher.fetchval_now(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
                     " AND wait_event_type = 'Lock' AND application_name LIKE 'jobs_trio:%'"
@@ -60,7 +58,7 @@ async def test_a_stats_read_cut_on_a_frozen_server_returns_within_a_second(read:
                 return pid
 
             with trio.fail_after(20):
-                while (pid := await read_waits()) is None:
+                while (pid := await waiting_pid()) is None:
                     await trio.sleep(0.02)
             os.kill(pid, signal.SIGSTOP)
             try:
@@ -72,6 +70,36 @@ async def test_a_stats_read_cut_on_a_frozen_server_returns_within_a_second(read:
             finally:
                 os.kill(pid, signal.SIGCONT)
             await locker.execute("ROLLBACK")
-    took = returned[0] - cut_at
+    return returned[0] - cut_at
+
+
+@pytest.mark.parametrize("read", ["stats", "fleet_stats"])
+async def test_a_stats_read_cut_on_a_frozen_server_returns_within_a_second(read: str) -> None:
+    # The worker's look at its queues ran in a transaction of asyncpg's own, whose rollback
+    # after a cancel waited for the server unbounded: a worker SIGTERMed as its server stopped
+    # answering logged jobs.lifecycle.closed and then never ended (10 minutes, grace 3 s). It
+    # is the driver's transaction now, whose rollback after a cancel waits 1 s.
+    async def look(driver: Any) -> object:
+        if read == "stats":
+            return await driver.stats()
+        return await driver.fleet_stats("w-1", 15.0)
+
+    took = await seconds_to_return_after_a_cut(look)
     print(f"\n{read} returned {took:.2f} s after its cut")
     assert took < 2.5, f"{took:.2f} s: the cut read waited for the frozen server"
+
+
+async def test_any_cleanup_of_a_cut_operation_is_bounded_on_a_frozen_server() -> None:
+    # An operation that opens asyncpg's own transaction (as the stats read did): its rollback
+    # after the cut is the coroutine's own, shielded from later cancels, and nothing in the
+    # driver bounded it. The stepper drops the connection CANCEL_THROUGH_SECONDS after the cut.
+    async def own_transaction(conn: Any) -> object:
+        async with conn.transaction():
+            return await conn.fetchval("SELECT count(*) FROM jobs_trio.jobs")
+
+    async def call(driver: Any) -> object:
+        return await driver.bridge.run(own_transaction, what="a test's read")
+
+    took = await seconds_to_return_after_a_cut(call)
+    print(f"\nown transaction returned {took:.2f} s after its cut")
+    assert took < CANCEL_THROUGH_SECONDS + 1.5, f"{took:.2f} s: waited for the frozen server"

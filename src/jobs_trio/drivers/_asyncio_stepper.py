@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -27,6 +28,15 @@ from typing import Any, TypeVar
 import trio
 
 T = TypeVar("T")
+
+
+# How long a coroutine that reads its own socket may take to see a Trio cancel through (its
+# rollback, the end of its cancelled statement) before that socket is dropped: the server may
+# have stopped answering altogether, and the cleanup is shielded from every later cancel. A
+# transaction's rollback in asyncpg's own hands waited for a frozen server for ever, and the
+# worker around it never ended (10 minutes after SIGTERM). The driver bounds its own cleanups
+# more tightly; this is the floor under any that does not.
+CANCEL_THROUGH_SECONDS = 5.0
 
 
 async def step_to_end(
@@ -40,7 +50,10 @@ async def step_to_end(
 
     ``reads``: the transport of the one connection the coroutine uses, when the loop does not
     read it (direct_reads.transport_of): while the coroutine waits, this task waits for that
-    socket and runs the transport's read itself, so a reply wakes this task alone.
+    socket and runs the transport's read itself, so a reply wakes this task alone. After a
+    Trio cancel, what the coroutine then waits for on that socket is given
+    CANCEL_THROUGH_SECONDS in all; past it the transport is aborted (asyncpg then fails what
+    waits on the connection, and the coroutine ends).
 
     A checkpoint's schedule point even when the coroutine ends at its first step without
     waiting (asyncpg refusing an argument before anything is sent: a lone surrogate, an int
@@ -67,6 +80,8 @@ class _Stepper:
         self._cancels = 0  # asyncio's count of cancel requests (cancelling / uncancel)
         self._done = False
         self._raise_cancel: Any = None  # set by a Trio cancel: raises it as Trio's
+        self._through_by = math.inf  # when a cancel's cleanup must be over (direct reads)
+        self._dropped = False  # its transport aborted for a cleanup past _through_by
         self.waited = False  # whether the coroutine ever waited (a pass of the scheduler)
 
     # --- what asyncio asks of a current task ---
@@ -100,6 +115,7 @@ class _Stepper:
     def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
         if self._raise_cancel is None:
             self._raise_cancel = raise_cancel
+            self._through_by = trio.current_time() + CANCEL_THROUGH_SECONDS
             self.cancel()
         # The coroutine must see its cancel through and end on its own: only then is it done.
         return trio.lowlevel.Abort.FAILED
@@ -129,6 +145,8 @@ class _Stepper:
             # After a Trio cancel the coroutine is seeing its cancel through (a rollback, the
             # server's cancel): that is not cancelled again, as _abort does on the loop's path.
             self._read_wait = scope = trio.CancelScope(shield=self._raise_cancel is not None)
+            if scope.shield:
+                scope.deadline = self._through_by
             cancelled = False
             try:
                 with scope:
@@ -158,6 +176,11 @@ class _Stepper:
                 return
             if not scope.cancelled_caught:
                 self._read_now(transport, waiting)
+            elif scope.shield and not waiting.done() and trio.current_time() >= self._through_by:
+                # The server answered nothing of the cancel's cleanup in time: dropped. The
+                # loop ends the transport and fails the awaited future (the path above).
+                self._dropped = True
+                transport.abort()
 
     def _read_now(self, transport: asyncio.Transport, waiting: asyncio.Future[Any]) -> None:
         """Run the transport's read, which may complete ``waiting``. asyncpg's own done callback
@@ -219,6 +242,10 @@ class _Stepper:
                     raise
                 except BaseException:
                     self._done = True
+                    if self._dropped and self._raise_cancel is not None:
+                        # The cleanup failed because we dropped its connection: the caller's
+                        # cancel is what happened, not a lost connection.
+                        self._raise_cancel()
                     raise
                 send = throw = None
                 if yielded is None:
