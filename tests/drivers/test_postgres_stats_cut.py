@@ -89,10 +89,14 @@ async def test_a_stats_read_cut_on_a_frozen_server_returns_within_a_second(read:
     assert took < 2.5, f"{took:.2f} s: the cut read waited for the frozen server"
 
 
-async def test_any_cleanup_of_a_cut_operation_is_bounded_on_a_frozen_server() -> None:
+async def test_any_cleanup_of_a_cut_operation_is_bounded_on_a_frozen_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # An operation that opens asyncpg's own transaction (as the stats read did): its rollback
     # after the cut is the coroutine's own, shielded from later cancels, and nothing in the
-    # driver bounded it. The stepper drops the connection CANCEL_THROUGH_SECONDS after the cut.
+    # driver bounded it. The stepper drops the connection CANCEL_THROUGH_SECONDS after the cut,
+    # and says so (the bridge then drops its other connections at once, as after any cancel
+    # the server did not serve).
     async def own_transaction(conn: Any) -> object:
         async with conn.transaction():
             return await conn.fetchval("SELECT count(*) FROM jobs_trio.jobs")
@@ -103,3 +107,5 @@ async def test_any_cleanup_of_a_cut_operation_is_bounded_on_a_frozen_server() ->
     took = await seconds_to_return_after_a_cut(call)
     print(f"\nown transaction returned {took:.2f} s after its cut")
     assert took < CANCEL_THROUGH_SECONDS + 1.5, f"{took:.2f} s: waited for the frozen server"
+    events = [getattr(record, "event", None) for record in caplog.records]
+    assert "jobs.driver.cleanup-dropped" in events, events

@@ -22,7 +22,7 @@ import asyncio
 import functools
 import math
 from asyncio.tasks import _enter_task, _leave_task
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import trio
@@ -34,9 +34,11 @@ T = TypeVar("T")
 # rollback, the end of its cancelled statement) before that socket is dropped: the server may
 # have stopped answering altogether, and the cleanup is shielded from every later cancel. A
 # transaction's rollback in asyncpg's own hands waited for a frozen server for ever, and the
-# worker around it never ended (10 minutes after SIGTERM). The driver bounds its own cleanups
-# more tightly; this is the floor under any that does not.
-CANCEL_THROUGH_SECONDS = 5.0
+# worker around it never ended (10 minutes after SIGTERM). Past the driver's own bounds (a
+# rollback's CLEANUP_SECONDS, 5 s, after the cancel's own round trip), so they act first: this
+# is the floor under any cleanup they do not bound. Only where this task reads the socket
+# (the pool's plain connections); a TLS one and the application's own are read by the loop.
+CANCEL_THROUGH_SECONDS = 6.0
 
 
 async def step_to_end(
@@ -44,6 +46,7 @@ async def step_to_end(
     coro: Coroutine[Any, Any, T],
     *,
     reads: asyncio.Transport | None = None,
+    on_drop: Callable[[], None] | None = None,
 ) -> T:
     """Run ``coro`` on ``loop`` (a running trio-asyncio loop of this Trio run) and answer what
     it returns or raise what it raises.
@@ -53,13 +56,13 @@ async def step_to_end(
     socket and runs the transport's read itself, so a reply wakes this task alone. After a
     Trio cancel, what the coroutine then waits for on that socket is given
     CANCEL_THROUGH_SECONDS in all; past it the transport is aborted (asyncpg then fails what
-    waits on the connection, and the coroutine ends).
+    waits on the connection, and the coroutine ends), and ``on_drop`` is told.
 
     A checkpoint's schedule point even when the coroutine ends at its first step without
     waiting (asyncpg refusing an argument before anything is sent: a lone surrogate, an int
     past int4): the pool takes a free slot without one, so this wait is the operation's only
     pass of Trio's scheduler, and a loop of refused writes must not starve the other tasks."""
-    stepper = _Stepper(loop, reads)
+    stepper = _Stepper(loop, reads, on_drop)
     try:
         return await stepper.run(coro)
     finally:
@@ -70,9 +73,15 @@ async def step_to_end(
 class _Stepper:
     """One coroutine's run; it stands for the coroutine's asyncio Task while it steps."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, reads: asyncio.Transport | None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        reads: asyncio.Transport | None,
+        on_drop: Callable[[], None] | None = None,
+    ) -> None:
         self._loop = loop
         self._reads = reads
+        self._on_drop = on_drop
         self._read_wait: trio.CancelScope | None = None  # a wait for the socket, while one runs
         self._task = trio.lowlevel.current_task()
         self._waiting: asyncio.Future[Any] | None = None  # the future the coroutine awaits
@@ -181,6 +190,8 @@ class _Stepper:
                 # loop ends the transport and fails the awaited future (the path above).
                 self._dropped = True
                 transport.abort()
+                if self._on_drop is not None:
+                    self._on_drop()
 
     def _read_now(self, transport: asyncio.Transport, waiting: asyncio.Future[Any]) -> None:
         """Run the transport's read, which may complete ``waiting``. asyncpg's own done callback

@@ -18,7 +18,7 @@ from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, Value
 from .._core.forked_child import end_if_forked
 from .._core.logs import log_event
 from .._core.redaction import redact_url
-from ._asyncio_stepper import step_to_end
+from ._asyncio_stepper import CANCEL_THROUGH_SECONDS, step_to_end
 from ._direct_reads import let_loop_read, take_over, transport_of
 from ._postgres_pool import Connection, Pool, session_settings
 from ._postgres_pooler import Pooler
@@ -298,7 +298,7 @@ class Bridge:
                 result = cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
             else:
                 coro = cast(Coroutine[Any, Any, T], fn(*args))
-                result = await step_to_end(self.loop, coro, reads=reads)
+                result = await step_to_end(self.loop, coro, reads=reads, on_drop=self._dropped)
             self._unanswered = False
             return result
         except JobsError:
@@ -463,6 +463,19 @@ class Bridge:
 
     def _cancel_unanswered(self) -> None:
         self._unanswered = True
+
+    def _dropped(self) -> None:
+        """The stepper dropped a connection whose cleanup after a cancel went unanswered: the
+        server is not answering, so the closes from here drop theirs at once too."""
+        self._unanswered = True
+        log_event(
+            "jobs.driver.cleanup-dropped",
+            logging.WARNING,
+            seconds=CANCEL_THROUGH_SECONDS,
+            why=f"PostgreSQL at {self._where} answered nothing of a cancelled operation's"
+            " cleanup (its rollback, its statement's end); the connection was dropped and the"
+            " server rolls back what it left open",
+        )
 
     async def _on_connection(self, conn: Connection, op: Operation[T]) -> T:
         if not conn.is_in_transaction():
