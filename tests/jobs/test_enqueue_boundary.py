@@ -120,6 +120,8 @@ async def test_a_batch_checks_its_shared_options_once_and_each_job_gets_its_own_
     with pytest.raises(ConfigError):
         await t.enqueue_many(driver, ({"n": i} for i in range(3)), priority=1.5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
+        await t.enqueue_many(driver, [], priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
         await t.enqueue_many(driver, [{}], delay=1, run_at=5.0)
     assert await driver.list_jobs() == []
     now = driver.now()

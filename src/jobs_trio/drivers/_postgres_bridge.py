@@ -298,7 +298,9 @@ class Bridge:
                 result = cast(T, await trio_asyncio.aio_as_trio(fn, loop=self.loop)(*args))
             else:
                 coro = cast(Coroutine[Any, Any, T], fn(*args))
-                result = await step_to_end(self.loop, coro, reads=reads, on_drop=self._dropped)
+                result = await step_to_end(
+                    self.loop, coro, reads=reads, on_drop=self._cleanup_dropped
+                )
             self._unanswered = False
             return result
         except JobsError:
@@ -464,7 +466,7 @@ class Bridge:
     def _cancel_unanswered(self) -> None:
         self._unanswered = True
 
-    def _dropped(self) -> None:
+    def _cleanup_dropped(self) -> None:
         """The stepper dropped a connection whose cleanup after a cancel went unanswered: the
         server is not answering, so the closes from here drop theirs at once too."""
         self._unanswered = True
