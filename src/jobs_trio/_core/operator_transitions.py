@@ -1,5 +1,5 @@
-# An operator's transitions (retry, cancel): which states allow them, and the errors when they
-# do not. Apart so every driver refuses the same things in the same words.
+# An operator's transitions (retry, cancel, delete, run now): which states allow them, and the
+# errors when they do not. Apart so every driver refuses the same things in the same words.
 from __future__ import annotations
 
 from typing import TypeVar
@@ -13,6 +13,9 @@ RETRYABLE_STATES = frozenset({JobState.DEAD, JobState.CANCELLED, JobState.PARKED
 # Cancelled at once; a running job is only flagged (its worker stops it at the next renewal).
 CANCELLABLE_STATES = frozenset({JobState.READY, JobState.SUSPENDED, JobState.PARKED})
 OPERATOR_CANCEL_ERROR = "cancelled by an operator"
+# Every state but running: a running job's body is somewhere in the fleet, and deleting its row
+# under it would leave a run whose every write is refused and whose end nobody records.
+DELETABLE_STATES = frozenset(JobState) - {JobState.RUNNING}
 
 
 def found(record: T | None, job_id: JobId) -> T:
@@ -48,6 +51,31 @@ def cancel_flags_only(record: JobRecord) -> bool:
     raise InvalidTransition(
         f"job {record.id} is {record.state.value} and can no longer be cancelled",
         fix="nothing to do: it has finished",
+    )
+
+
+def check_delete(record: JobRecord) -> None:
+    if record.state not in DELETABLE_STATES:
+        raise InvalidTransition(
+            f"job {record.id} is running and cannot be deleted",
+            fix="cancel it first (its worker stops the run at its next lease renewal), then"
+            " delete it once it is cancelled",
+        )
+
+
+def check_run_now(record: JobRecord) -> None:
+    """Only a ready job: one scheduled ahead, backing off after a failure, or put off for a
+    fleet limit. A suspended job waits in a step, which would suspend it again at once."""
+    if record.state is JobState.READY:
+        return
+    if record.state is JobState.SUSPENDED:
+        fix = "send the event it waits for, or let it sleep: a step.sleep woken early sleeps on"
+    elif record.state in RETRYABLE_STATES:
+        fix = "retry it instead (`jobs-trio retry ID`): it runs again now, its attempts reset"
+    else:
+        fix = "nothing to do: it is running or has finished"
+    raise InvalidTransition(
+        f"job {record.id} is {record.state.value}; only a ready job can be run now", fix=fix
     )
 
 

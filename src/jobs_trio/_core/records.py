@@ -312,6 +312,24 @@ class QueueStats:
     dead: int
     # Ready jobs a claim put off for a fleet limit: (job name, "slot" or "rate", count).
     limit_waiting: tuple[tuple[str, str, int], ...] = ()
+    # An operator paused it (QueuePause): nothing of it starts until it is resumed. A paused
+    # queue is listed even when it holds no job.
+    paused: bool = False
+
+
+@attrs.frozen
+class QueuePause:
+    """A queue an operator paused, fleet-wide and durably: from the pause's commit no claim
+    takes a job of it (nor rescues a lapsed one) until it is resumed, and a worker hands back
+    unstarted the jobs of it it holds; the jobs already running in it finish (docs/model.md,
+    "Pausing a queue")."""
+
+    queue: str
+    paused_at: float  # driver clock
+    by: str | None = None  # who paused it, as they gave it (the CLI: user@host)
+
+    def to_json(self) -> dict[str, object]:
+        return attrs.asdict(self, recurse=False)
 
 
 class StepStatus(enum.StrEnum):

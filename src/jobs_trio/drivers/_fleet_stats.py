@@ -28,6 +28,7 @@ def encode(stats: Sequence[QueueStats]) -> str:
                 "oldest_ready_age": q.oldest_ready_age,
                 "dead": q.dead,
                 "limit_waiting": [list(w) for w in q.limit_waiting],
+                "paused": q.paused,
             }
             for q in stats
         ]
@@ -49,6 +50,8 @@ def decode(text: str | None) -> list[QueueStats]:
             limit_waiting=tuple(
                 (str(job), str(kind), int(n)) for job, kind, n in q.get("limit_waiting", ())
             ),
+            # Nor one stored before queues could be paused (or by a worker of that release).
+            paused=bool(q.get("paused", False)),
         )
         for q in json.loads(text)
     ]

@@ -22,6 +22,10 @@ from ._direct_reads import read_while_open
 from ._postgres_bridge import CLEANUP_SECONDS, Bridge
 from ._postgres_pool import Connection
 
+# The payload that tells the watch on paused queues (Driver.wait_for_pauses) a queue was paused
+# or resumed: on the channel the enqueues notify, and never a queue's name (names are printable).
+PAUSES_CHANGED = "\x1epauses"
+
 # A LISTEN connection that dies quietly (a cable, a NAT timeout) sends no termination; an idle
 # ping finds it. Waiters poll on their own timeout meanwhile, so this only bounds latency.
 PING_SECONDS = 30.0

@@ -309,14 +309,19 @@ def queue_stats(
     due: Iterable[tuple[str, int, float | None]],
     now: float,
     waiting: Iterable[tuple[str, str, str, int]] = (),
+    paused: Iterable[str] = (),
 ) -> list[QueueStats]:
     """``stats()``'s answer, by queue name: ``depths`` counts jobs per (queue, state value),
     ``due`` gives a queue's count of ready jobs whose run-at has come and the earliest such
     run-at (a queue it leaves out has none due), ``waiting`` counts the jobs a claim put off
-    for a fleet limit per (queue, job name, "slot" or "rate")."""
+    for a fleet limit per (queue, job name, "slot" or "rate"), ``paused`` names the paused
+    queues (listed whether or not they hold a job)."""
     by_queue: dict[str, dict[str, int]] = {}
     for queue, state, count in depths:
         by_queue.setdefault(queue, {})[state] = count
+    paused = set(paused)
+    for queue in paused:
+        by_queue.setdefault(queue, {})
     due_by_queue = {queue: (count, oldest) for queue, count, oldest in due}
     waiting_by_queue: dict[str, list[tuple[str, str, int]]] = {}
     for queue, name, kind, count in waiting:
@@ -332,6 +337,7 @@ def queue_stats(
                 oldest_ready_age=None if oldest is None else now - oldest,
                 dead=by_queue[queue].get(JobState.DEAD.value, 0),
                 limit_waiting=tuple(sorted(waiting_by_queue.get(queue, ()))),
+                paused=queue in paused,
             )
         )
     return answers

@@ -3,7 +3,7 @@
 # Imported as `jobs_trio.driver` (or `jobs_trio.Driver`), its public name.
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -23,6 +23,7 @@ from .._core.records import (
     OutcomeCount,
     Pruned,
     PruneTurn,
+    QueuePause,
     QueueStats,
     RelayDecision,
     RenewResult,
@@ -146,7 +147,50 @@ class Driver(Protocol):
         running one is flagged, and its worker cancels the run at its next renewal."""
         ...
 
-    async def stats(self) -> Sequence[QueueStats]: ...
+    async def delete(self, job_id: JobId) -> JobRecord:
+        """An operator's delete of a job that is not running: the job, its step records and
+        its attempt history are gone, its key is free. Answers the job as it was. Raises
+        ``JobNotFound`` / ``InvalidTransition`` (a running job: cancel it first)."""
+        ...
+
+    async def run_now(self, job_id: JobId) -> JobRecord:
+        """An operator's "run now": a ready job whose run-at is ahead (scheduled, backing off,
+        put off for a fleet limit) due now, its attempts unchanged; waiters for work in its
+        queue wake. A ready job already due is answered as it is. Raises ``JobNotFound`` /
+        ``InvalidTransition`` (any other state)."""
+        ...
+
+    # Queue control: a pause is durable and fleet-wide (docs/model.md, "Pausing a queue").
+
+    async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
+        """Pause ``queue``: no claim ordered after this call's commit takes a job of it (nor a
+        lapsed one to rescue) until ``resume_queue``, and ``wait_for_work`` counts none of its
+        jobs as work; the jobs running in it run on. Waiters in ``wait_for_pauses`` wake.
+        Pausing a paused queue changes nothing and answers the pause on record; a queue with
+        no jobs can be paused (its jobs then wait from their enqueue)."""
+        ...
+
+    async def resume_queue(self, queue: str) -> bool:
+        """Take ``queue``'s pause back; answer whether it was paused. Waiters for work in it
+        and in ``wait_for_pauses`` wake."""
+        ...
+
+    async def queue_pauses(self) -> Sequence[QueuePause]:
+        """Every paused queue, by name."""
+        ...
+
+    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+        """The paused queues (``queue_pauses()``), answered once they differ from ``seen`` (a
+        worker's last look), or as they are after ``timeout`` seconds. A driver that hears
+        every change wakes on it (memory: in-process; PostgreSQL: LISTEN); one that cannot
+        (SQLite across processes; PostgreSQL while its LISTEN is down) looks again on its own
+        short interval, as ``wait_for_work`` does."""
+        ...
+
+    async def stats(self) -> Sequence[QueueStats]:
+        """Per queue (by name) with jobs or paused: its jobs by state, due, the oldest due
+        job's age, its dead jobs, whether it is paused."""
+        ...
 
     async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
         """``stats()`` for a fleet's workers to export: the first caller after ``interval``

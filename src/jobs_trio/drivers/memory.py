@@ -7,7 +7,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import attrs
 import trio
@@ -17,7 +17,9 @@ from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
     cancel_instead,
+    check_delete,
     check_retry,
+    check_run_now,
     found,
     key_held,
 )
@@ -38,6 +40,7 @@ from .._core.records import (
     OutcomeCount,
     Pruned,
     PruneTurn,
+    QueuePause,
     QueueStats,
     RelayDecision,
     RelayOutcome,
@@ -137,6 +140,9 @@ class MemoryDriver:
         self._events: list[EventRecord] = []
         self._event_ids = itertools.count(1)
         self._lot = trio.lowlevel.ParkingLot()
+        # Paused queues (pause_queue), and who waits to hear of a change (wait_for_pauses).
+        self._pauses: dict[str, QueuePause] = {}
+        self._pause_lot = trio.lowlevel.ParkingLot()
         self._closed = False
         self._task_marks: dict[str, TaskMark] = {}
         self._task_fires: dict[str, dict[float, JobId]] = {}
@@ -263,7 +269,8 @@ class MemoryDriver:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
-        slots = ClaimSlots.of(queues, limit)
+        # A paused queue is not asked at all: nothing of it is claimed, lapsed or not.
+        slots = ClaimSlots.of([q for q in queues if q not in self._pauses], limit)
         claimable = self._claimable(list(slots.caps), now, rescue=rescue)
         # Attempts are counted at claim, so a job that keeps killing its worker ends here
         # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
@@ -568,6 +575,58 @@ class MemoryDriver:
             return self._put(record, cancel_requested=True)
         return self._put(record, state=JobState.CANCELLED, last_error=OPERATOR_CANCEL_ERROR)
 
+    async def delete(self, job_id: JobId) -> JobRecord:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        record = found(self._jobs.get(job_id), job_id)
+        check_delete(record)
+        del self._jobs[job_id]
+        for kept in (self._steps, self._attempts, self._attempt_seq, self._ahead_lapses):
+            kept.pop(job_id, None)
+        self._ahead.discard(job_id)
+        return record
+
+    async def run_now(self, job_id: JobId) -> JobRecord:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        record = found(self._jobs.get(job_id), job_id)
+        check_run_now(record)
+        now = self.now()
+        if record.run_at <= now:
+            return record
+        updated = self._put(record, run_at=now)
+        self._wake()
+        return updated
+
+    async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if queue not in self._pauses:
+            self._pauses[queue] = QueuePause(queue, self.now(), by)
+            self._pause_lot.unpark_all()
+        return self._pauses[queue]
+
+    async def resume_queue(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if self._pauses.pop(queue, None) is None:
+            return False
+        self._pause_lot.unpark_all()
+        self._wake()
+        return True
+
+    async def queue_pauses(self) -> Sequence[QueuePause]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return [self._pauses[queue] for queue in sorted(self._pauses)]
+
+    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+        self._check_open()
+        if set(seen) == self._pauses.keys():
+            with trio.move_on_after(timeout):
+                await self._pause_lot.park()
+        return await self.queue_pauses()
+
     async def stats(self) -> Sequence[QueueStats]:
         await trio.lowlevel.checkpoint()
         self._check_open()
@@ -587,6 +646,7 @@ class MemoryDriver:
             ((queue, len(run_ats), min(run_ats)) for queue, run_ats in due.items()),
             now,
             ((*key, n) for key, n in waiting.items()),
+            self._pauses,
         )
 
     async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
@@ -601,7 +661,7 @@ class MemoryDriver:
     def _next_due_in(self, queues: Sequence[str], rescue_from: float | None = None) -> float:
         now = self.now()
         lapses_from = -math.inf if rescue_from is None else rescue_from
-        wanted = set(queues)
+        wanted = set(queues) - self._pauses.keys()  # a paused queue's jobs are no work
         soonest = float("inf")
         for r in self._jobs.values():
             if r.queue not in wanted:
@@ -908,6 +968,7 @@ class MemoryDriver:
     async def aclose(self) -> None:
         self._closed = True
         self._wake()
+        self._pause_lot.unpark_all()
 
 
 class _MemoryBeside:

@@ -12,7 +12,7 @@ import math
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -24,7 +24,9 @@ from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
     cancel_instead,
+    check_delete,
     check_retry,
+    check_run_now,
     found,
     key_held,
 )
@@ -46,6 +48,7 @@ from .._core.records import (
     OutcomeCount,
     Pruned,
     PruneTurn,
+    QueuePause,
     QueueStats,
     RelayDecision,
     RelayOutcome,
@@ -64,7 +67,7 @@ from ._fleet_stats import decode as decode_fleet_stats
 from ._fleet_stats import encode as encode_fleet_stats
 from ._limit_rules import LimitRow, decide, needs
 from ._postgres_bridge import ROW_LOCK_STATES, Bridge, open_bridge, sole_error
-from ._postgres_listener import Listener
+from ._postgres_listener import PAUSES_CHANGED, Listener
 from ._postgres_migrate import apply_migrations, check_migrated, migrate
 from ._postgres_pool import Connection, session_settings
 from ._postgres_pooler import Pooler
@@ -674,6 +677,87 @@ class PostgresDriver:
             return await conn.fetchrow(sql["cancel_job"], now, job_id, OPERATOR_CANCEL_ERROR)
 
         return job_record(await self.bridge.run(stop, what="cancel", transaction=True))
+
+    async def delete(self, job_id: JobId) -> JobRecord:
+        self._check_open()
+        sql = self._sql
+
+        async def remove(conn: Connection) -> JobRecord:
+            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+            check_delete(record)
+            await conn.execute(sql["delete_job"], job_id)
+            return record
+
+        deleted: JobRecord = await self.bridge.run(remove, what="delete", transaction=True)
+        return deleted
+
+    async def run_now(self, job_id: JobId) -> JobRecord:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def hurry(conn: Connection) -> JobRecord:
+            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+            check_run_now(record)
+            if record.run_at <= now:
+                return record
+            updated = job_record(await conn.fetchrow(sql["run_now"], now, job_id))
+            await conn.execute(sql["notify"], sql.channel, [record.queue])
+            return updated
+
+        hurried: JobRecord = await self.bridge.run(hurry, what="run now", transaction=True)
+        return hurried
+
+    async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def pause(conn: Connection) -> QueuePause:
+            await conn.execute(sql["pause_lock"])
+            row = await conn.fetchrow(
+                sql["pause_queue"], queue, now, by, sql.channel, PAUSES_CHANGED
+            )
+            return QueuePause(row["queue"], row["paused_at"], row["paused_by"])
+
+        paused: QueuePause = await self.bridge.run(pause, what="pause", transaction=True)
+        return paused
+
+    async def resume_queue(self, queue: str) -> bool:
+        self._check_open()
+        sql = self._sql
+
+        async def resume(conn: Connection) -> bool:
+            row = await conn.fetchrow(sql["resume_queue"], queue, sql.channel, PAUSES_CHANGED)
+            return bool(row["resumed"])
+
+        resumed: bool = await self.bridge.run(resume, what="resume")
+        return resumed
+
+    async def queue_pauses(self) -> Sequence[QueuePause]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[QueuePause]:
+            return [QueuePause(*row) for row in await conn.fetch(sql["paused_queues"])]
+
+        pauses: list[QueuePause] = await self.bridge.run(read, what="queue pauses")
+        return pauses
+
+    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+        self._check_open()
+        with self._listener.waiting([PAUSES_CHANGED]) as woken:
+            # LISTEN before the look, as wait_for_work does: a pause committed after the look
+            # notifies this waiter, one committed before it is seen by it.
+            await self._listener.listen()
+            pauses = await self.queue_pauses()
+            if {p.queue for p in pauses} != set(seen):
+                return pauses
+            if not self._listener.connected:
+                timeout = min(timeout, DEAF_POLL)  # deaf: poll until LISTEN is back
+            with trio.move_on_after(timeout):
+                await woken.wait()
+        return await self.queue_pauses()
 
     async def stats(self) -> Sequence[QueueStats]:
         self._check_open()
@@ -1624,11 +1708,13 @@ async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[Que
     # The stats rows are one per queue and state; only a queue's ready row has jobs due.
     rows = await conn.fetch(sql["stats"], now)
     waiting = await conn.fetch(sql["limit_waiting"])
+    paused = await conn.fetch(sql["paused_queues"])
     return queue_stats(
         ((row["queue"], row["state"], row["n"]) for row in rows),
         ((row["queue"], row["due"], row["oldest_due"]) for row in rows if row["due"]),
         now,
         ((row["queue"], row["name"], row["kind"], row["n"]) for row in waiting),
+        (row["queue"] for row in paused),
     )
 
 

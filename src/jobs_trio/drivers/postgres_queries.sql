@@ -91,6 +91,9 @@ SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 --   and a lapsed job so marked, its start never recorded, is claimed again with its attempt
 --   handed back while its ahead_lapses are under max_attempts (rules.hands_back_lapse, the rule
 --   the other drivers apply in Python; here in the lapsed walk, `exhausted` and `claimed`).
+-- * a paused queue (queue_pauses) is left out before its rows are read: nothing of it is
+--   claimed, due or lapsed. Reading the table takes its lock, which `pause_queue` waits for and
+--   holds: a claim is ordered before a pause or after it (and then sees it), never beside it.
 WITH candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, c.limited, c.ahead
     FROM unnest($2::text[], $8::int[], $9::int[]) AS q(name, n, free)
@@ -124,6 +127,7 @@ WITH candidates AS MATERIALIZED (
         ORDER BY u.priority, u.run_at, u.id
         LIMIT q.n
     ) AS c
+    WHERE q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $3
 ), claimed AS (
@@ -180,10 +184,12 @@ ORDER BY priority, run_at, id;
 -- name: claim_limited_jobs
 -- The limited candidates of a claim, locked again in a transaction of their own (claim order;
 -- another claimer may have taken one since: skipped) with the limits their rows carry.
+-- A queue paused since the claim's statement is left out, as the claim leaves one out.
 SELECT id, state, slot_key, slots, rate_key, starts, per FROM {schema}.jobs
 WHERE id = ANY($2::text[])
   AND ((state IN {waiting_states} AND run_at <= $1)
        OR (state = 'running' AND lease_until <= $1 AND attempts < max_attempts))
+  AND queue NOT IN (SELECT queue FROM {schema}.queue_pauses)
 ORDER BY priority, run_at, id
 FOR UPDATE SKIP LOCKED;
 
@@ -551,6 +557,48 @@ FROM {schema}.jobs
 GROUP BY queue, state
 ORDER BY queue;
 
+-- name: paused_queues
+SELECT queue, paused_at, paused_by FROM {schema}.queue_pauses ORDER BY queue;
+
+-- name: pause_lock
+-- Before the pause's write, in its transaction: waits for every claim that read the pauses
+-- before it to end, and holds off every claim after it until the pause commits, when the claim
+-- takes its snapshot (a statement's snapshot is taken once its locks are held) and sees it.
+-- Bounded by the pool's lock_timeout, as every wait for a lock is.
+LOCK TABLE {schema}.queue_pauses IN ACCESS EXCLUSIVE MODE;
+
+-- name: pause_queue
+-- The pause, or the one on record; notified (at commit) to the workers' watch on the pauses.
+WITH paused AS (
+    INSERT INTO {schema}.queue_pauses (queue, paused_at, paused_by) VALUES ($1, $2, $3)
+    ON CONFLICT (queue) DO NOTHING
+    RETURNING queue
+), notified AS (
+    SELECT pg_notify($4, $5) FROM paused
+)
+SELECT queue, paused_at, paused_by FROM {schema}.queue_pauses, (SELECT count(*) FROM notified) AS n
+WHERE queue = $1
+UNION ALL
+SELECT queue, $2::float8, $3 FROM paused, (SELECT count(*) FROM notified) AS n;
+
+-- name: resume_queue
+-- The pause taken back; its queue's waiters for work and the watch on the pauses notified.
+WITH resumed AS (
+    DELETE FROM {schema}.queue_pauses WHERE queue = $1 RETURNING queue
+), notified AS (
+    SELECT pg_notify($2, payload) FROM resumed, unnest(ARRAY[resumed.queue, $3]) AS payload
+)
+SELECT count(*) AS resumed, (SELECT count(*) FROM notified) AS sent FROM resumed;
+
+-- name: delete_job
+-- After lock_job and the check (a job not running): its step records and attempt history go
+-- with it (ON DELETE CASCADE).
+DELETE FROM {schema}.jobs WHERE id = $1;
+
+-- name: run_now
+UPDATE {schema}.jobs SET run_at = $1, updated_at = $1 WHERE id = $2
+RETURNING {job_columns};
+
 -- name: limit_waiting
 -- Jobs a claim put off for a fleet limit, by queue, job and kind ('slot' or 'rate').
 SELECT queue, name, split_part(waiting_on, ':', 1) AS kind, count(*)::int AS n
@@ -578,16 +626,21 @@ UPDATE {schema}.fleet_stats SET observed = $1 WHERE id = 1;
 -- will lapse, not before $2 (-Infinity, or when a worker back from an outage rescues again).
 -- least() and greatest() skip NULLs; NULL overall means nothing is coming. One index probe per
 -- queue and kind (LIMIT 1 on (queue, run_at) and (queue, lease_until)): min() over
--- `queue = ANY(...)` read every waiting row of those queues instead.
+-- `queue = ANY(...)` read every waiting row of those queues instead. A paused queue's jobs are
+-- no work: its resume notifies its waiters.
+WITH asked AS MATERIALIZED (
+    SELECT name FROM unnest($1::text[]) AS q(name)
+    WHERE name NOT IN (SELECT queue FROM {schema}.queue_pauses)
+)
 SELECT least(
-    (SELECT min(w.run_at) FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
+    (SELECT min(w.run_at) FROM asked AS q CROSS JOIN LATERAL (
         SELECT run_at FROM {schema}.jobs
         WHERE queue = q.name AND state IN {waiting_states}
         ORDER BY run_at LIMIT 1
     ) AS w),
     -- Not greatest(min(...), $2): greatest() skips a NULL, and no lease at all read as $2.
     (SELECT CASE WHEN min(l.lease_until) < $2::float8 THEN $2::float8 ELSE min(l.lease_until) END
-     FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (
+     FROM asked AS q CROSS JOIN LATERAL (
         SELECT lease_until FROM {schema}.jobs
         WHERE queue = q.name AND state = 'running'
         ORDER BY lease_until LIMIT 1

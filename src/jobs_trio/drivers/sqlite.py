@@ -10,7 +10,7 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -25,7 +25,9 @@ from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
     cancel_flags_only,
     cancel_instead,
+    check_delete,
     check_retry,
+    check_run_now,
     found,
     key_held,
 )
@@ -49,6 +51,7 @@ from .._core.records import (
     OutcomeCount,
     Pruned,
     PruneTurn,
+    QueuePause,
     QueueStats,
     RelayDecision,
     RelayOutcome,
@@ -152,6 +155,17 @@ def _job_or_raise(conn: sqlite3.Connection, job_id: JobId) -> JobRecord:
     return job_record(found(row, job_id))
 
 
+def _paused(conn: sqlite3.Connection) -> set[str]:
+    """The paused queues, read in the caller's transaction: a claim's reads them under its
+    write lock, so it is ordered before or after a pause, never beside it."""
+    return {row[0] for row in conn.execute("SELECT queue FROM queue_pauses")}
+
+
+def _pauses(conn: sqlite3.Connection) -> list[QueuePause]:
+    rows = conn.execute("SELECT queue, paused_at, paused_by FROM queue_pauses ORDER BY queue")
+    return [QueuePause(*row) for row in rows]
+
+
 def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
     return queue_stats(
         conn.execute("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"),
@@ -166,6 +180,7 @@ def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
             f" WHERE waiting_on IS NOT NULL AND state IN {WAITING_STATES_SQL}"
             " GROUP BY queue, name, substr(waiting_on, 1, 4)"
         ),
+        _paused(conn),
     )
 
 
@@ -430,7 +445,10 @@ def _claim_in(
     # `state = 'running'` matches every row, and SQLite scans the whole table instead
     # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
     candidates: list[Any] = []
+    paused = _paused(conn)  # nothing of a paused queue is claimed, lapsed or not
     for queue, cap in slots.caps.items():
+        if queue in paused:
+            continue
         for state in WAITING_STATES:
             candidates += conn.execute(
                 "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
@@ -649,6 +667,10 @@ class SqliteDriver:
         # Bumped by every wake-up, so a waiter that looked at the file while a write of this
         # driver was landing does not then sleep through that write's wake-up.
         self._wakes = 0
+        # The same for pauses and resumes (wait_for_pauses): apart, so that a worker's watch on
+        # its queues' pauses does not look again at every enqueue of its process.
+        self._pause_lot = trio.lowlevel.ParkingLot()
+        self._pause_changes = 0
 
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -660,6 +682,10 @@ class SqliteDriver:
     def _wake(self) -> None:
         self._wakes += 1
         self._lot.unpark_all()
+
+    def _pause_changed(self) -> None:
+        self._pause_changes += 1
+        self._pause_lot.unpark_all()
 
     async def _transact(self, work: Work[T], *, mode: Mode = "write") -> T:
         """The door every call goes through: ``work(conn, now)`` in one transaction in a
@@ -893,6 +919,81 @@ class SqliteDriver:
 
         return await self._transact(work)
 
+    async def delete(self, job_id: JobId) -> JobRecord:
+        def work(conn: sqlite3.Connection, now: float) -> JobRecord:
+            record = _job_or_raise(conn, job_id)
+            check_delete(record)
+            for table, column in (("steps", "job_id"), ("attempts", "job_id"), ("jobs", "id")):
+                conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
+            return record
+
+        return await self._transact(work)
+
+    async def run_now(self, job_id: JobId) -> JobRecord:
+        def work(conn: sqlite3.Connection, now: float) -> JobRecord:
+            record = _job_or_raise(conn, job_id)
+            check_run_now(record)
+            if record.run_at <= now:
+                return record
+            conn.execute(
+                "UPDATE jobs SET run_at = ?, updated_at = ? WHERE id = ?", (now, now, job_id)
+            )
+            return _job_or_raise(conn, job_id)
+
+        record = await self._transact(work)
+        self._wake()
+        return record
+
+    async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
+        def work(conn: sqlite3.Connection, now: float) -> QueuePause:
+            conn.execute(
+                "INSERT INTO queue_pauses (queue, paused_at, paused_by) VALUES (?, ?, ?)"
+                " ON CONFLICT (queue) DO NOTHING",
+                (queue, now, by),
+            )
+            row = conn.execute(
+                "SELECT queue, paused_at, paused_by FROM queue_pauses WHERE queue = ?", (queue,)
+            ).fetchone()
+            return QueuePause(*row)
+
+        pause = await self._transact(work)
+        self._pause_changed()
+        return pause
+
+    async def resume_queue(self, queue: str) -> bool:
+        def work(conn: sqlite3.Connection, now: float) -> bool:
+            gone = conn.execute(
+                "DELETE FROM queue_pauses WHERE queue = ? RETURNING queue", (queue,)
+            )
+            return gone.fetchone() is not None
+
+        resumed = await self._transact(work)
+        self._pause_changed()
+        self._wake()  # its jobs are work again
+        return resumed
+
+    async def queue_pauses(self) -> Sequence[QueuePause]:
+        def work(conn: sqlite3.Connection, now: float) -> list[QueuePause]:
+            return _pauses(conn)
+
+        return await self._transact(work, mode="read")
+
+    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+        """Another process's pause is seen at the next look, every ``poll_interval``, as its
+        enqueues are (wait_for_work); this driver's own wake this process's waiters at once."""
+        wanted = set(seen)
+        deadline = trio.current_time() + timeout
+        while True:
+            changes = self._pause_changes
+            pauses = await self.queue_pauses()
+            now = trio.current_time()
+            if {p.queue for p in pauses} != wanted or now >= deadline:
+                return pauses
+            if self._pause_changes != changes:
+                continue  # a pause of this driver's landed during the look: look again
+            with trio.move_on_at(min(deadline, now + self._poll_interval)):
+                await self._pause_lot.park()
+
     async def stats(self) -> Sequence[QueueStats]:
         return await self._transact(_queue_stats, mode="read")
 
@@ -979,9 +1080,12 @@ class SqliteDriver:
 
         def work(conn: sqlite3.Connection, now: float) -> float:
             soonest = math.inf
+            paused = _paused(conn)  # a paused queue's jobs are no work
             # INDEXED BY: the lease look reads the queue's running rows, never the table (what
             # SQLite picks once ANALYZE has seen a queue of ready jobs, as in claim()).
             for queue in wanted:
+                if queue in paused:
+                    continue
                 for sql, not_before in (
                     (
                         "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
@@ -1437,6 +1541,7 @@ class SqliteDriver:
         if self._door.closed:
             return
         self._wake()  # a waiter's next call hears the door is closed (before any checkpoint)
+        self._pause_changed()
         await self._door.aclose()
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -57,17 +57,44 @@ async def a_waiting_worker(
     ``wait_for_work`` awaits a Trio ``ParkingLot.park`` or ``Event.wait`` directly, checked after
     each step the task takes. Ordered so, an enqueue in the block is heard as a wake-up, never
     found by the look."""
-    woke = trio.Event()
+
+    async def wait() -> object:
+        await driver.wait_for_work(list(queues), timeout=60)
+        return None
+
+    async with _parked_in("wait_for_work", wait) as woke:
+        yield woke.event
+
+
+@contextlib.asynccontextmanager
+async def a_waiting_watch(driver: Driver, seen: set[str]) -> AsyncIterator[Answer]:
+    """``a_waiting_worker`` for ``driver.wait_for_pauses(seen, timeout=60)``: parked past its
+    look, so only a wake-up ends it. Yields what the watch answers, once it has."""
+    async with _parked_in("wait_for_pauses", lambda: driver.wait_for_pauses(seen, 60)) as woke:
+        yield woke
+
+
+class Answer:
+    """What a waiting call answered (``value``), once it has (``event``)."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.value: object = None
+
+
+@contextlib.asynccontextmanager
+async def _parked_in(method: str, call: Callable[[], Awaitable[object]]) -> AsyncIterator[Answer]:
+    answer = Answer()
     parked = trio.Event()
 
     async def waiter(*, task_status: trio.TaskStatus[trio.lowlevel.Task]) -> None:
         task_status.started(trio.lowlevel.current_task())
-        await driver.wait_for_work(list(queues), timeout=60)
-        woke.set()
+        answer.value = await call()
+        answer.event.set()
 
     class Watch(trio.abc.Instrument):
         def after_task_step(self, task: trio.lowlevel.Task) -> None:
-            if task is waiting and _parked_on_its_wake_up(task):
+            if task is waiting and _parked_on_its_wake_up(task, method):
                 parked.set()
 
     with trio.fail_after(20):
@@ -77,20 +104,20 @@ async def a_waiting_worker(
             trio.lowlevel.add_instrument(watch)
             try:
                 # No checkpoint between this look and the wait: no step of the task is missed.
-                if not _parked_on_its_wake_up(waiting):
+                if not _parked_on_its_wake_up(waiting, method):
                     await parked.wait()
             finally:
                 trio.lowlevel.remove_instrument(watch)
-            yield woke
-            await woke.wait()
+            yield answer
+            await answer.event.wait()
 
 
-def _parked_on_its_wake_up(task: trio.lowlevel.Task) -> bool:
-    """Whether ``task``'s ``wait_for_work`` is awaiting a Trio wake-up itself (not its look)."""
+def _parked_on_its_wake_up(task: trio.lowlevel.Task, method: str) -> bool:
+    """Whether ``task``'s ``method`` call is awaiting a Trio wake-up itself (not its look)."""
     awaiting: object = task.coro
     while awaiting is not None:
         code = getattr(awaiting, "cr_code", None)
-        if code is not None and code.co_name == "wait_for_work":
+        if code is not None and code.co_name == method:
             inner = getattr(getattr(awaiting, "cr_await", None), "cr_code", None)
             return inner is not None and inner.co_qualname in ("ParkingLot.park", "Event.wait")
         awaiting = getattr(awaiting, "cr_await", None)
