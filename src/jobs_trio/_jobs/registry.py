@@ -26,7 +26,7 @@ from .._core.boundary import (
 from .._core.errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
 from .._core.fleet_limits import FleetLimit, RateLimit, resolve
 from .._core.logs import log_event
-from .._core.records import JobId, NewJob, new_job_id, new_job_ids
+from .._core.records import Enqueued, JobId, NewJob, new_job_id, new_job_ids
 from .._core.run_context import CaptureContext, RestoreContext, stored_context
 from .._cron.schedule import parse_schedule
 from .._cron.tasks import Missed, TaskDefinition, check_missed
@@ -133,6 +133,26 @@ class JobDefinition(Generic[PayloadT, ResultT]):
             stored,
         )
 
+    def new_jobs(
+        self,
+        payloads: Iterable[PayloadT],
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> list[NewJob]:
+        """``enqueue_many``'s rows, checked: one bad payload raises before any write."""
+        # What every job of the batch shares is checked once (a batch's Python was a third of
+        # its time, issue 35); each payload is still checked before anything is written.
+        stored = stored_context(context, self.capture_context)
+        seconds, rank = delay_from(delay, run_at), self._priority(priority)
+        given = list(payloads)
+        return [
+            self._row(p, job_id, seconds, rank, None, stored)
+            for p, job_id in zip(given, new_job_ids(len(given)), strict=True)
+        ]
+
     def _priority(self, priority: int | None) -> int:
         return self.priority if priority is None else check_int(priority, argument="priority")
 
@@ -215,6 +235,11 @@ class JobDefinition(Generic[PayloadT, ResultT]):
             payload, delay=delay, run_at=run_at, priority=priority, key=key, context=context
         )
         [answer] = await driver.enqueue([job], connection=joined(connection))
+        return self.answered(answer, key, on_duplicate)
+
+    def answered(self, answer: Enqueued, key: str | None, on_duplicate: OnDuplicate) -> JobId:
+        """What ``enqueue`` answers for the driver's ``answer``: the id written, or the id of
+        the job holding the key (``DuplicateJob`` with ``on_duplicate="raise"``)."""
         if not answer.created and on_duplicate == "raise":
             raise DuplicateJob(job=self.name, key=key or "", existing_id=answer.job_id)
         return answer.job_id
@@ -238,15 +263,9 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         ``jobs_trio.transaction``, or one of its own where the driver has them), so that no
         statement grows with the batch (a million jobs in one statement ran past the
         database's statement timeout), and each chunk logs ``jobs.enqueue.progress``."""
-        # What every job of the batch shares is checked once (a batch's Python was a third of
-        # its time, issue 35); each payload is still checked before anything is written.
-        stored = stored_context(context, self.capture_context)
-        seconds, rank = delay_from(delay, run_at), self._priority(priority)
-        given = list(payloads)
-        jobs = [
-            self._row(p, job_id, seconds, rank, None, stored)
-            for p, job_id in zip(given, new_job_ids(len(given)), strict=True)
-        ]
+        jobs = self.new_jobs(
+            payloads, delay=delay, run_at=run_at, priority=priority, context=context
+        )
         if not jobs:
             return []
         target = joined(connection)

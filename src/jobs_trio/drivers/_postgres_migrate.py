@@ -3,10 +3,12 @@
 # it without a driver, and because it is the only code that changes the schema.
 from __future__ import annotations
 
+import functools
 import time
 
 from .._core.errors import ConfigError, SchemaVersionError
 from ._postgres_bridge import Bridge, open_bridge, sole_error
+from ._postgres_plan import Plan, Query, fetch_on, run_plan_async
 from ._postgres_pool import Connection
 from ._postgres_sql import Statements, load_statements
 
@@ -55,11 +57,27 @@ async def check_migrated(bridge: Bridge, sql: Statements) -> None:
     """Refuse to open on a schema that is missing, behind, or ahead of this code."""
 
     async def read(conn: Connection) -> set[int] | None:
-        if not await conn.fetchval(sql["migrations_table_exists"], sql.migrations_table):
-            return None
-        return {row["version"] for row in await conn.fetch(sql["applied_versions"])}
+        recorded: set[int] | None = await run_plan_async(
+            recorded_plan(sql), functools.partial(fetch_on, conn)
+        )
+        return recorded
 
-    recorded = await bridge.run(read, what=f"checking schema {sql.schema!r}")
+    judge_schema(sql, await bridge.run(read, what=f"checking schema {sql.schema!r}"))
+
+
+def recorded_plan(sql: Statements) -> Plan:
+    """The migrations recorded in the schema (None: it has no migrations table), as a plan any
+    client runs (a producer checks the schema it writes to the same way)."""
+    [(exists,)] = yield Query(sql["migrations_table_exists"], (sql.migrations_table,))
+    if not exists:
+        return None
+    rows = yield Query(sql["applied_versions"], ())
+    return {row[0] for row in rows}
+
+
+def judge_schema(sql: Statements, recorded: set[int] | None) -> None:
+    """Refuse a schema whose recorded migrations (``recorded_plan``'s answer) are missing,
+    behind, or ahead of this code."""
     if recorded is None:
         raise ConfigError(
             f"schema {sql.schema!r} has no jobs_trio tables: the database was never migrated",

@@ -181,24 +181,7 @@ class SqliteDoor:
 
     def error(self, exc: sqlite3.Error) -> Exception:
         """The error a caller sees for what SQLite raised on this file."""
-        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-        if _not_a_database(exc):
-            return ConfigError(
-                f"{self.path!r} is not a usable SQLite database ({exc})",
-                fix="point the URL at a new file, or restore this one from a backup",
-            )
-        if code in _CANNOT_WRITE:
-            # Trying again changes nothing: the file, its folder or this connection is
-            # read-only, and stays so until someone changes it.
-            return ConfigError(
-                f"cannot write to the SQLite database {self.path!r}: {exc}",
-                fix="make the file and its folder writable by this user (SQLite writes -wal"
-                " and -shm files beside it); show, list and stats need only to read it",
-            )
-        return DriverError(
-            f"SQLite failed on {self.path!r}: {exc}",
-            fix="check the disk (space, permissions) and the file; the call can be retried",
-        )
+        return file_error(self.path, exc)
 
     async def aclose(self) -> None:
         if self.closed:
@@ -209,6 +192,29 @@ class SqliteDoor:
         with trio.CancelScope(shield=True):
             async with self._lock:
                 await trio.to_thread.run_sync(self._conn.close, limiter=self.threads)
+
+
+def file_error(path: str, exc: sqlite3.Error) -> Exception:
+    """The error a caller sees for what SQLite raised on the file at ``path`` (the driver's,
+    a producer's)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if _not_a_database(exc):
+        return ConfigError(
+            f"{path!r} is not a usable SQLite database ({exc})",
+            fix="point the URL at a new file, or restore this one from a backup",
+        )
+    if code in _CANNOT_WRITE:
+        # Trying again changes nothing: the file, its folder or this connection is
+        # read-only, and stays so until someone changes it.
+        return ConfigError(
+            f"cannot write to the SQLite database {path!r}: {exc}",
+            fix="make the file and its folder writable by this user (SQLite writes -wal"
+            " and -shm files beside it); show, list and stats need only to read it",
+        )
+    return DriverError(
+        f"SQLite failed on {path!r}: {exc}",
+        fix="check the disk (space, permissions) and the file; the call can be retried",
+    )
 
 
 # The thread side of one call.

@@ -69,6 +69,16 @@ from ._limit_rules import LimitRow, decide, needs
 from ._postgres_bridge import ROW_LOCK_STATES, Bridge, open_bridge, sole_error
 from ._postgres_listener import PAUSES_CHANGED, Listener
 from ._postgres_migrate import apply_migrations, check_migrated, migrate
+from ._postgres_plan import (
+    KEY_ROUNDS,
+    enqueue_plan,
+    event_plan,
+    fetch_on,
+    insert_query,
+    job_columns,
+    limit_columns,
+    run_plan_async,
+)
 from ._postgres_pool import Connection, session_settings
 from ._postgres_pooler import Pooler
 from ._postgres_sql import Statements, load_statements
@@ -104,11 +114,6 @@ class _FireTaken(JobsError):
 
 # How often wait_for_work looks while the LISTEN connection is down (it cannot be woken then).
 DEAF_POLL = 1.0
-
-# How often a unique-key enqueue looks again when the live job holding its key finished between
-# the insert (which saw it) and the lookup (which did not). Each round makes progress unless
-# keys are being freed and taken in a tight loop by others.
-_KEY_ROUNDS = 5
 
 
 @contextlib.asynccontextmanager
@@ -281,34 +286,10 @@ class PostgresDriver:
         sql = self._sql
 
         async def write(conn: Connection) -> list[Enqueued]:
-            answers: dict[int, Enqueued] = {}
-            pending = list(range(len(jobs)))
-            for _ in range(_KEY_ROUNDS):
-                created = await _insert(conn, sql, now, [jobs[i] for i in pending])
-                for i in pending:
-                    if jobs[i].job_id in created:
-                        answers[i] = Enqueued(jobs[i].job_id, created=True)
-                # Only a keyed row can have been skipped: the conflict target is the key index.
-                skipped_keys = [jobs[i].key for i in pending if i not in answers]
-                if skipped_keys:
-                    holders = dict(
-                        (row["key"], row["id"])
-                        for row in await conn.fetch(sql["live_key_holders"], skipped_keys)
-                    )
-                    for i in pending:
-                        key = jobs[i].key
-                        if i not in answers and key in holders:
-                            answers[i] = Enqueued(holders[key], created=False)
-                pending = [i for i in pending if i not in answers]
-                if not pending:
-                    break
-            else:
-                raise DriverError(
-                    f"could not settle unique keys {[jobs[i].key for i in pending]}: their "
-                    "holders kept finishing and being replaced while this enqueue ran",
-                    fix="retry the enqueue",
-                )
-            return [answers[i] for i in range(len(jobs))]
+            answers: list[Enqueued] = await run_plan_async(
+                enqueue_plan(sql, now, jobs), functools.partial(fetch_on, conn)
+            )
+            return answers
 
         keyed = any(job.key is not None for job in jobs)
         if not keyed and len(jobs) >= COPY_AT_LEAST:
@@ -322,10 +303,7 @@ class PostgresDriver:
             copied = True
         else:
             copied = False
-        # Without keys this is one statement (insert and notify), atomic on its own. With keys,
-        # the holders are looked up after the insert (each statement of a READ COMMITTED
-        # transaction gets a fresh snapshot that can see a holder committed meanwhile) and the
-        # insert may be tried again: one transaction, so a failure part-way commits none of it.
+        # A keyed batch is several statements (enqueue_plan says why): one transaction.
         if unwrap(connection)[0] is not None:  # the caller's transaction
             result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
         else:
@@ -918,8 +896,10 @@ class PostgresDriver:
         sql = self._sql
 
         async def write(conn: Connection) -> str:
-            row = await conn.fetchrow(sql["send_event"], now, name, key, payload, sql.channel)
-            return str(row["id"])
+            event_id: str = await run_plan_async(
+                event_plan(sql, now, name, payload, key), functools.partial(fetch_on, conn)
+            )
+            return event_id
 
         event_id: str = await self._run_here_or_on(connection, write, what="send_event")
         return event_id
@@ -982,7 +962,7 @@ class PostgresDriver:
             if not jobs:
                 return True
             # Fire jobs carry no key, so every row is written: their ids are the NewJobs'.
-            await _insert(conn, sql, now, jobs)
+            await fetch_on(conn, insert_query(sql, now, jobs))
             recorded = await conn.fetch(
                 sql["task_fires_record"],
                 now,
@@ -1026,7 +1006,7 @@ class PostgresDriver:
         sql = self._sql
 
         async def write(conn: Connection) -> None:
-            await conn.execute(sql["outbox_write"], now, *_job_columns(jobs), *_limit_columns(jobs))
+            await conn.execute(sql["outbox_write"], now, *job_columns(jobs), *limit_columns(jobs))
 
         await self._run_here_or_on(connection, write, what="outbox write")
 
@@ -1170,7 +1150,7 @@ class PostgresDriver:
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []
-        for _ in range(_KEY_ROUNDS):
+        for _ in range(KEY_ROUNDS):
             write = functools.partial(
                 _decide, sql=self._sql, now=self.now(), jobs=jobs, source=source
             )
@@ -1319,7 +1299,7 @@ async def _decide(
     }
     made: dict[JobId, RelayDecision] = {}
     pending = [job for job in jobs if job.job_id not in on_record]
-    for _ in range(_KEY_ROUNDS):
+    for _ in range(KEY_ROUNDS):
         if not pending:
             break
         created = {
@@ -1327,9 +1307,9 @@ async def _decide(
             for row in await conn.fetch(
                 sql["enqueue_once"],
                 now,
-                *_job_columns(pending),
+                *job_columns(pending),
                 sql.channel,
-                *_limit_columns(pending),
+                *limit_columns(pending),
             )
         }
         made.update((i, RelayDecision(i, RelayOutcome.CREATED, i, now)) for i in created)
@@ -1373,31 +1353,6 @@ async def _decide(
             raise _DecidedMeanwhile("an outbox row was decided by another relay meanwhile")
     on_record.update(made)
     return [on_record[job.job_id] for job in jobs]
-
-
-def _job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
-    """The unnest arrays of a batch of new jobs (id, name, queue, payload, priority,
-    max_attempts, delay, key, context), in that parameter order."""
-    return [
-        [j.job_id for j in jobs],
-        [j.name for j in jobs],
-        [j.queue for j in jobs],
-        [j.payload for j in jobs],
-        [j.priority for j in jobs],
-        [j.max_attempts for j in jobs],
-        [float(j.delay) for j in jobs],
-        [j.key for j in jobs],
-        [j.context for j in jobs],
-    ]
-
-
-def _limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
-    """The unnest arrays of the jobs' fleet limits (slot_key, slots, rate_key, starts, per),
-    after enqueue's channel parameter; all NULL for a job without limits."""
-    fields = [limit_fields(j.limits) for j in jobs]
-    return [
-        [f[name] for f in fields] for name in ("slot_key", "slots", "rate_key", "starts", "per")
-    ]
 
 
 def _claim_arguments(
@@ -1679,21 +1634,6 @@ async def _copy_in(conn: Connection, sql: Statements, now: float, batch: Sequenc
         "jobs", schema_name=sql.schema, columns=_COPY_COLUMNS, records=records
     )
     await conn.execute(sql["notify"], sql.channel, sorted({job.queue for job in batch}))
-
-
-async def _insert(
-    conn: Connection, sql: Statements, now: float, batch: Sequence[NewJob]
-) -> set[str]:
-    """Write enqueue's rows and notify their queues; answer the ids written (a job whose key a
-    live job holds is not)."""
-    columns, limits = _job_columns(batch), _limit_columns(batch)
-    if len(batch) == 1:  # the common call: the same parameters as scalars, a cheaper statement
-        rows = await conn.fetch(
-            sql["enqueue_one"], now, *(c[0] for c in columns), sql.channel, *(c[0] for c in limits)
-        )
-    else:
-        rows = await conn.fetch(sql["enqueue"], now, *columns, sql.channel, *limits)
-    return {row["id"] for row in rows}
 
 
 async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[QueueStats]:

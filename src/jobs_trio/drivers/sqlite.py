@@ -19,7 +19,6 @@ import trio
 from .._core.errors import (
     ConfigError,
     DriverError,
-    ValueRefused,
 )
 from .._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -90,7 +89,8 @@ from ._rules import (
     refuse_in_place,
     woken,
 )
-from ._sqlite_door import REFUSED, Mode, SqliteDoor, Work
+from ._sqlite_door import Mode, SqliteDoor, Work
+from ._sqlite_enqueue import caller_error, insert_jobs, refuse_another_file, store_event, write_in
 from ._sqlite_migrate import open_beside, open_sqlite_file
 from ._transaction import SqliteOps, Transaction, owned, unwrap
 from .contract import BesideConnection, Capabilities, Driver
@@ -365,55 +365,6 @@ def _release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
         )
 
 
-def _limit_columns(limits: JobLimits | None) -> tuple[object, ...]:
-    """slot_key, slots, rate_key, starts, per: all NULL for a job without limits."""
-    if limits is None:
-        return (None,) * 5
-    return attrs.astuple(limits)
-
-
-def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Enqueued]:
-    """Write ``jobs`` (enqueue's rows); answer each one's id, or its key holder's."""
-    # A job whose key a live job holds is skipped by the partial unique index; who
-    # holds each key is read back afterwards (also when the holder came earlier in
-    # this same batch).
-    conn.executemany(
-        "INSERT INTO jobs (id, name, queue, state, payload, priority, attempts,"
-        " max_attempts, run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts,"
-        " per, context) VALUES (?, ?, ?, 'ready', ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        f" ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {LIVE_STATES_SQL} DO NOTHING",
-        [
-            (
-                job.job_id,
-                job.name,
-                job.queue,
-                job.payload,
-                job.priority,
-                job.max_attempts,
-                now + max(job.delay, 0.0),
-                now,
-                now,
-                job.key,
-                *_limit_columns(job.limits),
-                job.context,
-            )
-            for job in jobs
-        ],
-    )
-    holders: dict[str, JobId] = {}
-    for key in {job.key for job in jobs if job.key is not None}:
-        row = conn.execute(
-            f"SELECT id FROM jobs WHERE key = ? AND state IN {LIVE_STATES_SQL}", (key,)
-        ).fetchone()
-        holders[key] = row[0]
-    return [
-        Enqueued(job.job_id, created=True)
-        if job.key is None
-        else Enqueued(holders[job.key], created=holders[job.key] == job.job_id)
-        for job in jobs
-    ]
-
-
 def _lapsed_before(asked: float, rescue: bool) -> float:
     """The latest lease a claim asked for at ``asked`` may rescue. Not its start's ``now``: a
     claim held up by a locked file (another process's long write) must not take the jobs
@@ -625,7 +576,7 @@ def _decide(
     ]
     made = {i: RelayDecision(i, RelayOutcome.CREATED, i, now, already=True) for i in stored}
     fresh = [job for job in jobs if job.job_id not in on_record and job.job_id not in made]
-    for job, answer in zip(fresh, _insert_jobs(conn, fresh, now), strict=True):
+    for job, answer in zip(fresh, insert_jobs(conn, fresh, now), strict=True):
         outcome = RelayOutcome.CREATED if answer.created else RelayOutcome.KEY_HELD
         made[job.job_id] = RelayDecision(job.job_id, outcome, answer.job_id, now)
     if source is not None:
@@ -701,7 +652,7 @@ class SqliteDriver:
         conn, tx = unwrap(connection)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Enqueued]:
-            return _insert_jobs(conn, jobs, now)
+            return insert_jobs(conn, jobs, now)
 
         if conn is not None:
             return await self._on_callers(conn, tx, work, wake=True)
@@ -1124,17 +1075,7 @@ class SqliteDriver:
         conn, tx = unwrap(connection)
 
         def work(conn: sqlite3.Connection, now: float) -> str:
-            cursor = conn.execute(
-                "INSERT INTO events (name, key, payload, created_at) VALUES (?, ?, ?, ?)",
-                (name, key, payload, now),
-            )
-            conn.execute(
-                "UPDATE jobs SET state = 'ready', run_at = ?, updated_at = ?"
-                " WHERE state = 'suspended' AND wait_event = ?"
-                " AND (wait_key IS NULL OR wait_key = ?)",  # rules.send_wakes
-                (now, now, name, key),
-            )
-            return str(cursor.lastrowid)
+            return store_event(conn, name, payload, key, now)
 
         if conn is not None:
             # In the caller's transaction, as an enqueue is: the order row, its job and the
@@ -1188,7 +1129,7 @@ class SqliteDriver:
             ).fetchone()
             if (None if row is None else row[0]) != advance.expected:
                 return False
-            answers = _insert_jobs(conn, [f.job for f in advance.fires], now)
+            answers = insert_jobs(conn, [f.job for f in advance.fires], now)
             for fire, answer in zip(advance.fires, answers, strict=True):
                 taken = conn.execute(
                     "INSERT INTO task_fires (task, scheduled, job_id, fired_at)"
@@ -1252,25 +1193,8 @@ class SqliteDriver:
 
         def run() -> T:
             if not own:
-                self._refuse_another_file(connection)
-            if not connection.in_transaction:
-                connection.execute("BEGIN IMMEDIATE")
-                try:
-                    answer = work(connection, now)
-                except BaseException:
-                    connection.rollback()
-                    raise
-                connection.commit()
-                return answer
-            connection.execute("SAVEPOINT jobs_trio_write")
-            try:
-                answer = work(connection, now)
-            except BaseException:
-                connection.execute("ROLLBACK TO SAVEPOINT jobs_trio_write")
-                connection.execute("RELEASE SAVEPOINT jobs_trio_write")
-                raise
-            connection.execute("RELEASE SAVEPOINT jobs_trio_write")
-            return answer
+                refuse_another_file(connection, self.path)
+            return write_in(connection, lambda conn: work(conn, now))
 
         try:
             # The driver's own connection (jobs_trio.transaction(driver)) keeps to the driver's
@@ -1281,21 +1205,11 @@ class SqliteDriver:
                 answer = await trio.to_thread.run_sync(
                     run, limiter=self._door.threads if own else None
                 )
-        except REFUSED as exc:
-            raise ValueRefused(
-                f"SQLite refused a write in the caller's transaction on {self.path!r}:"
-                f" {type(exc).__name__}: {exc}",
-                fix="the value cannot be stored as it is; only this write was undone (a"
-                " savepoint), the rest of the transaction is intact",
-            ) from exc
-        except sqlite3.ProgrammingError as exc:
-            raise ConfigError(
-                f"cannot write through the caller's sqlite3 connection: {exc}",
-                fix="open it with sqlite3.connect(path, check_same_thread=False): jobs_trio"
-                " runs its statements in worker threads",
-            ) from exc
-        except sqlite3.Error as exc:
-            raise self._door.error(exc) from exc
+        except Exception as exc:
+            mapped = caller_error(self.path, exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
         if wake:
             if tx is not None and tx.owned:
                 # After the commit, not now: a worker woken before it finds nothing to claim.
@@ -1303,23 +1217,6 @@ class SqliteDriver:
             else:
                 self._wake()
         return answer
-
-    def _refuse_another_file(self, connection: sqlite3.Connection) -> None:
-        # A write on a connection to another file would commit with THAT file's transaction
-        # and never reach this driver's workers: the dual-write bug, silently.
-        row = connection.execute("PRAGMA database_list").fetchone()
-        there = row[2] if row else ""
-        try:
-            same = bool(there) and os.path.samefile(there, self.path)
-        except OSError:
-            same = False
-        if not same:
-            raise ConfigError(
-                f"the sqlite3 connection is to {there or 'an in-memory database'!r}, not to"
-                f" the driver's file {self.path!r}",
-                fix="enqueue through a connection to the driver's own file; for another"
-                " database, write to its outbox and run a relay (docs/transactions.md)",
-            )
 
     # The outbox.
 

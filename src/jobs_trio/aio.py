@@ -1,0 +1,235 @@
+# jobs_trio.aio: enqueue jobs and send events from asyncio code (a FastAPI or Starlette
+# endpoint, an aiohttp handler) into the SQLite file or PostgreSQL schema the Trio workers use:
+# the same checks, rows and SQL as JobDefinition.enqueue, on the application's own event loop.
+"""Producers for asyncio code.
+
+``Producer(url)`` writes jobs and events to the store ``url`` names (``sqlite:///...`` or
+``postgresql://...``, as the workers' ``open_driver``): on an asyncpg pool of its own (SQLite:
+in a worker thread), or inside the application's transaction with ``connection=`` (an asyncpg
+connection, a psycopg 3 ``AsyncConnection``, or a ``sqlite3`` connection to the same file opened
+with ``check_same_thread=False``): the job then exists if and only if that transaction commits.
+Nothing here imports trio-asyncio: the application's loop stays as it is.
+See docs/howto-producers.md."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from ._core.records import JobId
+from ._jobs.events import event_text
+from ._jobs.registry import JobDefinition, OnDuplicate, RunAt
+from ._produce.awaiting import open_pool, psycopg_async_fetch, write_postgres
+from ._produce.blocking import write_sqlite
+from ._produce.callers import Client, client_of, wrong_client
+from ._produce.keeper import Keeper
+from ._produce.stores import PostgresStore, SqliteStore, store_for
+from ._produce.writes import EnqueueWrite, EventWrite, Write
+from .drivers._postgres_migrate import judge_schema, recorded_plan
+from .drivers._postgres_plan import fetch_on, run_plan_async
+
+__all__ = ["Producer"]
+
+P = TypeVar("P")
+
+
+class Producer:
+    """Enqueue jobs and send events from asyncio code, on one event loop.
+
+    ``url``: the workers' store (``sqlite:///path/jobs.db`` or ``postgresql://...``, with the
+    driver's URL options); ``schema``: the PostgreSQL schema the workers use; ``pool_size``:
+    the most connections of its own open at once (PostgreSQL). Nothing connects until the
+    first call; the store is checked to be migrated once. Close it with ``aclose()`` (or
+    ``async with``), e.g. in a FastAPI lifespan."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "jobs_trio",
+        busy_timeout: float = 5.0,
+        pool_size: int = 4,
+    ) -> None:
+        self._store = store_for(url, schema=schema, busy_timeout=busy_timeout)
+        self._pool_size = pool_size
+        self._pool: Any = None
+        self._pool_lock = asyncio.Lock()
+        self._checked = False
+        store = self._store
+        self._sqlite: Keeper[sqlite3.Connection] | None = (
+            Keeper(store.connect, sqlite3.Connection.close, keep=pool_size)
+            if isinstance(store, SqliteStore)
+            else None
+        )
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the producer's own connections."""
+        if self._sqlite is not None:
+            await asyncio.to_thread(self._sqlite.close)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # Without a payload the body is handed None: only a body whose payload accepts None may be
+    # enqueued so (the first overload); any other takes its payload type and nothing else.
+    @overload
+    async def enqueue(
+        self,
+        job: JobDefinition[None, Any],
+        payload: None = None,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId: ...
+
+    @overload
+    async def enqueue(
+        self,
+        job: JobDefinition[P, Any],
+        payload: P,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId: ...
+
+    async def enqueue(
+        self,
+        job: JobDefinition[Any, Any],
+        payload: Any = None,
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        on_duplicate: OnDuplicate = "existing",
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> JobId:
+        """``JobDefinition.enqueue`` for asyncio code: write one job, answer its id (a live
+        job's id when it holds ``key``; ``DuplicateJob`` with ``on_duplicate="raise"``)."""
+        row = job.new_job(
+            payload, delay=delay, run_at=run_at, priority=priority, key=key, context=context
+        )
+        [answer] = await self._write(EnqueueWrite([row]), connection)
+        return job.answered(answer, key, on_duplicate)
+
+    async def enqueue_many(
+        self,
+        job: JobDefinition[P, Any],
+        payloads: Iterable[P],
+        *,
+        delay: float | None = None,
+        run_at: RunAt | None = None,
+        priority: int | None = None,
+        connection: object | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> list[JobId]:
+        """``JobDefinition.enqueue_many`` for asyncio code: every payload checked before
+        anything is written, then all written in one transaction."""
+        rows = job.new_jobs(
+            payloads, delay=delay, run_at=run_at, priority=priority, context=context
+        )
+        if not rows:
+            return []
+        return [answer.job_id for answer in await self._write(EnqueueWrite(rows), connection)]
+
+    async def send_event(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        connection: object | None = None,
+    ) -> str:
+        """``jobs_trio.send_event`` for asyncio code: store the event and wake the jobs
+        suspended on it (with ``key``, those waiting for that key or any); answer its id."""
+        event_id: str = await self._write(
+            EventWrite(name, event_text(name, payload, key), key), connection
+        )
+        return event_id
+
+    async def _write(self, write: Write, connection: object | None) -> Any:
+        store = self._store
+        if isinstance(store, SqliteStore):
+            if connection is None:
+                return await asyncio.to_thread(self._write_sqlite_own, store, write)
+            client, conn = client_of(connection)
+            if client is not Client.SQLITE:
+                raise wrong_client(client, "a SQLite store", "a sqlite3 connection to its file")
+            await self._check_sqlite(store)
+            return await asyncio.to_thread(write_sqlite, store, conn, write, own=False)
+        if connection is None:
+            pool = await self._own_pool(store)
+            async with pool.acquire() as conn:
+                await self._check_postgres(store, Client.ASYNCPG, conn)
+                return await write_postgres(store, Client.ASYNCPG, conn, write, where=store.shown)
+        client, conn = client_of(connection)
+        if client not in (Client.ASYNCPG, Client.PSYCOPG_ASYNC):
+            raise wrong_client(
+                client,
+                "PostgreSQL from asyncio code",
+                "an asyncpg connection or a psycopg (3) AsyncConnection",
+            )
+        await self._check_postgres(store, client, conn)
+        return await write_postgres(store, client, conn, write, where="the caller's connection")
+
+    def _write_sqlite_own(self, store: SqliteStore, write: Write) -> Any:
+        assert self._sqlite is not None
+        if not self._checked:
+            store.check()
+            self._checked = True
+        with self._sqlite.connection() as (conn, _):
+            return write_sqlite(store, conn, write, own=True)
+
+    async def _own_pool(self, store: PostgresStore) -> Any:
+        async with self._pool_lock:
+            if self._pool is None:
+                self._pool = await open_pool(store, self._pool_size)
+            return self._pool
+
+    async def _check_sqlite(self, store: SqliteStore) -> None:
+        if not self._checked:
+            await asyncio.to_thread(store.check)
+            self._checked = True
+
+    async def _check_postgres(self, store: PostgresStore, client: Client, conn: Any) -> None:
+        """Refuse a schema that is not migrated, or migrated by a newer release, once."""
+        if self._checked:
+            return
+        plan = recorded_plan(store.sql)
+        if client is Client.ASYNCPG:
+            recorded = await run_plan_async(plan, lambda query: fetch_on(conn, query))
+        else:
+            import psycopg
+
+            cursor = psycopg.AsyncRawCursor(conn)
+            try:
+                recorded = await run_plan_async(plan, psycopg_async_fetch(cursor))
+            finally:
+                await cursor.close()
+        judge_schema(store.sql, recorded)
+        self._checked = True

@@ -1,0 +1,140 @@
+# The PostgreSQL enqueue, event send and schema check as plans of statements, free of any client
+# library: the driver runs them on asyncpg under Trio, the producers (jobs_trio.sync,
+# jobs_trio.aio) on psycopg or asyncpg. Apart so that how a batch is written and how its unique
+# keys are settled is said once, whichever client sends the statements.
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any
+
+import attrs
+
+from .._core.errors import DriverError
+from .._core.records import Enqueued, NewJob
+from ._postgres_sql import Statements
+from ._rules import limit_fields
+
+# How often a unique-key enqueue looks again when the live job holding its key finished between
+# the insert (which saw it) and the lookup (which did not). Each round makes progress unless
+# keys are being freed and taken in a tight loop by others.
+KEY_ROUNDS = 5
+
+Rows = list[Sequence[Any]]  # a statement's rows, read by position
+
+
+@attrs.frozen
+class Query:
+    """One statement of a plan: its text (``$n`` placeholders, as PostgreSQL writes them) and
+    its arguments in order."""
+
+    sql: str
+    args: tuple[Any, ...]
+
+
+# A plan yields each statement it needs run, is sent that statement's rows, and returns its
+# answer. Run inside one transaction (the caller's or one of the runner's own).
+Plan = Generator[Query, Rows, Any]
+
+
+def job_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
+    """The unnest arrays of a batch of new jobs (id, name, queue, payload, priority,
+    max_attempts, delay, key, context), in that parameter order."""
+    return [
+        [j.job_id for j in jobs],
+        [j.name for j in jobs],
+        [j.queue for j in jobs],
+        [j.payload for j in jobs],
+        [j.priority for j in jobs],
+        [j.max_attempts for j in jobs],
+        [float(j.delay) for j in jobs],
+        [j.key for j in jobs],
+        [j.context for j in jobs],
+    ]
+
+
+def limit_columns(jobs: Sequence[NewJob]) -> list[list[Any]]:
+    """The unnest arrays of the jobs' fleet limits (slot_key, slots, rate_key, starts, per),
+    after enqueue's channel parameter; all NULL for a job without limits."""
+    fields = [limit_fields(j.limits) for j in jobs]
+    return [
+        [f[name] for f in fields] for name in ("slot_key", "slots", "rate_key", "starts", "per")
+    ]
+
+
+def insert_query(sql: Statements, now: float, batch: Sequence[NewJob]) -> Query:
+    """The insert of ``batch`` that notifies its queues in the same statement; its rows are the
+    ids written (a job whose key a live job holds is not)."""
+    columns, limits = job_columns(batch), limit_columns(batch)
+    if len(batch) == 1:  # the common call: the same parameters as scalars, a cheaper statement
+        return Query(
+            sql["enqueue_one"],
+            (now, *(c[0] for c in columns), sql.channel, *(c[0] for c in limits)),
+        )
+    return Query(sql["enqueue"], (now, *columns, sql.channel, *limits))
+
+
+def enqueue_plan(sql: Statements, now: float, jobs: Sequence[NewJob]) -> Plan:
+    """Write ``jobs``; answer each one's ``Enqueued`` in order (a keyed job whose key a live
+    job holds answers that job's id, not created).
+
+    Without keys this is one statement, atomic on its own. With keys, the holders are looked
+    up after the insert (each statement of a READ COMMITTED transaction gets a fresh snapshot
+    that can see a holder committed meanwhile) and the insert may be tried again: run in one
+    transaction, so a failure part-way commits none of it."""
+    answers: dict[int, Enqueued] = {}
+    pending = list(range(len(jobs)))
+    for _ in range(KEY_ROUNDS):
+        rows = yield insert_query(sql, now, [jobs[i] for i in pending])
+        created = {row[0] for row in rows}
+        for i in pending:
+            if jobs[i].job_id in created:
+                answers[i] = Enqueued(jobs[i].job_id, created=True)
+        # Only a keyed row can have been skipped: the conflict target is the key index.
+        skipped_keys = [jobs[i].key for i in pending if i not in answers]
+        if skipped_keys:
+            rows = yield Query(sql["live_key_holders"], (skipped_keys,))
+            holders = {row[0]: row[1] for row in rows}
+            for i in pending:
+                key = jobs[i].key
+                if i not in answers and key in holders:
+                    answers[i] = Enqueued(holders[key], created=False)
+        pending = [i for i in pending if i not in answers]
+        if not pending:
+            return [answers[i] for i in range(len(jobs))]
+    raise DriverError(
+        f"could not settle unique keys {[jobs[i].key for i in pending]}: their "
+        "holders kept finishing and being replaced while this enqueue ran",
+        fix="retry the enqueue",
+    )
+
+
+def event_plan(sql: Statements, now: float, name: str, payload: str, key: str | None) -> Plan:
+    """Store an event and make every job suspended on it ready now (notifying their queues);
+    answer its id. One statement."""
+    rows = yield Query(sql["send_event"], (now, name, key, payload, sql.channel))
+    return str(rows[0][0])
+
+
+def run_plan(plan: Plan, fetch: Callable[[Query], Rows]) -> Any:
+    """Run ``plan`` with a blocking ``fetch`` (psycopg)."""
+    try:
+        query = next(plan)
+        while True:
+            query = plan.send(fetch(query))
+    except StopIteration as done:
+        return done.value
+
+
+async def run_plan_async(plan: Plan, fetch: Callable[[Query], Awaitable[Rows]]) -> Any:
+    """Run ``plan`` with an awaitable ``fetch`` (asyncpg, psycopg's async connection)."""
+    try:
+        query = next(plan)
+        while True:
+            query = plan.send(await fetch(query))
+    except StopIteration as done:
+        return done.value
+
+
+async def fetch_on(conn: Any, query: Query) -> Rows:
+    """A plan's statement run on an asyncpg connection (asyncpg takes ``$n`` as it is)."""
+    return list(await conn.fetch(query.sql, *query.args))
