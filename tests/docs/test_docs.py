@@ -3,68 +3,211 @@
 # Apart from the feature tests because a page, not a module, is what each test here guards.
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
+import attrs
 import pytest
 
+from tests.conftest import require_postgres
+from tests.docs.preludes import PRELUDES
 from tests.helpers.process_helpers import ROOT
 
 DOCS = ROOT / "docs"
 BLOCK = re.compile(
-    r"(?P<before>(?:<!-- fragment:[^>]*-->\n)?)```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M
+    r"(?P<before>(?:<!-- (?P<mark>[^>]*)-->\n)?)```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M
 )
 # A block that starts with this line is a file the page's later blocks import, not a script.
 FILE_MARK = re.compile(r"# file: (?P<name>[\w.]+)\n")
+# What a block's mark may say: completed by a prelude of the docs test (preludes.py), checked
+# another way (parsed), run by a named test of this module, or not run, with the reason.
+MARK = re.compile(r"(?P<kind>prelude|checked|run by|not run): (?P<what>\S[^—]*?)(?: — .*)?\s*$")
+# Shown output, not code: nothing to run.
+OUTPUT_LANGS = ("text",)
+
+
+@attrs.frozen
+class Block:
+    page: str
+    lang: str
+    code: str
+    mark: str | None  # "prelude", "checked", "run by", "not run"; None: a program as it is
+    what: str | None  # the prelude's name, the test's, or why not
+
+
+def page_blocks(page: Path) -> list[Block]:
+    found = []
+    for m in BLOCK.finditer(page.read_text(encoding="utf-8")):
+        kind = what = None
+        if m["mark"] is not None:
+            parsed = MARK.match(m["mark"].strip())
+            assert parsed, f"{page.name}: a block's mark says {m['mark']!r}"
+            kind, what = parsed["kind"], parsed["what"].strip()
+        found.append(Block(page.name, m["lang"], m["code"], kind, what))
+    return found
 
 
 def blocks(page: Path, lang: str) -> list[tuple[bool, str]]:
-    """``(is_fragment, code)`` for each block of ``lang``, in page order."""
-    return [
-        (bool(m["before"]), m["code"])
-        for m in BLOCK.finditer(page.read_text(encoding="utf-8"))
-        if m["lang"] == lang
-    ]
+    """``(is_completed_by_a_prelude, code)`` for each block of ``lang``, in page order."""
+    return [(b.mark is not None, b.code) for b in page_blocks(page) if b.lang == lang]
 
 
 PAGES = sorted(p.name for p in DOCS.glob("*.md") if blocks(p, "python"))
 
 
-def test_every_python_example_is_run_or_marked_a_fragment() -> None:
-    runnable = [
-        code for p in PAGES for fragment, code in blocks(DOCS / p, "python") if not fragment
-    ]
-    # The tutorial's three, testing, dashboard and metrics: the count drops if one is lost.
-    assert len(runnable) >= 6, PAGES
+def test_every_block_is_run_checked_or_marked_not_run() -> None:
+    """Every block of every page: a Python program (run below, as it is or completed by a
+    named prelude), output (``text``), checked another way, run by a named test, or marked not
+    run with the reason."""
+    counts: dict[str, int] = {}
+    for page in sorted(DOCS.glob("*.md")):
+        for block in page_blocks(page):
+            where = f"{page.name}: {block.lang or 'unlabelled'} block {block.code[:40]!r}"
+            assert block.lang, f"{where}: give it a language (text for output)"
+            if block.mark == "prelude":
+                assert block.lang == "python" and block.what in PRELUDES, where
+            elif block.mark == "run by":
+                assert f"def {block.what}(" in Path(__file__).read_text(), where
+            elif block.mark is None:
+                assert block.lang == "python" or block.lang in OUTPUT_LANGS, (
+                    f"{where}: run it, or mark it <!-- not run: why -->"
+                )
+            kind = block.mark or ("output" if block.lang in OUTPUT_LANGS else "run")
+            counts[kind] = counts.get(kind, 0) + 1
+    # The count drops if a page's programs are lost: the tutorial's three, testing's, ...
+    assert counts["run"] >= 12 and counts["prelude"] >= 9, counts
+
+
+def test_every_json_and_yaml_block_parses() -> None:
+    yaml = pytest.importorskip("yaml")
+    for page in sorted(DOCS.glob("*.md")):
+        for block in page_blocks(page):
+            if block.lang == "json":
+                json.loads(block.code)
+            elif block.lang == "yaml":
+                assert list(yaml.safe_load_all(block.code)), block
+
+
+def _pip_names(page_text: str) -> set[str]:
+    """The distributions a page tells its reader to install: jobs-trio's extras it names
+    (``jobs-trio[postgres]``) and what ``pip install`` lines name."""
+    names: set[str] = set()
+    for extras in re.findall(r"jobs-trio\[([\w,-]+)\]", page_text):
+        for extra in extras.split(","):
+            names |= EXTRAS[extra]
+    for line in re.findall(r"pip install ([^`\n]+)", page_text):
+        names |= {re.split(r"[\[<>=]", n.strip("'\""))[0].lower() for n in line.split()}
+    return names
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\[<>=~! ;]", requirement, maxsplit=1)[0].lower()
+
+
+EXTRAS: dict[str, set[str]] = {
+    extra: {_requirement_name(r) for r in requirements}
+    for extra, requirements in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ].items()
+}
+
+
+def test_a_page_names_the_extra_or_package_of_every_import_its_programs_need() -> None:
+    """A reader who installs jobs-trio and what the page names can run the page's programs:
+    every module they import is the standard library's, jobs_trio's (and its dependencies'),
+    the page's own files, or installed by an extra or a package the page names."""
+    import importlib.metadata
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    base = {"jobs-trio"} | {_requirement_name(r) for r in pyproject["project"]["dependencies"]}
+    distributions = importlib.metadata.packages_distributions()
+    for name in PAGES:
+        text = (DOCS / name).read_text(encoding="utf-8")
+        named = _pip_names(text)
+        own = {m["name"].removesuffix(".py") for m in FILE_MARK.finditer(text)}
+        for block in page_blocks(DOCS / name):
+            if block.lang != "python":
+                continue
+            for module in re.findall(r"^\s*(?:import|from) (\w+)", block.code, re.M):
+                if module in sys.stdlib_module_names or module in own or module == "jobs_trio":
+                    continue
+                needs = {d.lower() for d in distributions.get(module, [module])}
+                assert needs & (named | base), (
+                    f"{name} imports {module} ({', '.join(sorted(needs))}), which neither"
+                    " jobs-trio nor an extra or package the page names installs"
+                )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_the_python_examples_on_a_page_run(page: str, tmp_path: Path) -> None:
     """Each page's examples run in order in one fresh directory, as a reader would run them;
-    a ``# file: NAME`` block is saved for the later ones to import."""
+    a ``# file: NAME`` block is saved for the later ones to import, and a fragment runs inside
+    the prelude its mark names (preludes.py)."""
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    for number, (fragment, code) in enumerate(blocks(DOCS / page, "python"), 1):
-        if fragment:
-            continue
-        named = FILE_MARK.match(code)
-        if named:
-            (tmp_path / named["name"]).write_text(code, encoding="utf-8")
-            continue
-        script = tmp_path / f"example_{number}.py"
-        script.write_text(code, encoding="utf-8")
-        done = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, f"{page} example {number}:\n{code}\n{done.stderr}"
+    database = None  # made at the page's first prelude that needs PostgreSQL, dropped after
+    try:
+        for number, block in enumerate(page_blocks(DOCS / page), 1):
+            if block.lang != "python":
+                continue
+            code = block.code
+            named = FILE_MARK.match(code)
+            if named:
+                (tmp_path / named["name"]).write_text(code, encoding="utf-8")
+                continue
+            if block.mark == "prelude":
+                prelude = PRELUDES[block.what or ""]
+                code = prelude.complete(code)
+                if prelude.postgres and database is None:
+                    database = fresh_database(require_postgres())
+                    env["JOBS_URL"] = database.url
+            script = tmp_path / f"example_{number}.py"
+            script.write_text(code, encoding="utf-8")
+            done = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, f"{page} example {number}:\n{code}\n{done.stderr}"
+    finally:
+        if database is not None:
+            database.drop()
+
+
+@attrs.frozen
+class _Database:
+    url: str
+    name: str
+    admin_url: str
+
+    def drop(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def fresh_database(admin_url: str) -> _Database:
+    """A new, empty database for a prelude that needs PostgreSQL (its tables in public, the
+    jobs in the default schema, as an application's would be); dropped after its block."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = f"jt_docs_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(admin_url)
+    return _Database(urlunsplit(parts._replace(path=f"/{name}")), name, admin_url)
 
 
 def test_the_tutorial_prints_what_it_says() -> None:
