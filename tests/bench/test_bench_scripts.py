@@ -64,6 +64,15 @@ SCRIPTS = {
             rf"beside a feed +after VACUUM: +claim +{NUMBER} ms",
         ),
     ),
+    "metrics_scrape": Script(
+        "bench/metrics_scrape.py",
+        "--queues 60 --reps 1",
+        (
+            rf"/metrics of a worker claiming 60 queues: {NUMBER} bytes, {NUMBER} series,"
+            rf" {NUMBER} ms",
+        ),
+        postgres=False,
+    ),
     "dashboard_overview-sqlite": Script(
         "bench/dashboard_overview.py",
         "--queues 50 --reps 1",

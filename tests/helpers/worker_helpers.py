@@ -18,8 +18,8 @@ def fresh_metrics() -> Metrics:
 
 
 def counted(metrics: Metrics, outcome: str, job: str, queue: str = "default") -> float:
-    value = metrics.jobs_total.labels(queue=queue, job=job, outcome=outcome)._value.get()
-    return float(value)
+    labels = {"queue": queue, "job": job, "outcome": outcome}
+    return metrics.registry.get_sample_value("jobs_trio_jobs_total", labels) or 0.0
 
 
 async def record(driver: Driver, job_id: str) -> JobRecord:

@@ -20,6 +20,7 @@ import trio
 from .._core import render as render
 from .._core.errors import ConfigError, JobsError, PayloadNotSerialisable
 from .._core.logs import log_event
+from .._core.metrics import checked_buckets, default_metrics
 from .._core.operator_transitions import found
 from .._core.records import Enqueued, JobState, NewJob
 from .._core.redaction import redact_url
@@ -338,6 +339,7 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
                     lease=args.lease,
                     lifecycle=lifecycle,
                     schedule_tasks=not args.no_tasks,
+                    metrics=default_metrics(run_buckets=args.run_buckets),
                 ),
             ):
                 await trio.sleep_forever()  # ended by the lifecycle once the drain is done
@@ -533,9 +535,27 @@ def add_metrics_flags(worker: argparse.ArgumentParser) -> None:
         help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for a remote scraper)",
     )
 
+    worker.add_argument(
+        "--run-buckets",
+        type=_buckets,
+        metavar="S,S,...",
+        help="bounds in seconds of jobs_trio_run_seconds' buckets, such as 0.1,1,60,3600"
+        " (default: 0.001 to 14400, from a millisecond to four hours)",
+    )
+
 
 def _port(text: str) -> int:
     return whole(text, 0, 65535)
+
+
+def _buckets(text: str) -> tuple[float, ...]:
+    try:
+        return checked_buckets([float(part) for part in text.split(",")])
+    except (ValueError, ConfigError) as exc:
+        cause = exc.cause if isinstance(exc, ConfigError) else f"{text!r} is not a list of numbers"
+        raise argparse.ArgumentTypeError(
+            f"{cause}: give increasing seconds, such as 0.1,1,60"
+        ) from None
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,7 @@ from .._core.errors import ConfigError, DriverError, JobDrained
 from .._core.forked_child import guard_forks
 from .._core.instance_id import instance_id
 from .._core.logs import FlushHeldLines, flush_held_lines, log_event
-from .._core.metrics import Metrics, default_metrics
+from .._core.metrics import Metrics, Tally, default_metrics
 from .._core.records import Claim, OutcomeKind, QueueStats, WorkerPresence
 from .._core.single_error import unwrap_single_error
 from .._core.version import VERSION as __version__
@@ -161,6 +161,9 @@ class Worker:
         self.exit_grace = exit_grace
         self._lifecycle = lifecycle
         self._metrics = metrics or default_metrics()
+        # This worker's attempt counts, for a run (or a tick): counted without a lock, read by
+        # the metrics at each scrape, retired into their totals when the run ends.
+        self._tally: Tally | None = None
         self._stats_interval = stats_interval
         self._state = WorkerState.STOPPED
         self._outcomes: Counter[OutcomeKind] = Counter()
@@ -318,6 +321,7 @@ class Worker:
         )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
+        self._tally = self._metrics.tally()
         self._metrics.watch_slots(self.worker_id, self.slot_use)
         self._metrics.jobs_declared(
             (d.queue, d.name) for d in self.registry if d.queue in self.options.limits
@@ -475,6 +479,7 @@ class Worker:
         if self._lifecycle is not None:
             self._lifecycle.unregister(self)
         self._metrics.unwatch_slots(self.worker_id)
+        self._retire_tally()
         self._state = WorkerState.STOPPED
         log_event(
             "jobs.worker.stopped",
@@ -508,6 +513,14 @@ class Worker:
                 fix="use tick() or run(), not both at once",
             )
         outcomes: list[Outcome] = []
+        self._tally = self._metrics.tally()
+        try:
+            await self._tick(outcomes)
+        finally:
+            self._retire_tally()
+        return outcomes
+
+    async def _tick(self, outcomes: list[Outcome]) -> None:
         async with trio.open_nursery() as nursery:
             free = self._slots.free()
             if free:
@@ -521,7 +534,11 @@ class Worker:
                         self._slots.begin_now(self._hold(claim, sent_at), self._definition(claim))
                 finally:
                     self._runs, self._report = None, None
-        return outcomes
+
+    def _retire_tally(self) -> None:
+        if self._tally is not None:
+            self._metrics.retire(self._tally)
+            self._tally = None
 
     # -- a claim, from its answer to its settlement handed in ------------------------------
 
@@ -567,7 +584,9 @@ class Worker:
         hand-back unstarted)."""
         assert self._runs is not None  # runs start only while the runs nursery is open
         if run.claim.due_at is not None and not run.reason:
-            self._metrics.run_started(run.claim.queue, self.driver.now() - run.claim.due_at)
+            waited = self.driver.now() - run.claim.due_at
+            if self._tally is not None:
+                self._tally.run_started(run.claim.queue, waited)
         self._runs.start_soon(self._run_claim, run, definition, self._report, done)
 
     async def _run_claim(
@@ -625,7 +644,8 @@ class Worker:
         if report is not None:
             report(outcome)
         self._outcomes[outcome.kind] += 1
-        self._metrics.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
+        if self._tally is not None:
+            self._tally.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
         # INFO for every outcome, a completion too: at the CLI's default level a busy worker
         # shows the work it does (docs/logging.md); an error only where there is one.
         error = {} if outcome.error is None else {"error": outcome.error}
