@@ -84,12 +84,20 @@ async def test_the_worker_logs_json_a_line_per_attempt(tmp_path: Path) -> None:
         assert fields["job"] == "ops.ok" and fields["queue"] == "ops" and fields["attempt"] == 1
         assert isinstance(fields["seconds"], float) and fields["seconds"] >= 0
     [failed] = events(records, "jobs.attempt.failed")
-    assert failed["level"] == "warning"
-    assert failed["fields"]["traceback"].endswith(
-        'RuntimeError: line one\nline "two" = \x1b[31mred'
-    )
+    assert failed["level"] == "warning" and failed["fields"]["queue"] == "ops"
+    traceback = failed["fields"]["traceback"]
+    assert traceback.endswith('RuntimeError: line one\nline "two" = \x1b[31mred')
+    # From the application's frame (tests/apps/ops_app.py), not the worker's; once a line: not
+    # in its message, nor as an `exception` beside the field (issue 46).
+    frames = re.findall(r'^  File "([^"]+)"', traceback, re.M)
+    assert frames and frames[0].endswith("ops_app.py") and "_run" not in traceback, traceback
+    assert "Traceback" not in failed["message"] and "exception" not in failed
+    # A dead letter needs a look: at ERROR, with its exception (an error tracker's event).
     [dead] = events(records, "jobs.attempt.dead-lettered")
-    assert dead["level"] == "info" and "RuntimeError: line one" in dead["fields"]["error"]
+    assert dead["level"] == "error" and "RuntimeError: line one" in dead["fields"]["error"]
+    assert dead["fields"]["queue"] == "ops"
+    assert dead["exception"].count("Traceback (most recent call last)") == 1
+    assert "ops_app.py" in dead["exception"] and "_run" not in dead["exception"]
     assert events(records, "jobs.worker.stopped")[0]["fields"]["abandoned"] == 0
 
 

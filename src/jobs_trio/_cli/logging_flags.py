@@ -105,6 +105,19 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:
             self.handleError(record)
 
+    def takes_lines(self) -> bool:
+        """Whether a jobs_trio line may come without its record (logs._line_handler, which
+        asks again whenever this handler or its formatter changes): the text format's lines,
+        made as ``format`` makes them of the record, for this handler and formatter as they
+        are (a subclass or a method replaced on either may make its lines otherwise)."""
+        formatter = self.formatter
+        return (
+            type(formatter) is TextFormatter
+            and "format" not in vars(self)
+            and "format" not in vars(formatter)
+            and "formatTime" not in vars(formatter)
+        )
+
     def take_line(
         self,
         level: int,
@@ -113,24 +126,21 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         created: float,
         msecs: float,
     ) -> bool:
-        """A jobs_trio line without its record (logs.TakeLine): the text format's line, as
-        ``format`` makes it of the record; False for any other format, or a line with a field
+        """A jobs_trio line without its record (logs.TakeLine); False for a line with a field
         shown below it."""
-        formatter = self.formatter
-        if (
-            not isinstance(formatter, TextFormatter)
-            or "format" in vars(self)
-            or "format" in vars(formatter)
-            or "formatTime" in vars(formatter)
-            or below_the_line(fields)
-        ):
+        if below_the_line(fields):
             return False
         try:
             message = f"{event} {logfmt_pairs(fields)}".rstrip()
-            level_name = logging.getLevelName(level)
-            line = formatter.event_line(created, msecs, level_name, _LOGGER, message)
         except Exception:
             return False  # the record's way: what cannot be rendered goes to handleError
+        return self.take_text(level, event, message, created, msecs)
+
+    def take_text(self, level: int, event: str, message: str, created: float, msecs: float) -> bool:
+        """A jobs_trio line rendered already (logs.TakeText): ``message`` is its record's."""
+        formatter = self.formatter
+        assert isinstance(formatter, TextFormatter)  # takes_lines() said so
+        line = formatter.event_line(created, msecs, logging.getLevelName(level), _LOGGER, message)
         if line is None:
             return False
         self.acquire()

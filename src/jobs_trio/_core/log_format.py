@@ -21,6 +21,8 @@ _BARE = re.compile(r'[^\s"=\\]+')
 # The same for plain ASCII, in one match: printable, and none of blank, ", = or \. Most values
 # (ids, names, numbers) are, and a worker logs a line per finished attempt.
 _BARE_ASCII = re.compile(r"[!#-<>-\[\]-~]+")
+# Whether a text is such a value (an id a worker logs on every attempt's line: logs.AttemptLine).
+is_bare_ascii = _BARE_ASCII.fullmatch
 
 
 def logfmt_value(value: object) -> str:
@@ -140,6 +142,17 @@ class TextFormatter(logging.Formatter):
             record.message = record.getMessage()
             record.asctime = self.formatTime(record)
             return f"{record.asctime} {record.levelname} {record.name}: {record.message}".rstrip()
+        if record.exc_info and event_of(record) is not None:
+            # A jobs_trio line about an exception shows it once, below the line and indented
+            # like a field: its traceback field when it has one (the same text), else the
+            # exception. logging's own way appends it unindented, after the field.
+            record.message = record.getMessage()
+            if self.usesTime():
+                record.asctime = self.formatTime(record, self.datefmt)
+            text = self.formatMessage(record)
+            if not _has_traceback(record):
+                text += _below("exception", self.formatException(record.exc_info))
+            return text
         return super().format(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
@@ -157,9 +170,21 @@ class TextFormatter(logging.Formatter):
         line = super().formatMessage(record).rstrip()
         for key, value in below.items():
             assert isinstance(value, str)
-            shown = "\n".join(f"      {visible(part)}" for part in value.split("\n"))
-            line += f"\n    {key}:\n{shown}"
+            line += _below(key, value)
         return line
+
+
+def _below(key: str, value: str) -> str:
+    """A multi-line value as the text format shows it under its line: its name indented 4,
+    each of its lines 6, as they are (a traceback's own indents kept)."""
+    shown = "\n".join(f"      {visible(part)}" for part in value.split("\n"))
+    return f"\n    {key}:\n{shown}"
+
+
+def _has_traceback(record: logging.LogRecord) -> bool:
+    """Whether a jobs_trio record carries its exception's traceback as a field (the failure's
+    line): the formatters show that one and not the exception's again."""
+    return "traceback" in fields_of(record)
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -179,7 +204,7 @@ class LogfmtFormatter(logging.Formatter):
         else:
             head["event"] = event
             head.update((k, v) for k, v in fields_of(record).items() if k not in head)
-        if record.exc_info:
+        if record.exc_info and not (event is not None and _has_traceback(record)):
             head["exception"] = self.formatException(record.exc_info)
         return logfmt_pairs(head)
 
@@ -202,7 +227,7 @@ class JsonFormatter(logging.Formatter):
         if event is not None:
             document["event"] = event
             document["fields"] = dict(fields_of(record))
-        if record.exc_info:
+        if record.exc_info and not (event is not None and _has_traceback(record)):
             document["exception"] = self.formatException(record.exc_info)
         try:
             return json.dumps(document, default=_as_text)

@@ -11,7 +11,7 @@ from typing import Final
 
 import trio
 
-from .log_format import logfmt_pairs
+from .log_format import is_bare_ascii, logfmt_pairs, logfmt_value
 
 logger = logging.getLogger("jobs_trio")
 
@@ -21,16 +21,25 @@ class _Line:
     (``record.getMessage()``), once. A worker logs a line per finished attempt, and the text
     formatter that shows it would otherwise render the same fields a second time."""
 
-    __slots__ = ("_event", "_fields", "_text")
+    __slots__ = ("_event", "_fields", "_text", "_without_traceback")
 
-    def __init__(self, event: str, fields: Mapping[str, object]) -> None:
+    def __init__(
+        self, event: str, fields: Mapping[str, object], without_traceback: bool = False
+    ) -> None:
         self._event = event
         self._fields = fields
         self._text: str | None = None
+        # A record that carries its exception (exc_info) has it shown by the formatter, from
+        # the exception: the ``traceback`` field, the same text, is not repeated in the message
+        # (a JSON line carried it twice, issue 46).
+        self._without_traceback = without_traceback
 
     def __str__(self) -> str:
         if self._text is None:
-            self._text = f"{self._event} {logfmt_pairs(self._fields)}".rstrip()
+            fields = self._fields
+            if self._without_traceback and "traceback" in fields:
+                fields = {k: v for k, v in fields.items() if k != "traceback"}
+            self._text = f"{self._event} {logfmt_pairs(fields)}".rstrip()
         return self._text
 
 
@@ -40,7 +49,7 @@ def log_event(event: str, level: int = logging.INFO, **fields: object) -> None:
     (docs/logging.md, "Record schema"), for log_format's formatters and the application's."""
     if not logger.isEnabledFor(level):
         return
-    take_line = _line_taker(level)
+    take_line = _ROUTE.taker(level)
     if take_line is not None:
         _, created, msecs = _clock()
         if take_line(level, event, fields, created, msecs):
@@ -48,17 +57,161 @@ def log_event(event: str, level: int = logging.INFO, **fields: object) -> None:
     logger.handle(_record(level, event, fields))
 
 
+def log_exception(event: str, level: int, exc_info: ExcInfo, **fields: object) -> None:
+    """``log_event`` for a line about an exception: its record carries it (``exc_info``), so a
+    handler that takes one (an error tracker's: Sentry's logging integration, a
+    logger.exception-style handler) receives the exception itself, not its text alone."""
+    if logger.isEnabledFor(level):
+        logger.handle(_record(level, event, fields, exc_info))
+
+
+# An exception as a record carries it: its type, itself, and the traceback to show.
+ExcInfo = tuple[type[BaseException], BaseException, types.TracebackType | None]
+
 # A handler that can take a jobs_trio line without a record (the CLI's) has a ``take_line`` of
 # this shape: it writes the text its formatter would make of the record (level, event, fields,
 # created, msecs), or answers False and gets the record.
 TakeLine = Callable[[int, str, Mapping[str, object], float, float], bool]
 
 
+class AttemptLine:
+    """The INFO line of one kind of attempt's ending for one job of one queue
+    (``jobs.attempt.completed job_id=... job=... queue=... attempt=1 seconds=0.0123``), its
+    fixed fields rendered once: a worker logs one a finished attempt, and a line rendered
+    field by field was a sixth of what a no-op job cost it (issue 44). The text and the record
+    are the ones ``log_event`` makes of the same fields."""
+
+    __slots__ = ("_head", "_middle", "event", "job", "queue")
+
+    def __init__(self, event: str, job: str, queue: str) -> None:
+        self.event, self.job, self.queue = event, job, queue
+        self._head = f"{event} job_id="
+        self._middle = f" {logfmt_pairs({'job': job, 'queue': queue})} attempt="
+
+    def log(self, job_id: str, attempt: int, seconds: float) -> None:
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        seconds = round(seconds, 6)
+        take_text = _ROUTE.text_taker(logging.INFO)
+        if take_text is not None and type(attempt) is int and is_bare_ascii(job_id):
+            _, created, msecs = _clock()
+            text = f"{self._head}{job_id}{self._middle}{attempt} seconds={_seconds(seconds)}"
+            if take_text(logging.INFO, self.event, text, created, msecs):
+                return
+        fields = {
+            "job_id": job_id,
+            "job": self.job,
+            "queue": self.queue,
+            "attempt": attempt,
+            "seconds": seconds,
+        }
+        logger.handle(_record(logging.INFO, self.event, fields))
+
+
+def _seconds(seconds: float) -> str:
+    """A duration rounded to 6 decimals as ``logfmt_value`` shows it (``0.000081``, ``0.5``,
+    ``12.0``), made with one format where it took a repr and a rewrite of its e-notation: below
+    a billion seconds a value of 6 decimals or fewer has no shorter repr than its digits."""
+    if -1e9 < seconds < 1e9:
+        text = f"{seconds:.6f}".rstrip("0")
+        return text + "0" if text[-1] == "." else text
+    return logfmt_value(seconds)
+
+
+# A handler's way past the record for a line already rendered (``AttemptLine``): its
+# ``take_text`` writes the line its formatter would make of a record with that message.
+TakeText = Callable[[int, str, str, float, float], bool]
+
+
+class _Route:
+    """Where a jobs_trio line goes: to the one handler that takes lines without a record, or by
+    its record. Decided once and kept while the logging setup it was decided on stands: each
+    line looks at that setup's identity (``_setup``), a few attribute reads, where deciding
+    anew walked it with a call per check (issue 44). A handler or filter added or removed, a
+    handler's formatter set, a record factory, a logger method patched (Sentry's logging
+    integration, a tracer), propagation turned off: each changes the identity, and the next
+    line decides again. A cache, so module state: one per process, like logging's own."""
+
+    __slots__ = ("_handler", "_setup", "_take_line", "_take_text")
+
+    def __init__(self) -> None:
+        self._setup: tuple[object, ...] | None = None
+        self._handler: logging.Handler | None = None
+        self._take_line: TakeLine | None = None
+        self._take_text: TakeText | None = None
+
+    def _handler_now(self) -> logging.Handler | None:
+        setup = _setup()
+        if setup != self._setup:
+            self._setup = setup
+            handler = self._handler = _line_handler()
+            self._take_line = getattr(handler, "take_line", None)
+            self._take_text = getattr(handler, "take_text", None)
+        return self._handler
+
+    def taker(self, level: int) -> TakeLine | None:
+        handler = self._handler_now()
+        if handler is None or level < handler.level:
+            return None
+        return self._take_line
+
+    def text_taker(self, level: int) -> TakeText | None:
+        handler = self._handler_now()
+        if handler is None or level < handler.level:
+            return None
+        return self._take_text
+
+
+_ROUTE: Final = _Route()
+
+
+def _setup() -> tuple[object, ...]:
+    """What ``_line_handler`` reads, by identity and size: equal while the decision stands."""
+    root = logger.parent
+    kind = type(logger)
+    head: tuple[object, ...] = (
+        root,
+        logger.handlers,
+        len(logger.handlers),
+        len(logger.filters),
+        logger.propagate,
+        len(vars(logger)),
+        kind.makeRecord,
+        kind.handle,
+        kind.callHandlers,
+        logging.getLogRecordFactory(),
+    )
+    if root is None:
+        return head
+    handlers = root.handlers
+    if len(handlers) != 1:
+        return (*head, root.parent, handlers, len(handlers), len(root.filters))
+    [handler] = handlers
+    formatter = handler.formatter
+    return (
+        *head,
+        root.parent,
+        handlers,
+        len(root.filters),
+        handler,
+        len(handler.filters),
+        len(vars(handler)),
+        formatter,
+        len(vars(formatter)) if formatter is not None else 0,
+    )
+
+
 def _line_taker(level: int) -> TakeLine | None:
-    """The one handler a record of ``level`` would reach, when nothing else would see the
-    record (no filter on the way, no other handler, logging's own record factory and
-    makeRecord) and it takes lines without one: a record made, handled and formatted was two
-    thirds of a line's cost, at a line per finished attempt (issue 35)."""
+    """The one handler a record of ``level`` would reach and that takes its line without the
+    record (``_line_handler``), else None."""
+    return _ROUTE.taker(level)
+
+
+def _line_handler() -> logging.Handler | None:
+    """The one handler a record would reach, when nothing else would see the record (no filter
+    on the way, no other handler, logging's own record factory and makeRecord) and it takes
+    lines without one: a record made, handled and formatted was two thirds of a line's cost, at
+    a line per finished attempt (issue 35)."""
     root = logger.parent
     if (
         logger.handlers
@@ -71,16 +224,16 @@ def _line_taker(level: int) -> TakeLine | None:
     ):
         return None
     handler = root.handlers[0]
-    take_line: TakeLine | None = getattr(handler, "take_line", None)
+    takes_lines = getattr(handler, "takes_lines", None)
     if (
-        take_line is None
+        takes_lines is None
+        or not takes_lines()
         or handler.filters
-        or level < handler.level
         or logging.getLogRecordFactory() is not logging.LogRecord
         or not _passes_as_logging_has_it()
     ):
         return None
-    return take_line
+    return handler
 
 
 def _passes_as_logging_has_it() -> bool:
@@ -108,7 +261,9 @@ def _clock() -> tuple[float, float, float]:
     return now, now, int((now - int(now)) * 1000) + 0.0
 
 
-def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.LogRecord:
+def _record(
+    level: int, event: str, fields: Mapping[str, object], exc_info: ExcInfo | None = None
+) -> logging.LogRecord:
     """The record of one line. Made here, not by logger.log(): that walks the stack for the
     caller's file and line, which would name this function for every line anyway."""
     extra = {"event": event, "fields": fields}
@@ -117,9 +272,9 @@ def _record(level: int, event: str, fields: Mapping[str, object]) -> logging.Log
         level,
         __file__,
         0,
-        _Line(event, fields),
+        _Line(event, fields, exc_info is not None),
         (),
-        None,
+        exc_info,
         func="log_event",
         extra=extra,
     )

@@ -7,16 +7,18 @@ import json
 import logging
 import os
 import traceback
+import types
 from types import CodeType
 from typing import Any
 
 import attrs
+import outcome
 import trio
 
 from .._core.boundary import MAX_ERROR_CHARS, dump_json, storable_text
 from .._core.errors import AttemptCancelled, JobsError, ResultNotStorable
 from .._core.forked_child import end_if_forked
-from .._core.logs import log_event
+from .._core.logs import ExcInfo, log_event, log_exception
 from .._core.operator_transitions import OPERATOR_CANCEL_ERROR
 from .._core.records import (
     AttemptNote,
@@ -49,6 +51,8 @@ class Outcome:
     error: str | None = None
     seconds: float = 0.0
     traceback: str | None = None  # the tail of the error's traceback, when the body raised
+    # The error that ended the job (dead-lettered), for its log line's record (error trackers).
+    exc_info: ExcInfo | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def describe(error: BaseException) -> str:
@@ -273,8 +277,11 @@ def _verdict(
         settlement: Settlement | None,
         why: str | None,
         traceback: str | None = None,
+        exc_info: ExcInfo | None = None,
     ) -> Outcome:
-        return Outcome(claim.job_id, claim.name, kind, settlement, why, seconds, traceback)
+        return Outcome(
+            claim.job_id, claim.name, kind, settlement, why, seconds, traceback, exc_info
+        )
 
     if run.abandoned:
         # The teardown's budget ran out on it: nothing is written, its lease lapses and it runs
@@ -328,20 +335,26 @@ def _verdict(
         error = JobsError(f"job {claim.name!r} ended without returning", code="X_JOBS")
     why = _safe_text(error)
     tail = None
+    exc_info: ExcInfo = (type(error), error, _from_the_body(error.__traceback__))
     if error.__traceback__ is not None:
-        tail = _traceback_tail(error)
-        log_event(
+        tail = _traceback_tail(exc_info)
+        # With the exception itself (exc_info), for error trackers; its traceback from the
+        # body's own frame, where the application's code is (issue 46).
+        log_exception(
             "jobs.attempt.failed",
             logging.WARNING,
+            exc_info,
             job_id=claim.job_id,
             job=claim.name,
+            queue=claim.queue,
             attempt=claim.attempt,
             error=why,
             traceback=tail,
         )
     note = _note(claim, worker_id, seconds, tail)
     if _is_terminal(definition, error) or claim.attempt >= claim.max_attempts:
-        return ended_as(OutcomeKind.DEAD_LETTERED, DeadLetter(lease, why, note), why, tail)
+        dead = DeadLetter(lease, why, note)
+        return ended_as(OutcomeKind.DEAD_LETTERED, dead, why, tail, exc_info)
     delay = definition.backoff.delay(claim.attempt)
     return ended_as(OutcomeKind.RETRIED, Retry(lease, delay, why, note=note), why, tail)
 
@@ -373,16 +386,35 @@ def _safe_text(error: BaseException | None) -> str:
     return describe(error) if error is not None else "no reason recorded"
 
 
-def _traceback_tail(error: BaseException) -> str:
-    """The last frames and the error line, as every driver stores them (the job's history
-    keeps it): its END kept when it is long, for that is where the error is."""
+def _traceback_tail(exc_info: ExcInfo) -> str:
+    """The traceback from the body's frame on, and the error line, as every driver stores it
+    (the job's history keeps it) and the failure's log line shows it: its END kept when it is
+    long, for that is where the error is. Its lines as Python indents them (a strip() took the
+    first frame's two spaces, and only its: issue 46)."""
     try:
-        tail = "".join(traceback.format_exception(error)[-3:]).strip()
+        tail = "".join(traceback.format_exception(*exc_info)).rstrip()
     except BaseException as exc:
         return f"<traceback could not be rendered: {type(exc).__name__}>"
     if len(tail) > MAX_ERROR_CHARS:
         tail = "… " + tail[2 - MAX_ERROR_CHARS :]
     return storable_text(tail)
+
+
+# Where the frames of the worker's own machinery are, before a body's: this package's
+# (_judged, a sync body's _call_in_thread), and Trio's and outcome's (a thread's result handed
+# back to the Trio thread).
+_MACHINERY = tuple(
+    os.path.dirname(path) + os.sep for path in (trio.__file__, outcome.__file__, __file__) if path
+)
+
+
+def _from_the_body(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` from its first frame that is not the worker's: where the application's code is.
+    A traceback of the worker's frames alone (an error the worker raised) is kept whole."""
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(_MACHINERY):
+        first = first.tb_next
+    return tb if first is None else first
 
 
 def _is_terminal(definition: JobDefinition, error: BaseException) -> bool:

@@ -21,7 +21,13 @@ import trio
 from .._core.errors import ConfigError, DriverError, JobDrained
 from .._core.forked_child import guard_forks
 from .._core.instance_id import instance_id
-from .._core.logs import FlushHeldLines, flush_held_lines, log_event
+from .._core.logs import (
+    AttemptLine,
+    FlushHeldLines,
+    flush_held_lines,
+    log_event,
+    log_exception,
+)
 from .._core.metrics import Metrics, Tally, default_metrics
 from .._core.records import Claim, OutcomeKind, QueueStats, WorkerPresence
 from .._core.single_error import unwrap_single_error
@@ -67,6 +73,9 @@ __all__ = [
 
 # The shortest wait after an outage before this worker rescues lapsed jobs (see Outage).
 MIN_RESCUE_GRACE = 5.0
+
+# The level of an attempt's line, by its ending: INFO unless it needs a look.
+_LEVELS = {OutcomeKind.DEAD_LETTERED: logging.ERROR, OutcomeKind.PARKED: logging.WARNING}
 
 # Scheduling passes a teardown whose wait for bodies was cut gives the bodies told to stop
 # before it abandons them: enough for a body, and a nursery of its own, to unwind.
@@ -164,6 +173,8 @@ class Worker:
         # This worker's attempt counts, for a run (or a tick): counted without a lock, read by
         # the metrics at each scrape, retired into their totals when the run ends.
         self._tally: Tally | None = None
+        # Each kind of ending's line for each job it ran, its fixed fields rendered once.
+        self._lines: dict[tuple[OutcomeKind, str, str], AttemptLine] = {}
         self._stats_interval = stats_interval
         self._state = WorkerState.STOPPED
         self._outcomes: Counter[OutcomeKind] = Counter()
@@ -643,22 +654,36 @@ class Worker:
     ) -> None:
         if report is not None:
             report(outcome)
-        self._outcomes[outcome.kind] += 1
+        kind = outcome.kind
+        self._outcomes[kind] += 1
         if self._tally is not None:
-            self._tally.attempt_finished(claim.queue, claim.name, outcome.kind, outcome.seconds)
+            self._tally.attempt_finished(claim.queue, claim.name, kind, outcome.seconds)
         # INFO for every outcome, a completion too: at the CLI's default level a busy worker
-        # shows the work it does (docs/logging.md); an error only where there is one.
-        error = {} if outcome.error is None else {"error": outcome.error}
-        log_event(
-            f"jobs.attempt.{outcome.kind}",
-            logging.INFO,
-            job_id=claim.job_id,
-            job=claim.name,
-            queue=claim.queue,
-            attempt=claim.attempt,
-            seconds=round(outcome.seconds, 6),
-            **error,
-        )
+        # shows the work it does (docs/logging.md); an error only where there is one. A dead
+        # letter at ERROR with its exception (an error tracker's event) and a parked job at
+        # WARNING: each needs a look (issue 46).
+        if outcome.error is None:
+            key = (kind, claim.name, claim.queue)
+            line = self._lines.get(key)
+            if line is None:
+                # Keyed by names a body ran under: bounded by the registry (a name it does not
+                # declare is parked, with an error, and takes the line below).
+                line = self._lines[key] = AttemptLine(f"jobs.attempt.{kind}", *key[1:])
+            line.log(claim.job_id, claim.attempt, outcome.seconds)
+            return
+        fields = {
+            "job_id": claim.job_id,
+            "job": claim.name,
+            "queue": claim.queue,
+            "attempt": claim.attempt,
+            "seconds": round(outcome.seconds, 6),
+            "error": outcome.error,
+        }
+        level = _LEVELS.get(kind, logging.INFO)
+        if outcome.exc_info is not None:
+            log_exception(f"jobs.attempt.{kind}", level, outcome.exc_info, **fields)
+        else:
+            log_event(f"jobs.attempt.{kind}", level, **fields)
 
     async def _observe_queues(self, interval: float) -> None:
         while True:

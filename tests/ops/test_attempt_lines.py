@@ -1,0 +1,264 @@
+# The lines a worker logs about its attempts (issues 44 and 46): a dead letter and a parked job
+# at WARNING or above, every failure's record carrying its exception (exc_info) with a traceback
+# from the application's frame, `queue` on every attempt line, one traceback a line in every
+# format, its lines as Python indents them; and the fast way of a completion's line writes what
+# its record would, and gives way to the record whenever the logging setup changes.
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from jobs_trio import Backoff, Registry
+from jobs_trio._cli.logging_flags import configure_logging
+from jobs_trio._core import logs
+from jobs_trio._core.log_format import JsonFormatter, LogfmtFormatter, TextFormatter
+from jobs_trio._core.records import NewJob, new_job_id
+from jobs_trio.testing import run_until_idle
+from tests.helpers.worker_helpers import trio_driver, worker
+
+
+class Caught(logging.Handler):
+    """What an error tracker's handler sees: every record, its exc_info included."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def event(self, name: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if getattr(r, "event", None) == name]
+
+
+@pytest.fixture
+def caught() -> Iterator[Caught]:
+    handler = Caught()
+    jobs_logger = logging.getLogger("jobs_trio")
+    level = jobs_logger.level
+    jobs_logger.addHandler(handler)
+    jobs_logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        jobs_logger.removeHandler(handler)
+        jobs_logger.setLevel(level)
+
+
+NO_WAIT = Backoff(base=0.0, jitter=0.0)
+
+
+def failing_registry(*, sync: bool = False) -> Registry:
+    registry = Registry()
+
+    def deep() -> None:
+        raise ValueError("no such account\non two lines")
+
+    if sync:
+
+        @registry.job("billing.charge", queue="billing", attempts=2, backoff=NO_WAIT)
+        def charge_sync(ctx: object, payload: None) -> None:
+            deep()
+
+    else:
+
+        @registry.job("billing.charge", queue="billing", attempts=2, backoff=NO_WAIT)
+        async def charge(ctx: object, payload: None) -> None:
+            deep()
+
+    return registry
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_failure_is_logged_with_its_exception_from_the_applications_frame(
+    caught: Caught, sync: bool
+) -> None:
+    registry = failing_registry(sync=sync)
+    driver = trio_driver()
+    await registry.require("billing.charge").enqueue(driver, None)
+    w = worker(driver, registry, stats_interval=None)
+    await run_until_idle(w, wait=False)  # attempt 1: retried
+    await run_until_idle(w, wait=False)  # attempt 2: dead-lettered
+    failed = caught.event("jobs.attempt.failed")
+    assert [r.levelno for r in failed] == [logging.WARNING, logging.WARNING]
+    for record in failed:
+        assert record.fields["queue"] == "billing"  # type: ignore[attr-defined]
+        assert record.exc_info is not None
+        kind, error, tb = record.exc_info
+        assert kind is ValueError and str(error) == "no such account\non two lines"
+        # The traceback starts at the body's frame: the worker's frames are not the story.
+        frames = traceback.extract_tb(tb)
+        assert frames[0].name.startswith("charge"), frames
+        assert not [f for f in frames if "/jobs_trio/" in f.filename], frames
+        shown = record.fields["traceback"]  # type: ignore[attr-defined]
+        assert shown.startswith("Traceback (most recent call last):\n  File ")
+        assert "_run" not in shown and "in deep" in shown
+    [retried] = caught.event("jobs.attempt.retried")
+    assert retried.levelno == logging.INFO and retried.exc_info is None
+    # A dead letter needs a look: ERROR, with its exception (Sentry's logging integration makes
+    # an event of a record at ERROR with exc_info).
+    [dead] = caught.event("jobs.attempt.dead-lettered")
+    assert dead.levelno == logging.ERROR and dead.exc_info is not None
+    assert dead.exc_info[0] is ValueError
+    assert dead.fields["queue"] == "billing"  # type: ignore[attr-defined]
+
+
+async def test_a_parked_job_is_logged_at_warning(caught: Caught) -> None:
+    registry = Registry()
+
+    @registry.job("known", queue="default")
+    async def known(ctx: object, payload: None) -> None: ...
+
+    driver = trio_driver()
+    await driver.enqueue([NewJob(new_job_id(), "ghost", "default", "null", 3)])
+    await run_until_idle(worker(driver, registry, stats_interval=None), wait=False)
+    [parked] = caught.event("jobs.attempt.parked")
+    assert parked.levelno == logging.WARNING
+    assert parked.fields["queue"] == "default"  # type: ignore[attr-defined]
+
+
+async def failure_records(caught: Caught) -> tuple[logging.LogRecord, logging.LogRecord]:
+    registry = failing_registry()
+    driver = trio_driver()
+    await registry.require("billing.charge").enqueue(driver, None)
+    w = worker(driver, registry, stats_interval=None)
+    await run_until_idle(w, wait=False)
+    await run_until_idle(w, wait=False)
+    return caught.event("jobs.attempt.failed")[-1], caught.event("jobs.attempt.dead-lettered")[0]
+
+
+async def test_each_format_shows_a_lines_traceback_once(caught: Caught) -> None:
+    failed, dead = await failure_records(caught)
+    for record in (failed, dead):
+        document = json.loads(JsonFormatter().format(record))
+        line = json.dumps(document)
+        assert line.count("Traceback (most recent call last)") == 1, document
+        assert "Traceback" not in document["message"]
+        logfmt = LogfmtFormatter().format(record)
+        assert logfmt.count("Traceback (most recent call last)") == 1, logfmt
+        text = TextFormatter().format(record)
+        assert text.count("Traceback (most recent call last)") == 1, text
+    # The failure's line keeps its field; the dead letter's carries the exception.
+    assert "traceback" in json.loads(JsonFormatter().format(failed))["fields"]
+    assert "exception" in json.loads(JsonFormatter().format(dead))
+
+
+async def test_the_text_format_indents_a_traceback_as_python_does(caught: Caught) -> None:
+    failed, dead = await failure_records(caught)
+    for record, heading in ((failed, "    traceback:"), (dead, "    exception:")):
+        first, *below = TextFormatter().format(record).split("\n")
+        assert "jobs.attempt." in first and heading in below, below
+        shown = below[below.index(heading) + 1 :]
+        assert shown[0] == "      Traceback (most recent call last):"
+        assert all(line.startswith("      ") for line in shown), shown
+        files = [line for line in shown if line.lstrip().startswith("File ")]
+        assert files and all(line.startswith('        File "') for line in files), shown
+        assert shown[-2:] == ["      ValueError: no such account", "      on two lines"]
+
+
+def lines_to(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Handler, list[str]]:
+    """The CLI's handler on the root alone (as `jobs-trio worker` has it), its writes kept."""
+    written: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            written.extend(text.splitlines())
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    root = logging.getLogger()
+    others = root.handlers[:]
+    configure_logging(argparse.Namespace(log_level="info", log_format="text"))
+    [ours] = [h for h in root.handlers if h not in others]
+    monkeypatch.setattr(root, "handlers", [ours])
+    return ours, written
+
+
+FIELDS: dict[str, Any] = {
+    "job_id": "0194c2e1a7b4d0a6f3e2b9c81d0",
+    "job": "mail.send",
+    "queue": "mail",
+    "attempt": 2,
+    "seconds": 8.1e-05,
+}
+
+
+@pytest.mark.parametrize(
+    ("job", "queue", "seconds"),
+    [("mail.send", "mail", 8.1e-05), ("two words", 'q"x', 12.0), ("é", "\x1b[31m", 0.5)],
+)
+def test_an_attempt_line_is_what_its_record_would_be(
+    monkeypatch: pytest.MonkeyPatch, job: str, queue: str, seconds: float
+) -> None:
+    import time
+
+    handler, written = lines_to(monkeypatch)
+    monkeypatch.setattr(time, "time", lambda: 1764669600.25)
+    monkeypatch.setattr(time, "time_ns", lambda: 1764669600_250_000_000)
+    emitted: list[logging.LogRecord] = []
+    monkeypatch.setattr(handler, "emit", emitted.append)
+    fields = {**FIELDS, "job": job, "queue": queue, "seconds": seconds}
+    logs.AttemptLine("jobs.attempt.completed", job, queue).log(
+        fields["job_id"], fields["attempt"], seconds
+    )
+    handler.flush()
+    assert emitted == []  # no record made: the line went straight to the handler
+    record = logs._record(logging.INFO, "jobs.attempt.completed", fields)
+    assert handler.formatter is not None
+    assert written == [handler.formatter.format(record)]
+
+
+def test_an_attempt_line_goes_by_its_record_once_the_setup_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, written = lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line.log("a1", 1, 0.5)  # decided: past the record
+    tracker = Caught()
+    jobs_logger = logging.getLogger("jobs_trio")
+    monkeypatch.setattr(jobs_logger, "handlers", [tracker])
+    line.log("a2", 1, 0.5)
+    assert [r.fields["job_id"] for r in tracker.records] == ["a2"]  # type: ignore[attr-defined]
+    monkeypatch.setattr(jobs_logger, "handlers", [])
+    seen: list[str] = []
+    call_handlers = logging.Logger.callHandlers
+
+    def watched(self: logging.Logger, record: logging.LogRecord) -> None:
+        seen.append(record.getMessage())
+        call_handlers(self, record)
+
+    monkeypatch.setattr(logging.Logger, "callHandlers", watched)
+    line.log("a3", 1, 0.5)
+    assert seen == [
+        "jobs.attempt.completed job_id=a3 job=mail.send queue=mail attempt=1 seconds=0.5"
+    ]
+    logging.getLogger().handlers[0].flush()
+    # Every line written once, whichever way it went (a2 and a3 by their records).
+    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2", "a3"]
+
+
+async def test_a_worker_logs_each_completion_once_with_its_fields(caught: Caught) -> None:
+    registry = Registry()
+
+    @registry.job("mail.send", queue="mail")
+    async def send(ctx: object, payload: None) -> None:
+        await trio.sleep(0)
+
+    driver = trio_driver()
+    ids = await send.enqueue_many(driver, [None, None])
+    await run_until_idle(worker(driver, registry, stats_interval=None), wait=False)
+    done = caught.event("jobs.attempt.completed")
+    assert sorted(r.fields["job_id"] for r in done) == sorted(ids)  # type: ignore[attr-defined]
+    for record in done:
+        assert set(record.fields) == {"job_id", "job", "queue", "attempt", "seconds"}  # type: ignore[attr-defined]
+        assert record.levelno == logging.INFO
