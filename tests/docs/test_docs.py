@@ -153,7 +153,7 @@ def test_the_python_examples_on_a_page_run(page: str, tmp_path: Path) -> None:
     database = None  # made at the page's first prelude that needs PostgreSQL, dropped after
     try:
         for number, block in enumerate(page_blocks(DOCS / page), 1):
-            if block.lang != "python":
+            if block.lang != "python" or block.mark not in (None, "prelude"):
                 continue
             code = block.code
             named = FILE_MARK.match(code)

@@ -5,6 +5,18 @@ from __future__ import annotations
 
 from .._run.attempt import Outcome
 from ._clock import ManualClock
-from ._rounds import memory_driver, new_worker, run_until_idle
+from ._enqueued import ANY, assert_enqueued, enqueued, refute_enqueued
+from ._rounds import drain, memory_driver, new_worker, run_until_idle
 
-__all__ = ["ManualClock", "Outcome", "memory_driver", "new_worker", "run_until_idle"]
+__all__ = [
+    "ANY",
+    "ManualClock",
+    "Outcome",
+    "assert_enqueued",
+    "drain",
+    "enqueued",
+    "memory_driver",
+    "new_worker",
+    "refute_enqueued",
+    "run_until_idle",
+]

@@ -69,6 +69,15 @@ async def run_until_idle(worker: Worker, *, wait: bool = True) -> list[Outcome]:
             )
 
 
+async def drain(driver: Driver, registry: Registry, **options: Any) -> list[Outcome]:
+    """Run every job of ``registry``'s queues on ``driver`` until none is left to run, jobs
+    enqueued by the jobs it runs included, and answer every attempt's outcome: a test's
+    ``new_worker(driver, registry, **options)`` run by ``run_until_idle``. On a memory driver
+    and a mock clock (pytest-trio's ``autojump_clock``), delays, backoffs and ``step.sleep``
+    pass at once; a job waiting for an event ends the rounds until the test sends it."""
+    return await run_until_idle(new_worker(driver, registry, **options))
+
+
 async def _soonest_wait(worker: Worker) -> float | None:
     """The soonest run-at of a job in the worker's queues that waits only for time to pass."""
     soonest: float | None = None
