@@ -100,6 +100,17 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
         }
         assert shipped == here, folder
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    # The index's page: the readme is README then CHANGELOG, with the project's URLs, the
+    # classifiers (typed: py.typed ships) and the extras.
+    [metadata_name] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    metadata = zipfile.ZipFile(wheel).read(metadata_name).decode()
+    assert "Description-Content-Type: text/markdown" in metadata
+    assert "\n# jobs_trio\n" in metadata and "\n# Changelog\n" in metadata
+    assert "Upgrading from 0.1" in metadata
+    for label in ("Homepage", "Documentation", "Changelog", "Source", "Issues"):
+        assert f"Project-URL: {label}, https://" in metadata, label
+    assert "Classifier: Typing :: Typed" in metadata and "Provides-Extra: psycopg" in metadata
+    assert "](docs/" not in metadata  # a relative link is dead on the index's page
 
     python = _fresh_venv(tmp_path / "venv")
     _run(
@@ -125,3 +136,20 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     assert int(installed[1]) > 0 and int(installed[2]) > 0
     out = _run(script, "demo", cwd=tmp_path, env=env)
     assert "dead" in out and "completed" in out and "interrupted" in out, out
+
+
+def test_the_sdist_carries_the_changelog(tmp_path: Path) -> None:
+    source = _tracked_copy(tmp_path / "source")
+    _run(
+        sys.executable,
+        "-c",
+        "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])",
+        tmp_path,
+        cwd=source,
+    )
+    [sdist] = tmp_path.glob("jobs[-_]trio-*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"CHANGELOG.md", "README.md", "LICENSE", "src/jobs_trio/py.typed"} <= names
