@@ -10,7 +10,7 @@ import pytest
 
 from jobs_trio._core.errors import ConfigError
 from jobs_trio.drivers._open_driver import DriverKind, driver_kind, migrate_database, open_driver
-from jobs_trio.drivers._sqlite_migrate import FileKind, identify
+from jobs_trio.drivers._sqlite_migrate import KNOWN, FileKind, identify
 from jobs_trio.drivers.memory import MemoryDriver
 from jobs_trio.drivers.sqlite import SqliteDriver, open_sqlite_driver
 
@@ -87,8 +87,11 @@ async def test_migrate_database_on_sqlite_makes_the_file_a_current_jobs_trio_dat
 ) -> None:
     path = tmp_path / "jobs.db"
     assert identify(str(path)).kind is FileKind.MISSING
-    assert await migrate_database(f"sqlite:///{path}") is None  # migrated by the open itself
-    assert identify(str(path)).kind is FileKind.JOBS_TRIO
+    applied = await migrate_database(f"sqlite:///{path}")  # migrated by the open itself
+    assert applied == [m.version for m in KNOWN]
+    identity = identify(str(path))
+    assert identity.kind is FileKind.JOBS_TRIO and identity.schema_version == applied[-1]
+    assert await migrate_database(f"sqlite:///{path}") == []
     with pytest.raises(ConfigError, match="does not take schema="):
         await migrate_database(f"sqlite:///{path}", schema="other")
     assert await migrate_database("memory://") is None

@@ -2,6 +2,7 @@
 # were), cancelled calls that leave the connection usable, and several connections on one file.
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import sys
@@ -16,7 +17,7 @@ from jobs_trio._core.errors import ConfigError, DriverError, JobsError, SchemaVe
 from jobs_trio._core.records import Complete, JobState
 from jobs_trio.driver import Driver
 from jobs_trio.drivers._open_driver import open_driver
-from jobs_trio.drivers._sqlite_migrate import SCHEMA_VERSION
+from jobs_trio.drivers._sqlite_migrate import NEWEST_IN_0_1, SCHEMA_VERSION
 from jobs_trio.drivers.sqlite import SqliteDriver, open_sqlite_driver
 from jobs_trio.testing.conformance.helpers import new_job
 from tests.conftest import ManualClock
@@ -78,7 +79,10 @@ async def test_jobs_survive_a_reopen_and_the_file_is_in_wal_mode(tmp_path: Path)
         assert record is not None and record.state is JobState.READY and record.key == "k"
     with sqlite3.connect(tmp_path / "jobs.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        # user_version is 0.1's record: its own newest while 0.1 can use the file.
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == NEWEST_IN_0_1
+        versions = [v for (v,) in conn.execute("SELECT version FROM schema_history")]
+        assert versions[-1] == SCHEMA_VERSION and versions == sorted(set(versions))
 
 
 # Completions settled together (one statement for a call's plain results, issue 35).
@@ -138,13 +142,33 @@ async def refused_untouched(path: Path, kind: type[JobsError]) -> JobsError:
     return caught.value
 
 
-async def test_a_newer_schema_version_is_refused_and_the_file_left_alone(tmp_path: Path) -> None:
+async def test_a_schema_a_newer_release_broke_is_refused_and_the_file_left_alone(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "jobs.db"
     async with open_sqlite_driver(url_of(path)) as driver:
         await driver.enqueue([new_job()])
-    conn = sqlite3.connect(path)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    conn.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(
+            "INSERT INTO schema_history VALUES (?, '9000_drop_old.sql', 2, 0, '9.0.0')",
+            (SCHEMA_VERSION + 1,),
+        )
+    refused = await refused_untouched(path, SchemaVersionError)
+    assert "compatibility level 2" in refused.cause and "9000_drop_old.sql" in refused.cause
+    assert "jobs_trio 9.0.0" in refused.fix
+
+
+async def test_a_newer_build_without_a_history_is_refused_and_the_file_left_alone(
+    tmp_path: Path,
+) -> None:
+    # A file whose user_version is past this release's and which records no levels: nothing
+    # tells whether this release can use it.
+    path = tmp_path / "jobs.db"
+    async with open_sqlite_driver(url_of(path)) as driver:
+        await driver.enqueue([new_job()])
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("DROP TABLE schema_history")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     refused = await refused_untouched(path, SchemaVersionError)
     assert str(SCHEMA_VERSION + 1) in refused.cause
 

@@ -12,10 +12,11 @@ import trio
 from jobs_trio.drivers._open_driver import open_driver
 from jobs_trio.drivers.postgres import PostgresDriver
 
-# The tables a test may have written: every one of the schema but its migration record.
+# The tables a test may have written: every one of the schema but its migration records.
 _TABLES = """
 SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname <> 'migrations'
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')
+  AND c.relname NOT IN ('migrations', 'schema_history')
 """
 
 

@@ -223,8 +223,11 @@ def test_stats_counts_each_queue_by_state(cli: Cli, db: str) -> None:
     assert lines[1].split()[:5] == ["default", "2", "0", "0", "1"]
 
 
-def test_migrate_on_sqlite_has_nothing_to_do(cli: Cli, db: str) -> None:
-    assert "nothing to migrate" in cli.ok("migrate", "--db", db)
+def test_migrate_on_sqlite_says_what_it_applied(cli: Cli, db: str) -> None:
+    path = db.removeprefix("sqlite:///")
+    first = cli.ok("migrate", "--db", db)
+    assert re.fullmatch(rf"file '{re.escape(path)}': applied 1(, \d+)*\n", first), first
+    assert cli.ok("migrate", "--db", db) == f"file '{path}': up to date\n"
 
 
 # Where the database comes from.

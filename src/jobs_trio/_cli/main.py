@@ -29,7 +29,8 @@ from .._jobs.registry import JobDefinition, Registry
 from .._run.early_signals import EarlySignals, stopped_at_start
 from .._run.lifecycle import Lifecycle, open_lifecycle
 from .._run.worker import DEFAULT_HOLD_LIMIT, DEFAULT_LEASE, open_worker
-from ..drivers._open_driver import migrate_database, open_driver
+from ..drivers._open_driver import DriverKind, driver_kind, migrate_database, open_driver
+from ..drivers._sqlite_migrate import sqlite_path
 from ..drivers.contract import Driver
 from .args import (
     ENV_DB,
@@ -282,7 +283,29 @@ def build_parser() -> argparse.ArgumentParser:
         as_json,
     )
 
-    command("migrate", _migrate, "Apply PostgreSQL schema migrations.")
+    migrate = command(
+        "migrate",
+        _migrate,
+        "Bring the database's schema up to this release: PostgreSQL's migrations, one"
+        " transaction each, never holding a lock the fleet waits on for long; a SQLite file"
+        " created or upgraded. Says what it applied.",
+    )
+    migrate.add_argument(
+        "--lock-timeout",
+        type=positive_seconds,
+        default=None,
+        metavar="S",
+        help="PostgreSQL: wait at most S seconds for each lock, then let the fleet's"
+        " statements through and try again (default 0.5)",
+    )
+    migrate.add_argument(
+        "--wait",
+        type=positive_seconds,
+        default=None,
+        metavar="S",
+        help="PostgreSQL: keep trying for S seconds in all before giving up, naming the"
+        " sessions that held the locks (default 600)",
+    )
     add_tasks_command(command, on_driver, as_json)
     add_prune_command(command, on_driver, as_json)
     add_relay_command(command)
@@ -501,18 +524,18 @@ def _migrate(args: argparse.Namespace) -> int:
 
     async def migrate() -> None:
         schema = driver_options(args, url).get("schema")
-        applied = await migrate_database(url, schema=schema)
+        applied = await migrate_database(
+            url, schema=schema, lock_timeout=args.lock_timeout, wait=args.wait
+        )
         if applied is None:
-            # Opening checked the URL and the file (a foreign or newer file is refused) and,
-            # for SQLite, created or upgraded the schema: that is all a migration would do.
-            print(
-                f"nothing to migrate on {redact_url(url)}:"
-                " its schema is created and upgraded when it is opened"
-            )
+            print(f"nothing to migrate on {redact_url(url)}: a memory store has no schema")
             return
         done = ", ".join(map(str, applied))
-        shown = schema or "jobs_trio"  # open_postgres_driver's default
-        print(f"schema {shown!r}: " + (f"applied {done}" if applied else "up to date"))
+        if driver_kind(url) is DriverKind.SQLITE:
+            where = f"file {sqlite_path(url)!r}"
+        else:
+            where = f"schema {schema or 'jobs_trio'!r}"  # open_postgres_driver's default
+        print(f"{where}: " + (f"applied {done}" if applied else "up to date"))
 
     trio.run(migrate)
     return 0

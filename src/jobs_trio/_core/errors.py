@@ -172,10 +172,11 @@ class ValueRefused(DriverError):
 
 
 class RowLocked(DriverError):
-    """Another session holds a lock on a row this write needs, past the driver's lock timeout
-    (an operator's transaction left open, a long migration). Retryable, but only the writes
-    touching that row: a batch that meets it is split so the rest land, and the one row's
-    write is retried on its own, never in front of every other."""
+    """Another session holds a lock this write needs (a row's, or a whole table's), past the
+    driver's lock timeout (an operator's transaction left open, a migration queued behind a
+    long reader). Retryable, but only the writes touching that row: a batch that meets it is
+    split so the rest land, and the one row's write is retried on its own, never in front of
+    every other. The message names the sessions that held it, where they could be found."""
 
     code = "X_LOCKED"
     retryable = True
@@ -187,8 +188,12 @@ class RowLocked(DriverError):
         fix: str = "",
         written: frozenset[str] = frozenset(),
         busy: frozenset[str] = frozenset(),
+        holders: tuple[object, ...] = (),
     ) -> None:
         super().__init__(cause, fix=fix)
+        # The sessions that held the lock (PostgreSQL: _postgres_locks.LockHolder), longest
+        # open first; empty when not looked up or already gone.
+        self.holders = holders
         # A settle that skipped the locked rows instead of waiting for them: the job ids it
         # did write (committed), and those of the rows it skipped, still the caller's claims.
         # Both empty: nothing was written (the lock timeout failed the whole call).

@@ -11,14 +11,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 
-from .._core.errors import ConfigError, SchemaVersionError
+from .._core.errors import ConfigError
 from .._core.redaction import redact_url
 from ..drivers._postgres_pool import session_settings
 from ..drivers._postgres_pooler import DIRECT, SESSION, Pooler
 from ..drivers._postgres_sql import Statements, load_statements
 from ..drivers._sqlite_migrate import (
-    SCHEMA_VERSION,
     FileKind,
+    check_readable,
     identify,
     open_beside,
     sqlite_path,
@@ -44,18 +44,9 @@ class SqliteStore:
             raise ConfigError(
                 f"{self.path!r} is not a jobs_trio database ({found.kind.value})", fix=fix
             )
-        if found.schema_version < SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path!r} has jobs_trio schema version {found.schema_version}, older"
-                f" than the {SCHEMA_VERSION} this jobs_trio writes",
-                fix=fix,
-            )
-        if found.schema_version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path!r} has jobs_trio schema version {found.schema_version}, newer"
-                f" than the {SCHEMA_VERSION} this jobs_trio knows: a newer release wrote it",
-                fix="upgrade jobs_trio here to the release that wrote the file",
-            )
+        # Behind this release, or at a compatibility level it does not work with: refused
+        # with the driver's own words (a newer release's additive migrations are fine).
+        check_readable(self.path)
 
     def connect(self) -> sqlite3.Connection:
         """A connection of the producer's own: SQLite's busy handler waits out a worker that

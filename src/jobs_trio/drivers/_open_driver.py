@@ -114,15 +114,23 @@ async def open_driver(
         yield driver
 
 
-async def migrate_database(url: str, *, schema: str | None = None) -> list[int] | None:
-    """Bring the database ``url`` names up to this release's schema. PostgreSQL applies its
-    numbered migrations (under an advisory lock) and answers the versions this call applied.
-    SQLite is created and upgraded whenever it is opened to write, so this is that open, and
-    answers None; memory:// has no schema to migrate, and answers None too."""
+async def migrate_database(
+    url: str,
+    *,
+    schema: str | None = None,
+    lock_timeout: float | None = None,
+    wait: float | None = None,
+) -> list[int] | None:
+    """Bring the database ``url`` names up to this release's schema, and answer the versions
+    this call applied. PostgreSQL applies its numbered migrations one transaction each, under an
+    advisory lock, each lock waited for ``lock_timeout`` seconds at most and tried again later
+    for up to ``wait`` seconds in all (PostgreSQL only). SQLite is created and upgraded whenever
+    it is opened to write, so this is that open. memory:// has no schema to migrate: None."""
     kind = driver_kind(url)
     check_url(kind, url)
     _, migrate = _driver(kind)
-    return await migrate(url, **_taken(migrate, url, {"schema": schema}))
+    given = {"schema": schema, "lock_timeout": lock_timeout, "wait": wait}
+    return await migrate(url, **_taken(migrate, url, given))
 
 
 def _driver(kind: DriverKind) -> tuple[Opener, Migrate]:

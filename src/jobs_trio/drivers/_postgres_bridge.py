@@ -20,12 +20,16 @@ from .._core.logs import log_event
 from .._core.redaction import redact_url
 from ._asyncio_stepper import CANCEL_THROUGH_SECONDS, step_to_end
 from ._direct_reads import let_loop_read, take_over, transport_of
+from ._postgres_locks import LockHolder, described
 from ._postgres_pool import Connection, Pool, session_settings
 from ._postgres_pooler import Pooler
 
 T = TypeVar("T")
 
 Operation = Callable[[Connection], Awaitable[T]]
+# Who held the locks a statement waited for past ``waited`` seconds (_postgres_locks): given by
+# the opener, which knows the schema and its statement.
+NameHolders = Callable[[Connection, float], Awaitable[list[LockHolder]]]
 
 # How long a rollback, a release or a close may take once the operation around it is over or
 # cancelled. Past it the connection is terminated: a cleanup that hangs would turn one lost
@@ -53,9 +57,13 @@ REFUSED_CLASSES = ("22", "23", "54")
 REFUSED_STATES = ("P0001",)
 # Refused at login for a setting the URL's query passed: unknown (42704), or a bad value (22023).
 URL_SETTING_STATES = ("42704", "22023")
-# A row another session holds locked: lock_not_available (the pool's lock_timeout ran out) and
-# deadlock_detected. The write can succeed later, and only the writes touching that row wait.
+# A lock another session holds: lock_not_available (the lock_timeout ran out) and
+# deadlock_detected. The write can succeed later; when a row's lock, only the writes touching
+# that row wait.
 ROW_LOCK_STATES = ("55P03", "40P01")
+LOCK_TIMEOUT_STATE = "55P03"
+# How long naming the holders of a lock may take before the lock error goes out without them.
+NAME_HOLDERS_SECONDS = 2.0
 
 
 class Bridge:
@@ -74,6 +82,7 @@ class Bridge:
         application_name: str,
         session: Mapping[str, str],
         pooler: Pooler | None = None,
+        name_holders: NameHolders | None = None,
     ) -> None:
         self.url = url
         # Direct, or through PgBouncer: what a connection opens with, and where LISTEN goes.
@@ -84,6 +93,8 @@ class Bridge:
         # never of an application's connection nor of the LISTEN one, which waits on purpose.
         self.session = dict(session)
         self._answer_within = _answer_bound(self.session)
+        self._lock_wait = _seconds(self.session.get("lock_timeout", "0"))
+        self._name_holders = name_holders
         self._pool = Pool(self._open_pooled, pool_size, retire=self._retire)
         self._holds = trio.Semaphore(max(1, pool_size - 1))
         self._where = _where(url)
@@ -92,14 +103,22 @@ class Bridge:
         self._unanswered = False
 
     async def run(
-        self, op: Operation[T], *, what: str, transaction: bool = False, bounded: bool = True
+        self,
+        op: Operation[T],
+        *,
+        what: str,
+        transaction: bool = False,
+        bounded: bool = True,
+        lock_wait: float | None = None,
     ) -> T:
         """Run ``op`` on a pooled connection (inside a transaction when asked), crossing once.
         Unanswered past its statement_timeout and a margin, the connection is dropped and the
-        operation fails retryably (``bounded=False`` for a migration, which lifts the timeout)."""
+        operation fails retryably (``bounded=False`` for a migration, which lifts the timeout).
+        A lock it waited for past its lock timeout (``lock_wait`` seconds when ``op`` sets its
+        own, else the session's) fails it with the sessions that held it named."""
         async with self._pool.checkout() as conn:
             return await self.run_checked_out(
-                conn, op, what=what, transaction=transaction, bounded=bounded
+                conn, op, what=what, transaction=transaction, bounded=bounded, lock_wait=lock_wait
             )
 
     async def run_checked_out(
@@ -110,6 +129,7 @@ class Bridge:
         what: str,
         transaction: bool = False,
         bounded: bool = True,
+        lock_wait: float | None = None,
     ) -> T:
         """``run`` on a pooled connection the caller holds already (``held``)."""
         with trio.move_on_after(self._answer_within if bounded else math.inf):
@@ -117,7 +137,17 @@ class Bridge:
                 return await self._cross(
                     self._on_pooled, conn, op, transaction, what=what, reads=transport_of(conn)
                 )
-            except (ValueRefused, RowLocked):
+            except RowLocked as locked:
+                # The server answered and rolled back: the connection is sound, and can say
+                # who held the lock (only a lock timeout: a deadlock's victim waited for nobody
+                # in particular, and a settle's skipped rows are its own answer).
+                if _sqlstate(locked.__cause__) != LOCK_TIMEOUT_STATE:
+                    raise
+                waited = self._lock_wait if lock_wait is None else lock_wait
+                raise await self._named(conn, locked, waited, trio.current_time()) from (
+                    locked.__cause__
+                )
+            except ValueRefused:
                 raise  # the server answered and rolled back: the connection is sound
             except DriverError:
                 # The database failed this operation in a way we did not plan for (a lost
@@ -422,12 +452,7 @@ class Bridge:
                 "the operation can be retried once it answers",
             )
         if isinstance(exc, asyncpg.PostgresError) and sqlstate in ROW_LOCK_STATES:
-            return RowLocked(
-                f"a row {what} needs is locked by another session: [{sqlstate}] {exc}",
-                fix="find the session that holds it (pg_locks joined to pg_stat_activity: a"
-                " transaction left open by hand?) and end it; the write is retried, and only the"
-                " jobs of the locked rows wait",
-            )
+            return _lock_error(exc, sqlstate, what)
         if isinstance(exc, asyncpg.PostgresError):
             return DriverError(
                 f"PostgreSQL refused {what}: [{exc.sqlstate}] {exc}",
@@ -462,6 +487,39 @@ class Bridge:
         if transaction:
             return await _in_transaction(conn, op, unanswered=self._cancel_unanswered)
         return await op(conn)
+
+    async def _named(
+        self, conn: Connection, locked: RowLocked, waited: float, failed_at: float
+    ) -> RowLocked:
+        """``locked`` with the sessions that held the lock named, when they can be found in
+        NAME_HOLDERS_SECONDS; as it was otherwise (the error is the news, not its lookup)."""
+        name_holders = self._name_holders
+        if name_holders is None:
+            return locked
+
+        async def look(conn: Connection) -> list[LockHolder]:
+            # Open since before the wait began: ``waited`` before the error, and the error
+            # came back a moment ago. A statement that began just after (a worker's, queued
+            # behind the same lock) is not what held it.
+            return await name_holders(conn, waited + trio.current_time() - failed_at)
+
+        holders: list[LockHolder] | None = None
+        with trio.move_on_after(NAME_HOLDERS_SECONDS), contextlib.suppress(Exception):
+            holders = await self._cross(
+                self._on_pooled,
+                conn,
+                look,
+                False,
+                what="naming lock holders",
+                reads=transport_of(conn),
+            )
+        if holders is None:
+            return locked
+        return RowLocked(
+            f"{locked.cause}; {described(holders)}",
+            fix=locked.fix,
+            holders=tuple(holders),
+        )
 
     def _cancel_unanswered(self) -> None:
         self._unanswered = True
@@ -574,6 +632,7 @@ async def open_bridge(
     application_name: str,
     session: Mapping[str, str] | None = None,
     pooler: Pooler | None = None,
+    name_holders: NameHolders | None = None,
 ) -> AsyncIterator[Bridge]:
     """A bridge on ``loop``, else on the trio-asyncio loop the caller already runs in, else on
     a loop of its own for as long as the bridge is open."""
@@ -591,7 +650,9 @@ async def open_bridge(
     if loop is None:
         loop = trio_asyncio.current_loop.get()
     if loop is not None:
-        async with _open_pool(url, loop, pool_size, application_name, session, pooler) as bridge:
+        async with _open_pool(
+            url, loop, pool_size, application_name, session, pooler, name_holders
+        ) as bridge:
             yield bridge
         return
     async with trio_asyncio.open_loop() as own_loop:
@@ -599,7 +660,9 @@ async def open_bridge(
         # a future nobody awaited (asyncpg's TLS upgrade, its connect given up while a killed
         # connection closed) then ended the worker, X_UNEXPECTED, exit 2, with no job at fault.
         own_loop.set_exception_handler(_report_loop_error)
-        async with _open_pool(url, own_loop, pool_size, application_name, session, pooler) as b:
+        async with _open_pool(
+            url, own_loop, pool_size, application_name, session, pooler, name_holders
+        ) as b:
             yield b
 
 
@@ -625,8 +688,9 @@ async def _open_pool(
     application_name: str,
     session: Mapping[str, str],
     pooler: Pooler | None,
+    name_holders: NameHolders | None,
 ) -> AsyncIterator[Bridge]:
-    bridge = Bridge(url, loop, pool_size, application_name, session, pooler)
+    bridge = Bridge(url, loop, pool_size, application_name, session, pooler, name_holders)
     try:
         # One connection now, so a server that cannot be reached fails the open, not the
         # first operation.
@@ -640,14 +704,42 @@ async def _nothing(conn: Connection) -> None:
     pass
 
 
+def _lock_error(exc: Exception, sqlstate: str, what: str) -> RowLocked:
+    """A lock another session held past the wait allowed for it. A row's lock says which row
+    (PostgreSQL's context names the tuple); a table's says nothing more, and is the one a
+    migration or a long reader's transaction takes."""
+    context = getattr(exc, "context", None) or ""
+    if sqlstate != LOCK_TIMEOUT_STATE:
+        kind = "a lock"  # a deadlock: PostgreSQL chose this statement to cancel
+    elif "tuple" in context:
+        kind = "a row"
+    else:
+        kind = "a table"
+    said = f"{kind} that {what} needs is locked by another session: [{sqlstate}] {exc}"
+    return RowLocked(
+        said + (f" ({context})" if context else ""),
+        fix="end or wait out the transaction that holds it (pg_stat_activity names it:"
+        " SELECT pg_terminate_backend(pid) ends it); nothing of this call was written, and it"
+        " can be retried (a worker retries its own writes)",
+    )
+
+
+def _sqlstate(exc: BaseException | None) -> str:
+    return getattr(exc, "sqlstate", None) or ""
+
+
+def _seconds(setting: str) -> float:
+    """A session setting as session_settings writes it (``"2000ms"``), in seconds."""
+    return float(setting.removesuffix("ms") or 0) / 1000
+
+
 def _answer_bound(session: Mapping[str, str]) -> float:
     """Seconds an operation may go unanswered: the session's statement_timeout (whole
     milliseconds, as session_settings writes it) plus the margin; unbounded when it is off."""
-    timeout = session.get("statement_timeout", "0")
-    milliseconds = float(timeout.removesuffix("ms") or 0)
-    if milliseconds <= 0:
+    seconds = _seconds(session.get("statement_timeout", "0"))
+    if seconds <= 0:
         return math.inf
-    return milliseconds / 1000 + ANSWER_MARGIN_SECONDS
+    return seconds + ANSWER_MARGIN_SECONDS
 
 
 def _where(url: str) -> str:

@@ -27,7 +27,7 @@ SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # One statement per kind of settlement, each the `settle` frame with the kind's own pieces.
 SETTLE_KINDS = tuple(kind.name for kind in SETTLEMENT_KINDS.values())
 
-_NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_NAME_LINE = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
 
 
 def check_schema_name(schema: object) -> str:
@@ -63,14 +63,9 @@ class Statements:
         or two test runs) never wake each other's workers."""
         return self.schema
 
-    @property
-    def newest_version(self) -> int:
-        return self.migrations[-1].version if self.migrations else 0
-
-    @property
-    def migrations_table(self) -> str:
-        """For to_regclass(): the qualified name as text."""
-        return f'"{self.schema}".migrations'
+    def table(self, name: str) -> str:
+        """For to_regclass(): a table's qualified name as text."""
+        return f'"{self.schema}".{name}'
 
     @property
     def migration_lock_key(self) -> int:

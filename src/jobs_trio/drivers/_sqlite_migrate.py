@@ -9,14 +9,25 @@ import os
 import pathlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final
 
 import attrs
 import trio
 
 from .._core.errors import ConfigError, SchemaVersionError
-from ._migration_files import read_migrations
+from .._core.version import VERSION
+from ._migration_files import COMPATIBILITY_LEVEL, Migration, read_migrations
+from ._schema_compatibility import (
+    MARK_FOR_0_1,
+    Applied,
+    Verdict,
+    judge,
+    level_after,
+    mark_for_0_1,
+    note_ahead,
+    refuse_incompatible,
+)
 from ._sqlite_door import BUSY_SLICE, SqliteDoor
 
 # Written into the file header (PRAGMA application_id): how a file says it is a jobs_trio
@@ -30,7 +41,25 @@ _SQLITE_HEADER: Final = b"SQLite format 3\x00"
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-# The migrations: numbered .sql files in sqlite_migrations/; the schema version is the last one.
+# The migrations: numbered .sql files in sqlite_migrations/, each recorded in the file's
+# schema_history table once applied. PRAGMA user_version is 0.1's record (its strict check
+# reads it): 9, its newest, while 0.1 can use the file; past every migration once it cannot
+# (_schema_compatibility.MARK_FOR_0_1). A file 0.1 wrote has no history: user_version says
+# which migrations it holds.
+NEWEST_IN_0_1: Final = 9
+
+_CREATE_HISTORY: Final = """
+CREATE TABLE IF NOT EXISTS schema_history (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    level      INTEGER NOT NULL,  -- the compatibility level once it was applied
+    applied_at REAL NOT NULL,
+    applied_by TEXT NOT NULL      -- the release that applied it ('' for 0.1)
+)"""
+_RECORD: Final = (
+    "INSERT OR IGNORE INTO schema_history (version, name, level, applied_at, applied_by)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
 
 
 def _statements(script: str) -> list[str]:
@@ -48,8 +77,11 @@ def _statements(script: str) -> list[str]:
     return statements
 
 
-MIGRATIONS: Final = [(m.version, _statements(m.sql)) for m in read_migrations("sqlite_migrations")]
-SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
+KNOWN: Final = read_migrations("sqlite_migrations")
+for _migration in KNOWN:
+    _statements(_migration.sql)  # an unfinished statement fails the import, not an upgrade
+# The newest migration this release ships.
+SCHEMA_VERSION: Final = KNOWN[-1].version
 
 
 # The URL and the file, before any connection is made.
@@ -114,10 +146,13 @@ class SqliteFile:
     path: str
     kind: FileKind
     application_id: int = 0
-    # PRAGMA user_version: for a jobs_trio file, the last migration applied to it.
+    # For a jobs_trio file, the newest migration applied to it (a newer release's included);
+    # for another, its PRAGMA user_version.
     schema_version: int = 0
     tables: tuple[str, ...] = ()
     problem: str = ""  # NOT_SQLITE: why
+    # For a jobs_trio file, its compatibility level (_schema_compatibility).
+    level: int = 0
 
 
 def identify(path: str) -> SqliteFile:
@@ -136,9 +171,15 @@ def identify(path: str) -> SqliteFile:
         uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
             app_id, version, tables = _marks(conn)
+            kind = _kind(app_id, version, tables)
+            level = 0
+            if kind is FileKind.JOBS_TRIO:
+                applied = _read_applied(conn, version, tables)
+                version = max((m.version for m in applied), default=0)
+                level = judge(KNOWN, applied).level
     except sqlite3.Error as exc:
         return SqliteFile(path, FileKind.NOT_SQLITE, problem=str(exc))
-    return SqliteFile(path, _kind(app_id, version, tables), app_id, version, tables)
+    return SqliteFile(path, kind, app_id, version, tables, level=level)
 
 
 def _marks(conn: sqlite3.Connection) -> tuple[int, int, tuple[str, ...]]:
@@ -245,6 +286,35 @@ async def open_sqlite_file(
     """The door to the file ``url`` names, the file checked (and unless ``read_only``, created
     or upgraded and switched to WAL) before it is handed out; closed on the way out.
     `open_sqlite_driver` documents the options."""
+    async with _open_checked(
+        url,
+        clock=clock,
+        busy_timeout=busy_timeout,
+        synchronous=synchronous,
+        read_only=read_only,
+        create=create,
+    ) as (door, _):
+        yield door
+
+
+async def migrate(url: str) -> list[int]:
+    """Create or upgrade the file ``url`` names (what opening it to write does, and all), and
+    answer the versions this call applied."""
+    async with _open_checked(url) as (_, done):
+        return done
+
+
+@contextlib.asynccontextmanager
+async def _open_checked(
+    url: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    busy_timeout: float = 5.0,
+    synchronous: str = "FULL",
+    read_only: bool = False,
+    create: bool = True,
+) -> AsyncIterator[tuple[SqliteDoor, list[int]]]:
+    """`open_sqlite_file`'s door, and the versions its open applied."""
     path = sqlite_path(url)
     if sqlite3.sqlite_version_info < MIN_SQLITE:
         raise ConfigError(
@@ -260,37 +330,60 @@ async def open_sqlite_file(
     conn = await trio.to_thread.run_sync(_connect, path, busy_timeout, read_only, create)
     door = SqliteDoor(conn, path=path, clock=clock, busy_timeout=busy_timeout)
     try:
-        await _prepare(door, read_only, synchronous.upper())
-        yield door
+        done = await _prepare(door, read_only, synchronous.upper())
+        yield door, done
     finally:
         await door.aclose()
-
-
-async def migrate(url: str) -> None:
-    """Create or upgrade the file ``url`` names: what opening it to write does, and all."""
-    async with open_sqlite_file(url):
-        pass
 
 
 # Checking and migrating, inside the door's transactions.
 
 
-async def _prepare(door: SqliteDoor, read_only: bool, synchronous: str) -> None:
+async def _prepare(door: SqliteDoor, read_only: bool, synchronous: str) -> list[int]:
+    """Check (and unless ``read_only``, migrate) the file; the versions applied."""
     path = door.path
     if read_only:
         # Checked, never changed: a read-only open leaves the file exactly as it was.
-        await door.transact(lambda conn, now: _check_current(conn, path), mode="read")
-        return
-    await door.transact(lambda conn, now: _migrate(conn, path), mode="write")
+        verdict = await door.transact(lambda conn, now: _check_current(conn, path), mode="read")
+        note_ahead(verdict, repr(path))
+        return []
+    done, verdict = await door.transact(lambda conn, now: _migrate(conn, path), mode="write")
+    note_ahead(verdict, repr(path))
     await door.transact(lambda conn, now: _use_wal(conn, path), mode="bare")
     # Even this reads the file: it comes after the check that the file is ours.
     await door.transact(
         lambda conn, now: conn.execute(f"PRAGMA synchronous = {synchronous}"), mode="bare"
     )
+    return done
 
 
-def _check_schema(conn: sqlite3.Connection, path: str) -> tuple[int, int]:
-    """The file's (application_id, user_version), once it is known to be ours or new."""
+def _read_applied(conn: sqlite3.Connection, version: int, tables: tuple[str, ...]) -> list[Applied]:
+    """The migrations the file records: its history, or for a file 0.1 wrote (no history yet),
+    those its user_version (``version``) says it holds."""
+    if "schema_history" in tables:
+        return [
+            Applied(row[0], row[2], row[1], row[4], row[3])
+            for row in conn.execute(
+                "SELECT version, name, level, applied_at, applied_by FROM schema_history"
+            )
+        ]
+    applied = [Applied(m.version, m.level or 1, m.name) for m in KNOWN if m.version <= version]
+    if SCHEMA_VERSION < version < MARK_FOR_0_1:
+        # A release before the history, newer than this one: nothing tells whether this one
+        # can work with it (refuse_incompatible says so).
+        applied.append(Applied(version, None))
+    return applied
+
+
+def _check_schema(
+    conn: sqlite3.Connection,
+    path: str,
+    *,
+    known: Sequence[Migration] = KNOWN,
+    works_with: int = COMPATIBILITY_LEVEL,
+) -> tuple[int, list[Applied], Verdict]:
+    """The file's application_id, applied migrations and verdict, once it is known to be ours
+    or new and a schema this release can use."""
     app_id, version, tables = _marks(conn)
     if _kind(app_id, version, tables) is FileKind.FOREIGN:
         # Raised inside the transaction, before any write: the file stays as it was.
@@ -301,40 +394,74 @@ def _check_schema(conn: sqlite3.Connection, path: str) -> tuple[int, int]:
             f" tables: {shown or 'none'}); it was left untouched",
             fix="point the URL at a new file: jobs_trio keeps its jobs in a file of its own",
         )
-    if version > SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"{path!r} has jobs_trio schema version {version}, newer than the"
-            f" {SCHEMA_VERSION} this jobs_trio knows: a newer release wrote it",
-            fix="upgrade jobs_trio here to the release that wrote the file, or use another file",
-        )
-    return app_id, version
+    applied = _read_applied(conn, version, tables) if app_id == APPLICATION_ID else []
+    verdict = judge(known, applied, works_with=works_with)
+    refuse_incompatible(verdict, repr(path), works_with=works_with)
+    return app_id, applied, verdict
 
 
-def _check_current(conn: sqlite3.Connection, path: str) -> None:
-    _, version = _check_schema(conn, path)
-    if version == 0:
+def check_readable(path: str) -> None:
+    """Refuse a jobs_trio file this release cannot read or write as it is (behind this
+    release, or at a compatibility level it does not work with), reading it through a
+    read-only connection: for a writer that never migrates (a producer)."""
+    uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        verdict = _check_current(conn, path)
+    note_ahead(verdict, repr(path))
+
+
+def _check_current(conn: sqlite3.Connection, path: str) -> Verdict:
+    _, applied, verdict = _check_schema(conn, path)
+    if not applied:
         raise ConfigError(
             f"{path!r} is an empty SQLite file, not a jobs_trio database yet",
             fix="check the path; `jobs-trio migrate --db URL` makes it one",
         )
-    if version < SCHEMA_VERSION:
+    if verdict.missing:
         raise SchemaVersionError(
-            f"{path!r} has jobs_trio schema version {version}, older than the"
-            f" {SCHEMA_VERSION} this jobs_trio reads; a read-only open does not upgrade it",
+            f"{path!r} lacks jobs_trio migrations {[m.version for m in verdict.missing]} that"
+            f" jobs_trio {VERSION} reads; a read-only open does not upgrade it",
             fix="run `jobs-trio migrate --db URL` once to upgrade it",
         )
+    return verdict
 
 
-def _migrate(conn: sqlite3.Connection, path: str) -> None:
-    app_id, version = _check_schema(conn, path)
-    for number, statements in MIGRATIONS:
-        if number > version:
-            for statement in statements:
-                conn.execute(statement)
+def _migrate(
+    conn: sqlite3.Connection,
+    path: str,
+    *,
+    known: Sequence[Migration] = KNOWN,
+    works_with: int = COMPATIBILITY_LEVEL,
+    release: str = VERSION,
+) -> tuple[list[int], Verdict]:
+    """Apply what the file lacks, in the door's write transaction: all of it or nothing.
+    ``known``, ``works_with`` and ``release`` are this release's (another's, in a test that
+    plays the next release)."""
+    app_id, applied, verdict = _check_schema(conn, path, known=known, works_with=works_with)
+    conn.execute(_CREATE_HISTORY)
+    for one in applied:  # a file 0.1 wrote: its migrations, into the history
+        conn.execute(
+            _RECORD, (one.version, one.name, one.level, one.applied_at or 0.0, one.applied_by)
+        )
+    level = verdict.level
+    done: list[int] = []
+    for migration in verdict.missing:
+        level = _apply(conn, migration, level, release)
+        done.append(migration.version)
     if app_id != APPLICATION_ID:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    if version != SCHEMA_VERSION:
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    mark = mark_for_0_1(level, NEWEST_IN_0_1)
+    if conn.execute("PRAGMA user_version").fetchone()[0] != mark:
+        conn.execute(f"PRAGMA user_version = {mark}")
+    return done, verdict
+
+
+def _apply(conn: sqlite3.Connection, migration: Migration, level: int, release: str) -> int:
+    for statement in _statements(migration.sql):
+        conn.execute(statement)
+    level = level_after(level, migration)
+    conn.execute(_RECORD, (migration.version, migration.name, level, time.time(), release))
+    return level
 
 
 def _use_wal(conn: sqlite3.Connection, path: str) -> None:

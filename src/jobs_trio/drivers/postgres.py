@@ -68,7 +68,7 @@ from ._fleet_stats import encode as encode_fleet_stats
 from ._limit_rules import LimitRow, decide, needs
 from ._postgres_bridge import ROW_LOCK_STATES, Bridge, open_bridge, sole_error
 from ._postgres_listener import PAUSES_CHANGED, Listener
-from ._postgres_migrate import apply_migrations, check_migrated, migrate
+from ._postgres_migrate import apply_migrations, check_migrated, holders_namer, migrate
 from ._postgres_plan import (
     KEY_ROUNDS,
     enqueue_plan,
@@ -156,6 +156,7 @@ async def open_postgres_driver(
                 application_name=f"jobs_trio:{schema}",
                 session=session,
                 pooler=pooler,
+                name_holders=holders_namer(statements),
             ) as bridge,
             _open_on(bridge, statements, clock, migrate, drop_schema_on_close) as driver,
         ):

@@ -702,10 +702,16 @@ FROM (SELECT) AS one LEFT JOIN (
     LIMIT 1
 ) AS f ON true;
 
--- name: unbounded_waits
--- For the migrating transaction only (SET LOCAL): the pool's statement and lock timeouts do not
--- apply to a schema change.
-SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;
+-- name: migration_waits
+-- For the migrating transaction only (is_local): no statement timeout (an index built over a
+-- deep table takes what it takes), and first no lock timeout, for the advisory lock alone.
+SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true);
+
+-- name: migration_lock_timeout
+-- Then the short one every lock of the migration waits under ($1: '500ms'): a migration that
+-- queues for its exclusive lock behind a long reader makes every statement of the fleet queue
+-- behind it; given up at this bound, it lets them through and tries again later.
+SELECT set_config('lock_timeout', $1, true);
 
 -- name: migration_lock
 -- Held to the end of the migrating transaction: concurrent `jobs-trio migrate` runs queue up
@@ -716,19 +722,70 @@ SELECT pg_advisory_xact_lock($1);
 CREATE SCHEMA IF NOT EXISTS {schema};
 
 -- name: create_migrations_table
+-- 0.1's record, which 0.1 checks strictly and forever (_schema_compatibility.MARK_FOR_0_1):
+-- the migrations it knows (0001-0010), and a mark past them once the level passes 1.
 CREATE TABLE IF NOT EXISTS {schema}.migrations (
     version integer PRIMARY KEY,
     applied_at double precision NOT NULL
 );
 
--- name: migrations_table_exists
-SELECT to_regclass($1) IS NOT NULL;
+-- name: create_schema_history
+-- The full record, from 0.2 on: every migration applied, the schema's compatibility level once
+-- it was, and the release that applied it. A release reads the level here, not the numbers.
+CREATE TABLE IF NOT EXISTS {schema}.schema_history (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    level integer NOT NULL,
+    applied_at double precision NOT NULL,
+    applied_by text NOT NULL
+);
 
--- name: applied_versions
-SELECT version FROM {schema}.migrations ORDER BY version;
+-- name: records_exist
+-- 0.1's record and the history ($1, $2: their qualified names): a schema 0.1 migrated has no
+-- history yet, one never migrated has neither.
+SELECT to_regclass($1) IS NOT NULL AS record, to_regclass($2) IS NOT NULL AS history;
+
+-- name: read_record
+SELECT version, applied_at FROM {schema}.migrations;
+
+-- name: read_history
+SELECT version, name, level, applied_at, applied_by FROM {schema}.schema_history;
+
+-- name: record_history
+INSERT INTO {schema}.schema_history (version, name, level, applied_at, applied_by)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (version) DO NOTHING;
 
 -- name: record_migration
-INSERT INTO {schema}.migrations (version, applied_at) VALUES ($1, $2);
+INSERT INTO {schema}.migrations (version, applied_at) VALUES ($1, $2)
+ON CONFLICT (version) DO NOTHING;
+
+-- name: forget_for_0_1
+-- What 0.1's record must not hold for 0.1 to start: the migrations it does not know ($1: its
+-- newest), once the history has them, and a mark for a level the schema is no longer at.
+DELETE FROM {schema}.migrations WHERE version > $1 AND version <> $2;
+
+-- name: lock_holders
+-- Who held the locks a statement waited for until its lock timeout: the sessions with a lock on
+-- a table of this schema whose transaction (or, queued, whose statement) began before that wait
+-- did, $2 seconds ago. A worker's own transactions last milliseconds and are left out.
+SELECT a.pid, a.application_name, a.usename, a.state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS open_for,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 160) AS query,
+       string_agg(DISTINCT c.relname || ' ' || l.mode || CASE WHEN l.granted THEN ''
+                  ELSE ' (waiting)' END, ', ') AS locks,
+       bool_and(NOT l.granted) AS waiting
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND c.relkind IN ('r', 'p') AND n.nspname = $1
+  AND l.pid <> pg_backend_pid()
+  AND CASE WHEN l.granted THEN a.xact_start ELSE a.query_start END
+      <= clock_timestamp() - make_interval(secs => $2)
+GROUP BY a.pid, a.application_name, a.usename, a.state, a.xact_start, a.query
+ORDER BY a.xact_start
+LIMIT 5;
 
 -- name: drop_schema
 DROP SCHEMA IF EXISTS {schema} CASCADE;
