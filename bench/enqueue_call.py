@@ -89,7 +89,7 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
     import jobs_trio
     from jobs_trio._core.records import NewJob, new_job_id
     from jobs_trio.drivers._postgres_pool import session_settings
-    from jobs_trio.drivers.postgres import _job_columns, _limit_columns
+    from jobs_trio.drivers._postgres_plan import job_columns, limit_columns
 
     async def statement() -> tuple[str, str]:
         async with jobs_trio.open_driver(url, migrate=True) as driver:
@@ -100,7 +100,7 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
     async def one(conn: asyncpg.Connection, i: int) -> None:
         # The driver's own argument builders: the statement's parameters change with it.
         job = NewJob(new_job_id(), "bench.enqueue_call", "bench", json.dumps({"i": i}), 3)
-        await conn.fetch(sql, time.time(), *_job_columns([job]), channel, *_limit_columns([job]))
+        await conn.fetch(sql, time.time(), *job_columns([job]), channel, *limit_columns([job]))
 
     async def timed(call: Any) -> dict[str, Any]:
         for i in range(200):
