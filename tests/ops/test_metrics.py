@@ -66,3 +66,30 @@ async def test_interrupted_and_parked_attempts_are_not_counted_as_failures() -> 
     # Counted by its own outcome: a deploy's drains are visible, and apart from failures.
     drained = {"queue": "default", "job": "long", "outcome": "interrupted"}
     assert metrics.registry.get_sample_value("jobs_trio_attempts_total", drained) == 1
+
+
+
+async def test_a_paused_queue_has_a_gauge_at_one_and_the_others_none(
+    autojump_clock: object,
+) -> None:
+    registry = Registry()
+
+    @registry.job("later", queue="mail")
+    async def later(ctx: object, payload: None) -> None: ...
+
+    driver = trio_driver()
+    await later.enqueue(driver)
+    await driver.pause_queue("mail")
+    await driver.pause_queue("empty")  # paused with no job: observed all the same
+    metrics = fresh_metrics()
+    w = worker(driver, registry, queues=["other"], metrics=metrics, stats_interval=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert gauge(metrics, "queue_paused", queue="mail") == 1
+        assert gauge(metrics, "queue_paused", queue="empty") == 1
+        assert gauge(metrics, "queue_paused", queue="other") is None
+        await driver.resume_queue("mail")
+        await trio.sleep(6)  # past the next observation (every 5 s, mock time)
+        assert gauge(metrics, "queue_paused", queue="mail") is None
+        await w.stop()

@@ -348,6 +348,7 @@ def test_outcomes_states_and_cancel_reasons_keep_the_words_they_had_as_strings()
         "slot-lost",
         "held-too-long",
         "claim-late",
+        "queue-paused",
     ]
     assert f"jobs.attempt.{OutcomeKind.DEAD_LETTERED}" == "jobs.attempt.dead-lettered"
     assert json.dumps({OutcomeKind.LOST: 1, "state": WorkerState.IDLE}) == (

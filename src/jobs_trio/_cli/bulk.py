@@ -1,6 +1,6 @@
-# `jobs-trio retry` and `jobs-trio cancel`: one job by its id, or every job a filter matches
-# (queue, name, state, age), with --dry-run to see them first. Apart from cli.py because the
-# bulk form is the operator's one write over many jobs, and its guard rails live together here.
+# `jobs-trio retry`, `cancel`, `delete` and `run-now`: one job by its id, or every job a filter
+# matches (queue, name, state, age), with --dry-run to see them first. Apart from cli.py because
+# the bulk form is the operator's one write over many jobs, and its guard rails live together.
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ import attrs
 
 from .._core import render as render
 from .._core.errors import ConfigError, InvalidTransition, JobNotFound
-from .._core.operator_transitions import CANCELLABLE_STATES, RETRYABLE_STATES
+from .._core.operator_transitions import CANCELLABLE_STATES, DELETABLE_STATES, RETRYABLE_STATES
 from .._core.records import JobRecord, JobState
 from ..drivers.contract import Driver
 from .args import Command
@@ -27,13 +27,22 @@ DEFAULT_LIMIT = 1000
 
 @attrs.frozen
 class Bulk:
-    """What one of the two commands does: its verb, the states it acts on, the driver call."""
+    """What one of the commands does: its verb, the states it acts on, the driver call, and
+    what it says of one job it acted on."""
 
-    verb: str  # "retry" / "cancel"
-    done: str  # "retried" / "cancelled"
+    verb: str  # "retry" / "cancel" / ...
+    done: str  # "retried" / "cancelled" / ...
     states: frozenset[JobState]  # a --state outside these is refused
     default_states: tuple[JobState, ...]  # with no --state
     act: Callable[[Driver, str], Awaitable[JobRecord]]
+    said: Callable[[JobRecord], str]  # one job acted on, after its id
+    text: str  # the command's help
+
+
+def _cancelled(record: JobRecord) -> str:
+    if record.state is JobState.RUNNING:
+        return "running; cancel requested (its worker stops the run at its next lease renewal)"
+    return str(record.state)
 
 
 RETRY = Bulk(
@@ -42,6 +51,9 @@ RETRY = Bulk(
     RETRYABLE_STATES,
     (JobState.DEAD,),
     lambda driver, job_id: driver.retry(job_id),
+    lambda record: f"{record.state}, attempts reset ({render.attempts(record)})",
+    "Put dead, cancelled or parked jobs back to ready, attempts reset: one by ID, or every job"
+    " the filters match (default --state dead).",
 )
 # A running job is cancelled only when asked for by --state running: its body is stopped at its
 # worker's next renewal, which a filter by queue alone should not do to a whole queue.
@@ -51,27 +63,42 @@ CANCEL = Bulk(
     CANCELLABLE_STATES | {JobState.RUNNING},
     tuple(sorted(CANCELLABLE_STATES)),
     lambda driver, job_id: driver.cancel(job_id),
+    _cancelled,
+    "Cancel jobs: one by ID (a running one stops at its next lease renewal), or every job the"
+    " filters match (default: ready, suspended and parked; --state running for running ones).",
 )
+# A delete cannot be undone: with filters and no --state it takes only dead jobs, the ones an
+# operator clears away most; every other state is asked for by name.
+DELETE = Bulk(
+    "delete",
+    "deleted",
+    DELETABLE_STATES,
+    (JobState.DEAD,),
+    lambda driver, job_id: driver.delete(job_id),
+    lambda record: f"deleted (it was {record.state}), with its steps and attempt history",
+    "Delete jobs that are not running, with their step records and attempt history (their keys"
+    " are free again): one by ID, or every job the filters match (default --state dead).",
+)
+RUN_NOW = Bulk(
+    "run-now",
+    "made due",
+    frozenset({JobState.READY}),
+    (JobState.READY,),
+    lambda driver, job_id: driver.run_now(job_id),
+    lambda record: f"due now (attempts {render.attempts(record)})",
+    "Run ready jobs now that wait for their time (scheduled, backing off after a failure, put"
+    " off for a fleet limit): one by ID, or every job the filters match. A job of a paused"
+    " queue waits for its resume.",
+)
+BULKS = (RETRY, CANCEL, DELETE, RUN_NOW)
 
 
 def add_bulk_commands(
     command: Command, run_on_driver: RunOnDriver, as_json: argparse.ArgumentParser
 ) -> None:
-    """Register ``retry`` and ``cancel`` with cli.py's ``command`` helper and driver runner."""
-    for bulk, text in (
-        (
-            RETRY,
-            "Put dead, cancelled or parked jobs back to ready, attempts reset: one by ID, or"
-            " every job the filters match (default --state dead).",
-        ),
-        (
-            CANCEL,
-            "Cancel jobs: one by ID (a running one stops at its next lease renewal), or every"
-            " job the filters match (default: ready, suspended and parked; --state running"
-            " for running ones).",
-        ),
-    ):
-        parser = command(bulk.verb, run_on_driver(_runner(bulk)), text, as_json)
+    """Register each of BULKS with cli.py's ``command`` helper and driver runner."""
+    for bulk in BULKS:
+        parser = command(bulk.verb, run_on_driver(_runner(bulk)), bulk.text, as_json)
         parser.add_argument("id", nargs="?", metavar="ID", help="one job; or use the filters")
         filters = parser.add_argument_group("filters (every job matching all of them)")
         filters.add_argument("--queue", metavar="Q")
@@ -129,18 +156,10 @@ def _runner(bulk: Bulk) -> Callable[[Driver, argparse.Namespace], Awaitable[None
 
 async def _one(bulk: Bulk, driver: Driver, args: argparse.Namespace) -> None:
     record = await bulk.act(driver, args.id)
-    shown = render.visible(record.id)
     if args.json:
         print(render.dumps(record.to_json()))
-    elif bulk is RETRY:
-        print(f"{shown}: {record.state}, attempts reset ({render.attempts(record)})")
-    elif record.state is JobState.RUNNING:
-        print(
-            f"{shown}: running; cancel requested (its worker stops the run at its next lease"
-            " renewal)"
-        )
     else:
-        print(f"{shown}: {record.state}")
+        print(f"{render.visible(record.id)}: {bulk.said(record)}")
 
 
 async def matching(
@@ -190,7 +209,7 @@ async def _many(bulk: Bulk, driver: Driver, args: argparse.Namespace) -> None:
                 {
                     "dry_run": args.dry_run,
                     "matched": [r.id for r in records],
-                    bulk.done: changed,
+                    bulk.done.replace(" ", "_"): changed,
                     "skipped": skipped,
                     "more": more,
                 }

@@ -50,6 +50,7 @@ from .cron import add_tasks_command
 from .find_registry import load_registry
 from .logging_flags import add_logging_flags, configure_logging, structured
 from .prune import add_prune_command
+from .queue_control import add_queue_commands
 from .relay import add_relay_command
 
 ENV_TRACEBACK = "JOBS_TRIO_TRACEBACK"  # set to 1: an unexpected error prints its traceback
@@ -268,11 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=count, default=100, metavar="N", help="default 100")
 
     add_bulk_commands(command, on_driver, as_json)
+    add_queue_commands(command, on_driver, as_json)
 
     command(
         "stats",
         on_driver(_stats, read_only=True),
-        "Per queue: jobs by state, due, oldest ready age, dead.",
+        "Per queue: jobs by state, due, oldest ready age, dead, paused.",
         as_json,
     )
 

@@ -465,6 +465,12 @@ class _Collected(Collector):
             " 'rate' (starts per period)",
             labels=["queue", "job", "limit"],
         )
+        # An operator paused it (issue 46): 1 for each labelled queue paused, no series for
+        # the others (a series each would be another gauge per queue on every scrape).
+        paused = GaugeMetricFamily(
+            f"{PREFIX}queue_paused", "1 while an operator has paused the queue", labels=["queue"]
+        )
+        paused_queues: set[str] = set()
         counts: dict[str, dict[str, int]] = {}
         ages: dict[str, float] = {}
         dead_jobs: dict[str, int] = {}
@@ -484,6 +490,8 @@ class _Collected(Collector):
             if q.oldest_ready_age is not None and q.oldest_ready_age > ages[queue]:
                 ages[queue] = q.oldest_ready_age
             dead_jobs[queue] += q.dead
+            if q.paused and queue != OTHER_QUEUES:  # "(other)" sums many: none of them is one
+                paused_queues.add(queue)
             for job, kind, n in q.limit_waiting:
                 shown = self.labels.pair(q.queue, job)
                 put_off[(*shown, kind)] = put_off.get((*shown, kind), 0) + n
@@ -496,6 +504,8 @@ class _Collected(Collector):
             dead.add_metric([queue], n)
         for labels, n in put_off.items():
             waiting.add_metric(list(labels), n)
+        for queue in sorted(paused_queues):
+            paused.add_metric([queue], 1.0)
         running = GaugeMetricFamily(
             f"{PREFIX}running", "Jobs running in this process's workers", labels=["queue"]
         )
@@ -512,7 +522,7 @@ class _Collected(Collector):
         for queue, (busy, limit) in by_label.items():
             running.add_metric([queue], busy)
             free.add_metric([queue], max(limit - busy, 0))
-        yield from (depth, oldest, dead, waiting, running, free)
+        yield from (depth, oldest, dead, waiting, running, free, paused)
 
     def _slots(self) -> dict[str, tuple[int, int]]:
         """Each queue's running jobs and slots, summed over this process's workers."""

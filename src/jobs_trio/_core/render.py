@@ -236,6 +236,7 @@ def stats_json(stats: Sequence[QueueStats]) -> list[dict[str, object]]:
             "limit_waiting": [
                 {"job": job, "limit": kind, "waiting": n} for job, kind, n in s.limit_waiting
             ],
+            "paused": s.paused,
         }
         for s in stats
     ]
@@ -245,7 +246,8 @@ def stats_table(stats: Sequence[QueueStats]) -> str:
     headers = ["QUEUE", *(state.upper() for state in STATE_ORDER), "DUE", "OLDEST READY"]
     rows = [
         [
-            s.queue,
+            # Paused: nothing of it starts until `jobs-trio resume` (its jobs still count here).
+            f"{s.queue} (paused)" if s.paused else s.queue,
             *(str(s.depth.get(state, 0)) for state in STATE_ORDER),
             str(s.due),
             "-" if s.oldest_ready_age is None else duration(s.oldest_ready_age),

@@ -368,6 +368,7 @@ _HANDED_BACK = (
     CancelReason.HELD_TOO_LONG,
     CancelReason.CLAIM_LATE,
     CancelReason.LEASE_EXPIRED,
+    CancelReason.QUEUE_PAUSED,
 )
 
 

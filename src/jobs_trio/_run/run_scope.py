@@ -29,6 +29,7 @@ class CancelReason(enum.StrEnum):
     SLOT_LOST = "slot-lost"  # the run's fleet slot lapsed and another run took it
     HELD_TOO_LONG = "held-too-long"  # claimed ahead, no slot freed within the hold limit
     CLAIM_LATE = "claim-late"  # the claim was answered after its lease ran out
+    QUEUE_PAUSED = "queue-paused"  # held for a slot (or just claimed) when its queue was paused
 
 
 class RunScope:
@@ -224,5 +225,13 @@ class RunScope:
                 " another worker claimed it meanwhile: then that worker runs it)",
                 fix="nothing for this job. If it recurs, the database answers claims slower"
                 " than the lease: look at its latency and load, or raise the worker's lease",
+            )
+        if reason is CancelReason.QUEUE_PAUSED:
+            return HandedBack(
+                f"interrupted: {job} was claimed but not started when an operator paused its"
+                f" queue {self.claim.queue!r}; handed back to the queue unstarted, its attempt"
+                " uncounted",
+                fix="nothing for this job: it runs once the queue is resumed"
+                " (`jobs-trio resume QUEUE`)",
             )
         return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")

@@ -132,6 +132,8 @@ class Slots:
         # A queue whose held claim was handed back claims nothing ahead until a slot frees:
         # else a worker stuck behind a long job would claim and hand back the same job forever.
         self._ahead_paused: set[str] = set()
+        # Queues an operator paused (the worker's watch heard it): no claim asks for them.
+        self.paused: frozenset[str] = frozenset()
         self._held_one = trio.lowlevel.ParkingLot()
         self.freed = trio.lowlevel.ParkingLot()
         # What claims in flight asked of each queue, and the free slots they told the
@@ -161,6 +163,8 @@ class Slots:
         does; any room at all made a claim of every settle, where jobs end one at a time)."""
         want: dict[str, int] = {}
         for q in self.limits:
+            if q in self.paused:
+                continue
             free = max(self.open(q), 0)
             ahead = self.ahead_of(q)
             room = 0 if q in self._ahead_paused else ahead - len(self._waiting[q])
@@ -345,6 +349,23 @@ class Slots:
                     held.overdue = True
                     self._ahead_paused.add(queue)
                     held.run.cancel(CancelReason.HELD_TOO_LONG)
+
+    def pause(self, paused: frozenset[str]) -> dict[str, int]:
+        """``paused`` are the worker's paused queues from now on: no claim asks for them, and
+        each held claim of one is cancelled (``QUEUE_PAUSED``: its task hands it back
+        unstarted, uncounted). Answers how many were, by newly paused queue. A resumed queue
+        is claimed for again."""
+        newly = paused - self.paused
+        self.paused = paused
+        handed_back = {}
+        for queue in newly:
+            # A copy: each cancel takes its claim out of the deque (_held_cancelled).
+            held = list(self._waiting.get(queue, ()))
+            for one in held:
+                one.run.cancel(CancelReason.QUEUE_PAUSED)
+            handed_back[queue] = len(held)
+        self.freed.unpark_all()  # a claim loop waiting for a slot may claim again (a resume)
+        return handed_back
 
     def waiting(self) -> bool:
         """Whether any claim taken ahead still waits for a slot."""

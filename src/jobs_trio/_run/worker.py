@@ -46,6 +46,7 @@ from .lease_renewal import lease_margin, renew_leases
 from .lifecycle import open_own_lifecycle
 from .outage import Outage
 from .presence import announce_presence
+from .queue_pauses import watch_pauses
 from .run_scope import CancelReason, RunScope
 from .settler import Settler
 from .slots import Slots
@@ -104,6 +105,9 @@ class WorkerStats:
     queue_depth: tuple[QueueStats, ...] = ()
     # Jobs claimed ahead of a free slot (claim_ahead), held for one: not in ``in_flight``.
     claimed_ahead: int = 0
+    # Its queues an operator paused, as its watch last heard (Driver.queue_pauses): it starts
+    # nothing of them until they are resumed.
+    paused: tuple[str, ...] = ()
 
     @property
     def interrupted(self) -> int:
@@ -274,6 +278,7 @@ class Worker:
             abandoned=self._abandoned,
             queue_depth=self._queue_depth,
             claimed_ahead=sum(self._slots.unstarted.values()),
+            paused=tuple(sorted(self._slots.paused)),
         )
 
     @property
@@ -356,6 +361,18 @@ class Worker:
                         outage=self._outage,
                     )
                 )
+                # The queues an operator paused, heard before the first claim: their jobs are
+                # not started here (the database gives no claim any, and held ones go back).
+                await service.start(
+                    functools.partial(
+                        watch_pauses,
+                        self.driver,
+                        self.queues,
+                        self._pauses_heard,
+                        every=self.options.safety_poll,
+                        retry_after=self.options.poll_interval,
+                    )
+                )
                 # Keeps the leases when a body blocks the loop, from a thread of its own.
                 await service.start(
                     LeaseLifeline(
@@ -422,6 +439,24 @@ class Worker:
         """When the presence goodbye must be over: the end of the teardown's budget for writes,
         the one being spent (a teardown cut from outside) or the one just finished."""
         return min(self._budget.writes_deadline, self._ended_by)
+
+    def _pauses_heard(self, paused: frozenset[str]) -> None:
+        """The watch heard which of this worker's queues are paused (at start, then at every
+        change): the jobs of a newly paused queue held unstarted go back at once, uncounted,
+        and no claim asks for it until it is resumed."""
+        before = self._slots.paused
+        handed_back = self._slots.pause(paused)
+        for queue in sorted(handed_back):
+            log_event(
+                "jobs.worker.queue-paused",
+                worker=self.worker_id,
+                queue=queue,
+                handed_back=handed_back[queue],
+                why="an operator paused it: nothing of it starts here until it is resumed;"
+                " its running jobs finish",
+            )
+        for queue in sorted(before - paused):
+            log_event("jobs.worker.queue-resumed", worker=self.worker_id, queue=queue)
 
     def _warn_of_undeclared_queues(self) -> None:
         """A queue given that no declared job uses (a typo: --queue emials) runs nothing: every
@@ -569,7 +604,11 @@ class Worker:
         run = RunScope(claim, definition.timeout if definition else None)
         run.lease_deadline = sent_at + self.lease
         now = trio.current_time()
-        if now >= run.lease_deadline - lease_margin(self.lease):
+        if self._slots.paused and claim.queue in self._slots.paused:
+            # Claimed a moment before its queue was paused, answered after this worker heard
+            # of it: not started, as a held job of it is not (the pause's row of docs/model.md).
+            run.cancel(CancelReason.QUEUE_PAUSED)
+        elif now >= run.lease_deadline - lease_margin(self.lease):
             # Answered after its lease ran out (a stalled database, a paused process): another
             # worker may hold the job already, so its body must not start here. Handed back
             # unstarted and uncounted, as a drained claim is: the write is fenced by this

@@ -79,9 +79,13 @@ async def drain(driver: Driver, registry: Registry, **options: Any) -> list[Outc
 
 
 async def _soonest_wait(worker: Worker) -> float | None:
-    """The soonest run-at of a job in the worker's queues that waits only for time to pass."""
+    """The soonest run-at of a job in the worker's queues that waits only for time to pass (a
+    paused queue's jobs wait for its resume: none of them)."""
     soonest: float | None = None
+    paused = {pause.queue for pause in await worker.driver.queue_pauses()}
     for queue in worker.queues:
+        if queue in paused:
+            continue
         for state in WAITING_STATES:
             for job in await worker.driver.list_jobs(state=state, queue=queue, limit=_LISTED):
                 if job.wait_event is None and (soonest is None or job.run_at < soonest):
