@@ -66,12 +66,15 @@ async def idle_statements(
 
         async def idle() -> bool:
             await trio.lowlevel.checkpoint()
-            # next_due: the claim loop's wait began. And the start's other statements are
-            # over: the first fleet_stats read runs beside the claim loop in a transaction,
-            # whose COMMIT, on a slow day, came after the look and inside the window.
+            # next_due: the claim loop's wait began; queue_pauses: the watch on the paused
+            # queues looked once and waits (for a NOTIFY). And the start's other statements
+            # are over: the first fleet_stats read runs beside the claim loop in a
+            # transaction, whose COMMIT, on a slow day, came after the look and inside the
+            # window.
             opened = sum(s.startswith("BEGIN") for s in sent)
             ended = sum(s.startswith(("COMMIT", "ROLLBACK")) for s in sent)
-            return any("The earliest moment" in s for s in sent) and opened == ended
+            looked = any("queue_pauses" in s for s in sent)
+            return any("The earliest moment" in s for s in sent) and looked and opened == ended
 
         await eventually(idle)
         start = list(sent)

@@ -68,7 +68,6 @@ async def test_interrupted_and_parked_attempts_are_not_counted_as_failures() -> 
     assert metrics.registry.get_sample_value("jobs_trio_attempts_total", drained) == 1
 
 
-
 async def test_a_paused_queue_has_a_gauge_at_one_and_the_others_none(
     autojump_clock: object,
 ) -> None:

@@ -88,7 +88,8 @@ async def test_a_queue_paused_before_the_worker_starts_runs_nothing_and_others_r
     w = worker(driver, registry, concurrency=2)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
-        assert w.stats().paused == ("a",)  # heard before the first claim
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.stats().paused == ("a",)
         await trio.sleep(3600)
         assert started == ["quick-b"]
         await driver.resume_queue("a")

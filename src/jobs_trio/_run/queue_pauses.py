@@ -26,34 +26,25 @@ async def watch_pauses(
     retry_after: float,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Read the paused queues, tell ``heard`` which of ``queues`` are paused, then wait for a
-    change (``every`` seconds at most between looks, ``retry_after`` after a failed one) and
-    tell it again whenever that changes. Started once the first look is answered (or has
-    failed): a worker then starts nothing of a queue it can know is paused."""
+    """Tell ``heard`` which of ``queues`` are paused whenever that changes, starting from none
+    (the database gives no claim a job of a paused queue, so until the first look answers the
+    worker only holds nothing of one). Looks at most ``every`` seconds apart, ``retry_after``
+    after a failed look. An idle worker's watch costs one look at start, then a wait (the
+    driver's wake-up)."""
     ours = frozenset(queues)
     # Every paused queue the last look saw, the worker's or not: the watch waits for a change
     # of THAT (a pause of a queue this worker never claims is a change too, once).
-    seen: frozenset[str] | None = None
+    seen: frozenset[str] = frozenset()
     told: frozenset[str] = frozenset()
-    started = False
+    task_status.started()
     while True:
         try:
-            if seen is None:
-                pauses = await driver.queue_pauses()
-            else:
-                pauses = await driver.wait_for_pauses(seen, every)
+            pauses = await driver.wait_for_pauses(seen, every)
         except DriverError as exc:
             log_event("jobs.worker.pauses-failed", logging.WARNING, error=str(exc))
-            if not started:
-                task_status.started()
-                started = True
             await trio.sleep(retry_after)
             continue
         seen = frozenset(p.queue for p in pauses)
-        paused = seen & ours
-        if paused != told or not started:
-            told = paused
-            heard(paused)
-        if not started:
-            task_status.started()
-            started = True
+        if seen & ours != told:
+            told = seen & ours
+            heard(told)

@@ -361,8 +361,8 @@ class Worker:
                         outage=self._outage,
                     )
                 )
-                # The queues an operator paused, heard before the first claim: their jobs are
-                # not started here (the database gives no claim any, and held ones go back).
+                # The queues an operator paused: their jobs are not started here (the database
+                # gives no claim any, and the jobs of one held here go back as it is heard).
                 await service.start(
                     functools.partial(
                         watch_pauses,

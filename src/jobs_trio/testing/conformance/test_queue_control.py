@@ -62,12 +62,13 @@ async def test_a_paused_queues_limited_jobs_are_not_claimed(driver: Driver) -> N
 
 
 async def test_a_claim_carrying_settlements_takes_nothing_of_a_paused_queue(
-    driver: Driver,
+    driver: Driver, manual_clock: ManualClock
 ) -> None:
     if not driver.capabilities.settles_with_claims:
         pytest.skip(f"{type(driver).__name__} settles and claims apart (no settle_and_claim)")
     both = cast(SettlesWithClaims, driver)
     first = await enqueue_one(driver, queue="a")
+    manual_clock.advance(1)  # claim order: by run-at
     waiting = await enqueue_one(driver, queue="a")
     claim = await claim_one(driver, queue="a")
     await driver.pause_queue("a")
