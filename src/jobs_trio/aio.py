@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
-from ._core.records import JobId
+from ._core.records import JobId, JobState
 from ._jobs.events import event_text
-from ._jobs.registry import JobDefinition, OnDuplicate, RunAt
+from ._jobs.registry import JobDefinition, OnDuplicate, RunAt, Window
 from ._produce.awaiting import open_pool, psycopg_async_fetch, write_postgres
 from ._produce.blocking import write_sqlite
 from ._produce.callers import Client, client_of, wrong_client
@@ -96,6 +96,8 @@ class Producer:
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
         context: Mapping[str, str] | None = None,
@@ -111,6 +113,8 @@ class Producer:
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
         context: Mapping[str, str] | None = None,
@@ -125,6 +129,8 @@ class Producer:
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
         context: Mapping[str, str] | None = None,
@@ -132,7 +138,14 @@ class Producer:
         """``JobDefinition.enqueue`` for asyncio code: write one job, answer its id (a live
         job's id when it holds ``key``; ``DuplicateJob`` with ``on_duplicate="raise"``)."""
         row = job.new_job(
-            payload, delay=delay, run_at=run_at, priority=priority, key=key, context=context
+            payload,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            key=key,
+            context=context,
+            unique_for=unique_for,
+            unique_states=unique_states,
         )
         [answer] = await self._write(EnqueueWrite([row]), connection)
         return job.answered(answer, key, on_duplicate)

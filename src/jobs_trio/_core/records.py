@@ -95,6 +95,11 @@ class NewJob:
     limits: JobLimits | None = None
     # JSON text of the run's context and trace context (run_context.py), checked; None: none.
     context: str | None = None
+    # The key's window (rules.in_window): a job of this key created less than this many seconds
+    # ago, live or in one of ``unique_states`` (finished states), makes this enqueue a no-op.
+    # None: only a live job holds the key.
+    unique_for: float | None = None
+    unique_states: tuple[str, ...] = ()
 
 
 # An outbox row's columns, in the order every driver reads them back (outbox_job's ``row``).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._core.errors import ConfigError
 from .._core.records import Enqueued, NewJob
 from ..drivers.contract import Driver
 
@@ -28,5 +29,14 @@ class Outbox:
     async def enqueue(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> Sequence[Enqueued]:
+        if any(job.unique_for is not None for job in jobs):
+            # The relay decides a key when it moves the row, with no window to look through:
+            # refused rather than written as a plain key, which would hold it far less long.
+            raise ConfigError(
+                "an outbox enqueue cannot take unique_for: the relay decides a key's holder"
+                " when it moves the row, by its live jobs only",
+                fix="enqueue into the job store directly for a key with a window, or use a"
+                " plain key= through the outbox",
+            )
         await self.store.outbox_write(jobs, connection=connection)
         return [Enqueued(job.job_id, created=True) for job in jobs]

@@ -20,16 +20,25 @@ from .._core.boundary import (
     check_key,
     check_limit,
     check_name,
+    check_seconds,
     delay_from,
     dump_json,
+    shown,
 )
-from .._core.errors import ConfigError, DuplicateJob, DuplicateJobName, UnknownJob
+from .._core.errors import (
+    ConfigError,
+    DuplicateJob,
+    DuplicateJobName,
+    InvalidArgument,
+    UnknownJob,
+)
 from .._core.fleet_limits import FleetLimit, RateLimit, resolve
 from .._core.logs import log_event
-from .._core.records import Enqueued, JobId, NewJob, new_job_id, new_job_ids
+from .._core.records import Enqueued, JobId, JobState, NewJob, new_job_id, new_job_ids
 from .._core.run_context import CaptureContext, RestoreContext, stored_context
 from .._cron.schedule import parse_schedule
 from .._cron.tasks import Missed, TaskDefinition, check_missed
+from ..drivers._rules import DEFAULT_WINDOW_STATES, LIVE_STATES, WINDOW_STATES
 from ..drivers._transaction import has_transactions, joined, transaction
 
 if TYPE_CHECKING:
@@ -55,6 +64,45 @@ TaskPayload = dict[str, Any]
 TaskBody = JobFunction[TaskPayload, object]
 
 RunAt = dt.datetime | float
+Window = dt.timedelta | float  # a key's window: seconds, or a timedelta
+
+
+def check_window(
+    key: str | None, unique_for: Window | None, states: Iterable[JobState | str] | None
+) -> tuple[float | None, tuple[str, ...]]:
+    """A key's window as a NewJob carries it: its seconds and the finished states it covers
+    (rules.in_window), checked: a window needs a key, a positive length and known states."""
+    if unique_for is None:
+        raise InvalidArgument(
+            "unique_states", "was given without unique_for", fix="give unique_for= too"
+        )
+    if key is None:
+        raise InvalidArgument(
+            "unique_for",
+            "a window is a key's: none was given",
+            fix="give key= too, e.g. key=f'welcome:{user_id}', unique_for=timedelta(days=1)",
+        )
+    seconds = unique_for.total_seconds() if isinstance(unique_for, dt.timedelta) else unique_for
+    seconds = check_seconds(seconds, argument="unique_for")
+    if seconds <= 0:
+        raise InvalidArgument("unique_for", "is 0", fix="give a window longer than 0 seconds")
+    covered: set[str] = set()
+    for state in DEFAULT_WINDOW_STATES if states is None else states:
+        value = state.value if isinstance(state, JobState) else state
+        if value not in _WINDOW_VALUES:
+            if value in _LIVE_VALUES:
+                continue  # a live job holds its key whatever the window
+            raise InvalidArgument(
+                "unique_states",
+                f"{shown(state)} is not a finished state a window can cover",
+                fix="name some of: " + ", ".join(sorted(_WINDOW_VALUES)),
+            )
+        covered.add(value)
+    return seconds, tuple(sorted(covered))
+
+
+_WINDOW_VALUES = frozenset(state.value for state in WINDOW_STATES)
+_LIVE_VALUES = frozenset(state.value for state in LIVE_STATES)
 
 # The most jobs one enqueue_many writes in one driver call (one statement on PostgreSQL): a
 # statement of 20,000 rows takes about a second here, far inside any statement timeout.
@@ -120,11 +168,14 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         priority: int | None = None,
         key: str | None = None,
         context: Mapping[str, str] | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
     ) -> NewJob:
-        """The row to write, checked: a bad payload, delay, key or context raises before any
-        write. ``context``: the run's context (docs/context.md); None: the capture hook's."""
+        """The row to write, checked: a bad payload, delay, key, window or context raises
+        before any write. ``context``: the run's context (docs/context.md); None: the capture
+        hook's. ``unique_for`` / ``unique_states``: ``enqueue``'s key window."""
         stored = stored_context(context, self.capture_context)
-        return self._row(
+        row = self._row(
             payload,
             new_job_id(),
             delay_from(delay, run_at),
@@ -132,6 +183,10 @@ class JobDefinition(Generic[PayloadT, ResultT]):
             None if key is None else check_key(key, argument="key"),
             stored,
         )
+        if unique_for is None and unique_states is None:
+            return row
+        seconds, states = check_window(key, unique_for, unique_states)
+        return attrs.evolve(row, unique_for=seconds, unique_states=states)
 
     def new_jobs(
         self,
@@ -191,6 +246,8 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
         context: Mapping[str, str] | None = None,
@@ -206,6 +263,8 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
         context: Mapping[str, str] | None = None,
@@ -220,6 +279,8 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         run_at: RunAt | None = None,
         priority: int | None = None,
         key: str | None = None,
+        unique_for: Window | None = None,
+        unique_states: Iterable[JobState | str] | None = None,
         on_duplicate: OnDuplicate = "existing",
         connection: object | None = None,
         context: Mapping[str, str] | None = None,
@@ -227,12 +288,22 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         """Write one job; answer its id. With a ``key`` a live job already holds, answer that
         job's id (or raise ``DuplicateJob`` with ``on_duplicate="raise"``); a key deduplicates
         live jobs only (ready, running, suspended, parked): once its job has finished, the
-        same key makes a new job. Inside a
+        same key makes a new job. ``unique_for`` (seconds or a timedelta) widens it to a
+        window: a job of the key created within it holds the key also once finished, in the
+        states ``unique_states`` names (default completed; dead and cancelled may be added).
+        Inside a
         ``jobs_trio.transaction(...)`` block the write joins that transaction; ``driver`` may
         be an ``Outbox`` (docs/transactions.md). ``context``: the run's context, e.g.
         ``{"tenant": "t1"}`` (docs/context.md); None: the registry's capture hook's."""
         job = self.new_job(
-            payload, delay=delay, run_at=run_at, priority=priority, key=key, context=context
+            payload,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            key=key,
+            context=context,
+            unique_for=unique_for,
+            unique_states=unique_states,
         )
         [answer] = await driver.enqueue([job], connection=joined(connection))
         return self.answered(answer, key, on_duplicate)

@@ -75,14 +75,19 @@ def insert_query(sql: Statements, now: float, batch: Sequence[NewJob]) -> Query:
 
 def enqueue_plan(sql: Statements, now: float, jobs: Sequence[NewJob]) -> Plan:
     """Write ``jobs``; answer each one's ``Enqueued`` in order (a keyed job whose key a live
-    job holds answers that job's id, not created).
+    job holds, or a job within its window, answers that job's id, not created).
 
     Without keys this is one statement, atomic on its own. With keys, the holders are looked
     up after the insert (each statement of a READ COMMITTED transaction gets a fresh snapshot
     that can see a holder committed meanwhile) and the insert may be tried again: run in one
     transaction, so a failure part-way commits none of it."""
     answers: dict[int, Enqueued] = {}
-    pending = list(range(len(jobs)))
+    windowed = [i for i, job in enumerate(jobs) if job.unique_for is not None]
+    if windowed:
+        answers = yield from _window_holders(sql, now, jobs, windowed)
+    pending = [i for i in range(len(jobs)) if i not in answers]
+    if not pending:  # every job's key held by its window: nothing to write
+        return [answers[i] for i in range(len(jobs))]
     for _ in range(KEY_ROUNDS):
         rows = yield insert_query(sql, now, [jobs[i] for i in pending])
         created = {row[0] for row in rows}
@@ -106,6 +111,30 @@ def enqueue_plan(sql: Statements, now: float, jobs: Sequence[NewJob]) -> Plan:
         "holders kept finishing and being replaced while this enqueue ran",
         fix="retry the enqueue",
     )
+
+
+def _window_holders(
+    sql: Statements, now: float, jobs: Sequence[NewJob], windowed: Sequence[int]
+) -> Generator[Query, Rows, dict[int, Enqueued]]:
+    """The answers of the jobs (``windowed``: their indexes) whose key a job within the window
+    holds, after taking their keys' locks (lock_keys says why). A job of the batch that holds
+    another's key is not seen here: it is not written yet, and the live-key index decides."""
+    keys = sorted({key for i in windowed if (key := jobs[i].key) is not None})
+    yield Query(sql["lock_keys"], (keys, f"jobs_trio:{sql.schema}:key:"))
+    rows = yield Query(
+        sql["window_holders"],
+        (
+            now,
+            [jobs[i].key for i in windowed],
+            [jobs[i].unique_for for i in windowed],
+            [",".join(jobs[i].unique_states) for i in windowed],
+        ),
+    )
+    return {
+        windowed[ordinal - 1]: Enqueued(holder, created=False)
+        for ordinal, holder in rows
+        if holder is not None
+    }
 
 
 def event_plan(sql: Statements, now: float, name: str, payload: str, key: str | None) -> Plan:

@@ -18,6 +18,7 @@ from .._core.records import (
     JobLimits,
     JobRecord,
     JobState,
+    NewJob,
     Park,
     QueueStats,
     Retry,
@@ -38,6 +39,27 @@ def sql_list(states: Iterable[JobState]) -> str:
 
 
 LIVE_STATES_SQL: Final = sql_list(LIVE_STATES)
+
+# A key with a window (NewJob.unique_for) is held also by a job of the key created within the
+# window in one of these finished states (the live ones hold it anyway): by default a
+# completed one ("one welcome mail per user per day"); a dead or cancelled one only when asked,
+# so that a failed job can be enqueued again (River's and Oban's defaults too).
+WINDOW_STATES: Final = (JobState.COMPLETED, JobState.DEAD, JobState.CANCELLED)
+DEFAULT_WINDOW_STATES: Final = (JobState.COMPLETED,)
+
+
+def in_window(record: JobRecord, job: NewJob, now: float) -> bool:
+    """Whether ``record`` holds ``job``'s key by its window: the same key, created less than
+    ``job.unique_for`` seconds before ``now``, live or in one of ``job.unique_states``. The SQL
+    drivers say the same (sqlite: insert_jobs; postgres_queries.sql: window_holders)."""
+    return (
+        job.unique_for is not None
+        and record.key == job.key
+        and record.created_at > now - job.unique_for
+        and (record.state in LIVE_STATES or record.state.value in job.unique_states)
+    )
+
+
 WAITING_STATES_SQL: Final = sql_list(WAITING_STATES)
 
 # How many fires of each task the fire record keeps: enough to refuse a second fire of any

@@ -26,8 +26,37 @@ def _limit_columns(limits: JobLimits | None) -> tuple[object, ...]:
     return attrs.astuple(limits)
 
 
+def _window_holder(conn: sqlite3.Connection, job: NewJob, now: float) -> JobId | None:
+    """The newest job holding ``job``'s key by its window (rules.in_window), if any. Under the
+    file's write lock (BEGIN IMMEDIATE), so no other writer's job can appear before the insert."""
+    assert job.unique_for is not None
+    covered = ", ".join("?" * len(job.unique_states)) or "NULL"
+    row = conn.execute(
+        "SELECT id FROM jobs INDEXED BY jobs_key_created WHERE key = ? AND created_at > ?"
+        f" AND (state IN {LIVE_STATES_SQL} OR state IN ({covered}))"
+        " ORDER BY created_at DESC, id DESC LIMIT 1",
+        (job.key, now - job.unique_for, *job.unique_states),
+    ).fetchone()
+    return None if row is None else JobId(row[0])
+
+
 def insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Enqueued]:
     """Write ``jobs`` (enqueue's rows); answer each one's id, or its key holder's."""
+    if any(job.unique_for is not None for job in jobs):
+        # A key with a window: each job in turn, its window looked at before its insert (a job
+        # earlier in the batch may be the one that holds it).
+        answers: list[Enqueued] = []
+        for job in jobs:
+            holder = None if job.unique_for is None else _window_holder(conn, job, now)
+            if holder is not None:
+                answers.append(Enqueued(holder, created=False))
+            else:
+                answers += _insert_batch(conn, [job], now)
+        return answers
+    return _insert_batch(conn, jobs, now)
+
+
+def _insert_batch(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Enqueued]:
     # A job whose key a live job holds is skipped by the partial unique index; who
     # holds each key is read back afterwards (also when the holder came earlier in
     # this same batch).

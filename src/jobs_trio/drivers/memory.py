@@ -67,6 +67,7 @@ from ._rules import (
     event_mark,
     hands_back_lapse,
     history_record,
+    in_window,
     key_matches,
     lapsed_out_of_attempts,
     limit_fields,
@@ -197,6 +198,12 @@ class MemoryDriver:
         }
         answers = []
         for job in jobs:
+            if job.unique_for is not None:
+                holders = [r for r in self._jobs.values() if in_window(r, job, now)]
+                if holders:
+                    newest = max(holders, key=lambda r: (r.created_at, r.id))
+                    answers.append(Enqueued(newest.id, created=False))
+                    continue
             if job.key is not None and job.key in live_keys:
                 answers.append(Enqueued(live_keys[job.key], created=False))
                 continue

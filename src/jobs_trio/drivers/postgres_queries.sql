@@ -55,6 +55,28 @@ WITH created AS (
 )
 SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
 
+-- name: lock_keys
+-- A key with a window (issue 47): one enqueue of it at a time, to the end of its transaction, so
+-- that the next one's look (window_holders, a statement later: a fresh snapshot) sees the job
+-- this one wrote, committed. Without it both could look before either wrote, and a job
+-- finished at once would then leave the other free to write a second. `$1`: sorted keys (one
+-- order everywhere: two batches never wait on each other in a circle); `$2`: the schema's
+-- prefix, so that two schemas on one server share no lock.
+SELECT pg_advisory_xact_lock(hashtextextended($2 || k, 0)) FROM unnest($1::text[]) AS k;
+
+-- name: window_holders
+-- For each job of a key with a window, the newest job of its key created within the window
+-- (`$1` now; each job's window in seconds and the finished states it covers, comma-joined),
+-- live or in a covered state (rules.in_window): that job holds the key. By jobs_key_created.
+SELECT w.ord, (
+    SELECT j.id FROM {schema}.jobs AS j
+    WHERE j.key = w.key AND j.created_at > $1 - w.unique_for
+      AND (j.state IN {live_states} OR j.state = ANY(string_to_array(w.states, ',')))
+    ORDER BY j.created_at DESC, j.id DESC
+    LIMIT 1
+) AS holder
+FROM unnest($2::text[], $3::float8[], $4::text[]) WITH ORDINALITY AS w(key, unique_for, states, ord);
+
 -- name: live_key_holders
 SELECT key, id FROM {schema}.jobs
 WHERE key = ANY($1::text[]) AND state IN {live_states};
