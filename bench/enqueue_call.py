@@ -88,8 +88,8 @@ def _raw_child(url: str, n: int, via_trio: bool) -> None:
 
     import jobs_trio
     from jobs_trio._core.records import NewJob, new_job_id
-    from jobs_trio.drivers._postgres_pool import session_settings
     from jobs_trio.drivers._postgres_plan import job_columns, limit_columns
+    from jobs_trio.drivers._postgres_pool import session_settings
 
     async def statement() -> tuple[str, str]:
         async with jobs_trio.open_driver(url, migrate=True) as driver:
