@@ -108,26 +108,40 @@ async def test_the_producer_writes_the_drivers_rows(sqlite_url: str) -> None:
         assert look.found is not None and look.found.id == event
 
 
-async def test_a_sent_event_wakes_the_job_suspended_on_it(sqlite_url: str) -> None:
+async def _a_sent_event_wakes_the_job_suspended_on_it(url: str, **options: Any) -> None:
     events = jobs_trio.Registry()
 
     @events.job("signup.wait")
     async def wait(ctx: jobs_trio.JobContext, payload: None) -> Any:
         return await ctx.step.wait_for_event("paid", "order.paid", match="o-1", timeout=3600)
 
-    async with jobs_trio.open_driver(sqlite_url) as driver:
+    async with jobs_trio.open_driver(url, **options) as driver:
         job_id = await wait.enqueue(driver)
         worker = new_worker(driver, events)
         [outcome] = await run_until_idle(worker, wait=False)
         assert outcome.kind == "suspended"
-        with Producer(sqlite_url) as producer:
-            await trio.to_thread.run_sync(
-                lambda: producer.send_event("order.paid", {"total": 3}, key="o-1")
-            )
+        with Producer(url, **options) as producer:
+            if url.startswith("sqlite"):
+                send = functools.partial(producer.send_event, "order.paid", {"total": 3})
+            else:  # in the caller's transaction: the job wakes when it commits
+                import psycopg
+
+                def send(key: str) -> None:
+                    with psycopg.connect(url) as conn:
+                        producer.send_event("order.paid", {"total": 3}, key=key, connection=conn)
+                        conn.commit()
+
+            await trio.to_thread.run_sync(functools.partial(send, key="o-2"))  # another key
+            assert (await driver.get(job_id)).state is JobState.SUSPENDED  # type: ignore[union-attr]
+            await trio.to_thread.run_sync(functools.partial(send, key="o-1"))
         [outcome] = await run_until_idle(worker, wait=False)
         assert outcome.kind == "completed"
         job = await driver.get(job_id)
         assert job is not None and json.loads(job.result or "") == {"total": 3}
+
+
+async def test_a_sent_event_wakes_the_job_suspended_on_it(sqlite_url: str) -> None:
+    await _a_sent_event_wakes_the_job_suspended_on_it(sqlite_url)
 
 
 # Bad input: the producer refuses what the Trio API refuses, the same way, and writes nothing.
@@ -258,6 +272,13 @@ async def test_a_flask_style_handler_enqueues_into_postgres_and_a_trio_worker_ru
             "committed-True@x": "completed",
             "autocommit@x": "completed",
         }
+
+
+@pytest.mark.postgres
+async def test_a_sent_event_wakes_the_job_suspended_on_it_on_postgres(
+    pg_url: str, pg_schema: str
+) -> None:
+    await _a_sent_event_wakes_the_job_suspended_on_it(pg_url, schema=pg_schema)
 
 
 @pytest.mark.postgres
