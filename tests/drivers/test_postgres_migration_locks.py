@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -58,14 +59,30 @@ def next_release(driver: PostgresDriver) -> Any:
     return attrs.evolve(sql, migrations=[*sql.migrations, column])
 
 
-async def hold_a_reader(admin: Admin, schema: str, opened: trio.Event, seconds: float) -> None:
-    """A report's transaction: it read the jobs table, and holds its lock until it ends."""
+async def hold_a_reader(
+    admin: Admin, schema: str, opened: trio.Event, seconds: float, blocked: Callable[[], bool]
+) -> None:
+    """A report's transaction: it read the jobs table, and holds its lock until it ends, after
+    ``seconds`` and once the migration gave way to it (a loaded machine's migration may take
+    that long to reach the table)."""
     await admin.execute("SET application_name = 'nightly-report'")
     await admin.execute("BEGIN")
     await admin.fetchval(f'SELECT count(*) FROM "{schema}".jobs')
     opened.set()
     await trio.sleep(seconds)
+    with trio.fail_after(60):
+        while not blocked():
+            await trio.sleep(0.05)
     await admin.execute("COMMIT")
+
+
+def blocked_tries(caplog: pytest.LogCaptureFixture) -> list[Any]:
+    """The fields of each jobs.migrate.blocked line logged so far."""
+    return [
+        r.fields  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "event", "") == "jobs.migrate.blocked"
+    ]
 
 
 async def test_a_migration_behind_a_long_reader_waits_and_the_fleet_does_not(
@@ -110,7 +127,14 @@ async def test_a_migration_behind_a_long_reader_waits_and_the_fleet_does_not(
         opened = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(enqueue)
-            nursery.start_soon(hold_a_reader, admin, driver.schema, opened, READER_SECONDS)
+            nursery.start_soon(
+                hold_a_reader,
+                admin,
+                driver.schema,
+                opened,
+                READER_SECONDS,
+                lambda: bool(blocked_tries(caplog)),
+            )
             await opened.wait()
             started = trio.current_time()
             applied = await apply_migrations(driver.bridge, next_release(driver))
@@ -132,10 +156,9 @@ async def test_a_migration_behind_a_long_reader_waits_and_the_fleet_does_not(
     assert all(r is not None and r.state is JobState.COMPLETED for r in records)
     assert all(r is not None and r.attempts == 1 for r in records)
     # Each try that gave way named the reader: its pid, its application, how long it was open.
-    blocked = [r for r in caplog.records if getattr(r, "event", "") == "jobs.migrate.blocked"]
+    blocked = blocked_tries(caplog)
     assert blocked
-    for record in blocked:
-        fields = record.fields  # type: ignore[attr-defined]
+    for fields in blocked:
         # The reader first, the longest open (a statement of the fleet that began just before
         # the try's wait held it too, for a moment, and may follow).
         assert fields["pids"].split(",")[0] == str(reader_pid)
