@@ -209,3 +209,29 @@ async def test_a_lock_timeout_names_what_holds_the_lock(pg_schema: str) -> None:
     assert "retried" in table.value.fix and "the write is retried" not in said
     assert [h.pid for h in table.value.holders] == [pid]  # type: ignore[attr-defined]
     assert "a row" in str(row.value) and f"held by pid {pid}" in str(row.value)
+
+
+async def test_a_migration_that_cannot_get_its_locks_gives_up_naming_the_holder(
+    pg_schema: str,
+) -> None:
+    url = require_postgres()
+    async with (
+        open_postgres_driver(url, schema=pg_schema, migrate=True, drop_schema_on_close=True) as d,
+        open_admin(url) as admin,
+    ):
+        pid = await admin.fetchval("SELECT pg_backend_pid()")
+        await admin.execute("SET application_name = 'pg_dump'")
+        await admin.execute("BEGIN")
+        await admin.fetchval(f'SELECT count(*) FROM "{pg_schema}".jobs')
+        began = trio.current_time()
+        with trio.fail_after(20), pytest.raises(RowLocked) as gave_up:
+            await apply_migrations(d.bridge, next_release(d), lock_timeout=0.2, wait=1.0)
+        took = trio.current_time() - began
+        await admin.execute("ROLLBACK")
+        # Nothing of it was applied: the next try (here, at once) applies it.
+        assert await apply_migrations(d.bridge, next_release(d)) == [9001]
+    said = gave_up.value
+    assert 1.0 <= took < 1.0 + 0.2 + 5.0  # the wait, its last try, and a loaded machine
+    assert "migration 9001_next_note.sql of schema" in said.cause and "gave up" in said.cause
+    assert f"held by pid {pid} (application 'pg_dump'" in said.cause
+    assert "pg_terminate_backend" in said.fix and "--wait" in said.fix

@@ -228,6 +228,9 @@ def test_migrate_on_sqlite_says_what_it_applied(cli: Cli, db: str) -> None:
     first = cli.ok("migrate", "--db", db)
     assert re.fullmatch(rf"file '{re.escape(path)}': applied 1(, \d+)*\n", first), first
     assert cli.ok("migrate", "--db", db) == f"file '{path}': up to date\n"
+    # A file's migration takes no locks to wait for: the PostgreSQL options are refused.
+    status, _, err = cli("migrate", "--db", db, "--wait", "5")
+    assert status == 2 and "does not take wait=" in err
 
 
 # Where the database comes from.
@@ -507,7 +510,17 @@ def test_migrate_on_postgresql_applies_the_migrations_once(
     try:
         first = cli.ok("migrate", "--db", postgres_url, "--schema", pg_schema)
         assert re.fullmatch(rf"schema '{pg_schema}': applied 1(, \d+)*\n", first)
-        again = cli.ok("migrate", "--db", postgres_url, "--schema", pg_schema)
+        again = cli.ok(
+            "migrate",
+            "--db",
+            postgres_url,
+            "--schema",
+            pg_schema,
+            "--lock-timeout",
+            "0.2",
+            "--wait",
+            "5",
+        )
         assert again == f"schema '{pg_schema}': up to date\n"
     finally:
         drop_schema(postgres_url, pg_schema)
