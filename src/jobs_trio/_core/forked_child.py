@@ -15,6 +15,21 @@ from .logs import log_event
 FORKED_CHILD_EXIT_CODE = 70
 
 
+class _ThisProcess:
+    """This process's pid, read once and kept current by an at-fork hook in the child (below):
+    the fork check runs at every attempt and database call, and a getpid() system call for each
+    was the price (issue 44). A child forked by os.fork runs the hook before any Python code of
+    its own; a C library that forks and then runs Python in its child without it is not a case
+    a worker can tell."""
+
+    pid = os.getpid()
+
+
+def own_pid() -> int:
+    """``os.getpid()``, without its system call."""
+    return _ThisProcess.pid
+
+
 def end_if_forked(owner: int, *, job_id: str | None = None, code: int | None = None) -> None:
     """End this process at once when it is not ``owner`` (the pid that opened the worker or the
     connection): a child forked by a job body carries a copy of the worker — its Trio loop, its
@@ -22,7 +37,7 @@ def end_if_forked(owner: int, *, job_id: str | None = None, code: int | None = N
     result, renewed leases and outlived its parent (issue 32). Its copies of the connections are
     the parent's sockets: nothing is closed or flushed to them, and it never returns here.
     ``code`` is the exit status a child that raised SystemExit asked for."""
-    if os.getpid() == owner:
+    if _ThisProcess.pid == owner:
         return
     log_event(
         "jobs.worker.forked-child",
@@ -75,6 +90,7 @@ class _EndAtFirstStep(trio.abc.Instrument):
 
 
 def _after_fork_in_child() -> None:
+    _ThisProcess.pid = os.getpid()
     # In the child, on the thread that forked. The Trio thread of a worker's run: the run's
     # copy gets an instrument (nothing in the parent changes or pays for it). Any other thread
     # (a sync body's): no Trio loop runs in the child at all, and the pid checks end it.

@@ -17,7 +17,7 @@ import trio
 
 from .._core.boundary import MAX_ERROR_CHARS, dump_json, storable_text
 from .._core.errors import AttemptCancelled, JobsError, ResultNotStorable
-from .._core.forked_child import end_if_forked
+from .._core.forked_child import end_if_forked, own_pid
 from .._core.logs import ExcInfo, log_event, log_exception
 from .._core.operator_transitions import OPERATOR_CANCEL_ERROR
 from .._core.records import (
@@ -232,7 +232,7 @@ class _Ended:
 
 
 def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) -> Any:
-    owner = os.getpid()
+    owner = own_pid()
     try:
         result = definition.fn(ctx, payload)
     except SystemExit as exc:

@@ -23,9 +23,9 @@ from .worker_options import WorkerOptions
 # Claims in flight at once, where the driver serves them side by side.
 _MOST_IN_FLIGHT = 2
 
-# Places one claim the driver answered: held in the drain at once, then run in a slot or held
-# for one. ``sent_at`` is when the claim was sent (its lease counts from there).
-Place = Callable[[Claim, float], None]
+# Places the claims one answer brought: each held in the drain at once, then run in a slot or
+# held for one. ``sent_at`` is when the claim was sent (their leases count from there).
+Place = Callable[[Sequence[Claim], float], None]
 
 
 class ClaimLoop:
@@ -178,8 +178,7 @@ class ClaimLoop:
         self._outage.reached(sent_at)
         # In one pass: the claim's share ends and its jobs take the slots it kept for them.
         self._slots.claim_answered(free, promised)
-        for claim in claims:
-            self._place(claim, sent_at)
+        self._place(claims, sent_at)
         self._slots.fill(free)
         got = Counter(claim.queue for claim in claims)
         self._slots.answer_placed(free, got, trio.current_time() - sent_at)

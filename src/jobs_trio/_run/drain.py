@@ -69,6 +69,10 @@ class Drain:
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)
 
+    def release_token(self, token: ClaimToken) -> None:
+        """``release`` of the run that holds ``token`` (a written settlement's lease)."""
+        self._held.pop(token, None)
+
     def signal(self, cause: JobDrained) -> int:
         """Cancel every held run, the first ``cause`` kept; answer how many were told."""
         if self.cause is None:

@@ -133,9 +133,8 @@ class Lifecycle:
 
     def counted(self) -> Callable[[], None]:
         """``track`` for work whose end is a call, not a block: counted until the answered
-        function is called (once; later calls do nothing). The worker's runs are counted so
-        until their settlement is written, which the settler tells, not the run's task."""
-        self._in_flight += 1
+        function is called (once; later calls do nothing)."""
+        self.work_began()
         ended = False
 
         def done() -> None:
@@ -143,11 +142,20 @@ class Lifecycle:
             if ended:
                 return
             ended = True
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.unpark_all()
+            self.work_ended()
 
         return done
+
+    def work_began(self) -> None:
+        """One more piece of work the close waits for, until ``work_ended`` (called once for
+        it): the worker's runs, counted until their settlement is written, which the settler
+        tells, not the run's task; a call each, no closure made per run (issue 44)."""
+        self._in_flight += 1
+
+    def work_ended(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.unpark_all()
 
     @property
     def in_flight(self) -> int:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 
 import trio
 
 from .._core.errors import Aborted, HandedBack, JobsError, JobTimeout, SlotLost
+from .._core.forked_child import own_pid
 from .._core.records import Claim
 
 
@@ -36,39 +36,43 @@ class RunScope:
     """One attempt's cancel scope. Every cancel goes through ``cancel`` so the first reason is
     kept; a deadline that fired first reads as ``timeout`` whatever came after it."""
 
-    def __init__(self, claim: Claim, timeout: float | None) -> None:
+    # What a run starts with, on the class: set on the instance only when it changes (a run is
+    # made per claimed job, and ten assignments were a tenth of a no-op job's bookkeeping).
+    _reason: CancelReason | None = None
+    # Whether its scope has a deadline (the body's clock started): until it does, every
+    # cancel is ``cancel``'s, with its reason, and ``reason`` needs no look at Trio's clock.
+    _timed = False
+    _cause: JobsError | None = None
+    # A sync body's thread, or a sync step's, is waited for under a scope of its own
+    # (``thread_scope``); several at once when a body runs sync steps side by side. Empty
+    # until the first (a set of its own then).
+    _thread_scopes: set[trio.CancelScope] | frozenset[trio.CancelScope] = frozenset()
+    # A claim taken ahead hears a cancel through this while it waits for a slot (``on_cancel``).
+    _on_cancel: Callable[[], object] | None = None
+    # Set at the teardown's budget: nothing of this run is written, its lease lapses.
+    abandoned = False
+    # The worker's own view of the lease, on the Trio clock: renewals move it; when it
+    # passes with the database unreachable, the run is cancelled as lost rather than
+    # racing the worker that may claim it next.
+    lease_deadline = math.inf
+    # The body has ended and its settlement waits to be written: still renewed (a slow
+    # database must not turn a finished job into a lapsed one), no longer stopped.
+    settling = False
+    # A claim taken ahead whose body has started, the start not yet recorded by a renewal:
+    # until it is, a crash of this worker gives the attempt back (Claim.ahead).
+    start_unrecorded = False
+    # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
+    # from its thread while a body blocks the loop, where the Trio clock cannot be read.
+    beside_until = -math.inf
+
+    def __init__(self, claim: Claim, timeout: float | None, owner: int | None = None) -> None:
         self.claim = claim
         self.timeout = timeout
         # The worker's process: a child a body forks is not it, and ends (forked_child.py).
-        self.owner = os.getpid()
+        self.owner = own_pid() if owner is None else owner
         # No deadline until the body starts (``start_clock``): a job's timeout is its body's
         # time, not the time it spent waiting for a thread.
         self.cancel_scope = trio.CancelScope()
-        self._reason: CancelReason | None = None
-        # Whether its scope has a deadline (the body's clock started): until it does, every
-        # cancel is ``cancel``'s, with its reason, and ``reason`` needs no look at Trio's clock.
-        self._timed = False
-        self._cause: JobsError | None = None
-        # A sync body's thread, or a sync step's, is waited for under a scope of its own
-        # (``thread_scope``); several at once when a body runs sync steps side by side.
-        self._thread_scopes: set[trio.CancelScope] = set()
-        # A claim taken ahead hears a cancel through this while it waits for a slot (``on_cancel``).
-        self._on_cancel: Callable[[], object] | None = None
-        # Set at the teardown's budget: nothing of this run is written, its lease lapses.
-        self.abandoned = False
-        # The worker's own view of the lease, on the Trio clock: renewals move it; when it
-        # passes with the database unreachable, the run is cancelled as lost rather than
-        # racing the worker that may claim it next.
-        self.lease_deadline = math.inf
-        # The body has ended and its settlement waits to be written: still renewed (a slow
-        # database must not turn a finished job into a lapsed one), no longer stopped.
-        self.settling = False
-        # A claim taken ahead whose body has started, the start not yet recorded by a renewal:
-        # until it is, a crash of this worker gives the attempt back (Claim.ahead).
-        self.start_unrecorded = False
-        # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
-        # from its thread while a body blocks the loop, where the Trio clock cannot be read.
-        self.beside_until = -math.inf
 
     @property
     def job_id(self) -> str:
@@ -148,12 +152,16 @@ class RunScope:
         thread that returned by what it set inside."""
         deadline = min(deadline, self.cancel_scope.deadline)
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            if not self._thread_scopes:
+                self._thread_scopes = set()
+            assert isinstance(self._thread_scopes, set)
             self._thread_scopes.add(scope)
             if self.abandoned or self._reason not in (None, CancelReason.DRAINING):
                 scope.cancel()
             try:
                 yield scope
             finally:
+                assert isinstance(self._thread_scopes, set)
                 self._thread_scopes.discard(scope)
 
     @property

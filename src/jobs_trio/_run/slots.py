@@ -126,6 +126,9 @@ class Slots:
         self._on_idle = on_idle
         self.in_flight: Counter[str] = Counter()  # runs holding a slot
         self.unstarted: Counter[str] = Counter()  # claims taken ahead, not yet given a slot
+        # Both, over every queue: counted as they change, where summing both Counters at every
+        # run's end was a few per cent of a no-op job (issue 44).
+        self._jobs = 0
         # Claims taken ahead of a free slot, oldest first per queue (claim order is the queue's
         # order), each waiting for a slot of its queue or its hold limit.
         self._waiting: dict[str, deque[_Held]] = {q: deque() for q in limits}
@@ -194,7 +197,7 @@ class Slots:
     def holds_jobs(self) -> bool:
         """Whether any job is running or held for a slot (held like a running one: renewed,
         reached by a drain, waited for by stop())."""
-        return sum(self.in_flight.values()) + sum(self.unstarted.values()) > 0
+        return self._jobs > 0
 
     async def all_ended(self) -> None:
         while self.holds_jobs():
@@ -242,33 +245,39 @@ class Slots:
             if self._waiting[q] and self.open(q) - self._promised[q] > 0:
                 self._promote(q)
 
-    def place(self, run: RunScope, definition: JobDefinition | None) -> None:
+    def place(self, run: RunScope, definition: JobDefinition | None, now: float) -> None:
         """Run ``run`` in a free slot of its queue, or, taken ahead, once one frees (not one
-        promised to a claim in flight)."""
-        queue = run.claim.queue
-        if self.open(queue) - (self._promised[queue] if run.claim.ahead else 0) > 0:
-            self._begin(run, definition)
+        promised to a claim in flight). ``now``: the Trio clock, read once per answer."""
+        claim = run.claim
+        queue = claim.queue
+        free = self.limits[queue] - self.in_flight[queue] - self.threads.lingering(queue)
+        if free - (self._promised[queue] if claim.ahead else 0) > 0:
+            self._begin(run, definition, now)
             return
-        held = _Held(run, definition, trio.current_time() + self.hold_limit)
+        held = _Held(run, definition, now + self.hold_limit)
         self._waiting[queue].append(held)
         if self._held_one:  # hand_back_overdue may be waiting for the first
             self._held_one.unpark_all()
         self.unstarted[queue] += 1
+        self._jobs += 1
         # No task until a slot frees (_promote starts one); a cancel while it waits starts one
         # that hands it back.
         run.on_cancel(functools.partial(self._held_cancelled, held))
 
     def begin_now(self, run: RunScope, definition: JobDefinition | None) -> None:
         """Run ``run`` in a slot of its queue whether or not one is free (``Worker.tick``)."""
-        self._begin(run, definition)
+        self._begin(run, definition, trio.current_time())
 
-    def _begin(self, run: RunScope, definition: JobDefinition | None) -> None:
+    def _begin(self, run: RunScope, definition: JobDefinition | None, now: float) -> None:
         """Start ``run`` in a slot of its queue. A claim the database marked ahead is recorded
         started by the next renewal; till then a crash here gives its attempt back."""
-        queue = run.claim.queue
+        claim = run.claim
+        queue = claim.queue
         self.in_flight[queue] += 1
-        run.start_unrecorded = run.claim.ahead
-        began = trio.current_time() if queue in self._paces else None
+        self._jobs += 1
+        if claim.ahead:
+            run.start_unrecorded = True
+        began = now if queue in self._paces else None
         self._start_run(run, definition, functools.partial(self._release, queue, began))
 
     def _held_cancelled(self, held: _Held) -> None:
@@ -285,6 +294,7 @@ class Slots:
         # Counted unstarted until its hand-back is handed to the settler: the teardown waits for
         # it like a running job.
         self.unstarted[queue] -= 1
+        self._jobs -= 1
         self._note_idle()
         self.freed.unpark_all()
 
@@ -292,11 +302,16 @@ class Slots:
         """A run's task has ended: its slot goes to its queue's oldest held claim, if any.
         ``began``: when it took the slot, for an auto-sized queue's pace."""
         self.in_flight[queue] -= 1
+        self._jobs -= 1
+        now = trio.current_time()
         if began is not None:
-            self._paces[queue].observe(trio.current_time() - began)
-        self._ahead_paused.discard(queue)
-        self._promote(queue)
-        self._note_idle()
+            self._paces[queue].observe(now - began)
+        if self._ahead_paused:
+            self._ahead_paused.discard(queue)
+        if self._waiting[queue]:
+            self._promote(queue)
+        if not self._jobs:
+            self._on_idle()
         # Asked first: an unpark_all with no one parked is a few calls, at every run's end.
         if self.freed:
             self.freed.unpark_all()
@@ -308,7 +323,8 @@ class Slots:
             held = waiting.popleft()
             held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
             self.unstarted[queue] -= 1
-            self._begin(held.run, held.definition)
+            self._jobs -= 1
+            self._begin(held.run, held.definition, trio.current_time())
 
     def _thread_ended(self) -> None:
         """An abandoned thread has really ended: its slot is free again."""
@@ -329,6 +345,7 @@ class Slots:
                 held.run.on_cancel(None)
                 drain.release(held.run)
                 self.unstarted[queue] -= 1
+                self._jobs -= 1
             waiting.clear()
 
     async def hand_back_overdue(self) -> None:

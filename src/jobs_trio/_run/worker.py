@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from .._core.errors import ConfigError, DriverError, JobDrained
-from .._core.forked_child import guard_forks
+from .._core.forked_child import guard_forks, own_pid
 from .._core.instance_id import instance_id
 from .._core.logs import (
     AttemptLine,
@@ -29,7 +29,7 @@ from .._core.logs import (
     log_exception,
 )
 from .._core.metrics import Metrics, Tally, default_metrics
-from .._core.records import Claim, OutcomeKind, QueueStats, WorkerPresence
+from .._core.records import Claim, OutcomeKind, QueueStats, Settlement, WorkerPresence
 from .._core.single_error import unwrap_single_error
 from .._core.version import VERSION as __version__
 from .._cron.scheduler import TaskScheduler
@@ -169,6 +169,9 @@ class Worker:
         )
         self.queues = self.options.queues
         self.lease = self.options.lease
+        # How long before its lease runs out a run that could not renew is stopped; a claim
+        # answered past it is handed back unstarted (_hold).
+        self._lease_margin = lease_margin(self.lease)
         self.renew_interval = self.options.renew_interval
         self.worker_id = worker_id or instance_id()
         self.exit_grace = exit_grace
@@ -179,6 +182,8 @@ class Worker:
         self._tally: Tally | None = None
         # Each kind of ending's line for each job it ran, its fixed fields rendered once.
         self._lines: dict[tuple[OutcomeKind, str, str], AttemptLine] = {}
+        # The function that releases written runs, for the lifecycle and drain it was made for.
+        self._on_written: tuple[Lifecycle | None, Drain, Callable[[Settlement], None]] | None = None
         self._stats_interval = stats_interval
         self._state = WorkerState.STOPPED
         self._outcomes: Counter[OutcomeKind] = Counter()
@@ -576,8 +581,8 @@ class Worker:
                 )
                 self._runs, self._report = nursery, outcomes.append
                 try:
-                    for claim in claims:
-                        self._slots.begin_now(self._hold(claim, sent_at), self._definition(claim))
+                    for run, definition in self._hold(claims, sent_at, trio.current_time()):
+                        self._slots.begin_now(run, definition)
                 finally:
                     self._runs, self._report = None, None
 
@@ -588,44 +593,53 @@ class Worker:
 
     # -- a claim, from its answer to its settlement handed in ------------------------------
 
-    def _definition(self, claim: Claim) -> JobDefinition | None:
-        return self.registry.get(claim.name)
+    def _place(self, claims: Sequence[Claim], sent_at: float) -> None:
+        """The claims an answer brought: each held at once, then run in a slot or held for one.
+        Per answer, not per job: one look at the clock, one lease deadline (issue 44)."""
+        now = trio.current_time()
+        place = self._slots.place
+        for run, definition in self._hold(claims, sent_at, now):
+            place(run, definition, now)
 
-    def _place(self, claim: Claim, sent_at: float) -> None:
-        """A claim the driver answered: held at once, then run in a slot or held for one."""
-        self._slots.place(self._hold(claim, sent_at), self._definition(claim))
-
-    def _hold(self, claim: Claim, sent_at: float) -> RunScope:
-        """Hold the claim's run scope in the drain (and its lease in the renewals) at once: a
-        drain signalled before the run's task starts must still reach it. Its lease is counted
+    def _hold(
+        self, claims: Sequence[Claim], sent_at: float, now: float
+    ) -> list[tuple[RunScope, JobDefinition | None]]:
+        """Hold each claim's run scope in the drain (and its lease in the renewals) at once: a
+        drain signalled before the run's task starts must still reach it. Their lease is counted
         from ``sent_at``, when the claim was sent: the database set it at some moment after
         that, so the worker's deadline is never later than the database's."""
-        definition = self._definition(claim)
-        run = RunScope(claim, definition.timeout if definition else None)
-        run.lease_deadline = sent_at + self.lease
-        now = trio.current_time()
-        if self._slots.paused and claim.queue in self._slots.paused:
-            # Claimed a moment before its queue was paused, answered after this worker heard
-            # of it: not started, as a held job of it is not (the pause's row of docs/model.md).
-            run.cancel(CancelReason.QUEUE_PAUSED)
-        elif now >= run.lease_deadline - lease_margin(self.lease):
-            # Answered after its lease ran out (a stalled database, a paused process): another
-            # worker may hold the job already, so its body must not start here. Handed back
-            # unstarted and uncounted, as a drained claim is: the write is fenced by this
-            # claim's token, so a job another worker took meanwhile is left to it.
-            log_event(
-                "jobs.claim.late",
-                logging.WARNING,
-                job_id=claim.job_id,
-                job=claim.name,
-                waited=round(now - sent_at, 3),
-                why="the claim was answered after its lease ran out; handed back unstarted",
-            )
-            run.cancel(CancelReason.CLAIM_LATE)
-        if self._state is WorkerState.IDLE:
+        lease_deadline = sent_at + self.lease
+        # Answered after its lease ran out (a stalled database, a paused process): another
+        # worker may hold the jobs already, so their bodies must not start here. Handed back
+        # unstarted and uncounted, as a drained claim is: the write is fenced by each claim's
+        # token, so a job another worker took meanwhile is left to it.
+        late = now >= lease_deadline - self._lease_margin
+        if claims and self._state is WorkerState.IDLE:
             self._state = WorkerState.RUNNING
-        self._drain.hold(run)
-        return run
+        definition_of, hold, owner = self.registry.get, self._drain.hold, own_pid()
+        paused = self._slots.paused
+        held = []
+        for claim in claims:
+            definition = definition_of(claim.name)
+            run = RunScope(claim, definition.timeout if definition else None, owner)
+            run.lease_deadline = lease_deadline
+            if paused and claim.queue in paused:
+                # Claimed a moment before its queue was paused, answered after this worker heard
+                # of it: not started, as a held job of it is not (the pause's row of docs/model.md).
+                run.cancel(CancelReason.QUEUE_PAUSED)
+            elif late:
+                log_event(
+                    "jobs.claim.late",
+                    logging.WARNING,
+                    job_id=claim.job_id,
+                    job=claim.name,
+                    waited=round(now - sent_at, 3),
+                    why="the claim was answered after its lease ran out; handed back unstarted",
+                )
+                run.cancel(CancelReason.CLAIM_LATE)
+            hold(run)
+            held.append((run, definition))
+        return held
 
     def _start_run(
         self, run: RunScope, definition: JobDefinition | None, done: Callable[[], None]
@@ -649,11 +663,13 @@ class Worker:
         # Held (renewed, reached by a drain) and counted as the lifecycle's in-flight work, so
         # a shutdown's wait covers it, until its settlement is written: a slow database must
         # not turn a finished job into a lapsed one. Released by the settler when that write
-        # is confirmed, not by this task waiting for it: the task ends once it has handed the
-        # settlement in (a second wake per job, for nothing but that release, was ~5% of the
-        # worker's CPU at concurrency 10, issue 16).
+        # is confirmed (_written), not by this task waiting for it: the task ends once it has
+        # handed the settlement in (a second wake per job, for nothing but that release, was
+        # ~5% of the worker's CPU at concurrency 10, issue 16).
         claim = run.claim
-        released = _Release(self._drain, run, self._lifecycle)
+        lifecycle = self._lifecycle
+        if lifecycle is not None:
+            lifecycle.work_began()
         handed_in = False
         try:
             outcome = await run_attempt(
@@ -672,7 +688,9 @@ class Worker:
                 # claims overlap the settles instead of waiting for each batch to commit (the
                 # settler's capacity bounds that).
                 run.settling = True
-                handed_in = settler.hand_in(outcome.settlement, released) is not None
+                handed_in = (
+                    settler.hand_in(outcome.settlement, self._written(lifecycle)) is not None
+                )
                 self._record(claim, outcome, report)
                 return
             if outcome.settlement is not None:
@@ -680,8 +698,28 @@ class Worker:
             self._record(claim, outcome, report)
         finally:
             if not handed_in:
-                released()
+                self._drain.release(run)
+                if lifecycle is not None:
+                    lifecycle.work_ended()
             done()
+
+    def _written(self, lifecycle: Lifecycle | None) -> Callable[[Settlement], None]:
+        """What ends a run's hold once its settlement is written (or will not be): the drain
+        stops renewing it and the lifecycle it was counted by stops counting it. One function
+        for every run of a lifecycle (the settler calls it once a settlement), none made per
+        run: it finds the run by its settlement's token."""
+        drain = self._drain
+        made = self._on_written
+        if made is not None and made[0] is lifecycle and made[1] is drain:
+            return made[2]
+
+        def written(settlement: Settlement) -> None:
+            drain.release_token(settlement.lease.token)
+            if lifecycle is not None:
+                lifecycle.work_ended()
+
+        self._on_written = (lifecycle, drain, written)
+        return written
 
     def _note_idle(self) -> None:
         """IDLE once the worker holds no job, running or held for a slot."""
@@ -736,23 +774,6 @@ class Worker:
             except DriverError as exc:
                 log_event("jobs.worker.stats-failed", logging.WARNING, error=str(exc))
             await trio.sleep(interval)
-
-
-class _Release:
-    """What ends a run's hold once its settlement is written (or will not be): the drain stops
-    renewing it and the lifecycle stops counting it. Once; a second call does nothing."""
-
-    __slots__ = ("_counted", "_drain", "_run")
-
-    def __init__(self, drain: Drain, run: RunScope, lifecycle: Lifecycle | None) -> None:
-        self._drain = drain
-        self._run = run
-        self._counted = lifecycle.counted() if lifecycle is not None else None
-
-    def __call__(self) -> None:
-        self._drain.release(self._run)
-        if self._counted is not None:
-            self._counted()
 
 
 @contextlib.asynccontextmanager

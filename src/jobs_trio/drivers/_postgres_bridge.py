@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
@@ -15,7 +14,7 @@ from urllib.parse import urlparse
 import trio
 
 from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
-from .._core.forked_child import end_if_forked
+from .._core.forked_child import end_if_forked, own_pid
 from .._core.logs import log_event
 from .._core.redaction import redact_url
 from ._asyncio_stepper import CANCEL_THROUGH_SECONDS, step_to_end
@@ -98,7 +97,7 @@ class Bridge:
         self._pool = Pool(self._open_pooled, pool_size, retire=self._retire)
         self._holds = trio.Semaphore(max(1, pool_size - 1))
         self._where = _where(url)
-        self._owner = os.getpid()
+        self._owner = own_pid()
         # The server left a cancel unanswered and has answered nothing since (_retire).
         self._unanswered = False
 

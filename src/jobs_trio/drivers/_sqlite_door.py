@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import sqlite3
 import threading
@@ -16,7 +15,7 @@ import outcome
 import trio
 
 from .._core.errors import ConfigError, DriverError, ValueRefused
-from .._core.forked_child import end_if_forked
+from .._core.forked_child import end_if_forked, own_pid
 from ._rules import driver_closed
 
 T = TypeVar("T")
@@ -84,7 +83,7 @@ class SqliteDoor:
         self.closed = False
         # The process this connection belongs to: a child forked by a job body shares its
         # file descriptor, and must never write through it (forked_child.py).
-        self._owner = os.getpid()
+        self._owner = own_pid()
 
     @property
     def conn(self) -> sqlite3.Connection:
