@@ -63,6 +63,28 @@ _NO_SPAN = AttemptSpan()
 _NO_SPAN_CONTEXT = contextlib.nullcontext(_NO_SPAN)
 
 
+def tracing() -> bool:
+    """Whether an attempt's span would be recorded: OpenTelemetry installed and a tracer
+    provider set (the API alone, or a no-op provider, drops every span, and making one costs
+    ~10 us an attempt). A provider, once set, stays: OpenTelemetry sets it once per process."""
+    if otel_trace is None:
+        return False
+    if _SET.provider is not None:
+        return True
+    provider = otel_trace.get_tracer_provider()
+    if isinstance(provider, _NO_PROVIDER):
+        return False
+    _SET.provider = provider
+    return True
+
+
+class _SET:
+    """The tracer provider, once one is set (a cache: the check reads the environment each time
+    until then)."""
+
+    provider: object | None = None
+
+
 def attempt_span(
     claim: Claim, trace: Callable[[], Mapping[str, str]]
 ) -> contextlib.AbstractContextManager[AttemptSpan]:
@@ -71,7 +93,7 @@ def attempt_span(
     the enqueue's span (``trace()``, read only when a span is made); a job enqueued outside any
     span starts a trace of its own, never one under whatever span the worker itself was
     started in."""
-    if otel_trace is None or isinstance(otel_trace.get_tracer_provider(), _NO_PROVIDER):
+    if not tracing():
         # No tracer provider set (the API alone, or a no-op one): every span would be dropped,
         # and making one costs ~10 us an attempt; this look costs a fraction of one. A plain
         # context manager, not a generator's: the attempt's scaffolding is most of a no-op

@@ -33,7 +33,7 @@ from .._core.records import (
     Suspend,
 )
 from .._core.run_context import restored, trace_of
-from .._core.tracing import attempt_span
+from .._core.tracing import attempt_span, tracing
 from .._jobs.registry import JobDefinition, Registry
 from ..drivers.contract import Driver
 from .context import JobContext
@@ -108,7 +108,10 @@ async def run_attempt(
     # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
     await trio.lowlevel.checkpoint_if_cancelled()
     ctx = JobContext(claim, run, lambda: Steps(driver, claim.lease, definition, run), worker_id)
-    # One span per attempt (with OpenTelemetry installed), a child of the enqueue's span.
+    if not tracing():
+        return await _judged(claim, definition, run, ctx, threads, worker_id)
+    # One span per attempt (with OpenTelemetry and a tracer provider), a child of the
+    # enqueue's span.
     with attempt_span(claim, lambda: trace_of(claim.context)) as span:
         outcome = await _judged(claim, definition, run, ctx, threads, worker_id)
         span.ended(outcome.kind, run.reason, outcome.error)
@@ -132,7 +135,11 @@ async def _judged(
     worker_id: str,
 ) -> Outcome:
     started = trio.current_time()
-    ended = _Ended()
+    # How the body ended: it returned (``result``), raised (``error``), suspended, or none of
+    # those — it unwound with the run scope's own ``Cancelled``, or never started.
+    returned, result = False, None
+    error: BaseException | None = None
+    suspension: Suspension | None = None
     try:
         payload = json.loads(claim.payload)
         # The application's context variables are set around the body (and copied into a sync
@@ -142,25 +149,27 @@ async def _judged(
             # was signalled) is handed back without running a line of it. Read before the
             # clock starts: a timeout shorter than the clock's grain has passed by the time
             # the scope is entered, and the body still starts (and ends at its first
-            # checkpoint), as a body whose deadline fell inside it.
-            starts = not run.cancel_scope.cancel_called
+            # checkpoint), as a body whose deadline fell inside it. (Before its clock starts a
+            # run is cancelled only through RunScope.cancel: its reason says it, with no look
+            # at Trio's clock.)
+            starts = run.reason is None
             if definition.is_async:
                 run.start_clock_at_entry()
             with run.cancel_scope:
                 if starts:
                     if definition.is_async:
-                        ended.result = await definition.fn(ctx, payload)
-                        ended.returned = True
+                        result = await definition.fn(ctx, payload)
+                        returned = True
                     else:
                         # Its own scope swallows the cancel that abandons the thread:
                         # "returned" is known only in here.
                         with run.thread_scope():
-                            ended.result = await threads.run(
+                            result = await threads.run(
                                 run, _call_in_thread, definition, ctx, payload
                             )
-                            ended.returned = True
+                            returned = True
     except Suspension as exc:
-        ended.suspension = exc
+        suspension = exc
     except trio.Cancelled:
         # Caught here only when it was NOT our run scope's (which swallows its own): an outer
         # scope is going away, and that must propagate.
@@ -173,13 +182,24 @@ async def _judged(
         if isinstance(exc, GeneratorExit) and not _in_trio_run():
             raise  # this coroutine itself is being closed (garbage-collected), not the body
         end_if_forked(run.owner, job_id=claim.job_id, code=_exit_code(exc))
-        ended.suspension = _suspended_in(exc)
-        if ended.suspension is None:
-            ended.error = exc
+        suspension = _suspended_in(exc)
+        if suspension is None:
+            error = exc
     # A child the body forked that returned (or raised) here is not this attempt's worker.
     end_if_forked(run.owner, job_id=claim.job_id)
     seconds = trio.current_time() - started
-    return _verdict(claim, definition, run, ended, seconds, worker_id)
+    if returned and not run.abandoned:
+        # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
+        # that finished its work has nothing to redo); a lost lease still fences the write.
+        try:
+            text = _result_json(result, definition)
+        except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
+            error = exc
+        else:
+            note = AttemptNote(claim.attempt, worker_id, seconds)
+            done = Complete(claim.lease, text, note)
+            return Outcome(claim.job_id, claim.name, OutcomeKind.COMPLETED, done, None, seconds)
+    return _verdict(claim, definition, run, returned, error, suspension, seconds, worker_id)
 
 
 def judged_code() -> CodeType:
@@ -220,17 +240,6 @@ def _in_trio_run() -> bool:
     return True
 
 
-@attrs.define
-class _Ended:
-    """How a body ended: it returned (``result``), raised (``error``), suspended, or none of
-    those — it unwound with the run scope's own ``Cancelled``, or never started."""
-
-    returned: bool = False
-    result: Any = None
-    error: BaseException | None = None
-    suspension: Suspension | None = None
-
-
 def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) -> Any:
     owner = own_pid()
     try:
@@ -263,10 +272,15 @@ def _verdict(
     claim: Claim,
     definition: JobDefinition,
     run: RunScope,
-    ended: _Ended,
+    returned: bool,
+    error: BaseException | None,
+    suspension: Suspension | None,
     seconds: float,
     worker_id: str,
 ) -> Outcome:
+    """The verdict on a body that did not complete (``_judged`` decides a completion): it
+    raised ``error``, suspended, or unwound; or it ``returned`` a result that could not be
+    stored (``error``), or at the teardown's budget."""
     lease = claim.lease
     # Each settlement carries the attempt's note, for the job's history: made with it, not
     # added after (two attrs.evolve calls were a tenth of a no-op job's verdict, issue 35).
@@ -288,19 +302,9 @@ def _verdict(
         # again elsewhere (at-least-once). Never handed back while it may still be running.
         why = "abandoned at the teardown's budget"
         return ended_as(OutcomeKind.ABANDONED, None, why)
-    error = ended.error
-    if ended.returned:
-        # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
-        # that finished its work has nothing to redo); a lost lease still fences the write.
-        try:
-            text = _result_json(ended.result, definition)
-        except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
-            error = exc
-        else:
-            return ended_as(OutcomeKind.COMPLETED, Complete(lease, text, note), None)
-    else:
+    if not returned:
         reason = run.reason
-        abandoned_thread = not definition.is_async and error is None and ended.suspension is None
+        abandoned_thread = not definition.is_async and error is None and suspension is None
         if reason is CancelReason.LEASE_EXPIRED and abandoned_thread:
             # A sync body's thread, abandoned at the expiry, may still be running: handed back,
             # its job could start elsewhere beside it. Left to lapse, as a lost lease is.
@@ -320,8 +324,7 @@ def _verdict(
             return ended_as(OutcomeKind.CANCELLED, CancelJob(lease, why, note), why)
         if reason is CancelReason.TIMEOUT:
             error = run.cause
-        elif ended.suspension is not None:
-            suspension = ended.suspension
+        elif suspension is not None:
             settle = Suspend(
                 lease,
                 suspension.delay,
