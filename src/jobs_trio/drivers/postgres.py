@@ -13,7 +13,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 import trio
@@ -35,6 +35,7 @@ from .._core.records import (
     AttemptRecord,
     Claim,
     ClaimToken,
+    Complete,
     Enqueued,
     EventLook,
     EventRecord,
@@ -1564,6 +1565,8 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     order rules.SETTLEMENT_KINDS names them), what each becomes under a pending cancel (a
     kind that would leave the job live: the SQL picks it by the row's flag), and its look's
     mark (a kind that reads events)."""
+    if type(group[0]) is Complete:
+        return _complete_columns(cast("Sequence[Complete]", group))
     effects = [effect(s) for s in group]
     columns: list[list[Any]] = [
         [s.lease.job_id for s in group],
@@ -1590,6 +1593,45 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
         [None if n is None else n.traceback for n in notes],
     ]
     return columns
+
+
+def _complete_columns(group: Sequence[Complete]) -> list[list[Any]]:
+    """``_settle_columns`` for a batch of completions, the most common by far, in one pass and
+    with no Effect made per settlement (a sixth of the driver's share of a no-op job, issue
+    44): ids, tokens, none hands its attempt back, the results; no cancel instead (a completion
+    stands), no look; then the notes."""
+    ids, tokens, results = [], [], []
+    attempts: list[int | None] = []
+    workers: list[str | None] = []
+    seconds: list[float | None] = []
+    tracebacks: list[str | None] = []
+    for s in group:
+        lease, note = s.lease, s.note
+        ids.append(lease.job_id)
+        tokens.append(lease.token)
+        results.append(s.result)
+        if note is None:
+            attempts.append(None)
+            workers.append(None)
+            seconds.append(None)
+            tracebacks.append(None)
+        else:
+            attempts.append(note.attempt)
+            workers.append(note.worker_id)
+            seconds.append(note.seconds)
+            tracebacks.append(note.traceback)
+    n = len(ids)
+    return [
+        ids,
+        tokens,
+        [False] * n,
+        results,
+        attempts,
+        ["completed"] * n,
+        workers,
+        seconds,
+        tracebacks,
+    ]
 
 
 # From this many unkeyed jobs an enqueue writes them by COPY: 20,000 jobs went in at 71,000 a
