@@ -64,6 +64,11 @@ SCRIPTS = {
             rf"beside a feed +after VACUUM: +claim +{NUMBER} ms",
         ),
     ),
+    "cli_worker_cpu": Script(
+        "bench/cli_worker_cpu.py",
+        "--db {db} --jobs 200 --concurrency 10",
+        (rf"jobs-trio worker c=10: {NUMBER} µs CPU a job",),
+    ),
     "metrics_scrape": Script(
         "bench/metrics_scrape.py",
         "--queues 60 --reps 1",
