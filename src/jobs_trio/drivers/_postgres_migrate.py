@@ -134,11 +134,12 @@ async def apply_migrations(
         await _keep_0_1s_record(conn, sql, verdict.level)
         return verdict
 
-    async def apply(conn: Connection, migration: Migration) -> bool:
+    async def apply(conn: Connection, migration: Migration) -> int | None:
+        """The schema's level once ``migration`` is applied; None if another migrator applied
+        it meanwhile."""
         verdict, _ = await begin(conn)
         if migration not in verdict.missing:
-            return False  # another migrator applied it meanwhile
-        started = time.monotonic()
+            return None
         await conn.execute(migration.sql)
         level = level_after(verdict.level, migration)
         now = time.time()
@@ -148,24 +149,28 @@ async def apply_migrations(
         if migration.version <= NEWEST_IN_0_1:
             await conn.execute(sql["record_migration"], migration.version, now)
         await _keep_0_1s_record(conn, sql, level)
-        log_event(
-            "jobs.migrate.applied",
-            logging.INFO,
-            where=where,
-            migration=migration.name,
-            compatibility_level=level,
-            seconds=round(time.monotonic() - started, 3),
-        )
-        return True
+        return level
 
     verdict = await retried(prepare, "preparing")
     applied = []
     for migration in verdict.missing:
 
-        async def apply_this(conn: Connection, migration: Migration = migration) -> bool:
+        async def apply_this(conn: Connection, migration: Migration = migration) -> int | None:
             return await apply(conn, migration)
 
-        if await retried(apply_this, f"migration {migration.name}"):
+        started = trio.current_time()
+        level = await retried(apply_this, f"migration {migration.name}")
+        if level is not None:
+            # Said once it has committed (the crossing returned), with what it took, the
+            # tries behind a lock included.
+            log_event(
+                "jobs.migrate.applied",
+                logging.INFO,
+                where=where,
+                migration=migration.name,
+                compatibility_level=level,
+                seconds=round(trio.current_time() - started, 3),
+            )
             applied.append(migration.version)
     return applied
 
