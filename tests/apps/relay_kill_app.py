@@ -42,15 +42,16 @@ class Pausing:
             await trio.sleep_forever()
         return answer
 
-    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Any:
-        taken = await self.inner.outbox_claim(limit, lease=lease, relay_id=relay_id)
-        return await self._after("claimed", taken)
+    async def outbox_claim(self, limit: int, **kw: Any) -> Any:
+        taken = await self.inner.outbox_claim(limit, **kw)
+        await self._after("claimed", taken.jobs)
+        return taken
 
-    async def relay_enqueue(self, jobs: Sequence[NewJob], *, source: str) -> Any:
-        return await self._after("written", await self.inner.relay_enqueue(jobs, source=source))
+    async def relay_enqueue(self, jobs: Sequence[NewJob], **kw: Any) -> Any:
+        return await self._after("written", await self.inner.relay_enqueue(jobs, **kw))
 
-    async def outbox_delete(self, job_ids: Sequence[str]) -> Any:
-        return await self._after("deleted", await self.inner.outbox_delete(job_ids))
+    async def outbox_delete(self, job_ids: Sequence[str], **kw: Any) -> Any:
+        return await self._after("deleted", await self.inner.outbox_delete(job_ids, **kw))
 
     async def shares_outbox(self, outbox: Any) -> bool:
         return bool(await self.inner.shares_outbox(getattr(outbox, "inner", outbox)))

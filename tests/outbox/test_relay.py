@@ -10,6 +10,7 @@ import math
 import os
 import signal
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import trio
@@ -63,8 +64,8 @@ class DiesAfterWriting:
     def __getattr__(self, name: str) -> object:
         return getattr(self.store, name)
 
-    async def relay_enqueue(self, jobs: Sequence[NewJob], *, source: str) -> Sequence[object]:
-        await self.store.relay_enqueue(jobs, source=source)
+    async def relay_enqueue(self, jobs: Sequence[NewJob], **kw: Any) -> Sequence[object]:
+        await self.store.relay_enqueue(jobs, **kw)
         raise Killed
 
 
@@ -103,15 +104,14 @@ class KillsAt:
             raise Killed
         return answer
 
-    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> object:
-        taken = await self.driver.outbox_claim(limit, lease=lease, relay_id=relay_id)
-        return await self._then("claimed", taken)
+    async def outbox_claim(self, limit: int, **kw: Any) -> object:
+        return await self._then("claimed", await self.driver.outbox_claim(limit, **kw))
 
-    async def relay_enqueue(self, jobs: Sequence[NewJob], *, source: str) -> object:
-        return await self._then("written", await self.driver.relay_enqueue(jobs, source=source))
+    async def relay_enqueue(self, jobs: Sequence[NewJob], **kw: Any) -> object:
+        return await self._then("written", await self.driver.relay_enqueue(jobs, **kw))
 
-    async def outbox_delete(self, job_ids: Sequence[str]) -> object:
-        return await self._then("deleted", await self.driver.outbox_delete(job_ids))
+    async def outbox_delete(self, job_ids: Sequence[str], **kw: Any) -> object:
+        return await self._then("deleted", await self.driver.outbox_delete(job_ids, **kw))
 
 
 async def run_out(store: MemoryDriver, queue: str) -> list[str]:
@@ -216,10 +216,10 @@ class SlowStore:
     def __getattr__(self, name: str) -> object:
         return getattr(self.store, name)
 
-    async def relay_enqueue(self, jobs: Sequence[NewJob], *, source: str) -> Sequence[object]:
+    async def relay_enqueue(self, jobs: Sequence[NewJob], **kw: Any) -> Sequence[object]:
         self.writing.set()
         await trio.sleep(self.seconds)
-        return await self.store.relay_enqueue(jobs, source=source)
+        return await self.store.relay_enqueue(jobs, **kw)
 
 
 async def test_shutdown_stops_polling_at_once_and_waits_out_the_pass_in_flight(
@@ -291,3 +291,56 @@ async def test_open_relay_stops_on_sigterm_by_default(caplog: pytest.LogCaptureF
     assert unhandled.received == 0
     assert "jobs.relay.lifecycle-opened" in caplog.text
     assert relay._lifecycle is not None and relay._lifecycle.reason == "SIGTERM"
+
+
+class PausesAfterTaking:
+    """An outbox whose relay is paused (a SIGSTOP, a VM freeze) right after it took its rows,
+    until ``resume`` is set: the pause outlives the relay's lease."""
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        self.driver = driver
+        self.took = trio.Event()
+        self.resume = trio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.driver, name)
+
+    async def outbox_claim(self, limit: int, **kw: Any) -> object:
+        batch = await self.driver.outbox_claim(limit, **kw)
+        self.took.set()
+        await self.resume.wait()
+        return batch
+
+
+async def test_a_relay_paused_past_its_lease_is_fenced_and_every_row_runs_once(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    app, store = drivers()
+    rows = [new_job(payload={"n": n}) for n in range(30)]
+    await app.outbox_write(rows)
+    outbox = PausesAfterTaking(app)
+    paused = jobs_trio.Relay(
+        outbox,  # type: ignore[arg-type]
+        store,
+        lease=3.0,
+        relay_id="paused",
+        metrics=Metrics(CollectorRegistry()),
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(paused._one_pass)
+        await outbox.took.wait()
+        await trio.sleep(7.0)  # past its 3 s lease: another relay takes the rows over
+        taker = relay_of(app, store, lease=3.0, relay_id="taker")
+        assert await taker._one_pass() == 30
+        ran = await run_out(store, "default")
+        await trio.sleep(10.0)
+        await store.prune(PruneTurn("p", keep_finished=1.0, keep_dead=1.0))
+        assert await store.list_jobs() == []  # retention took them: no id answers the waker
+        outbox.resume.set()
+    ran += await run_out(store, "default")
+    assert sorted(ran) == sorted(r.job_id for r in rows)  # 30 runs, each row once
+    assert (paused.moved, paused.fenced, taker.moved) == (0, 30, 30)
+    [fenced] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.relay.fenced"]
+    assert fenced.fields["relay"] == "paused" and fenced.fields["rows"] == 30  # type: ignore[attr-defined]
+    assert (await app.outbox_stats()).pending == 0

@@ -133,6 +133,15 @@ class HandedBack(Aborted):
     code = "X_HANDED_BACK"
 
 
+class RelayFenced(Aborted):
+    """A relay's write of outbox rows refused by the job store: its ticket (the batch's fencing
+    token) was revoked when another relay took one of its rows over after its lease lapsed (it
+    was paused, or slower than its lease), or forgotten as stale. Nothing was written; the rows
+    are the other relay's now (docs/transactions.md)."""
+
+    code = "X_RELAY_FENCED"
+
+
 class JobNotFound(JobsError):
     code = "X_NOT_FOUND"
     retryable = False

@@ -415,11 +415,48 @@ class WorkerPresence:
 
 
 @attrs.frozen
+class RelayHold:
+    """The outbox rows one relay holds (outbox_claim): taken, their jobs not yet written or
+    their rows not yet deleted. A hold whose lease has ended (``until`` past) belongs to a relay
+    that died or is paused: another relay takes its rows over, and fences its write."""
+
+    relay_id: str
+    rows: int
+    until: float  # the latest lease among them, on the outbox's clock
+
+    def lapsed(self, now: float) -> bool:
+        return self.until <= now
+
+    def to_json(self, now: float) -> dict[str, object]:
+        return {
+            "relay_id": self.relay_id,
+            "rows": self.rows,
+            "lease_left": round(self.until - now, 3),
+            "lapsed": self.lapsed(now),
+        }
+
+
+@attrs.frozen
 class OutboxStats:
     """The outbox of one database: rows written by committed transactions, not yet relayed."""
 
     pending: int
     oldest_age: float | None  # seconds the oldest pending row has waited: the relay's lag
+    # The rows relays hold, by relay id (live holds and lapsed ones alike); the rest of the
+    # pending rows are free for the next pass.
+    held: tuple[RelayHold, ...] = ()
+
+
+@attrs.frozen
+class OutboxBatch:
+    """The rows one relay took from an outbox (outbox_claim) under its ``ticket``, and the
+    tickets of every relay that held any of them before (``superseded``: their leases lapsed,
+    they died or are paused). The job store refuses those relays' writes from the moment this
+    batch's write is made (relay_enqueue), so a paused relay that wakes writes nothing."""
+
+    jobs: tuple[NewJob, ...]
+    ticket: str
+    superseded: tuple[str, ...] = ()
 
 
 class RelayOutcome(enum.StrEnum):

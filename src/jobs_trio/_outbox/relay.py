@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._core.errors import ConfigError, JobsError
+from .._core.errors import ConfigError, JobsError, RelayFenced
 from .._core.instance_id import instance_id
 from .._core.logs import log_event
 from .._core.metrics import Metrics, default_metrics
@@ -44,12 +44,15 @@ class Relay:
     killed anywhere in it leaves everything as it was.
 
     Otherwise a pass is two databases' writes: take up to ``batch`` rows under a ``lease``
-    (another relay skips them), write their jobs with their decisions (``relay_enqueue``, one
-    transaction in the job store), delete the rows, then forget the decisions. A relay killed
-    before the delete leaves its rows to be taken again once the lease lapses, and the next
-    relay's write of them is answered from the decisions: the same outcome, whether the job
-    has finished since, been pruned, or its key been freed. A relay killed before the forget
-    leaves decisions of rows that are gone; a sweep (every ``lease`` seconds) forgets them.
+    (another relay skips them) and a ticket the job store gave it, write their jobs with their
+    decisions (``relay_enqueue``, one transaction in the job store), delete the rows, then
+    forget the decisions. A relay killed before the delete leaves its rows to be taken again
+    once the lease lapses, and the next relay's write of them is answered from the decisions:
+    the same outcome, whether the job has finished since, been pruned, or its key been freed.
+    A relay killed before the forget leaves decisions of rows that are gone; a sweep (every
+    ``lease`` seconds) forgets them. A relay PAUSED past its lease (SIGSTOP, a VM freeze) is
+    fenced: the relay that took its rows over revoked its ticket in the job store, so its
+    write, whenever it wakes, is refused and changes nothing (logged ``jobs.relay.fenced``).
     No row lost, none decided twice, however many relays run."""
 
     def __init__(
@@ -87,7 +90,11 @@ class Relay:
         self._in_place: bool | None = None
         self._source: str | None = None
         self._next_sweep = -math.inf  # Trio clock: when decisions left behind are next swept
+        # The ticket the next take is made under, and when (Trio clock) the job store gave it:
+        # kept across passes that find nothing, renewed once a lease old (relay_ticket).
+        self._ticket: tuple[str, float] | None = None
         self.moved = 0  # rows this relay moved (each one decided, now or before), for tests
+        self.fenced = 0  # rows whose write the job store refused (another relay has them)
 
     @property
     def state(self) -> RelayState:
@@ -199,19 +206,52 @@ class Relay:
             return 0
 
     async def _two_steps(self) -> Sequence[RelayDecision]:
-        jobs = await self.store.outbox_claim(self.batch, lease=self.lease, relay_id=self.relay_id)
-        if not jobs:
-            return []
         source = await self._outbox_source()
-        decisions = await self.driver.relay_enqueue(jobs, source=source)
-        ids = [job.job_id for job in jobs]
+        ticket = await self._next_ticket(source)
+        batch = await self.store.outbox_claim(
+            self.batch, lease=self.lease, relay_id=self.relay_id, ticket=ticket
+        )
+        if not batch.jobs:
+            return []
+        self._ticket = None  # spent on these rows, whatever becomes of their write
+        try:
+            decisions = await self.driver.relay_enqueue(
+                batch.jobs, source=source, ticket=ticket, superseded=batch.superseded
+            )
+        except RelayFenced as exc:
+            # Paused (or slower than the lease) between the take and this write: another relay
+            # took the rows over and revoked the ticket. Nothing was written; the rows are its.
+            self.fenced += len(batch.jobs)
+            log_event(
+                "jobs.relay.fenced",
+                logging.WARNING,
+                relay=self.relay_id,
+                rows=len(batch.jobs),
+                ticket=ticket,
+                error=str(exc),
+                fix=exc.fix,
+            )
+            return []
+        ids = [job.job_id for job in batch.jobs]
         # Deleted only once the decisions are stored: a relay that dies before this line
-        # leaves the rows to be taken again, and they are answered from the decisions.
-        await self.store.outbox_delete(ids)
+        # leaves the rows to be taken again, and they are answered from the decisions. Only
+        # the rows still marked with this ticket: one another relay took over meanwhile is its
+        # to delete, and its decision must stay on record until it has written.
+        removed = await self.store.outbox_delete(ids, ticket=ticket)
         # Forgotten only once the rows are gone (none can be taken again): a relay that dies
         # before this line leaves the decisions to the sweep.
-        await self.driver.relay_forget(source, ids)
+        await self.driver.relay_forget(source, removed)
         return decisions
+
+    async def _next_ticket(self, source: str) -> str:
+        """The ticket for the next take: the one in hand while it is younger than a lease (an
+        idle relay's passes find nothing and spend none), else a new one from the job store.
+        Got BEFORE the take, so a relay that takes these rows over later can revoke it."""
+        if self._ticket is not None and trio.current_time() - self._ticket[1] < self.lease:
+            return self._ticket[0]
+        ticket = await self.driver.relay_ticket(source, relay_id=self.relay_id, lease=self.lease)
+        self._ticket = (ticket, trio.current_time())
+        return ticket
 
     async def _sweep(self) -> None:
         """Forget the decisions whose rows are gone from the outbox, left by a relay that died

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._core.errors import ConfigError
+from .._core.errors import ConfigError, RelayFenced
 from .._core.records import (
     WAITING_STATES,
     AttemptRecord,
@@ -365,6 +365,19 @@ def queue_stats(
     return answers
 
 
+# A relay's ticket (relay_ticket) is forgotten this many of its leases after it was recorded,
+# with a floor: a relay uses a ticket for a take within one lease of getting it (relay.py), and
+# writes within one lease of the take or has lost the rows anyway, so a ticket this old belongs
+# to a relay that died idle or was fenced long ago. Forgetting one early only fences its write.
+STALE_TICKET_LEASES: Final = 4
+STALE_TICKET_FLOOR: Final = 60.0
+
+
+def ticket_stale_at(now: float, lease: float) -> float:
+    """When a ticket recorded at ``now`` for a relay of ``lease`` seconds is forgotten."""
+    return now + max(STALE_TICKET_LEASES * lease, STALE_TICKET_FLOOR)
+
+
 # Refusals every driver words the same way.
 
 
@@ -388,4 +401,15 @@ def refuse_in_place(driver: str) -> ConfigError:
         f"the {driver} driver's relay_in_place was given an outbox in another database",
         fix="ask shares_outbox(outbox) first; a relay does, and moves the rows of an outbox"
         " elsewhere in two steps (relay_enqueue, then outbox_delete)",
+    )
+
+
+def relay_fenced(ticket: str, rows: int) -> RelayFenced:
+    """relay_enqueue under a ticket the job store no longer holds (revoked or stale)."""
+    return RelayFenced(
+        f"the relay's write of {rows} outbox row(s) was refused: its ticket {ticket} was"
+        " revoked (another relay took its rows over once its lease lapsed: it was paused, or"
+        " slower than its lease) or forgotten as stale",
+        fix="nothing to do: the rows are the other relay's now and each is decided once; give"
+        " the relay a longer lease (--lease) if its passes outlive it",
     )

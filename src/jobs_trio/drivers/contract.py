@@ -19,6 +19,7 @@ from .._core.records import (
     JobState,
     Lease,
     NewJob,
+    OutboxBatch,
     OutboxStats,
     OutcomeCount,
     Pruned,
@@ -263,14 +264,24 @@ class Driver(Protocol):
         limits and context."""
         ...
 
-    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+    async def outbox_claim(
+        self, limit: int, *, lease: float, relay_id: str, ticket: str
+    ) -> OutboxBatch:
         """Take up to ``limit`` outbox rows, oldest first, for ``lease`` seconds, skipping rows
-        another relay holds under a live lease; a row whose lease lapsed (its relay died) is
-        taken again. Each job's ``delay`` is what remains of its delay now."""
+        another relay holds under a live lease; a row whose lease lapsed (its relay died or is
+        paused) is taken again. Each row taken is marked with ``ticket`` (``relay_ticket``, from
+        the job store); the batch answers, beside the jobs, the ticket of every relay that held
+        one of them before, since the row was written (``OutboxBatch.superseded``). Each job's
+        ``delay`` is what remains of its delay now."""
         ...
 
-    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
-        """Remove relayed rows; answer how many were still there."""
+    async def outbox_delete(
+        self, job_ids: Sequence[JobId], *, ticket: str | None = None
+    ) -> Sequence[JobId]:
+        """Remove relayed rows; answer the ids removed. With ``ticket``, only the rows still
+        marked with it: a row another relay took over since is its to finish, and its decision
+        must outlive this relay's pass (the relay forgets only the decisions of rows it
+        removed)."""
         ...
 
     async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
@@ -284,13 +295,32 @@ class Driver(Protocol):
         for every driver opened on this database (and schema), another for any other."""
         ...
 
+    async def relay_ticket(self, source: str, *, relay_id: str, lease: float) -> str:
+        """A new ticket for a relay of ``source``'s outbox: the fencing token of the batch it
+        takes next (``outbox_claim(ticket=)``), recorded HERE, in the job store, before any row
+        is taken under it, so that a relay taking one of those rows over can revoke it in the
+        job store's own transaction (``relay_enqueue(superseded=)``). Tickets of ``source``
+        recorded more than ``rules.STALE_TICKET_LEASES`` of their leases ago are forgotten on
+        the way (their relays died idle, or were fenced long ago): a write under one is refused,
+        which costs its rows no more than a lease's wait."""
+        ...
+
     async def relay_enqueue(
-        self, jobs: Sequence[NewJob], *, source: str
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        source: str,
+        ticket: str,
+        superseded: Sequence[str] = (),
     ) -> Sequence[RelayDecision]:
-        """The relay's write of outbox rows taken from ``source``'s outbox: each row decided
-        ONCE. A row with a decision on record is answered from it (``already=True``) and
-        nothing is written, whatever became of its job since (finished, pruned) or of its key.
-        Any other row is decided now, as ``enqueue`` would: its job written under the row's id
+        """The relay's write of outbox rows taken from ``source``'s outbox under ``ticket``:
+        each row decided ONCE. Fenced, in the write's own transaction: the ``superseded``
+        tickets (the relays that held these rows before) are revoked first, then ``ticket`` is
+        spent; a ticket not on record (revoked: another relay took one of its rows over; or
+        forgotten as stale) refuses the whole write with ``RelayFenced`` and changes nothing.
+        A row with a decision on record is answered from it (``already=True``) and nothing is
+        written, whatever became of its job since (finished, pruned) or of its key. Any other
+        row is decided now, as ``enqueue`` would: its job written under the row's id
         (created), or not when a live job holds its key (key-held, that job the holder); the
         jobs and the decisions commit together. A decision is kept until ``relay_forget``."""
         ...
@@ -316,8 +346,9 @@ class Driver(Protocol):
         """For an ``outbox`` this driver shares (``shares_outbox``): in ONE transaction, take up
         to ``limit`` of its rows oldest first (skipping rows another relay is taking, or holds
         under a live lease), write their jobs as ``relay_enqueue`` decides them, and delete the
-        rows (with any decision on record for them). A relay that dies anywhere in it leaves
-        everything as it was: no window, and nothing recorded."""
+        rows (with any decision on record for them, and revoking the ticket of every two-step
+        relay that held one: it may wake from a pause and write). A relay that dies anywhere
+        in it leaves everything as it was: no window, and nothing recorded."""
         ...
 
     async def prune(self, turn: PruneTurn) -> Pruned:

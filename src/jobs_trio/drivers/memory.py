@@ -36,6 +36,7 @@ from .._core.records import (
     JobState,
     Lease,
     NewJob,
+    OutboxBatch,
     OutboxStats,
     OutcomeCount,
     Pruned,
@@ -43,6 +44,7 @@ from .._core.records import (
     QueuePause,
     QueueStats,
     RelayDecision,
+    RelayHold,
     RelayOutcome,
     RenewResult,
     Settlement,
@@ -74,7 +76,9 @@ from ._rules import (
     queue_stats,
     refuse_connection,
     refuse_in_place,
+    relay_fenced,
     send_wakes,
+    ticket_stale_at,
     woken,
 )
 from ._transaction import unwrap
@@ -105,6 +109,9 @@ class _OutboxRow:
     run_at: float
     created_at: float
     claimed_until: float | None = None
+    relay_id: str | None = None
+    ticket: str | None = None  # the ticket of the relay holding it (relay_ticket)
+    superseded: tuple[str, ...] = ()  # the tickets of every relay that held it before
 
 
 class MemoryDriver:
@@ -154,6 +161,8 @@ class MemoryDriver:
         # came from (relay_enqueue): what a row taken again is answered with.
         self._outbox_source = new_token()
         self._decisions: dict[JobId, tuple[str, RelayDecision]] = {}
+        # The relays' live tickets: ticket -> (outbox source, when it is forgotten).
+        self._tickets: dict[str, tuple[str, float]] = {}
         # fleet_stats: when the last turn was taken, and what it observed.
         self._fleet_turn_at = -math.inf
         self._fleet_observed: tuple[QueueStats, ...] = ()
@@ -792,31 +801,54 @@ class MemoryDriver:
         for job in jobs:
             self._outbox[job.job_id] = _OutboxRow(job, now + max(job.delay, 0.0), now)
 
-    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+    async def outbox_claim(
+        self, limit: int, *, lease: float, relay_id: str, ticket: str
+    ) -> OutboxBatch:
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
         taken: list[NewJob] = []
+        superseded: dict[str, None] = {}
         for job_id, row in self._outbox.items():
             if len(taken) >= limit:
                 break
             if row.claimed_until is not None and row.claimed_until > now:
                 continue
-            self._outbox[job_id] = attrs.evolve(row, claimed_until=now + lease)
+            before = row.superseded + ((row.ticket,) if row.ticket is not None else ())
+            superseded.update(dict.fromkeys(before))
+            self._outbox[job_id] = attrs.evolve(
+                row, claimed_until=now + lease, relay_id=relay_id, ticket=ticket, superseded=before
+            )
             taken.append(attrs.evolve(row.job, delay=max(row.run_at - now, 0.0)))
-        return taken
+        return OutboxBatch(tuple(taken), ticket, tuple(superseded))
 
-    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+    async def outbox_delete(
+        self, job_ids: Sequence[JobId], *, ticket: str | None = None
+    ) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        return sum(self._outbox.pop(job_id, None) is not None for job_id in job_ids)
+        gone = [
+            job_id
+            for job_id in dict.fromkeys(job_ids)
+            if job_id in self._outbox and ticket in (None, self._outbox[job_id].ticket)
+        ]
+        for job_id in gone:
+            del self._outbox[job_id]
+        return gone
 
     async def outbox_stats(self) -> OutboxStats:
         await trio.lowlevel.checkpoint()
         self._check_open()
         oldest = min((row.created_at for row in self._outbox.values()), default=None)
+        holds: dict[str, tuple[int, float]] = {}
+        for row in self._outbox.values():
+            if row.relay_id is not None and row.claimed_until is not None:
+                rows, until = holds.get(row.relay_id, (0, -math.inf))
+                holds[row.relay_id] = (rows + 1, max(until, row.claimed_until))
         return OutboxStats(
-            pending=len(self._outbox), oldest_age=None if oldest is None else self.now() - oldest
+            pending=len(self._outbox),
+            oldest_age=None if oldest is None else self.now() - oldest,
+            held=tuple(RelayHold(r, n, until) for r, (n, until) in sorted(holds.items())),
         )
 
     async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
@@ -831,12 +863,31 @@ class MemoryDriver:
 
     # The relay's decisions.
 
+    async def relay_ticket(self, source: str, *, relay_id: str, lease: float) -> str:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        for stale in [t for t, (_, stale_at) in self._tickets.items() if stale_at <= now]:
+            del self._tickets[stale]
+        ticket = new_token()
+        self._tickets[ticket] = (source, ticket_stale_at(now, lease))
+        return ticket
+
     async def relay_enqueue(
-        self, jobs: Sequence[NewJob], *, source: str
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        source: str,
+        ticket: str,
+        superseded: Sequence[str] = (),
     ) -> Sequence[RelayDecision]:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        # No checkpoint between the look and the write: no other task runs in between.
+        # No checkpoint between the fence, the look and the write: no other task runs between.
+        for revoked in superseded:
+            self._tickets.pop(revoked, None)
+        if self._tickets.pop(ticket, None) is None:
+            raise relay_fenced(ticket, len(jobs))
         return self._decide(jobs, self.now(), source)
 
     async def relay_forget(self, source: str, job_ids: Sequence[JobId]) -> int:
@@ -872,10 +923,11 @@ class MemoryDriver:
             for job_id, row in self._outbox.items()
             if row.claimed_until is None or row.claimed_until <= now
         ][: max(limit, 0)]
-        jobs = [
-            attrs.evolve(row.job, delay=max(row.run_at - now, 0.0))
-            for row in (self._outbox.pop(job_id) for job_id in taken)
-        ]
+        rows = [self._outbox.pop(job_id) for job_id in taken]
+        jobs = [attrs.evolve(row.job, delay=max(row.run_at - now, 0.0)) for row in rows]
+        for row in rows:  # a two-step relay that held one may wake from a pause: fenced
+            for revoked in (*row.superseded, row.ticket):
+                self._tickets.pop(revoked or "", None)
         decisions = self._decide(jobs, now, None)
         for job_id in taken:
             self._decisions.pop(job_id, None)  # the row is gone: nothing can take it again

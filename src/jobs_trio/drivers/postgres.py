@@ -45,6 +45,7 @@ from .._core.records import (
     JobState,
     Lease,
     NewJob,
+    OutboxBatch,
     OutboxStats,
     OutcomeCount,
     Pruned,
@@ -52,6 +53,7 @@ from .._core.records import (
     QueuePause,
     QueueStats,
     RelayDecision,
+    RelayHold,
     RelayOutcome,
     RenewResult,
     Settlement,
@@ -99,6 +101,8 @@ from ._rules import (
     limit_fields,
     queue_stats,
     refuse_in_place,
+    relay_fenced,
+    ticket_stale_at,
 )
 from ._transaction import Transaction, unwrap
 from .contract import BesideConnection, Capabilities, Driver
@@ -1012,29 +1016,37 @@ class PostgresDriver:
 
         await self._run_here_or_on(connection, write, what="outbox write")
 
-    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
+    async def outbox_claim(
+        self, limit: int, *, lease: float, relay_id: str, ticket: str
+    ) -> OutboxBatch:
         self._check_open()
         now = self.now()
         sql = self._sql
 
         async def take(conn: Connection) -> list[Any]:
             return list(
-                await conn.fetch(sql["outbox_claim"], now, float(lease), max(limit, 0), relay_id)
+                await conn.fetch(
+                    sql["outbox_claim"], now, float(lease), max(limit, 0), relay_id, ticket
+                )
             )
 
         rows = sorted(await self.bridge.run(take, what="outbox claim"), key=lambda r: r["seq"])
-        return _outbox_jobs(rows, now)
+        before = [t for row in rows for t in row["superseded"] or ()]
+        return OutboxBatch(tuple(_outbox_jobs(rows, now)), ticket, tuple(dict.fromkeys(before)))
 
-    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+    async def outbox_delete(
+        self, job_ids: Sequence[JobId], *, ticket: str | None = None
+    ) -> Sequence[JobId]:
         self._check_open()
         sql = self._sql
 
-        async def delete(conn: Connection) -> int:
-            gone: int = await conn.fetchval(sql["outbox_delete"], list(job_ids))
-            return gone
+        async def delete(conn: Connection) -> set[JobId]:
+            return {
+                row["id"] for row in await conn.fetch(sql["outbox_delete"], list(job_ids), ticket)
+            }
 
-        gone: int = await self.bridge.run(delete, what="outbox delete")
-        return gone
+        gone = await self.bridge.run(delete, what="outbox delete")
+        return [job_id for job_id in dict.fromkeys(job_ids) if job_id in gone]
 
     # --- attempt history and worker presence (what the dashboard shows) ---
 
@@ -1110,13 +1122,17 @@ class PostgresDriver:
         now = self.now()
         sql = self._sql
 
-        async def read(conn: Connection) -> Any:
-            return await conn.fetchrow(sql["outbox_stats"])
+        async def read(conn: Connection) -> tuple[Any, list[Any]]:
+            return await conn.fetchrow(sql["outbox_stats"]), list(
+                await conn.fetch(sql["outbox_holds"])
+            )
 
-        row = await self.bridge.run(read, what="outbox stats")
+        row, holds = await self.bridge.run(read, what="outbox stats")
         oldest = row["oldest"]
         return OutboxStats(
-            pending=row["pending"], oldest_age=None if oldest is None else now - oldest
+            pending=row["pending"],
+            oldest_age=None if oldest is None else now - oldest,
+            held=tuple(RelayHold(h["relay_id"], h["rows"], h["until"]) for h in holds),
         )
 
     async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
@@ -1144,21 +1160,46 @@ class PostgresDriver:
 
     # --- the relay's decisions ---
 
+    async def relay_ticket(self, source: str, *, relay_id: str, lease: float) -> str:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+        ticket = new_token()
+
+        async def record(conn: Connection) -> None:
+            await conn.execute(
+                sql["relay_ticket"], now, ticket, source, relay_id, ticket_stale_at(now, lease)
+            )
+
+        await self.bridge.run(record, what="relay ticket")
+        return ticket
+
     async def relay_enqueue(
-        self, jobs: Sequence[NewJob], *, source: str
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        source: str,
+        ticket: str,
+        superseded: Sequence[str] = (),
     ) -> Sequence[RelayDecision]:
         self._check_open()
         jobs = list(jobs)
-        if not jobs:
-            await trio.lowlevel.checkpoint()
-            return []
+        sql = self._sql
+        revoked = list(superseded)
+
+        async def write(conn: Connection, now: float) -> list[RelayDecision]:
+            # The fence first, in the write's own transaction: a ticket revoked here is waited
+            # for if its relay is writing right now (then its decisions are what _decide reads),
+            # and a write that comes after finds its own ticket gone.
+            await conn.execute(sql["relay_revoke"], revoked)
+            if await conn.fetchval(sql["relay_spend"], ticket) is None:
+                raise relay_fenced(ticket, len(jobs))
+            return await _decide(conn, sql, now, jobs, source)
+
         for _ in range(KEY_ROUNDS):
-            write = functools.partial(
-                _decide, sql=self._sql, now=self.now(), jobs=jobs, source=source
-            )
             try:
                 decisions: list[RelayDecision] = await self.bridge.run(
-                    write, what="relay enqueue", transaction=True
+                    functools.partial(write, now=self.now()), what="relay enqueue", transaction=True
                 )
             except _DecidedMeanwhile:
                 continue  # rolled back; made again, it answers the other relay's decisions
@@ -1247,8 +1288,11 @@ class PostgresDriver:
             if not jobs:
                 return []
             decisions = await _decide(conn, sql, now, jobs, None)
+            # A two-step relay that held one of these rows may wake from a pause: fenced.
+            held = [t for r in rows for t in (r["ticket"], *(r["superseded"] or ())) if t]
+            await conn.execute(sql["relay_revoke"], held)
             ids = [job.job_id for job in jobs]
-            await conn.execute(there["outbox_delete"], ids)
+            await conn.execute(there["outbox_delete"], ids, None)
             await conn.execute(sql["relay_forget_any"], ids)
             return decisions
 

@@ -902,8 +902,9 @@ ORDER BY n.ord;
 
 -- name: outbox_claim
 -- Oldest first, skipping rows another relay is taking right now (SKIP LOCKED) or holds under a
--- live lease; a lapsed hold (its relay died) is taken again. $1 now, $2 lease, $3 limit,
--- $4 relay id.
+-- live lease; a lapsed hold (its relay died or is paused) is taken again. $1 now, $2 lease,
+-- $3 limit, $4 relay id, $5 its ticket. A row's past holders are kept in `superseded` (SET
+-- reads the row as it was): the write of this batch revokes every one of them.
 WITH taken AS (
     SELECT seq FROM {schema}.outbox
     WHERE claimed_until IS NULL OR claimed_until <= $1
@@ -912,18 +913,20 @@ WITH taken AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.outbox AS o
-SET claimed_until = $1::float8 + $2::float8, relay_id = $4
+SET claimed_until = $1::float8 + $2::float8, relay_id = $4, ticket = $5,
+    superseded = CASE WHEN o.ticket IS NULL THEN o.superseded
+                      ELSE array_append(o.superseded, o.ticket) END
 FROM taken
 WHERE o.seq = taken.seq
 RETURNING o.seq, o.id, o.name, o.queue, o.payload, o.priority, o.max_attempts, o.key, o.run_at,
-          o.context, o.slot_key, o.slots, o.rate_key, o.starts, o.per;
+          o.context, o.slot_key, o.slots, o.rate_key, o.starts, o.per, o.superseded;
 
 -- name: outbox_take_here
 -- relay_in_place's take, inside its transaction: the rows stay locked (a relay beside it skips
 -- them) until the same transaction deletes them with their jobs written. Rows a two-step
 -- relay holds under a live lease are left to it. $1 now, $2 limit.
 SELECT seq, id, name, queue, payload, priority, max_attempts, key, run_at, context, slot_key,
-       slots, rate_key, starts, per
+       slots, rate_key, starts, per, ticket, superseded
 FROM {schema}.outbox
 WHERE claimed_until IS NULL OR claimed_until <= $1
 ORDER BY seq
@@ -931,16 +934,21 @@ LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: outbox_delete
-WITH gone AS (
-    DELETE FROM {schema}.outbox WHERE id = ANY($1::text[]) RETURNING 1
-)
-SELECT count(*)::int FROM gone;
+-- $2 a relay's ticket: only the rows still marked with it (NULL: any).
+DELETE FROM {schema}.outbox
+WHERE id = ANY($1::text[]) AND ($2::text IS NULL OR ticket = $2::text)
+RETURNING id;
 
 -- name: outbox_present
 SELECT id FROM {schema}.outbox WHERE id = ANY($1::text[]);
 
 -- name: outbox_stats
 SELECT count(*)::int AS pending, min(created_at) AS oldest FROM {schema}.outbox;
+
+-- name: outbox_holds
+SELECT relay_id, count(*)::int AS rows, max(claimed_until) AS until FROM {schema}.outbox
+WHERE relay_id IS NOT NULL AND claimed_until IS NOT NULL
+GROUP BY relay_id ORDER BY relay_id;
 
 -- name: outbox_source
 SELECT id FROM {schema}.outbox_source;
@@ -953,6 +961,23 @@ UPDATE {schema}.outbox_source SET probe = $1;
 
 -- name: outbox_probe_read
 SELECT probe FROM {schema}.outbox_source;
+
+-- name: relay_ticket
+-- A relay's ticket, recorded before it takes a row under it; stale tickets forgotten on the way.
+WITH stale AS (
+    DELETE FROM {schema}.relay_tickets WHERE stale_at <= $1
+)
+INSERT INTO {schema}.relay_tickets (ticket, source, relay_id, stale_at) VALUES ($2, $3, $4, $5);
+
+-- name: relay_revoke
+-- The tickets of the relays that held a batch's rows before: revoked in its write's
+-- transaction, first. A ticket its relay is spending right now (its write in flight) is waited
+-- for: then gone, and that relay's decisions are what the next statement reads.
+DELETE FROM {schema}.relay_tickets WHERE ticket = ANY($1::text[]);
+
+-- name: relay_spend
+-- The batch's own ticket, spent by its write: no row, and the write is refused (fenced).
+DELETE FROM {schema}.relay_tickets WHERE ticket = $1 RETURNING 1;
 
 -- name: relay_on_record
 SELECT id, outcome, holder, decided_at FROM {schema}.outbox_decisions WHERE id = ANY($1::text[]);

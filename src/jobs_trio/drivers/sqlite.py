@@ -46,6 +46,7 @@ from .._core.records import (
     JobState,
     Lease,
     NewJob,
+    OutboxBatch,
     OutboxStats,
     OutcomeCount,
     Pruned,
@@ -53,6 +54,7 @@ from .._core.records import (
     QueuePause,
     QueueStats,
     RelayDecision,
+    RelayHold,
     RelayOutcome,
     RenewResult,
     Settlement,
@@ -61,6 +63,7 @@ from .._core.records import (
     TaskAdvance,
     TaskMark,
     WorkerPresence,
+    new_token,
     outbox_job,
 )
 from ._claim_slots import ClaimSlots
@@ -87,6 +90,8 @@ from ._rules import (
     limit_fields,
     queue_stats,
     refuse_in_place,
+    relay_fenced,
+    ticket_stale_at,
     woken,
 )
 from ._sqlite_door import Mode, SqliteDoor, Work
@@ -1253,30 +1258,48 @@ class SqliteDriver:
         else:
             await self._transact(work)
 
-    async def outbox_claim(self, limit: int, *, lease: float, relay_id: str) -> Sequence[NewJob]:
-        def work(conn: sqlite3.Connection, now: float) -> list[NewJob]:
+    async def outbox_claim(
+        self, limit: int, *, lease: float, relay_id: str, ticket: str
+    ) -> OutboxBatch:
+        def work(conn: sqlite3.Connection, now: float) -> OutboxBatch:
             # Under BEGIN IMMEDIATE: two relays (or processes) never take the same row while
-            # its hold is live.
+            # its hold is live. A row's past holders are kept (superseded, a JSON array): the
+            # write of this batch revokes every one of them.
             rows = conn.execute(
-                "UPDATE outbox SET claimed_until = ?, relay_id = ? WHERE seq IN"
+                "UPDATE outbox SET claimed_until = ?, relay_id = ?, ticket = ?,"
+                " superseded = CASE WHEN ticket IS NULL THEN superseded"
+                "  ELSE json_insert(coalesce(superseded, '[]'), '$[#]', ticket) END"
+                " WHERE seq IN"
                 " (SELECT seq FROM outbox WHERE claimed_until IS NULL OR claimed_until <= ?"
                 "  ORDER BY seq LIMIT ?)"
-                f" RETURNING seq, {OUTBOX_COLUMNS}",
-                (now + lease, relay_id, now, max(limit, 0)),
+                f" RETURNING seq, {OUTBOX_COLUMNS}, superseded",
+                (now + lease, relay_id, ticket, now, max(limit, 0)),
             ).fetchall()
             rows.sort()  # RETURNING promises no order: relay in the order written
-            return [outbox_job(row[1:], now) for row in rows]
+            before = [t for row in rows if row[-1] for t in json.loads(row[-1])]
+            return OutboxBatch(
+                tuple(outbox_job(row[1:-1], now) for row in rows),
+                ticket,
+                tuple(dict.fromkeys(before)),
+            )
 
         return await self._transact(work)
 
-    async def outbox_delete(self, job_ids: Sequence[JobId]) -> int:
+    async def outbox_delete(
+        self, job_ids: Sequence[JobId], *, ticket: str | None = None
+    ) -> Sequence[JobId]:
         ids = json.dumps(list(job_ids))
 
-        def work(conn: sqlite3.Connection, now: float) -> int:
-            cursor = conn.execute(
-                "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?))", (ids,)
-            )
-            return cursor.rowcount
+        def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
+            gone = {
+                row[0]
+                for row in conn.execute(
+                    "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?))"
+                    " AND (? IS NULL OR ticket = ?) RETURNING id",
+                    (ids, ticket, ticket),
+                )
+            }
+            return [job_id for job_id in dict.fromkeys(job_ids) if job_id in gone]
 
         return await self._transact(work)
 
@@ -1335,7 +1358,16 @@ class SqliteDriver:
     async def outbox_stats(self) -> OutboxStats:
         def work(conn: sqlite3.Connection, now: float) -> OutboxStats:
             count, oldest = conn.execute("SELECT count(*), min(created_at) FROM outbox").fetchone()
-            return OutboxStats(pending=count, oldest_age=None if oldest is None else now - oldest)
+            held = conn.execute(
+                "SELECT relay_id, count(*), max(claimed_until) FROM outbox"
+                " WHERE relay_id IS NOT NULL AND claimed_until IS NOT NULL"
+                " GROUP BY relay_id ORDER BY relay_id"
+            ).fetchall()
+            return OutboxStats(
+                pending=count,
+                oldest_age=None if oldest is None else now - oldest,
+                held=tuple(RelayHold(*row) for row in held),
+            )
 
         return await self._transact(work, mode="read")
 
@@ -1361,14 +1393,40 @@ class SqliteDriver:
 
     # The relay's decisions.
 
+    async def relay_ticket(self, source: str, *, relay_id: str, lease: float) -> str:
+        ticket = new_token()
+
+        def work(conn: sqlite3.Connection, now: float) -> None:
+            conn.execute("DELETE FROM relay_tickets WHERE stale_at <= ?", (now,))
+            conn.execute(
+                "INSERT INTO relay_tickets (ticket, source, relay_id, stale_at)"
+                " VALUES (?, ?, ?, ?)",
+                (ticket, source, relay_id, ticket_stale_at(now, lease)),
+            )
+
+        await self._transact(work)
+        return ticket
+
     async def relay_enqueue(
-        self, jobs: Sequence[NewJob], *, source: str
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        source: str,
+        ticket: str,
+        superseded: Sequence[str] = (),
     ) -> Sequence[RelayDecision]:
         jobs = list(jobs)
+        revoked = json.dumps(list(superseded))
 
         def work(conn: sqlite3.Connection, now: float) -> list[RelayDecision]:
-            # Under BEGIN IMMEDIATE: no other writer can decide one of these rows between
-            # this look and the write.
+            # Under BEGIN IMMEDIATE: no other writer can revoke the ticket or decide one of
+            # these rows between this fence, this look and the write.
+            conn.execute(
+                "DELETE FROM relay_tickets WHERE ticket IN (SELECT value FROM json_each(?))",
+                (revoked,),
+            )
+            if not conn.execute("DELETE FROM relay_tickets WHERE ticket = ?", (ticket,)).rowcount:
+                raise relay_fenced(ticket, len(jobs))
             return _decide(conn, jobs, now, source)
 
         decisions = await self._transact(work)
@@ -1416,12 +1474,18 @@ class SqliteDriver:
             # One BEGIN IMMEDIATE: the rows, their jobs and the rows' removal commit together,
             # and no other relay takes a row meanwhile (SQLite has one writer).
             rows = conn.execute(
-                f"SELECT seq, {OUTBOX_COLUMNS} FROM outbox"
+                f"SELECT seq, {OUTBOX_COLUMNS}, ticket, superseded FROM outbox"
                 " WHERE claimed_until IS NULL OR claimed_until <= ? ORDER BY seq LIMIT ?",
                 (now, max(limit, 0)),
             ).fetchall()
-            jobs = [outbox_job(row[1:], now) for row in rows]
+            jobs = [outbox_job(row[1:-2], now) for row in rows]
             decisions = _decide(conn, jobs, now, None)
+            # A two-step relay that held one of these rows may wake from a pause: fenced.
+            held = [t for row in rows for t in (row[-2], *json.loads(row[-1] or "[]")) if t]
+            conn.execute(
+                "DELETE FROM relay_tickets WHERE ticket IN (SELECT value FROM json_each(?))",
+                (json.dumps(held),),
+            )
             ids = json.dumps([job.job_id for job in jobs])
             for table in ("outbox", "outbox_decisions"):
                 conn.execute(

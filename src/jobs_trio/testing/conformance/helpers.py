@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 
-from jobs_trio._core.records import Claim, NewJob, new_job_id
+from jobs_trio._core.records import Claim, NewJob, OutboxBatch, RelayDecision, new_job_id
 from jobs_trio.driver import Driver
 
 
@@ -36,6 +36,23 @@ def new_job(
 async def enqueue_one(driver: Driver, **kw: object) -> str:
     [answer] = await driver.enqueue([new_job(**kw)])  # type: ignore[arg-type]
     return answer.job_id
+
+
+async def take_rows(
+    driver: Driver, limit: int = 10, *, lease: float = 30.0, relay_id: str = "r1"
+) -> OutboxBatch:
+    """A relay's take of outbox rows, as relay.py makes it: a ticket from the job store (here
+    the same driver), then the rows under it."""
+    ticket = await driver.relay_ticket(await driver.outbox_source(), relay_id=relay_id, lease=lease)
+    return await driver.outbox_claim(limit, lease=lease, relay_id=relay_id, ticket=ticket)
+
+
+async def relay_write(
+    driver: Driver, jobs: Sequence[NewJob], *, source: str, relay_id: str = "r1"
+) -> Sequence[RelayDecision]:
+    """A relay's write of rows it holds under a fresh ticket of its own (no row taken over)."""
+    ticket = await driver.relay_ticket(source, relay_id=relay_id, lease=30.0)
+    return await driver.relay_enqueue(jobs, source=source, ticket=ticket)
 
 
 async def claim_one(driver: Driver, queue: str = "default", lease: float = 30.0) -> Claim:

@@ -1,24 +1,26 @@
 # The outbox half of the driver contract (outbox_write / claim / delete / present / stats /
-# source) and the relay's decisions (relay_enqueue / forget / decisions, relay_in_place), on
-# every driver: what the relay's exactly-once rests on, pruning and crashes included.
+# source) and the relay's decisions (relay_enqueue / forget / decisions, relay_in_place) and
+# tickets (relay_ticket: the fence), on every driver: what the relay's exactly-once rests on,
+# pruning, crashes and a relay paused past its lease included.
 from __future__ import annotations
 
 import attrs
 import pytest
 
-from jobs_trio._core.errors import ConfigError
+from jobs_trio._core.errors import ConfigError, RelayFenced
 from jobs_trio._core.records import (
     Complete,
     JobLimits,
     PruneTurn,
     RelayDecision,
+    RelayHold,
     RelayOutcome,
 )
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
 
 from .fixtures import DriverFactory
-from .helpers import claim_one, new_job
+from .helpers import claim_one, new_job, relay_write, take_rows
 
 SOURCE = "outbox-a"
 
@@ -29,7 +31,7 @@ async def test_outbox_rows_are_claimed_oldest_first_with_what_remains_of_their_d
     first, second = new_job(payload={"n": 1}, delay=10.0, key="k1"), new_job(payload={"n": 2})
     await driver.outbox_write([first, second])
     manual_clock.advance(4.0)
-    taken = await driver.outbox_claim(10, lease=30.0, relay_id="r1")
+    taken = (await take_rows(driver, 10, lease=30.0, relay_id="r1")).jobs
     assert [j.job_id for j in taken] == [first.job_id, second.job_id]
     assert taken[0].delay == 6.0 and taken[1].delay == 0.0
     assert (taken[0].key, taken[0].payload, taken[0].name) == ("k1", first.payload, first.name)
@@ -41,13 +43,13 @@ async def test_a_held_row_is_skipped_until_its_lease_lapses(
 ) -> None:
     rows = [new_job(payload={"n": n}) for n in range(3)]
     await driver.outbox_write(rows)
-    first = await driver.outbox_claim(2, lease=30.0, relay_id="r1")
-    second = await driver.outbox_claim(10, lease=30.0, relay_id="r2")
+    first = (await take_rows(driver, 2, lease=30.0, relay_id="r1")).jobs
+    second = (await take_rows(driver, 10, lease=30.0, relay_id="r2")).jobs
     assert [j.job_id for j in first] == [rows[0].job_id, rows[1].job_id]
     assert [j.job_id for j in second] == [rows[2].job_id]
-    assert await driver.outbox_claim(10, lease=30.0, relay_id="r3") == []
+    assert (await take_rows(driver, 10, lease=30.0, relay_id="r3")).jobs == ()
     manual_clock.advance(30.0)  # r1 and r2 died holding them: their rows come back
-    again = await driver.outbox_claim(10, lease=30.0, relay_id="r3")
+    again = (await take_rows(driver, 10, lease=30.0, relay_id="r3")).jobs
     assert [j.job_id for j in again] == [r.job_id for r in rows]
 
 
@@ -61,8 +63,8 @@ async def test_delete_and_stats(driver: Driver, manual_clock: ManualClock) -> No
     manual_clock.advance(2.0)
     stats = await driver.outbox_stats()
     assert (stats.pending, stats.oldest_age) == (2, 7.0)
-    assert await driver.outbox_delete([rows[0].job_id, "no-such-id"]) == 1
-    assert await driver.outbox_delete([rows[0].job_id]) == 0
+    assert await driver.outbox_delete([rows[0].job_id, "no-such-id"]) == [rows[0].job_id]
+    assert await driver.outbox_delete([rows[0].job_id]) == []
     stats = await driver.outbox_stats()
     assert (stats.pending, stats.oldest_age) == (1, 2.0)
 
@@ -72,7 +74,7 @@ async def test_an_outbox_row_keeps_its_fleet_limits_and_context(driver: Driver) 
     slotted = attrs.evolve(new_job(), limits=JobLimits(slot_key="s", slots=1), context='{"a":"b"}')
     both, plain = attrs.evolve(new_job(), limits=limits), new_job()
     await driver.outbox_write([slotted, both, plain])
-    taken = await driver.outbox_claim(10, lease=30.0, relay_id="r1")
+    taken = (await take_rows(driver, 10, lease=30.0, relay_id="r1")).jobs
     assert [(t.limits, t.context) for t in taken] == [
         (JobLimits(slot_key="s", slots=1), '{"a":"b"}'),
         (limits, None),
@@ -94,13 +96,13 @@ async def test_a_row_taken_again_after_its_job_finished_and_was_pruned_is_not_wr
     driver: Driver, manual_clock: ManualClock
 ) -> None:
     job = new_job(payload={"n": 1})
-    [first] = await driver.relay_enqueue([job], source=SOURCE)
+    [first] = await relay_write(driver, [job], source=SOURCE)
     assert first == RelayDecision(
         job.job_id, RelayOutcome.CREATED, job.job_id, manual_clock.now, already=False
     )
     await finish_and_prune(driver, manual_clock)
     # The relay died before deleting the row; another takes it: answered from the record.
-    [again] = await driver.relay_enqueue([job], source=SOURCE)
+    [again] = await relay_write(driver, [job], source=SOURCE)
     assert again == attrs.evolve(first, already=True)
     assert await driver.get(job.job_id) is None
     assert await driver.list_jobs() == []
@@ -112,7 +114,7 @@ async def test_a_key_held_row_stays_a_no_op_after_its_holder_finished(
     holder = new_job(key="order:1")
     await driver.enqueue([holder])
     row = new_job(key="order:1")
-    [decided] = await driver.relay_enqueue([row], source=SOURCE)
+    [decided] = await relay_write(driver, [row], source=SOURCE)
     assert (decided.outcome, decided.holder, decided.already) == (
         RelayOutcome.KEY_HELD,
         holder.job_id,
@@ -120,7 +122,7 @@ async def test_a_key_held_row_stays_a_no_op_after_its_holder_finished(
     )
     assert await driver.get(row.job_id) is None
     await finish_and_prune(driver, manual_clock)  # the key is free now
-    [again] = await driver.relay_enqueue([row], source=SOURCE)
+    [again] = await relay_write(driver, [row], source=SOURCE)
     assert again == attrs.evolve(decided, already=True)
     assert await driver.list_jobs() == []  # no job for the row, then or now
 
@@ -132,7 +134,7 @@ async def test_relay_enqueue_applies_unique_keys_and_delays_in_order(
     await driver.enqueue([holder])
     keyed, delayed, second = new_job(key="order:1"), new_job(delay=30.0), new_job(key="k2")
     twin = new_job(key="k2")  # its key is taken by `second`, earlier in the same batch
-    answers = await driver.relay_enqueue([keyed, delayed, second, twin], source=SOURCE)
+    answers = await relay_write(driver, [keyed, delayed, second, twin], source=SOURCE)
     assert [(a.job_id, a.outcome, a.holder) for a in answers] == [
         (keyed.job_id, RelayOutcome.KEY_HELD, holder.job_id),
         (delayed.job_id, RelayOutcome.CREATED, delayed.job_id),
@@ -143,7 +145,7 @@ async def test_relay_enqueue_applies_unique_keys_and_delays_in_order(
     assert record is not None and record.run_at == manual_clock.now + 30.0
     # A batch mixing decided rows and a new one answers each in order.
     fresh = new_job()
-    answers = await driver.relay_enqueue([delayed, keyed, fresh], source=SOURCE)
+    answers = await relay_write(driver, [delayed, keyed, fresh], source=SOURCE)
     assert [(a.job_id, a.outcome, a.already) for a in answers] == [
         (delayed.job_id, RelayOutcome.CREATED, True),
         (keyed.job_id, RelayOutcome.KEY_HELD, True),
@@ -157,7 +159,7 @@ async def test_a_relayed_job_keeps_its_fleet_limits(driver: Driver) -> None:
         attrs.evolve(new_job(queue="capped"), limits=JobLimits(slot_key="acct", slots=1))
         for _ in range(2)
     ]
-    await driver.relay_enqueue(capped, source=SOURCE)
+    await relay_write(driver, capped, source=SOURCE)
     claims = await driver.claim(["capped"], 10, lease=30.0, worker_id="w")
     assert len(claims) == 1  # one slot: the second waits, as a direct enqueue's would
     record = await driver.get(capped[1].job_id)
@@ -168,10 +170,10 @@ async def test_decisions_are_listed_by_age_and_forgotten_per_outbox(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
     older, newer, theirs = new_job(), new_job(), new_job()
-    await driver.relay_enqueue([older], source=SOURCE)
+    await relay_write(driver, [older], source=SOURCE)
     manual_clock.advance(5.0)
-    await driver.relay_enqueue([newer], source=SOURCE)
-    await driver.relay_enqueue([theirs], source="outbox-b")
+    await relay_write(driver, [newer], source=SOURCE)
+    await relay_write(driver, [theirs], source="outbox-b")
     now = manual_clock.now
     assert await driver.relay_decisions(SOURCE, before=now + 1, limit=10) == [
         older.job_id,
@@ -184,7 +186,7 @@ async def test_decisions_are_listed_by_age_and_forgotten_per_outbox(
     assert await driver.relay_decisions("outbox-b", before=now + 1, limit=10) == [theirs.job_id]
     assert await driver.relay_decisions(SOURCE, before=now + 1, limit=10) == [newer.job_id]
     # Forgotten, a row is decided afresh: the record is what stood between it and a second job.
-    [anew] = await driver.relay_enqueue([older], source=SOURCE)
+    [anew] = await relay_write(driver, [older], source=SOURCE)
     assert (anew.outcome, anew.already) == (RelayOutcome.CREATED, True)  # its job is still there
 
 
@@ -231,7 +233,7 @@ async def test_in_place_moves_rows_into_jobs_and_away_in_one_go(
     await driver.enqueue([holder])
     # The oldest row is held by a two-step relay, under its lease.
     await driver.outbox_write([new_job()])
-    [held] = await driver.outbox_claim(1, lease=30.0, relay_id="r1")
+    [held] = (await take_rows(driver, 1, lease=30.0, relay_id="r1")).jobs
     rows = [new_job(payload={"n": n}) for n in range(3)] + [new_job(key="order:1")]
     await driver.outbox_write(rows)
     first = await driver.relay_in_place(driver, 2)
@@ -262,12 +264,149 @@ async def test_in_place_answers_a_decision_a_two_step_relay_left_and_forgets_it(
 ) -> None:
     row = new_job()
     await driver.outbox_write([row])
-    [taken] = await driver.outbox_claim(10, lease=5.0, relay_id="r1")
+    [taken] = (await take_rows(driver, 10, lease=5.0, relay_id="r1")).jobs
     source = await driver.outbox_source()
-    await driver.relay_enqueue([taken], source=source)  # ... and that relay died here
+    await relay_write(driver, [taken], source=source)  # ... and that relay died here
     await finish_and_prune(driver, manual_clock)
     [moved] = await driver.relay_in_place(driver, 10)
     assert (moved.job_id, moved.outcome, moved.already) == (row.job_id, RelayOutcome.CREATED, True)
     assert await driver.list_jobs() == []  # not written again
     assert await driver.outbox_present([row.job_id]) == []
     assert await driver.relay_decisions(source, before=1e12, limit=10) == []
+
+
+# The fence (issue 45): a relay paused past its lease wakes to find its rows taken over; its
+# write must change nothing, however long it slept and whatever retention did meanwhile.
+
+
+async def test_a_write_under_a_ticket_a_takeover_revoked_is_refused_and_changes_nothing(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    rows = [new_job(payload={"n": n}) for n in range(3)]
+    await driver.outbox_write(rows)
+    source = await driver.outbox_source()
+    paused = await take_rows(driver, lease=5.0, relay_id="r1")
+    manual_clock.advance(5.0)  # r1 is paused past its lease: r2 takes the rows over
+    taker = await take_rows(driver, lease=5.0, relay_id="r2")
+    assert [j.job_id for j in taker.jobs] == [r.job_id for r in rows]
+    assert taker.superseded == (paused.ticket,)
+    written = await driver.relay_enqueue(
+        taker.jobs, source=source, ticket=taker.ticket, superseded=taker.superseded
+    )
+    assert [d.already for d in written] == [False] * 3
+    ids = [r.job_id for r in rows]
+    assert await driver.outbox_delete(ids, ticket=taker.ticket) == ids
+    assert await driver.relay_forget(source, ids) == 3
+    for _ in rows:
+        await finish_and_prune(driver, manual_clock)
+    # r1 wakes: no decision, no job, no row is left to answer it; only the fence can.
+    with pytest.raises(RelayFenced, match="revoked"):
+        await driver.relay_enqueue(paused.jobs, source=source, ticket=paused.ticket)
+    assert await driver.list_jobs() == []
+    assert await driver.relay_decisions(source, before=1e12, limit=10) == []
+
+
+async def test_a_takeover_revokes_every_relay_that_held_a_row_before(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    row = new_job()
+    await driver.outbox_write([row])
+    source = await driver.outbox_source()
+    first = await take_rows(driver, lease=5.0, relay_id="r1")
+    manual_clock.advance(5.0)
+    second = await take_rows(driver, lease=5.0, relay_id="r2")  # then paused too
+    manual_clock.advance(5.0)
+    third = await take_rows(driver, lease=5.0, relay_id="r3")
+    assert (second.superseded, third.superseded) == ((first.ticket,), (first.ticket, second.ticket))
+    await driver.relay_enqueue(
+        third.jobs, source=source, ticket=third.ticket, superseded=third.superseded
+    )
+    for paused in (first, second):
+        with pytest.raises(RelayFenced):
+            await driver.relay_enqueue(paused.jobs, source=source, ticket=paused.ticket)
+    assert [r.id for r in await driver.list_jobs()] == [row.job_id]
+
+
+async def test_a_ticket_is_spent_by_its_write(driver: Driver) -> None:
+    await driver.outbox_write([new_job()])
+    source = await driver.outbox_source()
+    batch = await take_rows(driver)
+    await driver.relay_enqueue(batch.jobs, source=source, ticket=batch.ticket)
+    with pytest.raises(RelayFenced):
+        await driver.relay_enqueue(batch.jobs, source=source, ticket=batch.ticket)
+    with pytest.raises(RelayFenced):
+        await driver.relay_enqueue(batch.jobs, source=source, ticket="never-given")
+
+
+async def test_a_relay_that_wrote_then_lost_its_rows_deletes_none_and_the_taker_is_answered(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    row = new_job()
+    await driver.outbox_write([row])
+    source = await driver.outbox_source()
+    first = await take_rows(driver, lease=5.0, relay_id="r1")
+    [decided] = await driver.relay_enqueue(first.jobs, source=source, ticket=first.ticket)
+    manual_clock.advance(5.0)  # r1 paused after its write: r2 takes the row over
+    second = await take_rows(driver, lease=5.0, relay_id="r2")
+    # r1 wakes and deletes under its ticket: the row is r2's now, and so is its decision.
+    assert await driver.outbox_delete([row.job_id], ticket=first.ticket) == []
+    await finish_and_prune(driver, manual_clock)
+    [again] = await driver.relay_enqueue(
+        second.jobs, source=source, ticket=second.ticket, superseded=second.superseded
+    )
+    assert again == attrs.evolve(decided, already=True)
+    assert await driver.outbox_delete([row.job_id], ticket=second.ticket) == [row.job_id]
+    assert await driver.list_jobs() == []
+
+
+async def test_a_stale_ticket_is_forgotten_and_its_write_refused(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    source = await driver.outbox_source()
+    # Stale 60 s on (rules.STALE_TICKET_FLOOR: more than 4 leases of 5 s).
+    used, idle = [await driver.relay_ticket(source, relay_id=r, lease=5.0) for r in ("r1", "r2")]
+    manual_clock.advance(59.0)
+    await driver.relay_ticket(source, relay_id="r3", lease=5.0)  # forgets none yet
+    await driver.relay_enqueue([new_job()], source=source, ticket=used)
+    manual_clock.advance(1.0)
+    await driver.relay_ticket(source, relay_id="r3", lease=5.0)  # forgets r2's on its way
+    with pytest.raises(RelayFenced):
+        await driver.relay_enqueue([new_job()], source=source, ticket=idle)
+    assert len(await driver.list_jobs()) == 1
+
+
+async def test_in_place_revokes_the_ticket_of_a_two_step_relay_that_held_a_row(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    row = new_job()
+    await driver.outbox_write([row])
+    source = await driver.outbox_source()
+    paused = await take_rows(driver, lease=5.0)
+    manual_clock.advance(5.0)
+    [moved] = await driver.relay_in_place(driver, 10)
+    assert moved.job_id == row.job_id
+    await finish_and_prune(driver, manual_clock)
+    with pytest.raises(RelayFenced):
+        await driver.relay_enqueue(paused.jobs, source=source, ticket=paused.ticket)
+    assert await driver.list_jobs() == []
+
+
+async def test_stats_show_the_rows_each_relay_holds_and_whether_its_lease_lapsed(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    await driver.outbox_write([new_job() for _ in range(5)])
+    await take_rows(driver, 2, lease=5.0, relay_id="r1")
+    manual_clock.advance(1.0)
+    await take_rows(driver, 1, lease=30.0, relay_id="r2")
+    manual_clock.advance(4.0)
+    now = manual_clock.now
+    stats = await driver.outbox_stats()
+    assert stats.pending == 5
+    assert stats.held == (RelayHold("r1", 2, now), RelayHold("r2", 1, now + 26.0))
+    assert [h.lapsed(now) for h in stats.held] == [True, False]
+    assert stats.held[1].to_json(now) == {
+        "relay_id": "r2",
+        "rows": 1,
+        "lease_left": 26.0,
+        "lapsed": False,
+    }

@@ -8,7 +8,7 @@ from jobs_trio._core.records import TaskAdvance, TaskFire
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, new_job
+from .helpers import claim_one, new_job, relay_write, take_rows
 
 # What run_context.stored_context writes: the application's names and the W3C trace context,
 # sorted. Non-ASCII on purpose: every driver must hand the text back as written.
@@ -40,9 +40,9 @@ async def test_a_context_goes_through_the_outbox_and_the_relays_enqueue(
 ) -> None:
     job = attrs.evolve(new_job(), context=CONTEXT)
     await driver.outbox_write([job, new_job(queue="plain")])
-    taken = await driver.outbox_claim(10, lease=30.0, relay_id="r1")
+    taken = (await take_rows(driver, 10, lease=30.0, relay_id="r1")).jobs
     assert [t.context for t in taken] == [CONTEXT, None]
-    await driver.relay_enqueue(taken, source="s")
+    await relay_write(driver, taken, source="s")
     claim = await claim_one(driver)
     assert (claim.job_id, claim.context) == (job.job_id, CONTEXT)
 
