@@ -131,6 +131,22 @@ async def test_the_overview_lists_live_workers_cron_tasks_and_the_outbox(site: S
     assert 'id="no-workers"' in page
 
 
+async def test_the_outbox_shows_the_rows_each_relay_holds_and_a_lapsed_hold(site: Site) -> None:
+    assert 'id="outbox-held"' not in (await get(site, "/")).text  # nothing held: no table
+    writer = site.writer
+    source = await writer.outbox_source()
+    await writer.outbox_write([NewJob(new_job_id(), "mail.later", "emails", "{}", 3)])
+    for relay_id, lease in (("relay-b", 3600.0), ("relay-a", 0.0)):  # a's lapsed at once
+        ticket = await writer.relay_ticket(source, relay_id=relay_id, lease=60.0)
+        await writer.outbox_claim(1, lease=lease, relay_id=relay_id, ticket=ticket)
+    page = (await get(site, "/")).text
+    [lapsed] = re.findall(r'<tr class="relay-hold lapsed">(.*?)</tr>', page, re.S)
+    assert "relay-a" in lapsed and '<td class="num">1</td>' in lapsed
+    assert "the relay died or is paused" in lapsed
+    [live] = re.findall(r'<tr class="relay-hold">(.*?)</tr>', page, re.S)
+    assert "relay-b" in live and "in 59m" in live
+
+
 async def test_with_the_registry_each_task_shows_its_schedule_and_next_fire(
     tmp_path: Path,
 ) -> None:

@@ -505,12 +505,22 @@ async def _list(driver: Driver, args: argparse.Namespace) -> None:
 
 async def _outbox(driver: Driver, args: argparse.Namespace) -> None:
     stats = await driver.outbox_stats()
+    now = driver.now()
     if args.json:
-        _print_json({"pending": stats.pending, "oldest_age": stats.oldest_age})
-    elif stats.oldest_age is None:
+        _print_json(
+            {
+                "pending": stats.pending,
+                "oldest_age": stats.oldest_age,
+                "held": [hold.to_json(now) for hold in stats.held],
+            }
+        )
+        return
+    if stats.oldest_age is None:
         print("outbox empty")
-    else:
-        print(f"{stats.pending} pending; the oldest has waited {stats.oldest_age:.1f} s")
+        return
+    print(f"{stats.pending} pending; the oldest has waited {stats.oldest_age:.1f} s")
+    for hold in stats.held:
+        print(f"  {render.relay_hold(hold, now)}")
 
 
 async def _stats(driver: Driver, args: argparse.Namespace) -> None:

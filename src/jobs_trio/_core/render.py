@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 
-from .records import WAITING_STATES, JobRecord, JobState, QueueStats, StepRecord
+from .records import WAITING_STATES, JobRecord, JobState, QueueStats, RelayHold, StepRecord
 
 # The states a queue's depth is shown in, in the order a job usually moves through them.
 STATE_ORDER = tuple(state.value for state in JobState)
@@ -260,6 +260,18 @@ def stats_table(stats: Sequence[QueueStats]) -> str:
     # Ready jobs a claim put off for a fleet limit: counted in READY above, and not failing.
     limits = table(["QUEUE", "JOB", "WAITING ON", "JOBS"], waiting)
     return f"{table(headers, rows)}\n\nWaiting on a fleet limit (docs/limits.md):\n{limits}"
+
+
+def relay_hold(hold: RelayHold, now: float) -> str:
+    """One relay's hold on outbox rows, as an operator reads it: a lapsed one is a relay that
+    died or is paused, whose rows another relay takes over (and whose write it then fences)."""
+    rows = f"{hold.rows} row{'' if hold.rows == 1 else 's'} held by relay {visible(hold.relay_id)}"
+    if hold.lapsed(now):
+        return (
+            f"{rows}: lease lapsed {duration(now - hold.until)} ago (the relay died or is"
+            " paused; the next pass of any relay takes them over)"
+        )
+    return f"{rows}: lease {duration(hold.until - now)} left"
 
 
 def dumps(value: object) -> str:
