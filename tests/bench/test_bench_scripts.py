@@ -125,6 +125,23 @@ SCRIPTS = {
             for variant in ENQUEUE_VARIANTS
         ),
     ),
+    "event_race-postgres": Script(
+        "bench/event_race.py",
+        "--db {db} --jobs 20 --rate 200 --hold 0.01",
+        (
+            rf"waited for the poll: {NUMBER} of 20; never woke or never sent: {NUMBER}",
+            rf"wake-up after the send: p50 {NUMBER} ms, p99 {NUMBER} ms, max {NUMBER} ms",
+        ),
+    ),
+    "event_race-sqlite": Script(
+        "bench/event_race.py",
+        "--db sqlite --jobs 20 --rate 200",
+        (
+            rf"waited for the poll: {NUMBER} of 20; never woke or never sent: {NUMBER}",
+            rf"wake-up after the send: p50 {NUMBER} ms, p99 {NUMBER} ms, max {NUMBER} ms",
+        ),
+        postgres=False,
+    ),
     "idle_cost": Script(
         "bench/idle_cost.py",
         "--queues 1 --seconds 1",

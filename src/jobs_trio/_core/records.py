@@ -500,9 +500,10 @@ class EventLook:
     between the look and the suspend, when no job was suspended on the name for it to wake."""
 
     found: EventRecord | None
-    # The id of the newest event of the name, of any key or time, the look could see ("0":
-    # none). Past every event the look read, so a re-look's mark covers the events that woke it
-    # and an event of another key wakes the job once, never in a loop.
+    # What the look could see of the name, of any key or time, as its driver marks it: memory
+    # and SQLite, the id of the newest event ("0": none); PostgreSQL, the look's snapshot.
+    # Past every event the look read, so a re-look's mark covers the events that woke it and
+    # an event of another key wakes the job once, never in a loop.
     seen: str
 
 

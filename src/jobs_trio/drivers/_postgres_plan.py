@@ -138,9 +138,10 @@ def _window_holders(
 
 
 def event_plan(sql: Statements, now: float, name: str, payload: str, key: str | None) -> Plan:
-    """Store an event and make every job suspended on it ready now (notifying their queues);
-    answer its id. One statement."""
-    rows = yield Query(sql["send_event"], (now, name, key, payload, sql.channel))
+    """Store an event; answer its id. One statement. Its waiters are woken (their queues
+    notified) when its transaction commits, by the trigger migration 0014 made: a send in a
+    caller's transaction that commits later finds the jobs that suspended meanwhile too."""
+    rows = yield Query(sql["send_event"], (now, name, key, payload))
     return str(rows[0][0])
 
 

@@ -121,14 +121,16 @@ def hands_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
 @attrs.frozen
 class Unseen:
     """The events a suspension's look could not see: those named ``event`` (with ``key``, when
-    the wait matches one) with an id past ``mark`` (the look's EventLook.seen, as a number)."""
+    the wait matches one) past ``mark``, the look's EventLook.seen as its driver made it (memory
+    and SQLite: the newest event id it read; PostgreSQL: its snapshot)."""
 
     event: str
-    mark: int
+    mark: str
     key: str | None = None
 
     def covers(self, name: str, key: str | None, event_id: int) -> bool:
-        return name == self.event and event_id > self.mark and key_matches(self.key, key)
+        """For a mark of ids (memory, SQLite): whether event ``event_id`` is past it."""
+        return name == self.event and event_id > int(self.mark) and key_matches(self.key, key)
 
 
 @attrs.frozen
@@ -174,20 +176,21 @@ def woken(change: Effect) -> Effect:
     one its next look still does not take (sent before the wait began, by the clocks) costs
     that one look, and the next look's mark covers it: it never wakes the job again.
 
-    Exact on memory and SQLite (one writer at a time: ids are given in commit order). On
-    PostgreSQL an event whose transaction commits after the look can hold an id below the
-    mark (another send of the name took a higher id and committed first), and a send whose
-    statement started before the settle's and commits after it is seen by neither: a send
-    still in flight as the look or the settle starts can be missed, as before this rule.
-    A send in an application's transaction that commits after the settle is not covered
-    either (docs/steps.md)."""
+    Exact on every driver, whatever the order of the send and the suspend, in or out of an
+    application's transaction. Memory and SQLite: one writer at a time, so ids are given in
+    commit order and a send either committed before the settle (its id is past the mark) or
+    commits after it (and finds the job suspended). PostgreSQL, where neither holds: the mark
+    is the look's snapshot (an event is unseen when its transaction was not visible to the
+    look), and a send wakes its waiters when it COMMITS (a deferred trigger), under a lock of
+    the event's name and key that the settle's check also takes (try-locks: a send committing
+    at that moment makes the job ready, never waits; docs/steps.md)."""
     return attrs.evolve(change, state=JobState.READY, delay=0.0, unseen=None)
 
 
 def _suspend_effect(s: Suspend) -> Effect:
     unseen = None
     if s.event is not None and s.seen is not None:
-        unseen = Unseen(s.event, int(s.seen), s.match)
+        unseen = Unseen(s.event, s.seen, s.match)
     return Effect(
         JobState.SUSPENDED,
         hands_back=True,

@@ -94,7 +94,6 @@ from ._rules import (
     LAPSED_OUT_OF_ATTEMPTS,
     driver_closed,
     effect,
-    event_mark,
     history_outcome,
     job_record,
     kind_of,
@@ -918,7 +917,7 @@ class PostgresDriver:
             return await conn.fetchrow(sql["look_for_event"], name, key, since)
 
         row = await self.bridge.run(read, what="look_for_event")
-        seen = event_mark(row["newest"])
+        seen: str = row["seen"]  # the look's snapshot (rules.woken)
         if row["id"] is None:
             return EventLook(None, seen)
         found = EventRecord(

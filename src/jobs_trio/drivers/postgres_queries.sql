@@ -461,18 +461,17 @@ FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, hand
 state = 'dead', last_error = s.error;
 
 -- name: settle_suspend_rows
--- $8 the event key each waits for (NULL: any), $10 the mark of each suspension's look (NULL: no look). `woken`: an event of the name stored
--- past it was sent while the job ran, and woke nothing then; the job is ready now instead, as
--- the send would have left it (rules.woken, which holds the rule and what it does not cover).
--- OFFSET 0 keeps the subquery whole: flattened, each use of `woken` probed the events again.
+-- $8 the event key each waits for (NULL: any), $10 the snapshot of each suspension's look
+-- (NULL: no look). `woken`: an event of the name committed that the look could not see (sent
+-- while the job ran, when it woke nothing), or one committing at this moment; the job is
+-- ready now instead, as the send would have left it (suspend_sees_event, in migration 0014;
+-- rules.woken holds the rule). OFFSET 0 keeps the subquery whole: flattened, each use of
+-- `woken` called the function again.
 SELECT *, delay <= 0 OR woken AS ready_now
 FROM (
-    SELECT u.*, CASE WHEN u.seen IS NULL THEN false ELSE EXISTS (
-        SELECT FROM {schema}.events AS e
-        WHERE e.name = u.event AND e.id > u.seen AND (u.match IS NULL OR e.key = u.match)
-    ) END AS woken
+    SELECT u.*, {schema}.suspend_sees_event(u.event, u.match, u.seen) AS woken
     FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[],
-                $9::text[], $10::bigint[])
+                $9::text[], $10::text[])
         AS u(id, token, handed_back, delay, event, match, cancelled, seen)
     OFFSET 0
 ) AS u;
@@ -696,26 +695,17 @@ SET status = excluded.status, started_at = excluded.started_at,
 RETURNING s.job_id;
 
 -- name: send_event
--- Store the event and make every job suspended on its name ready now; notify their queues.
-WITH event AS (
-    INSERT INTO {schema}.events (name, key, payload, created_at) VALUES ($2, $3, $4, $1)
-    RETURNING id
-), woken AS (
-    UPDATE {schema}.jobs SET state = 'ready', run_at = $1, updated_at = $1
-    -- A job waiting for another key sleeps on: each send of a name woke every waiter of it,
-    -- a whole fleet of workflows keyed by order id for each order's event.
-    WHERE state = 'suspended' AND wait_event = $2 AND (wait_key IS NULL OR wait_key = $3)
-    RETURNING queue
-), notified AS (
-    SELECT pg_notify($5, queue) FROM (SELECT DISTINCT queue FROM woken) AS q
-)
-SELECT (SELECT id FROM event) AS id, (SELECT count(*) FROM notified) AS sent;
+-- Store the event. Its waiters are woken when its transaction COMMITS, by the deferred trigger
+-- events_wake (migration 0014): woken here, a send in an application's transaction that
+-- commits later would find only the jobs suspended before it, and miss those suspending
+-- meanwhile.
+INSERT INTO {schema}.events (name, key, payload, created_at) VALUES ($2, $3, $4, $1)
+RETURNING id;
 
 -- name: look_for_event
--- The earliest match, and the newest id of the name (any key or time): one statement, so one
--- snapshot, and the mark covers every event the look read (rules.event_mark).
-SELECT f.id, f.name, f.key, f.payload, f.created_at,
-       (SELECT max(id) FROM {schema}.events WHERE name = $1) AS newest
+-- The earliest match, and the look's snapshot: its mark (Suspend.seen). An event its settle
+-- finds committed but not visible to this snapshot was sent after the look (rules.woken).
+SELECT f.id, f.name, f.key, f.payload, f.created_at, pg_current_snapshot()::text AS seen
 FROM (SELECT) AS one LEFT JOIN (
     SELECT id, name, key, payload, created_at FROM {schema}.events
     WHERE name = $1 AND ($2::text IS NULL OR key = $2)

@@ -348,7 +348,7 @@ def _stored_past(conn: sqlite3.Connection, unseen: Unseen) -> bool:
     row = conn.execute(
         "SELECT EXISTS (SELECT 1 FROM events INDEXED BY events_by_name WHERE name = ? AND id > ?"
         " AND (? IS NULL OR key = ?))",
-        (unseen.event, unseen.mark, unseen.key, unseen.key),
+        (unseen.event, int(unseen.mark), unseen.key, unseen.key),
     ).fetchone()
     return bool(row[0])
 
