@@ -17,6 +17,7 @@ from jobs_trio import FleetLimit
 from jobs_trio._cli.main import main
 from jobs_trio._core.records import JobRecord
 from jobs_trio._jobs.registry import Registry
+from jobs_trio._retention.pruner import Retention
 from jobs_trio._run.worker import Worker
 from jobs_trio.drivers._open_driver import open_driver
 from tests.apps.cli_app import registry as app_registry
@@ -148,6 +149,28 @@ def test_show_json_has_the_documented_fields_and_the_step_records(cli: Cli, db: 
     text = cli.ok("show", job_id, "--db", db)
     assert "steps (1):" in text
     assert re.search(r"double\s+done\s+\S+Z\s+\S+s\s+result 8", text)
+
+
+def test_show_tells_the_attempt_history_in_text_and_json(cli: Cli, db: str) -> None:
+    job_id = enqueue(cli, db, "app.fail", "--app", "tests.apps.cli_app")
+    assert "attempts ended (0): none yet" in cli.ok("show", job_id, "--db", db)
+    assert json.loads(cli.ok("show", job_id, "--db", db, "--json"))["history"] == []
+    settle_one_round(db)  # dead-lettered: its one attempt raised
+    shown = json.loads(cli.ok("show", job_id, "--db", db, "--json"))
+    [ended] = shown["history"]
+    assert (ended["seq"], ended["attempt"], ended["outcome"]) == (1, 1, "dead-lettered")
+    assert ended["worker_id"] and ended["seconds"] >= 0 and ended["ended_at"] > 0
+    assert "boom on purpose" in ended["error"]
+    assert "Traceback (most recent call last):" in ended["traceback"]
+    text = cli.ok("show", job_id, "--db", db)
+    lines = text.splitlines()
+    at = lines.index("attempts ended (1):")
+    columns = ["#", "ATTEMPT", "OUTCOME", "WORKER", "ENDED", "RAN", "ERROR"]
+    assert re.split(r"\s{2,}", lines[at + 1].strip()) == columns
+    assert re.match(
+        r"\s+1\s+1\s+dead-lettered\s+\S+\s+\S+ ago\s+\S+s\s+.*boom on purpose", lines[at + 2]
+    )
+    assert lines[at + 3] == "  (tracebacks: --json, or the dashboard's job page)"
 
 
 def test_list_filters_by_state_and_queue_and_prints_a_json_array(cli: Cli, db: str) -> None:
@@ -450,6 +473,55 @@ def test_a_lease_too_short_for_any_claim_is_refused(cli: Cli, db: str) -> None:
     # jobs.claim.late lines a second), ran nothing, and exited 0.
     err = cli.fails("worker", "tests.apps.cli_app", "--db", db, "--lease", "0.001", code="X_CONFIG")
     assert "lease=0.001 is shorter than 1 s" in err and "give lease >= 1 seconds" in err
+
+
+class WorkerOpened(Exception):
+    """Raised by a stand-in for open_worker once it has seen what the command gave it (the
+    command ends, reporting it as unexpected)."""
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ((), Retention()),
+        (
+            ("--keep-finished", "12h", "--keep-dead", "30d", "--prune-every", "1m"),
+            Retention(keep_finished=12 * 3600, keep_dead=30 * 86400, every=60),
+        ),
+        (("--keep-dead", "forever", "--prune-batch", "50"), Retention(keep_dead=None, batch=50)),
+        (("--no-retention",), None),
+    ],
+)
+def test_the_worker_command_takes_open_workers_retention(
+    cli: Cli,
+    db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: tuple[str, ...],
+    expected: Retention | None,
+) -> None:
+    seen: dict[str, object] = {}
+
+    def opened(driver: object, registry: object, **options: object) -> object:
+        seen.update(options)
+        raise WorkerOpened
+
+    monkeypatch.setattr("jobs_trio._cli.main.open_worker", opened)
+    cli("worker", "tests.apps.cli_app", "--db", db, *flags)  # the stand-in ends it
+    assert seen["retention"] == expected
+
+
+def test_worker_retention_flags_are_checked_before_anything_opens(cli: Cli, db: str) -> None:
+    err = cli.fails("worker", "m", "--keep-finished", "soon", "--db", db, code="X_USAGE")
+    assert "argument --keep-finished: 'soon' is not an age" in err
+    err = cli.fails(
+        "worker", "tests.apps.cli_app", "--no-retention", "--keep-dead", "7d", "--db", db,
+        code="X_CONFIG",
+    )  # fmt: skip
+    assert "--no-retention was given with --keep-dead" in err
+    err = cli.fails(
+        "worker", "tests.apps.cli_app", "--prune-batch", "0", "--db", db, code="X_ARGUMENT"
+    )
+    assert "batch" in err
 
 
 def test_no_command_and_help(cli: Cli) -> None:

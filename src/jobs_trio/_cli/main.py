@@ -26,6 +26,7 @@ from .._core.records import Enqueued, JobState, NewJob
 from .._core.redaction import redact_url
 from .._core.version import VERSION as __version__
 from .._jobs.registry import JobDefinition, Registry
+from .._retention.pruner import Retention
 from .._run.early_signals import EarlySignals, stopped_at_start
 from .._run.lifecycle import Lifecycle, open_lifecycle
 from .._run.worker import DEFAULT_HOLD_LIMIT, DEFAULT_LEASE, open_worker
@@ -52,6 +53,7 @@ from .logging_flags import add_logging_flags, configure_logging, structured
 from .prune import add_prune_command
 from .queue_control import add_queue_commands
 from .relay import add_relay_command
+from .retention_flags import add_retention_flags, retention_of
 
 ENV_TRACEBACK = "JOBS_TRIO_TRACEBACK"  # set to 1: an unexpected error prints its traceback
 USAGE_ERROR = 2  # argparse's own status for a bad command line; user mistakes share it
@@ -237,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how long a claim holds a job without renewal (default {DEFAULT_LEASE:g})",
     )
 
+    add_retention_flags(worker)
     add_metrics_flags(worker)
     add_logging_flags(worker)
 
@@ -257,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = command(
         "show",
         on_driver(_show, read_only=True),
-        "Show one job, its timings and its step records.",
+        "Show one job, its timings, its step records and its attempt history.",
         as_json,
     )
     show.add_argument("id", metavar="ID")
@@ -337,12 +340,15 @@ def _worker(args: argparse.Namespace) -> int:
     configure_logging(args)
     url = database_url(args, one_shot=False)
     registry = load_registry(args.app)
+    retention = retention_of(args)
     if stopped_at_start(args.early, "worker"):
         return 0
-    return trio.run(_run_worker, url, registry, args)
+    return trio.run(_run_worker, url, registry, retention, args)
 
 
-async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) -> int:
+async def _run_worker(
+    url: str, registry: Registry, retention: Retention | None, args: argparse.Namespace
+) -> int:
     # The driver outlives the lifecycle: the drain's settlements (interrupted attempts handed
     # back) are written before the connection closes. When a body ignores its cancellation past
     # the grace period, the lifecycle ends the process itself with ABANDONED_EXIT_CODE (70).
@@ -364,6 +370,7 @@ async def _run_worker(url: str, registry: Registry, args: argparse.Namespace) ->
                     lease=args.lease,
                     lifecycle=lifecycle,
                     schedule_tasks=not args.no_tasks,
+                    retention=retention,
                     metrics=default_metrics(run_buckets=args.run_buckets),
                 ),
             ):
@@ -484,10 +491,11 @@ def on_driver(
 async def _show(driver: Driver, args: argparse.Namespace) -> None:
     record = found(await driver.get(args.id), args.id)
     steps = await driver.load_steps(args.id)
+    history = await driver.load_attempts(args.id)
     if args.json:
-        _print_json(render.job_json(record, steps))
+        _print_json(render.job_json(record, steps, history))
     else:
-        print(render.job_text(record, steps, driver.now()))
+        print(render.job_text(record, steps, driver.now(), history))
 
 
 async def _list(driver: Driver, args: argparse.Namespace) -> None:

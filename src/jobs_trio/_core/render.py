@@ -8,7 +8,15 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 
-from .records import WAITING_STATES, JobRecord, JobState, QueueStats, RelayHold, StepRecord
+from .records import (
+    WAITING_STATES,
+    AttemptRecord,
+    JobRecord,
+    JobState,
+    QueueStats,
+    RelayHold,
+    StepRecord,
+)
 
 # The states a queue's depth is shown in, in the order a job usually moves through them.
 STATE_ORDER = tuple(state.value for state in JobState)
@@ -111,15 +119,28 @@ def attempts(record: JobRecord) -> str:
 # Jobs.
 
 
-def job_json(record: JobRecord, steps: Sequence[StepRecord] | None = None) -> dict[str, object]:
+def job_json(
+    record: JobRecord,
+    steps: Sequence[StepRecord] | None = None,
+    history: Sequence[AttemptRecord] | None = None,
+) -> dict[str, object]:
     answer = record.to_json()
     if steps is not None:
         answer["steps"] = [step.to_json() for step in steps]
+    if history is not None:
+        # "history", beside the job's count "attempts": its ended attempts, oldest first.
+        answer["history"] = [attempt.to_json() for attempt in history]
     return answer
 
 
-def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
-    """Everything `show` knows about one job, one field a line, then its step records."""
+def job_text(
+    record: JobRecord,
+    steps: Sequence[StepRecord],
+    now: float,
+    history: Sequence[AttemptRecord] = (),
+) -> str:
+    """Everything `show` knows about one job, one field a line, then its step records and its
+    attempt history."""
     fields: list[tuple[str, str]] = [
         ("id", record.id),
         ("name", record.name),
@@ -153,7 +174,30 @@ def job_text(record: JobRecord, steps: Sequence[StepRecord], now: float) -> str:
     lines.append(f"steps ({len(steps)})" + (":" if steps else ": none recorded"))
     if steps:
         lines.append(_indent(steps_table(steps, now), "  "))
+    lines.append("")
+    lines.append(f"attempts ended ({len(history)})" + (":" if history else ": none yet"))
+    if history:
+        lines.append(_indent(history_table(history, now), "  "))
+        if any(attempt.traceback for attempt in history):
+            lines.append("  (tracebacks: --json, or the dashboard's job page)")
     return "\n".join(lines)
+
+
+def history_table(history: Sequence[AttemptRecord], now: float) -> str:
+    """A job's ended attempts, oldest first, as the history keeps them (the newest 20)."""
+    rows = [
+        [
+            str(a.seq),
+            str(a.attempt),
+            a.outcome,
+            short(a.worker_id, 30),
+            relative(a.ended_at, now),
+            "-" if a.seconds is None else duration(a.seconds),
+            short(a.error, 60),
+        ]
+        for a in history
+    ]
+    return table(["#", "ATTEMPT", "OUTCOME", "WORKER", "ENDED", "RAN", "ERROR"], rows)
 
 
 def _limits_text(record: JobRecord) -> str:
