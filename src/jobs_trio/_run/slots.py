@@ -90,15 +90,25 @@ class _Pace:
         return min(most, int(starts * self.hold(hold_limit)))
 
 
-@attrs.define
 class _Held:
     """A claim taken ahead, waiting for a slot; ``overdue`` once its hold limit (``deadline``)
-    has passed without one."""
+    has passed without one. Called when its run is cancelled before a slot was handed to it
+    (RunScope.on_cancel): itself the callback, where a partial made per held claim was as
+    much again (issue 44)."""
 
-    run: RunScope  # its claim is run.claim
-    definition: JobDefinition | None
-    deadline: float
-    overdue: bool = False
+    __slots__ = ("_slots", "deadline", "definition", "overdue", "run")
+
+    def __init__(
+        self, slots: Slots, run: RunScope, definition: JobDefinition | None, deadline: float
+    ) -> None:
+        self._slots = slots
+        self.run = run  # its claim is run.claim
+        self.definition = definition
+        self.deadline = deadline
+        self.overdue = False
+
+    def __call__(self) -> None:
+        self._slots._held_cancelled(self)
 
 
 class Slots:
@@ -254,7 +264,7 @@ class Slots:
         if free - (self._promised[queue] if claim.ahead else 0) > 0:
             self._begin(run, definition, now)
             return
-        held = _Held(run, definition, now + self.hold_limit)
+        held = _Held(self, run, definition, now + self.hold_limit)
         self._waiting[queue].append(held)
         if self._held_one:  # hand_back_overdue may be waiting for the first
             self._held_one.unpark_all()
@@ -262,7 +272,7 @@ class Slots:
         self._jobs += 1
         # No task until a slot frees (_promote starts one); a cancel while it waits starts one
         # that hands it back.
-        run.on_cancel(functools.partial(self._held_cancelled, held))
+        run.on_cancel(held)
 
     def begin_now(self, run: RunScope, definition: JobDefinition | None) -> None:
         """Run ``run`` in a slot of its queue whether or not one is free (``Worker.tick``)."""
