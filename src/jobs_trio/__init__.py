@@ -10,6 +10,7 @@ of your own), ``jobs_trio.errors`` (every error, with its code), ``jobs_trio.tes
 from __future__ import annotations
 
 import importlib
+import types
 from typing import TYPE_CHECKING, Any
 
 from ._core.version import VERSION as __version__
@@ -154,4 +155,13 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    """The public surface only: ``__all__`` and the public modules already imported (the
+    module's own helpers, ``importlib``, ``Any``, ``TYPE_CHECKING``, are not the package's)."""
+    loaded = [
+        name
+        for name, value in globals().items()
+        if isinstance(value, types.ModuleType)
+        and not name.startswith("_")
+        and value.__name__ == f"{__name__}.{name}"
+    ]
+    return sorted({*__all__, *loaded})

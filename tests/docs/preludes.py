@@ -104,7 +104,7 @@ async def main() -> None:
     await jobs_trio.send_event(driver, "order.shipped", {"carrier": "ups"}, key="o-1")
     await run_until_idle(worker)
     job = await driver.get(job_id)
-    assert job is not None and job.result == '{"charge":"charge-o-1"}', job
+    assert job is not None and job.result == {"charge": "charge-o-1"}, job
 
 
 trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

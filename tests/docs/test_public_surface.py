@@ -32,6 +32,19 @@ def test_every_public_name_resolves_and_each_is_said_once() -> None:
     assert imported == jobs_trio._WHERE
 
 
+def test_dir_lists_the_public_surface_only() -> None:
+    import jobs_trio.driver
+
+    listed = set(dir(jobs_trio))
+    assert set(jobs_trio.__all__) <= listed
+    assert listed - set(jobs_trio.__all__) <= {
+        m.split(".")[1] for m in public_modules() if "." in m
+    }
+    assert "driver" in listed
+    for helper in ("Any", "importlib", "TYPE_CHECKING", "annotations", "types", "_WHERE"):
+        assert helper not in listed, helper
+
+
 def public_modules() -> set[str]:
     """Every module and package of jobs_trio no part of whose path starts with ``_`` (the
     conformance suite's own modules stand under its package's name)."""

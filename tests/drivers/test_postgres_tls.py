@@ -73,7 +73,11 @@ async def test_the_driver_claims_settles_and_is_woken_over_tls(
         result = json.dumps({"echo": json.loads(claim.payload)})
         assert await driver.settle([Complete(claim.lease, result)]) == [job_id]
         done = await driver.get(job_id)
-        assert done is not None and done.state is JobState.COMPLETED and done.result == result
+        assert (
+            done is not None
+            and done.state is JobState.COMPLETED
+            and done.result == json.loads(result)
+        )
     assert front.plain == 0
     assert front.tls >= 2  # the pool's connection and the LISTEN one
 
@@ -121,7 +125,7 @@ async def test_a_worker_process_over_tls_runs_each_job_once_and_drains_on_sigter
             await stop([second])
         done = await driver.get(hang)
         assert done is not None and done.attempts == 1  # the drained run handed its attempt back
-        assert done.result is not None and json.loads(done.result) == {"attempt": 1}
+        assert done.result == {"attempt": 1}
     assert_each_ran_once(seen, ids)
     assert front.plain == 0
     assert front.tls >= 4  # each worker's pool and LISTEN connections

@@ -79,7 +79,7 @@ async def test_a_sigkilled_workers_job_is_claimed_after_its_lease_and_the_attemp
         done = await record(driver, job_id)
         # Counted at claim: the killed run used attempt 1, the second run was attempt 2.
         assert done.attempts == 2
-        assert done.result == '{"attempt":2}'
+        assert done.result == {"attempt": 2}
 
 
 async def test_sigterm_interrupts_a_running_job_without_costing_an_attempt(

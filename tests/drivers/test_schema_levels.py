@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -136,7 +135,7 @@ async def runs_jobs(driver: Driver) -> None:
                 if all(r is not None and r.state is JobState.COMPLETED for r in records):
                     break
                 await trio.sleep(0.02)
-    assert [json.loads(r.result or "") for r in records if r] == [{"n": n} for n in range(3)]
+    assert [r.result for r in records if r] == [{"n": n} for n in range(3)]
 
 
 def next_version() -> int:

@@ -117,11 +117,18 @@ async def test_results_with_nul_and_large_text_are_stored_as_they_are(tmp_path: 
     large = json.dumps('"' * 70_000)  # escaped twice in a batch's JSON: written alone
     results = ['"a\x00b"', large, json.dumps({"é": 1}, ensure_ascii=False), "1e400", None]
     _, ids = await settled_together(tmp_path, results)
-    async with open_sqlite_driver(url_of(tmp_path / "jobs.db")) as driver:
-        for job_id, result in zip(ids, results, strict=True):
-            found = await driver.get(job_id)
-            assert found is not None
-            assert (found.state, found.result) == (JobState.COMPLETED, result)
+    path = tmp_path / "jobs.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        stored = [
+            conn.execute("SELECT result FROM jobs WHERE id = ?", (i,)).fetchone()[0] for i in ids
+        ]
+    assert stored == results
+    async with open_sqlite_driver(url_of(path)) as driver:
+        found = [await driver.get(job_id) for job_id in ids]
+    # Read back as values; text that is not JSON (a raw NUL in a string) as it is stored.
+    assert [(r.state, r.result) for r in found if r is not None] == [
+        (JobState.COMPLETED, v) for v in ['"a\x00b"', '"' * 70_000, {"é": 1}, float("inf"), None]
+    ]
 
 
 # Files that are not ours: refused, and left byte for byte as they were.

@@ -3,7 +3,6 @@
 # process, read together into one row. Apart because it is the matrix's only judge.
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -156,7 +155,7 @@ def judge(
                 cut += 1
         kill_cut += cut
         charged += max(record.attempts - 1 - cut, 0)
-        stored = json.loads(record.result) if record.result else None
+        stored = record.result
         for run in mine:
             if run.how != "return" or run.run == stored:
                 continue

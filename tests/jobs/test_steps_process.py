@@ -46,7 +46,7 @@ async def test_a_drain_mid_step_three_replays_steps_one_and_two_on_the_next_proc
             with trio.fail_after(20):
                 await second.wait()
         done = await driver.get(job_id)
-    assert done is not None and done.result == "[1,2,3]" and done.attempts == 1
+    assert done is not None and done.result == [1, 2, 3] and done.attempts == 1
     lines = notes.read_text().splitlines()
     assert lines.count("step1 start") == 1 and lines.count("step2 start") == 1
     assert lines.count("step3 start") == 2 and lines.count("step3 done") == 1

@@ -160,7 +160,7 @@ async def test_a_job_of_100_transactional_steps_killed_at_random_writes_each_row
         f" rows=100 each once, attempts={job and job.attempts} seed={seed}"
     )
     assert kills == KILLS and 1 <= reruns <= kills, f"seed {seed}"
-    assert job is not None and job.result == "100"
+    assert job is not None and job.result == 100
 
 
 def sqlite_file_free(store: Store) -> bool:
@@ -247,7 +247,7 @@ async def test_a_zombie_resumed_after_a_takeover_commits_nothing(
     assert job is not None and (job.state, job.attempts, job.result) == (
         JobState.COMPLETED,
         2,
-        "10",
+        10,
     )
     if pause == "inside":
         # Nothing of its own clock was heard before the record: the database refused it.

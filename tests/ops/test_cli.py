@@ -141,7 +141,7 @@ def test_show_json_has_the_documented_fields_and_the_step_records(cli: Cli, db: 
         job_id,
         "completed",
         1,
-        "9",
+        9,  # the value, not its JSON text (issue 46)
     )
     [step] = shown["steps"]
     assert (step["name"], step["status"], step["result"]) == ("double", "done", "8")

@@ -31,6 +31,6 @@ async def test_an_order_posted_over_http_gets_its_job_run(tmp_path: Path) -> Non
                 record := await driver.get(job_id)
             ) is None or record.state != JobState.COMPLETED:
                 await driver.wait_for_work(["orders"], timeout=0.1)
-            assert record.result == f'{{"confirmed":{order}}}'
+            assert record.result == {"confirmed": order}
             assert [r.id for r in await driver.list_jobs()] == [job_id]
             nursery.cancel_scope.cancel()

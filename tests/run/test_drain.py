@@ -50,7 +50,7 @@ async def test_a_body_that_returns_in_a_shield_after_the_drain_completes(
         w.bind(trio.current_time() + 25)
         await w.stop()
     r = await record(driver, job_id)
-    assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, '{"done":true}')
+    assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, {"done": True})
     assert w.stats().outcomes["completed"] == 1 and w.stats().interrupted == 0
 
 
@@ -124,7 +124,7 @@ async def test_a_sync_body_is_waited_for_under_the_drain_and_completes() -> None
     finally:
         release.set()
     r = await record(driver, job_id)
-    assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, '{"done":true}')
+    assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, {"done": True})
 
 
 async def test_a_sync_body_past_the_budget_is_abandoned_not_handed_back(
@@ -272,7 +272,7 @@ async def test_hung_sync_bodies_keep_only_their_own_slots() -> None:
                 ):
                     await trio.sleep(0.05)
             r = await record(driver, job_id)
-            assert (r.state, r.result) == (JobState.COMPLETED, '"ran"'), r.last_error
+            assert (r.state, r.result) == (JobState.COMPLETED, "ran"), r.last_error
             done.set()
             w.accept("test over")
             w.bind(trio.current_time())
@@ -396,7 +396,7 @@ async def test_a_shielded_last_step_after_the_drain_is_recorded_and_the_job_comp
         w.bind(trio.current_time() + 25)
         await w.stop()
     r = await record(driver, job_id)
-    assert (r.state, r.result, charged) == (JobState.COMPLETED, '"receipt-1"', [42])
+    assert (r.state, r.result, charged) == (JobState.COMPLETED, "receipt-1", [42])
     [step] = await driver.load_steps(job_id)
     assert step.name == "charge" and step.result == '"receipt-1"'
 

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import signal
 import sqlite3
 from collections.abc import AsyncIterator
@@ -78,7 +77,7 @@ async def test_a_body_that_returns_in_a_shield_after_sigterm_completes(
     assert 1 <= took < 5, f"{took:.2f} s\n{worker.output()}"
     assert (done.state, done.attempts) == (JobState.COMPLETED, 1), worker.output()
     assert done.result is not None
-    assert json.loads(done.result) == {"done": True, "reason": "X_DRAINING"}
+    assert done.result == {"done": True, "reason": "X_DRAINING"}
 
 
 async def test_a_sync_body_is_waited_for_and_runs_once_beside_the_replacement_worker(
@@ -147,7 +146,7 @@ async def test_a_sync_body_past_the_grace_is_abandoned_and_rerun_only_after_its_
     ], path.read_text()
     # Run again only once the abandoned claim's lease had lapsed (at-least-once).
     assert float(starts[1][3]) >= lapses_at - 0.05, (starts, lapses_at)
-    assert (done.attempts, json.loads(done.result or "null")) == (2, {"attempt": 2})
+    assert (done.attempts, done.result) == (2, {"attempt": 2})
 
 
 def replacement_id(worker: WorkerProcess) -> str:

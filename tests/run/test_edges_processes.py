@@ -157,7 +157,7 @@ async def test_a_body_that_forks_never_has_its_child_act_as_a_worker(
     assert code == 0, output
     for job_id in job_ids:
         # The child used to settle the job with its own result, and outlive its parent.
-        assert (await record(driver, job_id)).result == '"parent"', output
+        assert (await record(driver, job_id)).result == "parent", output
     assert output.count("jobs.worker.forked-child") == 2, output
 
 
@@ -190,7 +190,7 @@ async def test_a_forked_child_that_awaits_never_runs_another_jobs_body(
     assert [(job_id, what) for job_id, what, _ in rows if job_id == forker] == [
         (forker, "parent")
     ], rows
-    assert (await record(driver, forker)).result == '"parent"'
+    assert (await record(driver, forker)).result == "parent"
     assert output.count("jobs.worker.forked-child") == 1, output
 
 

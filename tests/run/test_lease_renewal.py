@@ -83,7 +83,7 @@ async def test_two_runs_of_one_job_settled_together_are_told_apart(
         current = settler.hand_in(Complete(new.lease, '"new"'))
         assert (await settler.confirmed(stale), await settler.confirmed(current)) == (False, True)
         settler.stop_intake()
-    assert (await record(driver, answer.job_id)).result == '"new"'
+    assert (await record(driver, answer.job_id)).result == "new"
 
 
 async def test_an_idle_worker_renews_nothing_and_does_not_wake_to_try(

@@ -84,7 +84,7 @@ async def test_an_outage_longer_than_a_lease_runs_no_finished_body_twice_and_cha
         await a.stop()
         await b.stop()
     done = await record(driver, finished)
-    assert (done.state, done.result, done.attempts) == (JobState.COMPLETED, '"done"', 1)
+    assert (done.state, done.result, done.attempts) == (JobState.COMPLETED, "done", 1)
     assert ran[finished] == 1  # its result was written before anyone took the job again
     again = await record(driver, stopped)
     # Stopped at its lease, handed back uncounted, run again to completion: one attempt.

@@ -147,7 +147,7 @@ async def test_poison_settlements_fail_alone_and_every_good_job_completes_once(
             assert await proc.exit_code(within=15) == 0, proc.output()
         for n, job_id in enumerate(good):
             r = await record(driver, job_id)
-            assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, f'{{"n":{n}}}')
+            assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, {"n": n})
         assert sorted(seen.read_text().split()) == sorted(good)  # each ran exactly once
         errors = {name: (await record(driver, i)) for name, i in poison.items()}
         for r in errors.values():
@@ -215,7 +215,7 @@ async def test_a_result_unwritable_at_sigterm_is_written_or_named(
         else:
             r = await record(driver, job_id)
             assert code == 0, log
-            assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, '{"held":true}')
+            assert (r.state, r.attempts, r.result) == (JobState.COMPLETED, 1, {"held": True})
             assert "settle-abandoned" not in log
             print(f"  job {r.state.value}, attempts {r.attempts}, result {r.result}")
 

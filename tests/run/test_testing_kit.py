@@ -51,7 +51,7 @@ async def test_a_round_runs_retries_through_their_backoff_on_the_mock_clock(
     # Both backoffs were waited out on Trio's clock (mock: no real time), and no more.
     assert trio.current_time() - start == pytest.approx(60.0 + 120.0)
     done = await driver.get(job_id)
-    assert done is not None and done.state is JobState.COMPLETED and done.result == "3"
+    assert done is not None and done.state is JobState.COMPLETED and done.result == 3
 
 
 async def test_without_wait_a_round_stops_when_nothing_is_due(autojump_clock: object) -> None:
@@ -83,7 +83,7 @@ async def test_a_job_waiting_for_an_event_ends_the_round_until_the_event(
     await jobs_trio.send_event(driver, "paid", {"amount": 3})
     assert [o.kind for o in await run_until_idle(worker)] == ["completed"]
     done = await driver.get(job_id)
-    assert done is not None and done.result == '{"amount":3}'
+    assert done is not None and done.result == {"amount": 3}
 
 
 async def test_a_driver_whose_clock_trio_does_not_move_is_refused(autojump_clock: object) -> None:

@@ -273,7 +273,10 @@ class JobRecord:
     updated_at: float
     key: str | None = None
     last_error: str | None = None
-    result: str | None = None
+    # What the body returned, as a value (its stored JSON decoded: a dict, a list, a str, ...),
+    # None before it completed or when it returned None. Text that is not JSON (a row written
+    # by hand) comes back as the text.
+    result: Any = None
     lease_until: float | None = None
     worker_id: str | None = None
     cancel_requested: bool = False

@@ -167,7 +167,9 @@ def job_text(
     if record.context is not None:
         fields.append(("context", short(record.context, 200)))
     fields.append(("last error", record.last_error or "-"))
-    fields.append(("result", short(record.result, 200) if record.result is not None else "-"))
+    fields.append(
+        ("result", "-" if record.result is None else short(value_text(record.result), 200))
+    )
     width = max(len(label) for label, _ in fields)
     lines = [f"{label.ljust(width)}  {visible(value)}" for label, value in fields]
     lines.append("")
@@ -316,6 +318,11 @@ def relay_hold(hold: RelayHold, now: float) -> str:
             " paused; the next pass of any relay takes them over)"
         )
     return f"{rows}: lease {duration(hold.until - now)} left"
+
+
+def value_text(value: object) -> str:
+    """A stored value (a job's result) as one line of JSON, as `show` prints it."""
+    return json.dumps(value, ensure_ascii=False, default=_not_json)
 
 
 def dumps(value: object) -> str:

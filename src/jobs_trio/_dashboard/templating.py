@@ -45,6 +45,13 @@ def pretty_json(text: str | None) -> str:
     return shown_block(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+def pretty_value(value: object) -> str:
+    """A stored value (a job's result, already decoded) indented for reading."""
+    if value is None:
+        return "-"
+    return shown_block(json.dumps(value, indent=2, ensure_ascii=False, default=repr))
+
+
 def url_part(value: object) -> str:
     """Stored text as one URL path segment or query value. A lone surrogate (which UTF-8
     cannot encode) becomes a backslash escape instead of failing the page."""
@@ -69,6 +76,7 @@ def environment() -> jinja2.Environment:
         shown=shown,
         shown_block=shown_block,
         pretty_json=pretty_json,
+        pretty_value=pretty_value,
         urlencode=url_part,
         duration=lambda s: "-" if s is None or not math.isfinite(s) else cli_render.duration(s),
         iso=lambda t: "-" if t is None else cli_render.iso(t),

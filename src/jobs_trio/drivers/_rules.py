@@ -3,6 +3,7 @@
 # Apart so that drivers import rules, never each other; the SQL drivers render these into SQL.
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -299,10 +300,22 @@ JOB_FIELDS: Final = tuple(field.name for field in attrs.fields(JobRecord))
 JOB_COLUMNS: Final = ", ".join(JOB_FIELDS)
 
 
+def stored_value(text: Any) -> Any:
+    """A stored result (JSON text) as the value it stands for (``JobRecord.result``). What does
+    not parse is answered as stored: a row written outside jobs_trio must not fail a listing."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
 def job_record(row: Iterable[Any]) -> JobRecord:
     """A job's row, its values in ``JOB_FIELDS`` order, as its record."""
     fields = dict(zip(JOB_FIELDS, row, strict=True))
     fields["state"] = JobState(fields["state"])
+    fields["result"] = stored_value(fields["result"])
     fields["cancel_requested"] = bool(fields["cancel_requested"])  # SQLite stores 0 / 1
     # SQLite stores a job's limits whole (a slot count of 0 beside no slot key); a record says
     # None for the half a job does not have, as PostgreSQL stores it.

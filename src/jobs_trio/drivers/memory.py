@@ -78,6 +78,7 @@ from ._rules import (
     refuse_in_place,
     relay_fenced,
     send_wakes,
+    stored_value,
     ticket_stale_at,
     woken,
 )
@@ -515,6 +516,9 @@ class MemoryDriver:
             change = effect(s)
             if change.unseen is not None and self._stored_past(change.unseen):
                 change = woken(change)
+            writes = dict(change.writes)
+            if "result" in writes:  # a record holds the value, as the SQL drivers read it back
+                writes["result"] = stored_value(writes["result"])
             self._put(
                 record,
                 state=change.state,
@@ -523,7 +527,7 @@ class MemoryDriver:
                 lease_until=None,
                 worker_id=None,
                 cancel_requested=False,
-                **change.writes,
+                **writes,
             )
             self._attempt_seq[record.id] += 1  # every ending counts, recorded or not
             if s.note is not None:

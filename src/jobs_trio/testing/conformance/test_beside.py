@@ -62,6 +62,6 @@ async def test_a_settlement_beside_the_loop_is_fenced_like_the_drivers_own(
         assert await _in_thread(beside, lambda b: b.settle([current])) == [job_id]
         record = await driver.get(job_id)
         assert record is not None
-        assert (record.state, record.result) == (JobState.COMPLETED, '"ok"')
+        assert (record.state, record.result) == (JobState.COMPLETED, "ok")
     finally:
         await trio.to_thread.run_sync(beside.close)

@@ -104,7 +104,7 @@ async def test_an_ending_that_finishes_the_job_stands_despite_a_pending_cancel(
     assert record is not None
     assert record.state is state and record.cancel_requested is False
     assert record.attempts == 1
-    assert record.result == ('"done"' if state is JobState.COMPLETED else None)
+    assert record.result == ("done" if state is JobState.COMPLETED else None)
     assert record.last_error == getattr(settlement, "error", None)
 
 

@@ -3,6 +3,7 @@
 # each answer compared whole, so a swapped or forgotten column fails.
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import attrs
@@ -125,7 +126,9 @@ def settled(before: JobRecord, s: Settlement, now: float) -> JobRecord:
     ended = attrs.evolve(before, lease_until=None, worker_id=None, updated_at=now)
     match s:
         case Complete(result=result):
-            return attrs.evolve(ended, state=JobState.COMPLETED, result=result)
+            # A record holds the value the stored JSON stands for.
+            value = None if result is None else json.loads(result)
+            return attrs.evolve(ended, state=JobState.COMPLETED, result=value)
         case Retry(delay=delay, error=error, hands_back=hands_back):
             # Interrupted (handed back at once): its run_at, so its place in line, stays.
             keeps_place = hands_back and delay <= 0

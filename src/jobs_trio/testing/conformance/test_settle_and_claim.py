@@ -39,7 +39,7 @@ KINDS: dict[str, Kind] = {
     "complete": (
         lambda lease: Complete(lease, result='{"n": 1}'),
         lambda r: (r.state, r.result, r.attempts),
-        lambda now: (JobState.COMPLETED, '{"n": 1}', 1),
+        lambda now: (JobState.COMPLETED, {"n": 1}, 1),
     ),
     "retry": (
         lambda lease: Retry(lease, delay=60, error="again"),
@@ -92,7 +92,7 @@ async def test_it_settles_and_claims_as_settle_then_claim_would(driver: Driver) 
     assert [(c.job_id, c.attempt) for c in claims] == [(second, 1)]
     done, running = await driver.get(first), await driver.get(second)
     assert done is not None and running is not None
-    assert (done.state, done.result, done.attempts) == (JobState.COMPLETED, '{"n": 1}', 1)
+    assert (done.state, done.result, done.attempts) == (JobState.COMPLETED, {"n": 1}, 1)
     assert (running.state, running.worker_id) == (JobState.RUNNING, "w2")
 
 
