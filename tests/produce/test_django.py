@@ -35,7 +35,7 @@ def run_example(*argv: str, cwd: Path) -> str:
 async def test_django_atomic_on_postgres(tmp_path: Path, postgres_url: str, pg_schema: str) -> None:
     try:
         output = run_example(postgres_url, pg_schema, cwd=tmp_path)
-        assert output == 'welcome sent to ada@example.com\n'
+        assert output == "welcome sent to ada@example.com\n"
     finally:
         async with jobs_trio.open_driver(
             postgres_url, schema=pg_schema, drop_schema_on_close=True
