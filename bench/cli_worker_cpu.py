@@ -6,9 +6,10 @@
     python bench/cli_worker_cpu.py [--db URL] [--jobs 20000] [--concurrency 50]
     PYTHONPATH=/old/tree/src python bench/cli_worker_cpu.py ...   # another tree's
 
-N no-op jobs are enqueued due 3 s from now, into a schema of their own (`bench_cli_worker`,
-dropped at the end; SQLite: a fresh file, removed after); then `jobs-trio worker` starts on
-them (every default but --concurrency; its log, INFO and a line per attempt, to a file). Its
+N no-op jobs are enqueued due 3 s from now (--due-in), into a schema of their own
+(`bench_cli_worker`, dropped at the end; SQLite: a fresh file, removed after); then `jobs-trio
+worker` starts on them (every default but --concurrency; its log, INFO and a line per attempt,
+to a file). Its
 CPU (utime + stime in /proc/<pid>/stat) is read once it logs `jobs.worker.started`, before the
 jobs are due, and again once the database says every job completed: that difference a job is
 the figure, start-up excluded. The server's processes' CPU is read the same way."""
@@ -42,6 +43,7 @@ registry = jobs_trio.Registry()
 async def noop(ctx, payload):
     return None
 """
+# The jobs are due this long after they are enqueued: the worker starts meanwhile.
 DUE_IN = 3.0
 
 
@@ -54,7 +56,7 @@ async def main(args: argparse.Namespace) -> None:
     registry: jobs_trio.Registry = importlib.import_module("cli_bench_jobs").registry
     job = registry.require("bench.cli")
     async with jobs_trio.open_driver(args.db, migrate=True, **where) as driver:
-        await job.enqueue_many(driver, [{"i": i} for i in range(args.jobs)], delay=DUE_IN)
+        await job.enqueue_many(driver, [{"i": i} for i in range(args.jobs)], delay=args.due_in)
         if not sqlite:
             await driver.bridge.run(  # type: ignore[attr-defined]
                 lambda conn: conn.execute(f"VACUUM ANALYZE {SCHEMA}.jobs"), what="analyze"
@@ -88,7 +90,7 @@ async def main(args: argparse.Namespace) -> None:
                     break
                 await trio.sleep(0.05)
         after, server_after = process_cpu(worker.pid), postgres_cpu()
-        wall = time.perf_counter() - began - DUE_IN
+        wall = time.perf_counter() - began - args.due_in
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -128,4 +130,7 @@ if __name__ == "__main__":
     parser.add_argument("--db", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument(
+        "--due-in", type=float, default=DUE_IN, help="seconds until the jobs are due (the start)"
+    )
     trio.run(main, parser.parse_args())

@@ -66,7 +66,7 @@ SCRIPTS = {
     ),
     "cli_worker_cpu": Script(
         "bench/cli_worker_cpu.py",
-        "--db {db} --jobs 200 --concurrency 10",
+        "--db {db} --jobs 200 --concurrency 10 --due-in 1",
         (rf"jobs-trio worker c=10: {NUMBER} µs CPU a job",),
     ),
     "metrics_scrape": Script(
