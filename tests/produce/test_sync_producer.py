@@ -4,10 +4,12 @@
 # refuses what JobDefinition.enqueue refuses, with the same error and code.
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,41 @@ async def test_an_autocommit_sqlite_connection_outside_a_transaction_commits_at_
         conn.rollback()
     async with jobs_trio.open_driver(sqlite_url) as driver:
         assert await run_jobs(driver) == {"auto@x": "completed"}
+
+
+class Pep249Autocommit(sqlite3.Connection):
+    """A connection as Python 3.12's ``sqlite3.connect(path, autocommit=True)`` makes it (PEP
+    249's ``autocommit``): SQLite's own autocommit, and commit() and rollback() that do nothing.
+    The real one where this Python has it; this stand-in on 3.11."""
+
+    autocommit = True
+
+    def commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+
+def pep249_autocommit(path: str) -> sqlite3.Connection:
+    if sys.version_info >= (3, 12):
+        return sqlite3.connect(path, autocommit=True)
+    return sqlite3.connect(path, isolation_level=None, factory=Pep249Autocommit)
+
+
+async def test_a_pep249_autocommit_sqlite_connection_commits_the_job_at_once(
+    sqlite_url: str,
+) -> None:
+    """Committed by a COMMIT statement: its commit() does nothing, and the job would have
+    stayed uncommitted, the file's write lock held against every worker, until it closed."""
+    path = sqlite_url.removeprefix("sqlite:///")
+    with contextlib.closing(pep249_autocommit(path)) as conn, Producer(sqlite_url) as producer:
+        job_id = producer.enqueue(welcome, {"to": "auto@x"}, connection=conn)
+        assert not conn.in_transaction
+        with contextlib.closing(sqlite3.connect(path, timeout=0.1)) as other:
+            assert other.execute("SELECT id FROM jobs").fetchall() == [(job_id,)]
+            other.execute("BEGIN IMMEDIATE")  # the write lock is free
+            other.rollback()
 
 
 async def test_the_producer_writes_the_drivers_rows(sqlite_url: str) -> None:

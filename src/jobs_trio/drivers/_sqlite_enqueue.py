@@ -154,12 +154,16 @@ def write_in(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection]
     upgrade."""
     if not joins_callers(connection):
         connection.execute("BEGIN IMMEDIATE")
+        # COMMIT and ROLLBACK as statements, not the DB-API's commit()/rollback(): on a
+        # connection opened with autocommit=True (Python 3.12+) those do nothing, and the job
+        # would stay uncommitted, the file's write lock held, until the connection closed.
         try:
             answer = work(connection)
         except BaseException:
-            connection.rollback()
+            if connection.in_transaction:  # SQLite rolls back by itself on a few errors
+                connection.execute("ROLLBACK")
             raise
-        connection.commit()
+        connection.execute("COMMIT")
         return answer
     if not connection.in_transaction:
         # The transaction the DB-API would open before this write; the caller commits it.
@@ -168,8 +172,9 @@ def write_in(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection]
     try:
         answer = work(connection)
     except BaseException:
-        connection.execute("ROLLBACK TO SAVEPOINT jobs_trio_write")
-        connection.execute("RELEASE SAVEPOINT jobs_trio_write")
+        if connection.in_transaction:  # else SQLite rolled it all back: nothing to undo here
+            connection.execute("ROLLBACK TO SAVEPOINT jobs_trio_write")
+            connection.execute("RELEASE SAVEPOINT jobs_trio_write")
         raise
     connection.execute("RELEASE SAVEPOINT jobs_trio_write")
     return answer
