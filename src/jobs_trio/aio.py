@@ -14,6 +14,7 @@ See docs/howto-producers.md."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -22,7 +23,12 @@ from typing import Any, TypeVar, overload
 from ._core.records import JobId, JobState
 from ._jobs.events import event_text
 from ._jobs.registry import JobDefinition, OnDuplicate, RunAt, Window
-from ._produce.awaiting import open_pool, psycopg_async_fetch, write_postgres
+from ._produce.awaiting import (
+    on_callers_sqlite,
+    open_pool,
+    psycopg_async_fetch,
+    write_postgres,
+)
 from ._produce.blocking import write_sqlite
 from ._produce.callers import Client, client_of, wrong_client
 from ._produce.keeper import Keeper
@@ -194,7 +200,9 @@ class Producer:
             if client is not Client.SQLITE:
                 raise wrong_client(client, "a SQLite store", "a sqlite3 connection to its file")
             await self._check_sqlite(store)
-            return await asyncio.to_thread(write_sqlite, store, conn, write, own=False)
+            return await on_callers_sqlite(
+                conn, functools.partial(write_sqlite, store, conn, write, own=False)
+            )
         if connection is None:
             pool = await self._own_pool(store)
             async with pool.acquire() as conn:

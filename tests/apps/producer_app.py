@@ -1,10 +1,12 @@
 # The applications of tests/produce/: a Flask-style handler (blocking) and a FastAPI-style one
-# (asyncio) that enqueue a welcome job, and a process that holds every kind of caller's
-# transaction open after its enqueue until it is SIGKILLed. Apart because an asyncio
-# application runs on a plain asyncio loop in a process of its own, never beside trio-asyncio.
+# (asyncio) that enqueue a welcome job, a process that holds every kind of caller's transaction
+# open after its enqueue until it is SIGKILLed, and one whose enqueue is cancelled. Apart
+# because an asyncio application runs on a plain asyncio loop in a process of its own, never
+# beside trio-asyncio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import sys
@@ -171,6 +173,24 @@ async def hold_aio(folder: Path, pg_url: str, schema: str, kept: list[Any]) -> N
     await asyncio.sleep(3600)
 
 
+async def cancelled_then_reused(path: str) -> None:
+    """A request's enqueue on its sqlite3 connection cancelled (a timeout) while the file is
+    write-locked elsewhere; the caller rolls back and serves its next request on the same
+    connection, as a pool would, once the lock is free."""
+    conn = sqlite3.connect(path, check_same_thread=False, timeout=0.5)
+    conn.execute("CREATE TABLE IF NOT EXISTS visits (n INTEGER)")
+    conn.commit()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    async with jobs_trio.aio.Producer(f"sqlite:///{path}") as producer:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fastapi_style_signup(producer, "cancelled@x", conn), 0.1)
+        conn.rollback()
+        blocker.rollback()
+        conn.execute("INSERT INTO visits VALUES (1)")  # the next request
+        conn.commit()
+
+
 def main(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "aio-handlers":
@@ -181,6 +201,11 @@ def main(argv: list[str]) -> None:
         kept: list[Any] = []  # every connection stays open, and its transaction with it
         hold_sync(Path(folder), pg_url, schema, kept)
         asyncio.run(hold_aio(Path(folder), pg_url, schema, kept))
+    elif mode == "cancelled":
+        [path] = rest
+        asyncio.run(cancelled_then_reused(path))  # which waits for every worker thread
+        with sqlite3.connect(path) as conn:
+            print(conn.execute("SELECT count(*) FROM jobs").fetchone()[0], flush=True)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -4,11 +4,13 @@
 # from blocking.py because every call here is awaited on the application's event loop.
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core.errors import JobsError
 from ..drivers._postgres_plan import Plan, Query, Rows, fetch_on, run_plan_async
@@ -18,6 +20,12 @@ from .stores import PostgresStore
 from .writes import Write
 
 _SAVEPOINT = "jobs_trio_write"
+
+# A cancelled write on the caller's sqlite3 connection interrupts its statement again this
+# often until its thread has let go: an interrupt between two statements does nothing.
+_INTERRUPT_AGAIN = 0.05
+
+T = TypeVar("T")
 
 Fetch = Callable[[Query], Awaitable[Rows]]
 
@@ -77,6 +85,27 @@ async def write_postgres(
         if mapped is None:
             raise
         raise mapped from exc
+
+
+async def on_callers_sqlite(conn: sqlite3.Connection, write: Callable[[], T]) -> T:
+    """``write`` (on the application's sqlite3 connection ``conn``) in a worker thread. A
+    cancel is passed on only once the thread has let go of ``conn``: asyncio alone would hand
+    the caller its connection back while the thread still wrote on it, and the caller's
+    rollback, landing between two of the write's statements, would leave the rest to commit
+    with its next transaction (a job of a cancelled request). The statement is interrupted
+    meanwhile, and its savepoint rolled back (SQLite's busy wait is not interruptible: a write
+    waiting for the file's lock is waited out, up to the connection's busy timeout)."""
+    thread = asyncio.ensure_future(asyncio.to_thread(write))
+    try:
+        return await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        while not thread.done():
+            conn.interrupt()
+            with contextlib.suppress(asyncio.CancelledError):  # a second cancel: same wait
+                await asyncio.wait({thread}, timeout=_INTERRUPT_AGAIN)
+        if not thread.cancelled():
+            thread.exception()  # interrupted, most likely: the cancel is what the caller sees
+        raise
 
 
 async def open_pool(store: PostgresStore, size: int) -> Any:
