@@ -31,6 +31,7 @@ from ._produce.awaiting import (
 )
 from ._produce.blocking import write_sqlite
 from ._produce.callers import Client, client_of, wrong_client
+from ._produce.failures import postgres_failures
 from ._produce.keeper import Keeper
 from ._produce.stores import PostgresStore, SqliteStore, store_for
 from ._produce.writes import EnqueueWrite, EventWrite, Write
@@ -206,7 +207,7 @@ class Producer:
         if connection is None:
             pool = await self._own_pool(store)
             async with pool.acquire() as conn:
-                await self._check_postgres(store, Client.ASYNCPG, conn)
+                await self._check_postgres(store, Client.ASYNCPG, conn, where=store.shown)
                 return await write_postgres(store, Client.ASYNCPG, conn, write, where=store.shown)
         client, conn = client_of(connection)
         if client not in (Client.ASYNCPG, Client.PSYCOPG_ASYNC):
@@ -215,8 +216,9 @@ class Producer:
                 "PostgreSQL from asyncio code",
                 "an asyncpg connection or a psycopg (3) AsyncConnection",
             )
-        await self._check_postgres(store, client, conn)
-        return await write_postgres(store, client, conn, write, where="the caller's connection")
+        where = "the caller's connection"
+        await self._check_postgres(store, client, conn, where=where)
+        return await write_postgres(store, client, conn, write, where=where)
 
     def _write_sqlite_own(self, store: SqliteStore, write: Write) -> Any:
         assert self._sqlite is not None
@@ -237,20 +239,23 @@ class Producer:
             await asyncio.to_thread(store.check)
             self._checked = True
 
-    async def _check_postgres(self, store: PostgresStore, client: Client, conn: Any) -> None:
+    async def _check_postgres(
+        self, store: PostgresStore, client: Client, conn: Any, *, where: str
+    ) -> None:
         """Refuse a schema that is not migrated, or migrated by a newer release, once."""
         if self._checked:
             return
         plan = recorded_plan(store.sql)
-        if client is Client.ASYNCPG:
-            recorded = await run_plan_async(plan, lambda query: fetch_on(conn, query))
-        else:
-            import psycopg
+        with postgres_failures(where=where, schema=store.sql.schema):
+            if client is Client.ASYNCPG:
+                recorded = await run_plan_async(plan, lambda query: fetch_on(conn, query))
+            else:
+                import psycopg
 
-            cursor = psycopg.AsyncRawCursor(conn)
-            try:
-                recorded = await run_plan_async(plan, psycopg_async_fetch(cursor))
-            finally:
-                await cursor.close()
+                cursor = psycopg.AsyncRawCursor(conn)
+                try:
+                    recorded = await run_plan_async(plan, psycopg_async_fetch(cursor))
+                finally:
+                    await cursor.close()
         judge_schema(store.sql, recorded)
         self._checked = True

@@ -28,6 +28,7 @@ from ._produce.blocking import (
     write_sqlite,
 )
 from ._produce.callers import Client, client_of, wrong_client
+from ._produce.failures import postgres_failures
 from ._produce.keeper import Keeper
 from ._produce.stores import PostgresStore, SqliteStore, store_for
 from ._produce.writes import EnqueueWrite, EventWrite, Write
@@ -193,31 +194,31 @@ class Producer:
         if isinstance(store, SqliteStore):
             if client is not Client.SQLITE:
                 raise wrong_client(client, "a SQLite store", "a sqlite3 connection to its file")
-            self._check(None)
+            self._check(None, where=store.path)
             return write_sqlite(store, conn, write, own=False)
         if client is not Client.PSYCOPG:
             raise wrong_client(client, "PostgreSQL from blocking code", "a psycopg (3) connection")
-        self._check(conn)
+        self._check(conn, where="the caller's connection")
         return write_psycopg(store, conn, write, where="the caller's connection")
 
     def _write_own(self, write: Write) -> Any:
         store = self._store
         if isinstance(store, SqliteStore):
             assert self._sqlite is not None
-            self._check(None)
+            self._check(None, where=store.path)
             with self._sqlite.connection() as (conn, _):
                 return write_sqlite(store, conn, write, own=True)
         assert self._psycopg is not None
         fresh = False
         while True:
             with self._psycopg.connection(fresh=fresh) as (conn, reused):
-                self._check(conn)
+                self._check(conn, where=store.shown)
                 answer = write_psycopg_own(store, conn, write, reused=reused)
             if answer is not STALE:
                 return answer
             fresh = True  # the kept connection was closed by the server: a new one
 
-    def _check(self, conn: Any) -> None:
+    def _check(self, conn: Any, *, where: str) -> None:
         """Refuse a store that is not migrated, or migrated by a newer release, once."""
         if self._checked:
             return
@@ -225,16 +226,19 @@ class Producer:
         if isinstance(store, SqliteStore):
             store.check()
         else:
-            _check_postgres(store, conn)
+            _check_postgres(store, conn, where=where)
         self._checked = True
 
 
-def _check_postgres(store: PostgresStore, conn: Any) -> None:
+def _check_postgres(store: PostgresStore, conn: Any, *, where: str) -> None:
     import contextlib
 
     import psycopg
 
-    with contextlib.closing(psycopg.RawCursor(conn)) as cursor:
+    with (
+        postgres_failures(where=where, schema=store.sql.schema),
+        contextlib.closing(psycopg.RawCursor(conn)) as cursor,
+    ):
         recorded = run_plan(recorded_plan(store.sql), psycopg_fetch(cursor))
     judge_schema(store.sql, recorded)
 

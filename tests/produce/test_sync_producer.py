@@ -353,3 +353,56 @@ async def test_postgres_keys_events_and_refusals(pg_url: str, pg_schema: str) ->
     with pytest.raises(ConfigError, match="has no jobs_trio tables") as raised:
         Producer(pg_url, schema=pg_schema + "_none").enqueue(welcome, {"to": "a"})
     assert "jobs-trio migrate" in raised.value.fix
+
+
+@pytest.mark.postgres
+async def test_a_window_is_refused_in_a_transaction_whose_snapshot_predates_its_lock(
+    pg_url: str, pg_schema: str
+) -> None:
+    """In REPEATABLE READ the window's look reads the transaction's first snapshot: a job of the
+    key committed (and finished) since was missed, and a second job written in its window."""
+    import psycopg
+
+    with Producer(pg_url, schema=pg_schema) as producer:
+        with psycopg.connect(pg_url) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.execute("SELECT 1")  # the snapshot, taken here
+            first = producer.enqueue(welcome, {"to": "a"}, key="day:a", unique_for=86400)
+            with psycopg.connect(pg_url, autocommit=True) as other:
+                other.execute(
+                    f"UPDATE {pg_schema}.jobs SET state = 'completed' WHERE id = %s", [first]
+                )
+            with pytest.raises(ConfigError, match="REPEATABLE READ") as raised:
+                producer.enqueue(
+                    welcome, {"to": "a"}, key="day:a", unique_for=86400, connection=conn
+                )
+            assert "READ COMMITTED" in raised.value.fix
+            conn.execute("SELECT 1")  # only the enqueue was undone: the transaction goes on
+            producer.enqueue(welcome, {"to": "b"}, key="live:b", connection=conn)  # no window
+            conn.commit()
+        with psycopg.connect(pg_url) as conn:  # READ COMMITTED: the finished job holds the key
+            again = producer.enqueue(
+                welcome, {"to": "a"}, key="day:a", unique_for=86400, connection=conn
+            )
+            conn.commit()
+        assert again == first
+    async with jobs_trio.open_driver(pg_url, schema=pg_schema) as driver:
+        assert sorted(job.key or "" for job in await driver.list_jobs(limit=10)) == [
+            "day:a",
+            "live:b",
+        ]
+
+
+@pytest.mark.postgres
+async def test_an_aborted_callers_transaction_is_named_as_such(pg_url: str, pg_schema: str) -> None:
+    import psycopg
+
+    with Producer(pg_url, schema=pg_schema) as producer, psycopg.connect(pg_url) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        with pytest.raises(ConfigError, match="already aborted") as raised:
+            producer.enqueue(welcome, {"to": "a"}, connection=conn)
+        assert "roll it back" in raised.value.fix
+        conn.rollback()
+        producer.enqueue(welcome, {"to": "a"}, connection=conn)
+        conn.commit()

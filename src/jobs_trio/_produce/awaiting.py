@@ -12,10 +12,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .._core.errors import JobsError
 from ..drivers._postgres_plan import Plan, Query, Rows, fetch_on, run_plan_async
 from .callers import Client, joins_callers
-from .failures import postgres_failure
+from .failures import postgres_failure, postgres_failures
 from .stores import PostgresStore
 from .writes import Write
 
@@ -61,7 +60,7 @@ async def write_postgres(
     """``write`` on an application's asyncpg or psycopg async connection: inside its
     transaction, or in one of its own (callers.joins_callers)."""
     plan = write.plan(store.sql, time.time())
-    try:
+    with postgres_failures(where=where, schema=store.sql.schema):
         if client is Client.ASYNCPG:
             fetch: Fetch = functools.partial(fetch_on, conn)
             if joins_callers(client, conn):
@@ -78,13 +77,6 @@ async def write_postgres(
                 return await in_savepoint(fetch, plan)
             async with conn.transaction():
                 return await run_plan_async(plan, fetch)
-    except JobsError:
-        raise
-    except Exception as exc:
-        mapped = postgres_failure(exc, where=where, schema=store.sql.schema)
-        if mapped is None:
-            raise
-        raise mapped from exc
 
 
 async def on_callers_sqlite(conn: sqlite3.Connection, write: Callable[[], T]) -> T:

@@ -13,7 +13,7 @@ from .._core.errors import JobsError
 from ..drivers._postgres_plan import Query, Rows, run_plan
 from ..drivers._sqlite_enqueue import caller_error, refuse_another_file, write_in
 from .callers import Client, joins_callers
-from .failures import postgres_failure
+from .failures import postgres_failure, postgres_failures
 from .stores import PostgresStore, SqliteStore
 from .writes import Write
 
@@ -54,31 +54,26 @@ def write_psycopg(store: PostgresStore, conn: Any, write: Write, *, where: str) 
     import psycopg
 
     now = time.time()
-    try:
-        with contextlib.closing(psycopg.RawCursor(conn)) as cursor:
-            fetch = psycopg_fetch(cursor)
-            if not joins_callers(Client.PSYCOPG, conn):
-                with conn.transaction():
-                    return run_plan(write.plan(store.sql, now), fetch)
-            fetch(Query(f"SAVEPOINT {_SAVEPOINT}", ()))
-            try:
-                answer = run_plan(write.plan(store.sql, now), fetch)
-            except BaseException:
-                # Only this write undone; the caller's transaction goes on (a broken
-                # connection has nothing left to undo: the original error is the one to see).
-                with contextlib.suppress(psycopg.Error):
-                    fetch(Query(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", ()))
-                    fetch(Query(f"RELEASE SAVEPOINT {_SAVEPOINT}", ()))
-                raise
-            fetch(Query(f"RELEASE SAVEPOINT {_SAVEPOINT}", ()))
-            return answer
-    except JobsError:
-        raise
-    except Exception as exc:
-        mapped = postgres_failure(exc, where=where, schema=store.sql.schema)
-        if mapped is None:
+    with (
+        postgres_failures(where=where, schema=store.sql.schema),
+        contextlib.closing(psycopg.RawCursor(conn)) as cursor,
+    ):
+        fetch = psycopg_fetch(cursor)
+        if not joins_callers(Client.PSYCOPG, conn):
+            with conn.transaction():
+                return run_plan(write.plan(store.sql, now), fetch)
+        fetch(Query(f"SAVEPOINT {_SAVEPOINT}", ()))
+        try:
+            answer = run_plan(write.plan(store.sql, now), fetch)
+        except BaseException:
+            # Only this write undone; the caller's transaction goes on (a broken
+            # connection has nothing left to undo: the original error is the one to see).
+            with contextlib.suppress(psycopg.Error):
+                fetch(Query(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", ()))
+                fetch(Query(f"RELEASE SAVEPOINT {_SAVEPOINT}", ()))
             raise
-        raise mapped from exc
+        fetch(Query(f"RELEASE SAVEPOINT {_SAVEPOINT}", ()))
+        return answer
 
 
 def write_psycopg_own(store: PostgresStore, conn: Any, write: Write, *, reused: bool) -> Any:
@@ -88,30 +83,25 @@ def write_psycopg_own(store: PostgresStore, conn: Any, write: Write, *, reused: 
     import psycopg
 
     now = time.time()
-    try:
-        with contextlib.closing(psycopg.RawCursor(conn)) as cursor:
-            fetch = psycopg_fetch(cursor)
-            try:
-                fetch(Query("BEGIN", ()))
-            except psycopg.OperationalError:
-                if reused:
-                    return STALE
-                raise
-            try:
-                answer = run_plan(write.plan(store.sql, now), fetch)
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):
-                    fetch(Query("ROLLBACK", ()))
-                raise
-            fetch(Query("COMMIT", ()))
-            return answer
-    except JobsError:
-        raise
-    except Exception as exc:
-        mapped = postgres_failure(exc, where=store.shown, schema=store.sql.schema)
-        if mapped is None:
+    with (
+        postgres_failures(where=store.shown, schema=store.sql.schema),
+        contextlib.closing(psycopg.RawCursor(conn)) as cursor,
+    ):
+        fetch = psycopg_fetch(cursor)
+        try:
+            fetch(Query("BEGIN", ()))
+        except psycopg.OperationalError:
+            if reused:
+                return STALE
             raise
-        raise mapped from exc
+        try:
+            answer = run_plan(write.plan(store.sql, now), fetch)
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                fetch(Query("ROLLBACK", ()))
+            raise
+        fetch(Query("COMMIT", ()))
+        return answer
 
 
 class _Stale:

@@ -3,11 +3,17 @@
 # same SQLSTATE lists. Apart so that the two clients' errors become one set of jobs_trio errors.
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
 from ..drivers._postgres_bridge import REFUSED_CLASSES, REFUSED_STATES, ROW_LOCK_STATES
 
 # The schema (3F000) or its tables (42P01) are not there: never migrated, or another schema=.
 _NOT_MIGRATED = ("3F000", "42P01")
+# in_failed_sql_transaction: the caller's transaction was aborted by an earlier statement of
+# its own; every statement is refused until it rolls back, so a retry as it is fails again.
+_ABORTED = "25P02"
 
 
 def postgres_failure(exc: BaseException, *, where: str, schema: str) -> JobsError | None:
@@ -29,6 +35,11 @@ def postgres_failure(exc: BaseException, *, where: str, schema: str) -> JobsErro
             fix="change the value: the database refuses it as it is; retrying fails the same"
             " way (in your transaction only this write was undone: a savepoint)",
         )
+    if sqlstate == _ABORTED:
+        return ConfigError(
+            f"the transaction on {where} was already aborted by an earlier error of its own: {exc}",
+            fix="roll it back (or back to your savepoint) first, then enqueue; nothing was written",
+        )
     if sqlstate in ROW_LOCK_STATES:
         return RowLocked(
             f"the producer's write at {where} waited on a lock held elsewhere: {exc}",
@@ -45,3 +56,16 @@ def postgres_failure(exc: BaseException, *, where: str, schema: str) -> JobsErro
         fix="check that the server is up and the URL right; the call can be retried (nothing"
         " was committed unless the failure came while committing: a key makes a retry safe)",
     )
+
+
+@contextlib.contextmanager
+def postgres_failures(*, where: str, schema: str) -> Iterator[None]:
+    """Raise the database's errors met in the block (a write, a schema check) as
+    ``postgres_failure`` words them; any other error passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        mapped = postgres_failure(exc, where=where, schema=schema)
+        if mapped is None:
+            raise
+        raise mapped from exc

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .._core.errors import DriverError
+from .._core.errors import ConfigError, DriverError
 from .._core.records import Enqueued, NewJob
 from ._postgres_sql import Statements
 from ._rules import limit_fields
@@ -130,9 +130,20 @@ def _window_holders(
             [",".join(jobs[i].unique_states) for i in windowed],
         ),
     )
+    isolation = rows[0][2]
+    if isolation != "read committed":
+        # Its snapshot was taken before the key's lock was: a job of the key committed by the
+        # enqueue that held the lock is not seen, and a second job is written in the window.
+        raise ConfigError(
+            f"a key with a window ({keys[0]!r}) cannot be enqueued in a {isolation.upper()}"
+            " transaction: its look for the key's holder must see jobs committed after the"
+            " transaction began, or two enqueues could both find the key free",
+            fix="enqueue it in a READ COMMITTED transaction (PostgreSQL's default), or outside"
+            " this one (without connection=); a key without a window is fine at any level",
+        )
     return {
         windowed[ordinal - 1]: Enqueued(holder, created=False)
-        for ordinal, holder in rows
+        for ordinal, holder, _ in rows
         if holder is not None
     }
 

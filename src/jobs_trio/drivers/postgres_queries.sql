@@ -68,13 +68,15 @@ SELECT pg_advisory_xact_lock(hashtextextended($2 || k, 0)) FROM unnest($1::text[
 -- For each job of a key with a window, the newest job of its key created within the window
 -- (`$1` now; each job's window in seconds and the finished states it covers, comma-joined),
 -- live or in a covered state (rules.in_window): that job holds the key. By jobs_key_created.
+-- With the transaction's isolation: above READ COMMITTED its snapshot predates the lock, and
+-- the look would miss a holder committed meanwhile (_postgres_plan refuses it).
 SELECT w.ord, (
     SELECT j.id FROM {schema}.jobs AS j
     WHERE j.key = w.key AND j.created_at > $1 - w.unique_for
       AND (j.state IN {live_states} OR j.state = ANY(string_to_array(w.states, ',')))
     ORDER BY j.created_at DESC, j.id DESC
     LIMIT 1
-) AS holder
+) AS holder, current_setting('transaction_isolation') AS isolation
 FROM unnest($2::text[], $3::float8[], $4::text[]) WITH ORDINALITY AS w(key, unique_for, states, ord);
 
 -- name: live_key_holders
