@@ -10,6 +10,7 @@ import functools
 import json
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import trio
 
 import jobs_trio
-from jobs_trio import ConfigError, DuplicateJob, JobState
+from jobs_trio import ConfigError, DriverError, DuplicateJob, JobState
 from jobs_trio.errors import ValueRefused
 from jobs_trio.sync import Producer
 from jobs_trio.testing import memory_driver, new_worker, run_until_idle
@@ -117,6 +118,25 @@ async def test_a_pep249_autocommit_sqlite_connection_commits_the_job_at_once(
             assert other.execute("SELECT id FROM jobs").fetchall() == [(job_id,)]
             other.execute("BEGIN IMMEDIATE")  # the write lock is free
             other.rollback()
+
+
+async def test_a_write_locked_file_is_waited_out_then_named(sqlite_url: str) -> None:
+    """The busy timeout is waited, and the error says who to look for: it said "check the
+    disk (space, permissions)"."""
+    path = sqlite_url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")
+        with Producer(sqlite_url, busy_timeout=0.3) as producer:
+            started = time.monotonic()
+            with pytest.raises(DriverError, match="stayed locked by another connection") as own:
+                producer.enqueue(welcome, {"to": "a"})
+            assert time.monotonic() - started >= 0.3
+            assert "busy_timeout=" in own.value.fix
+            with contextlib.closing(sqlite3.connect(path, timeout=0.05)) as conn:
+                with pytest.raises(DriverError, match="stayed locked"):
+                    producer.enqueue(welcome, {"to": "a"}, connection=conn)
+                assert not conn.in_transaction
+        holder.rollback()
 
 
 async def test_the_producer_writes_the_drivers_rows(sqlite_url: str) -> None:

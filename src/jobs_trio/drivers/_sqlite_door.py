@@ -210,6 +210,15 @@ def file_error(path: str, exc: sqlite3.Error) -> Exception:
             fix="make the file and its folder writable by this user (SQLite writes -wal"
             " and -shm files beside it); show, list and stats need only to read it",
         )
+    if _is_busy(exc):
+        # A connection's own busy timeout ran out (a producer's, an application's): not a disk
+        # fault, another writer holding the file.
+        return DriverError(
+            f"{path!r} stayed locked by another connection past the busy timeout: {exc}",
+            fix="look for a process holding a long write transaction on this file (a CLI, a"
+            " backup, a DB browser, a transaction left open), or raise the busy timeout"
+            " (busy_timeout=, or sqlite3.connect's timeout= for your own connection)",
+        )
     return DriverError(
         f"SQLite failed on {path!r}: {exc}",
         fix="check the disk (space, permissions) and the file; the call can be retried",
