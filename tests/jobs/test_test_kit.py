@@ -88,6 +88,25 @@ async def test_drain_runs_jobs_enqueued_by_jobs_and_their_delays(autojump_clock:
     assert len(await enqueued(driver, state=JobState.COMPLETED)) == 3
 
 
+async def test_drain_fails_on_jobs_that_enqueue_jobs_without_end(autojump_clock: Any) -> None:
+    """On a mock clock no time passes between rounds, so trio.fail_after never fired: the
+    test hung. The bound names the job that keeps coming; exactly the bound ends quietly."""
+    driver = memory_driver()
+    loops = jobs_trio.Registry()
+
+    @loops.job("again")
+    async def again(ctx: jobs_trio.JobContext, payload: int) -> None:
+        if payload < last:
+            await again.enqueue(driver, payload + 1)
+
+    last = 1_000_000
+    await again.enqueue(driver, 0)
+    with pytest.raises(AssertionError, match=r"50 attempts ran .*again x50"):
+        await drain(driver, loops, max_attempts=50)
+    last = 79  # payloads 50 to 79: 30 attempts, the bound, and nothing left due
+    assert len(await drain(driver, loops, max_attempts=30)) == 30
+
+
 PROJECT_TEST = """
 from jobs_trio.testing import assert_enqueued, run_until_idle
 from kit_jobs import welcome

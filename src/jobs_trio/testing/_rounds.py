@@ -2,6 +2,7 @@
 # rounds of claim-and-run until nothing is left to run (on a MockClock, backoffs take no time).
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import trio
@@ -38,7 +39,9 @@ def new_worker(driver: Driver, registry: Registry, **options: Any) -> Worker:
     return Worker(driver, registry, **options)
 
 
-async def run_until_idle(worker: Worker, *, wait: bool = True) -> list[Outcome]:
+async def run_until_idle(
+    worker: Worker, *, wait: bool = True, max_attempts: int | None = None
+) -> list[Outcome]:
     """Run rounds of ``worker.tick()`` (claim what is due, run it to its outcome, settle it)
     until nothing is left to run, and answer every attempt's outcome, round after round (within
     a round, in the order the runs ended).
@@ -47,14 +50,19 @@ async def run_until_idle(worker: Worker, *, wait: bool = True) -> list[Outcome]:
     job of the worker's queues that waits for a time (a delay, a retry's backoff, a
     ``step.sleep``), so on a MockClock retries run to the end at once; a job suspended on an
     event waits for the test to send it. ``wait=False`` stops at the first round that claims
-    nothing: no time passes. Bound it with ``trio.fail_after``: a job that retries forever
-    runs forever. Not while the worker runs its own loop (``run()``)."""
+    nothing: no time passes. ``max_attempts``: fail (AssertionError, naming the jobs run most)
+    once that many attempts have run and a job is still due; None runs on while jobs come (a
+    job that enqueues another without end runs forever, on a mock clock without any time
+    passing: ``trio.fail_after`` never fires). Not while the worker runs its own loop."""
     driver = worker.driver
     outcomes: list[Outcome] = []
     while True:
         ran = await worker.tick()
         outcomes += ran
         if ran:
+            ended = max_attempts is not None and len(outcomes) >= max_attempts
+            if ended and await _soonest_wait(worker) is not None:
+                raise _endless(outcomes)
             continue
         due = await _soonest_wait(worker) if wait else None
         if due is None:
@@ -69,13 +77,33 @@ async def run_until_idle(worker: Worker, *, wait: bool = True) -> list[Outcome]:
             )
 
 
-async def drain(driver: Driver, registry: Registry, **options: Any) -> list[Outcome]:
+# drain's bound on the attempts it runs: far past what a test enqueues, reached in seconds
+# (about 1.3 ms an attempt) by a job that enqueues another without end.
+DRAIN_ATTEMPTS = 10_000
+
+
+async def drain(
+    driver: Driver, registry: Registry, *, max_attempts: int | None = DRAIN_ATTEMPTS, **options: Any
+) -> list[Outcome]:
     """Run every job of ``registry``'s queues on ``driver`` until none is left to run, jobs
     enqueued by the jobs it runs included, and answer every attempt's outcome: a test's
     ``new_worker(driver, registry, **options)`` run by ``run_until_idle``. On a memory driver
     and a mock clock (pytest-trio's ``autojump_clock``), delays, backoffs and ``step.sleep``
-    pass at once; a job waiting for an event ends the rounds until the test sends it."""
-    return await run_until_idle(new_worker(driver, registry, **options))
+    pass at once; a job waiting for an event ends the rounds until the test sends it. Fails
+    (AssertionError) once ``max_attempts`` have run with jobs still due: jobs that enqueue
+    jobs without end (None: no bound)."""
+    worker = new_worker(driver, registry, **options)
+    return await run_until_idle(worker, max_attempts=max_attempts)
+
+
+def _endless(outcomes: list[Outcome]) -> AssertionError:
+    most = collections.Counter(outcome.name for outcome in outcomes).most_common(3)
+    return AssertionError(
+        f"{len(outcomes):,} attempts ran and jobs are still due (most run: "
+        + ", ".join(f"{name} x{count:,}" for name, count in most)
+        + "): a job that enqueues another without end, or one that never stops retrying?"
+        " Pass max_attempts= for more (None: no bound)"
+    )
 
 
 async def _soonest_wait(worker: Worker) -> float | None:
