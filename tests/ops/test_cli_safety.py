@@ -97,7 +97,7 @@ def test_the_bytes_a_real_process_prints_are_escaped(tmp_path: Path) -> None:
             [*JOBS_TRIO, *argv], cwd=ROOT, env=env, capture_output=True, timeout=60, check=False
         )
 
-    enqueued = run("enqueue", "plain.job", "--db", url)
+    enqueued = run("enqueue", "plain.job", "--any-name", "--db", url)
     assert enqueued.returncode == 0, enqueued.stderr
     plant_hostile_job(url, name=EVIL, queue="default")
     listed = run("list", "--db", url)
@@ -161,7 +161,7 @@ def read_only(path: Path) -> Iterator[None]:
 def test_a_read_only_file_can_be_read_and_a_write_is_not_worth_retrying(cli: Cli, db: str) -> None:
     job_id = enqueue(cli, db, "x")
     with read_only(path_of(db)):
-        err = cli.fails("enqueue", "y", "--db", db, code="X_CONFIG")
+        err = cli.fails("enqueue", "y", "--any-name", "--db", db, code="X_CONFIG")
         assert "cannot write to the SQLite database" in err and "writable" in err
         assert "retried" not in err and "retry" not in err
         assert job_id in cli.ok("list", "--db", db)

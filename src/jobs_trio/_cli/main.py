@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
+import attrs
 import trio
 
 from .._core import render as render
@@ -48,6 +49,7 @@ from .args import (
 )
 from .bulk import add_bulk_commands
 from .cron import add_tasks_command
+from .declared_jobs import resolve
 from .find_registry import load_registry
 from .logging_flags import add_logging_flags, configure_logging, structured
 from .prune import add_prune_command
@@ -254,7 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument(
         "--app",
         metavar="MODULE[:ATTR]",
-        help="check NAME against this registry and use its declared queue and attempts",
+        help="check NAME against this registry and use its declared queue and attempts"
+        " (default: against the names the workers seen in the last hour declare, and theirs)",
+    )
+    enqueue.add_argument(
+        "--any-name",
+        action="store_true",
+        help="enqueue NAME unchecked: a job no worker declares yet (it waits, or is parked by a"
+        " worker that does not know it)",
     )
 
     show = command(
@@ -388,11 +397,23 @@ async def _run_worker(
 
 def _enqueue(args: argparse.Namespace) -> int:
     url = database_url(args)
+    if args.app is not None and args.any_name:
+        raise ConfigError(
+            "--app and --any-name were both given",
+            fix="--app checks NAME against your registry: drop --any-name",
+        )
+    # Every check that needs no database first: the job as the CLI would write it.
     definition = _definition(args)
     job = definition.new_job(
         _payload(args.payload, args.name), delay=args.delay, priority=args.priority, key=args.key
     )
-    answer = trio.run(_write_one, url, driver_options(args, url), job)
+    if args.app is not None or args.any_name:
+        answer = trio.run(_write_one, url, driver_options(args, url), job)
+    else:
+        # Checked against the fleet: its database must exist already (a new one has no worker
+        # to vouch for a name, and a mistyped path must not become a new file).
+        options = driver_options(args, url, existing=True)
+        answer = trio.run(_write_declared, url, options, args, job)
     print(answer.job_id)
     if not answer.created:
         print(
@@ -408,13 +429,24 @@ async def _write_one(url: str, options: dict[str, Any], job: NewJob) -> Enqueued
         return answer
 
 
+async def _write_declared(
+    url: str, options: dict[str, Any], args: argparse.Namespace, job: NewJob
+) -> Enqueued:
+    """Enqueue ``job`` when the fleet's workers declare its name, with their queue and attempts
+    unless given (issue 46: a typo was accepted, and its job waited in "default" for ever)."""
+    async with open_driver(url, **options) as driver:
+        queue, attempts = resolve(args.name, args.queue, args.attempts, await driver.workers())
+        [answer] = await driver.enqueue([attrs.evolve(job, queue=queue, max_attempts=attempts)])
+        return answer
+
+
 def _definition(args: argparse.Namespace) -> JobDefinition:
     """The declared job with ``--app`` (its queue and attempts apply), else an ad-hoc one whose
     name, queue and attempts the Registry checks as it would a declaration."""
     if args.app is None:
         queue = "default" if args.queue is None else args.queue  # "" is refused, not defaulted
         attempts = 3 if args.attempts is None else args.attempts
-        return Registry().job(args.name, queue=queue, attempts=attempts)(_never_run)
+        return _ad_hoc(args.name, queue, attempts)
     definition = load_registry(args.app).require(args.name)
     for flag, given, declared in (
         ("--queue", args.queue, definition.queue),
@@ -426,6 +458,12 @@ def _definition(args: argparse.Namespace) -> JobDefinition:
                 f" with in {args.app}",
                 fix=f"drop {flag}: with --app the declaration decides (workers claim its queue)",
             )
+    return definition
+
+
+def _ad_hoc(name: str, queue: str, attempts: int) -> JobDefinition:
+    """A job the CLI enqueues but does not run, checked by the Registry as a declaration is."""
+    definition: JobDefinition = Registry().job(name, queue=queue, attempts=attempts)(_never_run)
     return definition
 
 

@@ -2,8 +2,10 @@
 # Apart so that each boundary (enqueue, config, CLI, driver) raises the same kind of thing.
 from __future__ import annotations
 
+import difflib
 import errno
 import socket
+from collections.abc import Collection
 from typing import ClassVar
 
 
@@ -77,6 +79,20 @@ class ResultNotStorable(JobsError):
 class UnknownJob(JobsError):
     code = "X_UNKNOWN_JOB"
     retryable = False
+
+
+def unknown_job(name: str, known: Collection[str], *, where: str, fix: str) -> UnknownJob:
+    """The refusal of a job name ``where`` does not declare (``known`` it does), naming the
+    close matches (a typo's), then every name when there are a few, a count when many."""
+    matches = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(map(repr, matches))}? " if matches else ""
+    if not known:
+        listed = "it declares none"
+    elif len(known) <= 10:
+        listed = "it declares " + ", ".join(sorted(known))
+    else:
+        listed = f"it declares {len(known)} names"
+    return UnknownJob(f"{where} declares no job named {name!r} ({hint}{listed})", fix=fix)
 
 
 class DuplicateJobName(JobsError):

@@ -407,6 +407,9 @@ class WorkerPresence:
     started_at: float
     seen_at: float
     every: float
+    # What its registry declares: (job name, queue, attempts), by name. `jobs-trio enqueue`
+    # checks a name against the fleet's (and takes its queue and attempts from them).
+    jobs: tuple[tuple[str, str, int], ...] = ()
 
     def live(self, now: float) -> bool:
         """Seen within two intervals (and a little for a slow round trip): a worker killed
@@ -414,7 +417,11 @@ class WorkerPresence:
         return now - self.seen_at <= 2 * self.every + 5
 
     def to_json(self) -> dict[str, object]:
-        return {**attrs.asdict(self, recurse=False), "queues": list(self.queues)}
+        return {
+            **attrs.asdict(self, recurse=False),
+            "queues": list(self.queues),
+            "jobs": [list(job) for job in self.jobs],
+        }
 
 
 @attrs.frozen

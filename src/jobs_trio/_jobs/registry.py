@@ -30,7 +30,7 @@ from .._core.errors import (
     DuplicateJob,
     DuplicateJobName,
     InvalidArgument,
-    UnknownJob,
+    unknown_job,
 )
 from .._core.fleet_limits import FleetLimit, RateLimit, resolve
 from .._core.logs import log_event
@@ -537,9 +537,10 @@ class Registry:
     def require(self, name: str) -> JobDefinition:
         definition = self._jobs.get(name)
         if definition is None:
-            known = ", ".join(sorted(self._jobs)) or "none"
-            raise UnknownJob(
-                f"no job named {name!r} is declared (known: {known})",
+            raise unknown_job(
+                name,
+                self._jobs,
+                where="the registry",
                 fix="check the name, or import the module that declares it",
             )
         return definition

@@ -222,6 +222,9 @@ class Worker:
             Pruner(driver, retention, self.worker_id, metrics=self._metrics) if retention else None
         )
         self._services = tuple(s.run for s in (scheduler, pruner) if s is not None)
+        # What this worker's registry declares, as its announcement carries it (presence.py):
+        # `jobs-trio enqueue` checks a job's name against the fleet's.
+        self._declared = tuple(sorted((d.name, d.queue, d.attempts) for d in registry))
 
     def _claim_loop(self) -> ClaimLoop:
         return ClaimLoop(
@@ -304,6 +307,7 @@ class Worker:
             started_at=started_at,
             seen_at=now,
             every=self._stats_interval or 0.0,
+            jobs=self._declared,
         )
 
     def slot_use(self) -> dict[str, tuple[int, int]]:

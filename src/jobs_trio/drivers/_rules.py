@@ -243,6 +243,20 @@ ATTEMPT_HISTORY: Final = 20
 FORGET_WORKERS_AFTER: Final = 3600.0
 
 
+def encode_jobs(jobs: Iterable[tuple[str, str, int]]) -> str:
+    """A worker's declared jobs (WorkerPresence.jobs) as its row stores them: JSON."""
+    return json.dumps([list(job) for job in jobs])
+
+
+def decode_jobs(text: str | None) -> tuple[tuple[str, str, int], ...]:
+    """The stored declared jobs; none from a worker of a release before they were stored."""
+    if text is None:
+        return ()
+    return tuple(
+        (str(name), str(queue), int(attempts)) for name, queue, attempts in json.loads(text)
+    )
+
+
 def history_outcome(settlement: Settlement) -> str:
     """What a history record calls an ending (OutcomeKind's values); an operator's pending
     cancel, which the SQL drivers decide in SQL, makes any of them ``cancelled`` instead."""

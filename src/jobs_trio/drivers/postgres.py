@@ -92,8 +92,10 @@ from ._rules import (
     FORGET_WORKERS_AFTER,
     LAPSED_ERROR,
     LAPSED_OUT_OF_ATTEMPTS,
+    decode_jobs,
     driver_closed,
     effect,
+    encode_jobs,
     history_outcome,
     job_record,
     kind_of,
@@ -1090,6 +1092,7 @@ class PostgresDriver:
                 p.seen_at,
                 p.every,
                 forget_before,
+                encode_jobs(p.jobs),
             )
 
         await self.bridge.run(write, what="worker_seen")
@@ -1112,7 +1115,13 @@ class PostgresDriver:
 
         rows = await self.bridge.run(read, what="workers")
         return [
-            WorkerPresence(**{**dict(row), "queues": tuple(json.loads(row["queues"]))})
+            WorkerPresence(
+                **{
+                    **dict(row),
+                    "queues": tuple(json.loads(row["queues"])),
+                    "jobs": decode_jobs(row["jobs"]),
+                }
+            )
             for row in rows
         ]
 

@@ -534,20 +534,20 @@ WITH forgotten AS (
 )
 INSERT INTO {schema}.workers
     (worker_id, host, pid, queues, concurrency, running, state, version, started_at, seen_at,
-     every)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+     every, jobs)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $13)
 ON CONFLICT (worker_id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
     concurrency = excluded.concurrency, running = excluded.running, state = excluded.state,
     version = excluded.version, started_at = excluded.started_at, seen_at = excluded.seen_at,
-    every = excluded.every;
+    every = excluded.every, jobs = excluded.jobs;
 
 -- name: worker_gone
 DELETE FROM {schema}.workers WHERE worker_id = $1;
 
 -- name: workers
 SELECT worker_id, host, pid, queues, concurrency, running, state, version, started_at, seen_at,
-       every
+       every, jobs
 FROM {schema}.workers ORDER BY worker_id;
 
 -- name: key_held_elsewhere

@@ -81,7 +81,9 @@ from ._rules import (
     WAITING_STATES_SQL,
     Effect,
     Unseen,
+    decode_jobs,
     effect,
+    encode_jobs,
     event_mark,
     hands_back_lapse,
     history_record,
@@ -148,6 +150,7 @@ def _step(row: Sequence[Any]) -> StepRecord:
 def _presence(row: Sequence[Any]) -> WorkerPresence:
     fields = dict(zip(_WORKER_FIELDS, row, strict=True))
     fields["queues"] = tuple(json.loads(fields["queues"]))
+    fields["jobs"] = decode_jobs(fields["jobs"])
     return WorkerPresence(**fields)
 
 
@@ -1330,7 +1333,11 @@ class SqliteDriver:
         return await self._transact(work, mode="read")
 
     async def worker_seen(self, presence: WorkerPresence) -> None:
-        row = {**attrs.asdict(presence, recurse=False), "queues": json.dumps(presence.queues)}
+        row = {
+            **attrs.asdict(presence, recurse=False),
+            "queues": json.dumps(presence.queues),
+            "jobs": encode_jobs(presence.jobs),
+        }
 
         def work(conn: sqlite3.Connection, now: float) -> None:
             conn.execute(

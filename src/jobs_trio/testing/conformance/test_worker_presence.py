@@ -26,6 +26,7 @@ def presence(worker_id: str, now: float, **changes: Any) -> WorkerPresence:
         started_at=now - 100,
         seen_at=now,
         every=15.0,
+        jobs=(("mail.send", "mail", 5), ("report.build", "reports", 3)),
     )
     return attrs.evolve(seen, **changes)
 
@@ -41,7 +42,7 @@ async def test_a_worker_is_listed_as_it_last_announced_itself(
         presence("w-b", now),
     ]
     manual_clock.advance(15)
-    later = presence("w-b", manual_clock.now, running=7, state="draining")
+    later = presence("w-b", manual_clock.now, running=7, state="draining", jobs=())
     await driver.worker_seen(later)
     assert (await driver.workers())[1] == later
 
