@@ -305,8 +305,8 @@ async def test_an_upgrade_from_the_previous_release_loses_nothing_and_runs_nothi
         assert steps[(ids["sleeper"], "before")] == steps[(ids["sleeper"], "after")] == 1
         assert steps[(ids["waiter"], "before")] == 1
         sleeper, waiter = records[ids["sleeper"]], records[ids["waiter"]]
-        assert sleeper is not None and json.loads(sleeper.result or "")[0].startswith("before by")
-        assert waiter is not None and json.loads(waiter.result or "")[1] == {"paid": True}
+        assert sleeper is not None and sleeper.result[0].startswith("before by")
+        assert waiter is not None and waiter.result[1] == {"paid": True}
         # No attempt charged: each job's one counted attempt, and each cron time fired once.
         charged = {j: r.attempts for j, r in records.items() if r is not None and r.attempts != 1}
         assert charged == {}
