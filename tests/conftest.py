@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from jobs_trio.testing import ManualClock
+from tests.helpers.skip_reasons import pytest_runtest_makereport  # noqa: F401 (a hook)
 
 POSTGRES_URL = os.environ.get("JOBS_TRIO_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -175,8 +175,9 @@ async def test_sigterm_interrupts_a_running_job_and_another_process_finishes_it(
             took = trio.current_time() - signalled
             assert code == 0, first.output()
         print(f"\nexit {took:.2f} s after SIGTERM (grace {grace:.0f} s)")
-        # The body hears the drain at once; nothing waits out the grace period.
-        assert took < 5, f"exit took {took:.1f} s\n{first.output()}"
+        # The body hears the drain at once; nothing waits out the grace period (half of it: the
+        # exit takes about a second, and a loaded machine adds a few).
+        assert took < grace / 2, f"exit took {took:.1f} s\n{first.output()}"
         await assert_drained(driver, job_id, first)
 
         async with workers(tmp_path, url, 1) as [second]:

@@ -100,6 +100,7 @@ async def test_sigterm_interrupts_a_running_job_without_costing_an_attempt(
             code = await worker.exit_code(within=grace)
             took = trio.current_time() - signalled
             assert code == 0, worker.output()
-        # The body hears the drain at once; nothing waits out the grace period.
-        assert took < grace / 4, f"exit took {took:.1f} s"
+        # The body hears the drain at once; nothing waits out the grace period (half of it: the
+        # exit takes about a second, and a loaded machine adds a few).
+        assert took < grace / 2, f"exit took {took:.1f} s"
         await assert_drained(driver, job_id, worker)

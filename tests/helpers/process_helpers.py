@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = shutil.which("jobs-trio", path=str(Path(sys.executable).parent))
 JOBS_TRIO = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "jobs_trio._cli.main"]
 POLL = 0.1
+# What a loaded machine adds to a process's timing that the code under test does not decide (a
+# core to run on, a signal's delivery, the interpreter's exit): two cores shared by the suite's
+# four workers and two busy processes put an exit the code makes at 4.0 s at 5.01 s (issue 45).
+# A bound on a process's timing is what the code promises plus this, and still well short of
+# what the failure it guards against takes.
+LOADED = 2.0
 
 
 class WorkerProcess:

@@ -46,7 +46,8 @@ async def test_sigterm_hands_every_held_job_back_at_once_uncounted(
             took = trio.current_time() - sent
         after = [await record(driver, i) for i in ids]
     assert code == 0, worker.output()
-    assert took < 5, f"exit took {took:.2f} s of a 25 s grace\n{worker.output()}"
+    # About a second alone: nothing waits out the grace (25 s), half of which is the bound.
+    assert took < 12.5, f"exit took {took:.2f} s of a 25 s grace\n{worker.output()}"
     assert len(marks(path, "start")) == 1  # the held ones never started
     for r in after:
         # A deploy costs none of them an attempt; claimable at once by the next worker.

@@ -38,7 +38,8 @@ async def test_sigterm_interrupts_an_awaiting_job_and_the_process_exits_at_once(
         after = await driver.get(job_id)
     output = log.read_text(errors="replace")
     assert code == 0, output
-    assert took < 5, f"exit took {took:.2f}s of a 25s grace\n{output}"
+    # About a second alone: nothing waits out the grace (25 s), half of which is the bound.
+    assert took < 12.5, f"exit took {took:.2f}s of a 25s grace\n{output}"
     assert after is not None and after.state is JobState.READY, output
     assert after.attempts == 0  # attempts=1: a deploy must not have used it up
     assert after.last_error is not None and "interrupted" in after.last_error

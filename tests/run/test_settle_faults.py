@@ -22,7 +22,7 @@ from tests.apps.settle_app import POISON_MARK, registry
 from tests.conftest import require_postgres
 from tests.drivers.test_postgres_driver import Admin, open_admin
 from tests.drivers.test_processes_postgres import fresh_database
-from tests.helpers.process_helpers import record, started, until, worker_processes
+from tests.helpers.process_helpers import LOADED, record, started, until, worker_processes
 
 pytestmark = pytest.mark.slow
 
@@ -192,7 +192,7 @@ async def test_a_result_unwritable_at_sigterm_is_written_or_named(
             sent = trio.current_time()
             proc.signal(signal.SIGTERM)
             if lock == "kept":
-                code = await proc.exit_code(within=2 + 1 + 0.5)
+                code = await proc.exit_code(within=2 + 1 + LOADED)
                 took = trio.current_time() - sent
                 # Read while the lock still holds: the worker is gone, and a settle it had sent
                 # to PostgreSQL may still land once the lock goes (written after all, which
@@ -202,7 +202,7 @@ async def test_a_result_unwritable_at_sigterm_is_written_or_named(
             else:
                 await trio.sleep(0.5)  # the lock is held for half the grace, then let go
                 await release_lock()
-                code = await proc.exit_code(within=2 + 1 + 0.5)
+                code = await proc.exit_code(within=2 + 1 + LOADED)
                 took = trio.current_time() - sent
         log = proc.output()
         print(f"\n{store.kind}, lock {lock}: exit {code} {took:.2f} s after SIGTERM (--grace 2)")
@@ -210,7 +210,9 @@ async def test_a_result_unwritable_at_sigterm_is_written_or_named(
             if "settle-abandoned" in line or "lifecycle.abandoned" in line:
                 print("  " + line[:300])
         if lock == "kept":
-            assert code != 0 and took <= 2 + 1, (code, took, log)
+            # The grace, the exit, a loaded machine's share; a worker that waited for the lock
+            # would not have exited while the test held it.
+            assert code != 0 and took <= 2 + 1 + LOADED, (code, took, log)
             assert "jobs.worker.settle-abandoned" in log and job_id in log
         else:
             r = await record(driver, job_id)
