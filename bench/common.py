@@ -1,13 +1,16 @@
-# What every library adapter shares: its command line, and the marks its job handler writes.
-# Apart so the three adapters differ only in how each library enqueues and runs a worker.
+# What every library adapter shares: its command line, and the marks its job handler writes (and
+# what the scripts measuring one database share: reading CPU, running their setup's SQL). Apart
+# so the three adapters differ only in how each library enqueues and runs a worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 JOB = "bench.job"  # the one job name every library registers
@@ -45,6 +48,37 @@ def postgres_cpu() -> float | None:
         if spent is not None:
             total, seen = total + spent, True
     return total if seen else None
+
+
+@contextlib.contextmanager
+def own_database(admin: str, name: str) -> Iterator[str]:
+    """The URL of a fresh database on the server ``admin`` names (``name`` and this process's
+    id), dropped on the way out."""
+    db = f"{name}_{os.getpid()}"
+    subprocess.run(["psql", admin, "-qc", f"DROP DATABASE IF EXISTS {db}"], check=True)
+    subprocess.run(["psql", admin, "-qc", f"CREATE DATABASE {db}"], check=True)
+    try:
+        yield f"{admin}/{db}"
+    finally:
+        subprocess.run(["psql", admin, "-qc", f"DROP DATABASE IF EXISTS {db}"], check=True)
+
+
+async def pg_execute(url: str, *statements: tuple[str, tuple[object, ...]]) -> None:
+    """A script's setup (a fill of a million rows, a VACUUM): ``statements`` in order, on a
+    connection of their own, each given an hour."""
+    import asyncpg
+    import trio_asyncio
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            for sql, args in statements:
+                await conn.execute(sql, *args, timeout=3600)
+        finally:
+            await conn.close()
+
+    async with trio_asyncio.open_loop():
+        await trio_asyncio.aio_as_trio(run)()
 
 
 class Marks:

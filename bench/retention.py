@@ -18,6 +18,7 @@ postgresql://postgres@127.0.0.1:5432)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 import trio
+from common import own_database, pg_execute
 
 from jobs_trio import Retention, open_driver
 from jobs_trio._core.records import Complete, NewJob, new_job_id
@@ -87,22 +89,6 @@ def sqlite_execute(path: Path, *statements: tuple[str, tuple[object, ...]]) -> N
             conn.execute(sql, args)
 
 
-async def pg_execute(url: str, *statements: tuple[str, tuple[object, ...]]) -> None:
-    import asyncpg
-    import trio_asyncio
-
-    async def run() -> None:
-        conn = await asyncpg.connect(url)
-        try:
-            for sql, args in statements:
-                await conn.execute(sql, *args, timeout=1800)
-        finally:
-            await conn.close()
-
-    async with trio_asyncio.open_loop():
-        await trio_asyncio.aio_as_trio(run)()
-
-
 async def fill(url: str, path: Path | None, n: int) -> None:
     """N completed jobs two days old, then fresh planner statistics."""
     two_days_ago = time.time() - 2 * DAY
@@ -128,18 +114,15 @@ async def prune(url: str) -> tuple[int, float]:
 
 
 async def one(kind: str, finished: int, workdir: Path) -> None:
-    path: Path | None = None
-    if kind == "sqlite":
-        path = workdir / "retention.db"
-        url = f"sqlite:///{path}"
-    else:
-        db = f"bench_retention_{os.getpid()}"
-        subprocess.run(["psql", ADMIN, "-qc", f"DROP DATABASE IF EXISTS {db}"], check=True)
-        subprocess.run(["psql", ADMIN, "-qc", f"CREATE DATABASE {db}"], check=True)
-        url = f"{ADMIN}/{db}"
-        cli = Path(sys.executable).parent / "jobs-trio"
-        subprocess.run([cli, "migrate", "--db", url], check=True)
-    try:
+    with contextlib.ExitStack() as stack:
+        path: Path | None = None
+        if kind == "sqlite":
+            path = workdir / "retention.db"
+            url = f"sqlite:///{path}"
+        else:
+            url = stack.enter_context(own_database(ADMIN, "bench_retention"))
+            cli = Path(sys.executable).parent / "jobs-trio"
+            subprocess.run([cli, "migrate", "--db", url], check=True)
         await enqueue_live(url)
         await analyze(url, path)  # every measure below starts from planner statistics
         print(f"{kind}: claim, {LIVE:,} live jobs:                 {await claim_cost(url)}")
@@ -153,9 +136,6 @@ async def one(kind: str, finished: int, workdir: Path) -> None:
         print(f"{kind}: pruned {deleted:,} in {spent:.1f} s ({rate:,.0f} jobs/s, 1,000 a batch)")
         await analyze(url, path)
         print(f"{kind}: claim, after the prune:              {await claim_cost(url)}")
-    finally:
-        if path is None:
-            subprocess.run(["psql", ADMIN, "-qc", f"DROP DATABASE IF EXISTS {db}"], check=True)
 
 
 async def main(args: argparse.Namespace) -> None:

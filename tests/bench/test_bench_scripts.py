@@ -147,6 +147,15 @@ SCRIPTS = {
         "--queues 1 --seconds 1",
         (rf"\| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER}% \|",),
     ),
+    "migration_index": Script(
+        "bench/migration_index.py",
+        "--jobs 2000 --warmup 0.3 --driver postgres --driver sqlite",
+        tuple(
+            rf"{kind}: migration \[18\] took {NUMBER} s over 2,000 jobs: {NUMBER} enqueues during"
+            rf" it, slowest {NUMBER} s; {NUMBER} failed; completed {NUMBER}/s before"
+            for kind in ("postgres", "sqlite")
+        ),
+    ),
     "retention": Script(
         "bench/retention.py",
         "--finished 1000 --rounds 50 --driver postgres --driver sqlite",
@@ -224,9 +233,9 @@ def test_every_script_is_run() -> None:
 
 
 def _server(url: str, script: str) -> str:
-    """$BENCH_PG for ``script``: the test server's URL; retention.py appends its own database
-    to it, so there the server alone."""
-    if script == "bench/retention.py":
+    """$BENCH_PG for ``script``: the test server's URL; retention.py and migration_index.py
+    append their own database to it, so there the server alone."""
+    if script in ("bench/retention.py", "bench/migration_index.py"):
         return urlunparse(urlparse(url)._replace(path=""))
     return url
 

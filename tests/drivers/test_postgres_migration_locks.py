@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -45,8 +45,34 @@ class Fleet:
     runs: collections.Counter[str] = attrs.field(factory=collections.Counter)
     done_at: dict[str, float] = attrs.field(factory=dict)
     enqueued: list[str] = attrs.field(factory=list)
+    sent_at: list[float] = attrs.field(factory=list)
     enqueue_seconds: list[float] = attrs.field(factory=list)
     failed: list[JobsError] = attrs.field(factory=list)
+
+    def registry(self) -> tuple[jobs_trio.Registry, Any]:
+        """The worker's registry and its one job, which counts its runs."""
+        registry = jobs_trio.Registry()
+
+        @registry.job("fleet.work", attempts=1)  # a second attempt charged would dead-letter it
+        async def work(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
+            self.runs[ctx.job_id] += 1
+            await trio.sleep(0.01)
+            self.done_at[ctx.job_id] = trio.current_time()
+
+        return registry, work
+
+    async def enqueue_until(self, stop: trio.Event, enqueue: Callable[[], Awaitable[str]]) -> None:
+        """The application: an enqueue every ENQUEUE_EVERY seconds until ``stop``, stopped
+        between two enqueues, never inside one (a cut enqueue may have committed)."""
+        while not stop.is_set():
+            sent = trio.current_time()
+            try:
+                self.enqueued.append(await enqueue())
+            except JobsError as exc:
+                self.failed.append(exc)
+            self.sent_at.append(sent)
+            self.enqueue_seconds.append(trio.current_time() - sent)
+            await trio.sleep(ENQUEUE_EVERY)
 
 
 def next_release(driver: PostgresDriver) -> Any:
@@ -90,14 +116,7 @@ async def test_a_migration_behind_a_long_reader_waits_and_the_fleet_does_not(
 ) -> None:
     url = require_postgres()
     fleet = Fleet()
-    registry = jobs_trio.Registry()
-
-    @registry.job("fleet.work", attempts=1)  # a second attempt charged would dead-letter it
-    async def work(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
-        fleet.runs[ctx.job_id] += 1
-        await trio.sleep(0.01)
-        fleet.done_at[ctx.job_id] = trio.current_time()
-
+    registry, work = fleet.registry()
     caplog.set_level(logging.INFO, logger="jobs_trio")
     async with (
         open_postgres_driver(
@@ -111,22 +130,10 @@ async def test_a_migration_behind_a_long_reader_waits_and_the_fleet_does_not(
         jobs_trio.open_worker(driver, registry, lifecycle=None, poll_interval=0.05),
     ):
         reader_pid = await admin.fetchval("SELECT pg_backend_pid()")
-        # Stopped between two enqueues, never inside one: a cut enqueue may have committed.
         stop = trio.Event()
-
-        async def enqueue() -> None:
-            while not stop.is_set():
-                sent = trio.current_time()
-                try:
-                    fleet.enqueued.append(await work.enqueue(driver, {}))
-                except JobsError as exc:
-                    fleet.failed.append(exc)
-                fleet.enqueue_seconds.append(trio.current_time() - sent)
-                await trio.sleep(ENQUEUE_EVERY)
-
         opened = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(enqueue)
+            nursery.start_soon(fleet.enqueue_until, stop, lambda: work.enqueue(driver, {}))
             nursery.start_soon(
                 hold_a_reader,
                 admin,

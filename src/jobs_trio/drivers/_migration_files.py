@@ -23,6 +23,9 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 COMPATIBILITY_LEVEL: Final = 1
 
 _LEVEL_LINE = re.compile(r"^--\s*compatibility-level:\s*(\S+)\s*$", re.MULTILINE)
+# A migration applied statement by statement, outside any transaction: PostgreSQL's CREATE INDEX
+# CONCURRENTLY cannot run inside one (_postgres_index_builds.py says what such a file may hold).
+_NO_TRANSACTION_LINE = re.compile(r"^--\s*transaction:\s*none\s*$", re.MULTILINE)
 
 
 @attrs.frozen
@@ -33,6 +36,9 @@ class Migration:
     # The compatibility level a schema is at once this is applied; None: additive, the schema
     # keeps the level it had.
     level: int | None = None
+    # False: `-- transaction: none`, each statement on its own (an index built CONCURRENTLY, so
+    # that the fleet's writes never wait for the build); re-run whole after an interruption.
+    transaction: bool = True
 
 
 def declared_level(name: str, sql: str) -> int | None:
@@ -73,7 +79,8 @@ def read_migrations(folder: str, *, works_with: int = COMPATIBILITY_LEVEL) -> li
                 f"{folder}/{entry.name} raises the compatibility level to {level}, past the"
                 f" {works_with} this release works with: raise COMPATIBILITY_LEVEL with it"
             )
-        found.append(Migration(int(matched.group(1)), entry.name, sql, level))
+        transaction = _NO_TRANSACTION_LINE.search(sql) is None
+        found.append(Migration(int(matched.group(1)), entry.name, sql, level, transaction))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if not versions or versions[0] != 1 or len(set(versions)) != len(versions):

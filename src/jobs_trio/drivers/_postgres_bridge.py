@@ -216,7 +216,10 @@ class Bridge:
         import asyncpg
 
         pooler = self.pooler
-        target = pooler.listen_url if purpose == "listen" else pooler.url
+        # LISTEN, and a session that must keep its state (`index`: a migration's index build),
+        # go where a session is kept; None there (PgBouncer pooling transactions, no direct
+        # address) is checked by their callers.
+        target = {"listen": pooler.listen_url, "index": pooler.session_url}.get(purpose, pooler.url)
         options = pooler.connect_options(purpose, self.session)
         options["server_settings"] = {
             "application_name": f"{self.application_name}:{purpose}",

@@ -38,13 +38,12 @@ class LockHolder:
         return f"pid {self.pid} ({said}; {self.query!r})"
 
 
-async def lock_holders(
-    conn: Connection, statement: str, schema: str, waited: float
-) -> list[LockHolder]:
-    """The sessions whose lock on a table of ``schema`` is older than ``waited`` seconds (the
-    wait that timed out): those it waited behind, oldest transaction first. Run on the asyncio
+async def lock_holders(conn: Connection, statement: str, *args: object) -> list[LockHolder]:
+    """The sessions ``statement`` finds (postgres_queries.sql: ``lock_holders``, those whose
+    lock on a table of a schema is older than the wait that timed out; the migration lock's
+    holder; what an index build waited for), oldest transaction first. Run on the asyncio
     side, in a transaction of its own or none (the failed one rolled back)."""
-    rows: Sequence[Any] = await conn.fetch(statement, schema, max(0.0, waited))
+    rows: Sequence[Any] = await conn.fetch(statement, *args)
     return [
         LockHolder(
             pid=row["pid"],

@@ -4,6 +4,7 @@
 # migrate` runs it without a driver, and because it is the only code that changes the schema.
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import random
@@ -18,6 +19,7 @@ from .._core.logs import log_event
 from .._core.version import VERSION
 from ._migration_files import COMPATIBILITY_LEVEL, Migration
 from ._postgres_bridge import Bridge, NameHolders, open_bridge, sole_error
+from ._postgres_index_builds import all_small, build_indexes, index_builds
 from ._postgres_locks import LockHolder, described, lock_holders
 from ._postgres_plan import Plan, Query, fetch_on, run_plan_async
 from ._postgres_pool import Connection
@@ -48,6 +50,19 @@ MIGRATION_WAIT: Final = 600.0
 _BACKOFF_FIRST: Final = 0.5
 _BACKOFF_CAP: Final = 5.0
 
+# The longest lock_timeout PostgreSQL takes (an int of milliseconds).
+_MAX_LOCK_TIMEOUT_MS: Final = 2**31 - 1
+
+
+class _Outside(enum.Enum):
+    """`apply`'s answer for a migration that builds an index on a large table: built on a
+    session of its own, outside any transaction."""
+
+    OUTSIDE = "outside"
+
+
+OUTSIDE: Final = _Outside.OUTSIDE
+
 # 0.1's newest migration: its record (`migrations`) holds 0001-0010 and nothing past them while
 # the schema stays one 0.1 can use (_schema_compatibility.MARK_FOR_0_1).
 NEWEST_IN_0_1: Final = 10
@@ -58,7 +73,7 @@ def holders_namer(sql: Statements) -> NameHolders:
     statement, schema = sql["lock_holders"], sql.schema
 
     async def name(conn: Connection, waited: float) -> list[LockHolder]:
-        return await lock_holders(conn, statement, schema, waited)
+        return await lock_holders(conn, statement, schema, max(0.0, waited))
 
     return name
 
@@ -94,26 +109,37 @@ async def apply_migrations(
     release: str = VERSION,
 ) -> list[int]:
     """Apply the migrations ``sql`` holds that the schema lacks, each in a transaction of its
-    own (its locks held only as long as it runs), and answer their versions. ``works_with``
-    and ``release`` are this release's (another's, in a test that plays the next release)."""
+    own (its locks held only as long as it runs), or an index build on a large table outside
+    any (_postgres_index_builds), and answer their versions. ``works_with`` and ``release`` are
+    this release's (another's, in a test that plays the next release)."""
     where = f"schema {sql.schema!r}"
     deadline = trio.current_time() + wait
 
-    async def retried(op: Callable[[Connection], Awaitable[T]], what: str) -> T:
-        return await _retried(bridge, op, what, where, lock_timeout, deadline)
+    async def retried(attempt: Callable[[], Awaitable[T]], what: str) -> T:
+        return await _retried(attempt, what, where, lock_timeout, deadline)
+
+    def in_transaction(
+        op: Callable[[Connection], Awaitable[T]], what: str
+    ) -> Callable[[], Awaitable[T]]:
+        async def attempt() -> T:
+            return await bridge.run(
+                op,
+                what=f"{what} of {where}",
+                transaction=True,
+                bounded=False,
+                lock_wait=lock_timeout,
+            )
+
+        return attempt
 
     async def begin(conn: Connection) -> tuple[Verdict, list[Applied]]:
-        """The waits, the advisory lock, and what the schema holds now (read under the lock:
+        """The waits, the migration lock, and what the schema holds now (read under the lock:
         another migrator may have applied what this one was about to)."""
-        await conn.execute(sql["migration_waits"])
-        # The advisory lock waits without bound: a second migrator waits for the first's
-        # transaction, which holds no table's lock for longer than its own statements take.
-        await conn.execute(sql["migration_lock"], sql.migration_lock_key)
-        await conn.execute(sql["migration_lock_timeout"], f"{round(lock_timeout * 1000)}ms")
-        applied = await _read_applied(conn, sql) or []
-        verdict = judge(sql.migrations, applied, works_with=works_with)
-        refuse_incompatible(verdict, where, works_with=works_with)
-        return verdict, applied
+        await conn.execute(sql["migration_waits"], _milliseconds(lock_timeout))
+        key = sql.migration_lock_key
+        if not await conn.fetchval(sql["migration_lock"], key):
+            raise await _lock_taken(conn, sql, key, "the migration lock")
+        return await _judged(conn, sql, works_with, where)
 
     async def prepare(conn: Connection) -> Verdict:
         verdict, applied = await begin(conn)
@@ -134,32 +160,86 @@ async def apply_migrations(
         await _keep_0_1s_record(conn, sql, verdict.level)
         return verdict
 
-    async def apply(conn: Connection, migration: Migration) -> int | None:
+    async def apply(conn: Connection, migration: Migration) -> int | _Outside | None:
         """The schema's level once ``migration`` is applied; None if another migrator applied
-        it meanwhile."""
+        it meanwhile; OUTSIDE if it builds an index on a large table, which is built outside
+        any transaction."""
         verdict, _ = await begin(conn)
         if migration not in verdict.missing:
             return None
-        await conn.execute(migration.sql)
-        level = level_after(verdict.level, migration)
-        now = time.time()
-        await conn.execute(
-            sql["record_history"], migration.version, migration.name, level, now, release
-        )
-        if migration.version <= NEWEST_IN_0_1:
-            await conn.execute(sql["record_migration"], migration.version, now)
-        await _keep_0_1s_record(conn, sql, level)
-        return level
+        if migration.transaction:
+            await conn.execute(migration.sql)
+        else:
+            builds = index_builds(migration)
+            if not await all_small(conn, sql, builds):
+                return OUTSIDE
+            await build_indexes(conn, sql, builds, concurrently=False)
+        return await _record(conn, sql, migration, verdict.level, release)
 
-    verdict = await retried(prepare, "preparing")
+    async def outside(session: Connection, migration: Migration, left: float) -> int | None:
+        """``apply`` on a session of its own outside any transaction, holding the index build
+        lock as long as it lasts: the builds CONCURRENTLY, each lock waited for ``left`` seconds
+        (a build blocks nobody while it waits), then the record in a transaction. Run on the
+        asyncio side."""
+        import asyncpg
+
+        await session.execute(sql["index_session"], _milliseconds(left))
+        key = sql.index_build_lock_key
+        if not await session.fetchval(sql["index_build_lock"], key):
+            raise await _lock_taken(session, sql, key, "the index build lock")
+        verdict, _ = await _judged(session, sql, works_with, where)
+        if migration not in verdict.missing:
+            return None
+        try:
+            await build_indexes(session, sql, index_builds(migration), concurrently=True)
+        except asyncpg.exceptions.LockNotAvailableError as exc:
+            # A cut build's index is left INVALID: the next try drops it and builds again.
+            holders = await lock_holders(session, sql["snapshot_holders"], sql.schema, left)
+            raise RowLocked(
+                f"its index build CONCURRENTLY waited {left:.1f} s (what was left of the"
+                f" wait) for older transactions to end: [55P03] {exc}",
+                holders=tuple(holders),
+            ) from exc
+        async with session.transaction():
+            return await _record(session, sql, migration, verdict.level, release)
+
+    def on_a_session(migration: Migration) -> Callable[[], Awaitable[int | None]]:
+        async def attempt() -> int | None:
+            if bridge.pooler.session_url is None:
+                raise ConfigError(
+                    f"migration {migration.name} of {where} builds an index CONCURRENTLY,"
+                    " which needs a session of its own, and PgBouncer in transaction mode keeps"
+                    " none",
+                    fix="give the server's own address for it (?listen_host=&listen_port= in"
+                    " the URL, as for LISTEN), or run `jobs-trio migrate` against the server"
+                    " directly",
+                )
+            left = max(lock_timeout, deadline - trio.current_time())
+            session = await bridge.connect(purpose="index")
+            try:
+                return await bridge.call(
+                    functools.partial(outside, session, migration, left),
+                    what=f"migration {migration.name} of {where}",
+                )
+            finally:
+                await bridge.close_connection(session)
+
+        return attempt
+
+    verdict = await retried(in_transaction(prepare, "preparing"), "preparing")
     applied = []
     for migration in verdict.missing:
 
-        async def apply_this(conn: Connection, migration: Migration = migration) -> int | None:
+        async def apply_this(
+            conn: Connection, migration: Migration = migration
+        ) -> int | _Outside | None:
             return await apply(conn, migration)
 
+        what = f"migration {migration.name}"
         started = trio.current_time()
-        level = await retried(apply_this, f"migration {migration.name}")
+        level = await retried(in_transaction(apply_this, what), what)
+        if level is OUTSIDE:
+            level = await retried(on_a_session(migration), what)
         if level is not None:
             # Said once it has committed (the crossing returned), with what it took, the
             # tries behind a lock included.
@@ -175,28 +255,54 @@ async def apply_migrations(
     return applied
 
 
+async def _judged(
+    conn: Connection, sql: Statements, works_with: int, where: str
+) -> tuple[Verdict, list[Applied]]:
+    applied = await _read_applied(conn, sql) or []
+    verdict = judge(sql.migrations, applied, works_with=works_with)
+    refuse_incompatible(verdict, where, works_with=works_with)
+    return verdict, applied
+
+
+async def _record(
+    conn: Connection, sql: Statements, migration: Migration, level: int, release: str
+) -> int:
+    """Record ``migration`` as applied to a schema that was at ``level``; its level now."""
+    level = level_after(level, migration)
+    now = time.time()
+    await conn.execute(
+        sql["record_history"], migration.version, migration.name, level, now, release
+    )
+    if migration.version <= NEWEST_IN_0_1:
+        await conn.execute(sql["record_migration"], migration.version, now)
+    await _keep_0_1s_record(conn, sql, level)
+    return level
+
+
+async def _lock_taken(conn: Connection, sql: Statements, key: int, lock: str) -> RowLocked:
+    """The error for an advisory ``lock`` (of ``key``) another session holds, naming it."""
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks shows the key as two oids
+    holders = await lock_holders(
+        conn, sql["advisory_lock_holders"], unsigned >> 32, unsigned & 0xFFFF_FFFF, lock
+    )
+    return RowLocked(f"another migration holds {lock}", holders=tuple(holders))
+
+
 async def _retried(
-    bridge: Bridge,
-    op: Callable[[Connection], Awaitable[T]],
+    attempt: Callable[[], Awaitable[T]],
     what: str,
     where: str,
     lock_timeout: float,
     deadline: float,
 ) -> T:
-    """``op`` in a transaction, tried again after a pause each time a lock it needs was held
-    past ``lock_timeout``, each try's holders named in the log, until ``deadline``."""
+    """``attempt``, tried again after a pause each time a lock it needs was held past
+    ``lock_timeout``, each try's holders named in the log, until ``deadline``."""
     started = trio.current_time()
     tries = 0
     while True:
         tries += 1
         try:
-            return await bridge.run(
-                op,
-                what=f"{what} of {where}",
-                transaction=True,
-                bounded=False,
-                lock_wait=lock_timeout,
-            )
+            return await attempt()
         except RowLocked as locked:
             holders: Sequence[Any] = locked.holders
             now = trio.current_time()
@@ -204,7 +310,7 @@ async def _retried(
             if now >= deadline:
                 raise RowLocked(
                     f"{what} of {where} waited {now - started:.1f} s for its locks"
-                    f" ({tries} tries of {lock_timeout:g} s each) and gave up: {said}",
+                    f" ({tries} tries) and gave up: {said}",
                     fix="end or wait out that transaction (SELECT pg_terminate_backend(pid)"
                     " ends it), then migrate again; or give the migration longer (`jobs-trio"
                     " migrate --wait SECONDS`)",
@@ -221,10 +327,16 @@ async def _retried(
                 retry_in=round(pause, 2),
                 pids=",".join(str(h.pid) for h in holders if isinstance(h, LockHolder)),
                 held_by=said,
-                why=f"a lock it needs was held past its {lock_timeout:g} s lock timeout; it"
-                " let the fleet's statements through and tries again",
+                why="a lock it needs was held by another session (a table's, past its"
+                f" {lock_timeout:g} s lock timeout, or the migration lock); it let the fleet's"
+                " statements through and tries again",
             )
             await trio.sleep(pause)
+
+
+def _milliseconds(seconds: float) -> str:
+    """A lock timeout as set_config takes it."""
+    return f"{min(_MAX_LOCK_TIMEOUT_MS, round(seconds * 1000))}ms"
 
 
 def _pause(tries: int) -> float:

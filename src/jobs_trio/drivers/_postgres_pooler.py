@@ -70,6 +70,13 @@ class Pooler:
             listen_url = kept  # a session keeps its LISTEN
         return cls(mode=mode, url=kept, listen_url=listen_url)
 
+    @property
+    def session_url(self) -> str | None:
+        """Where a connection that keeps its session between statements goes (a session's
+        advisory lock, a SET, an index built CONCURRENTLY): the pool's address, unless PgBouncer
+        pools transactions, then the direct one LISTEN uses; None when there is none."""
+        return self.listen_url if self.mode == TRANSACTION else self.url
+
     def connect_options(self, purpose: str, session: Mapping[str, str]) -> dict[str, Any]:
         """asyncpg.connect's options for a connection of ``purpose`` ("pool" or "listen")."""
         settings = dict(session) if purpose == "pool" and self.mode == DIRECT else {}

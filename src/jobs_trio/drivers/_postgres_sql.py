@@ -70,8 +70,19 @@ class Statements:
     @property
     def migration_lock_key(self) -> int:
         """A stable 64-bit advisory lock key per schema (the lock space is server-wide)."""
-        digest = hashlib.blake2b(f"jobs_trio.migrate:{self.schema}".encode(), digest_size=8)
-        return int.from_bytes(digest.digest(), "big", signed=True)
+        return _lock_key(f"jobs_trio.migrate:{self.schema}")
+
+    @property
+    def index_build_lock_key(self) -> int:
+        """The key an index build CONCURRENTLY holds (_postgres_index_builds): not the
+        migration lock, which 0.1 waits for without a bound; a build waits for every older
+        transaction, so one of 0.1 queued for the lock it held would wait for it for ever."""
+        return _lock_key(f"jobs_trio.index-build:{self.schema}")
+
+
+def _lock_key(name: str) -> int:
+    digest = hashlib.blake2b(name.encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 def load_statements(schema: str) -> Statements:

@@ -80,6 +80,10 @@ def _statements(script: str) -> list[str]:
 KNOWN: Final = read_migrations("sqlite_migrations")
 for _migration in KNOWN:
     _statements(_migration.sql)  # an unfinished statement fails the import, not an upgrade
+    if not _migration.transaction:
+        # A file's migrations are one write transaction here: the line would be a promise
+        # nothing keeps (a build SQLite blocks writers for whatever it says).
+        raise RuntimeError(f"{_migration.name}: SQLite has no `-- transaction: none`")
 # The newest migration this release ships.
 SCHEMA_VERSION: Final = KNOWN[-1].version
 

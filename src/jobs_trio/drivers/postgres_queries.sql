@@ -718,19 +718,78 @@ FROM (SELECT) AS one LEFT JOIN (
 
 -- name: migration_waits
 -- For the migrating transaction only (is_local): no statement timeout (an index built over a
--- deep table takes what it takes), and first no lock timeout, for the advisory lock alone.
-SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true);
-
--- name: migration_lock_timeout
--- Then the short one every lock of the migration waits under ($1: '500ms'): a migration that
--- queues for its exclusive lock behind a long reader makes every statement of the fleet queue
--- behind it; given up at this bound, it lets them through and tries again later.
-SELECT set_config('lock_timeout', $1, true);
+-- deep table takes what it takes), and the short lock timeout every lock of the migration waits
+-- under ($1: '500ms'): a migration that queues for its exclusive lock behind a long reader makes
+-- every statement of the fleet queue behind it; given up at this bound, it lets them through and
+-- tries again later.
+SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', $1, true);
 
 -- name: migration_lock
--- Held to the end of the migrating transaction: concurrent `jobs-trio migrate` runs queue up
--- here instead of racing on CREATE SCHEMA.
-SELECT pg_advisory_xact_lock($1);
+-- Held to the end of the migrating transaction, so that two migrations never run at once (nor
+-- race on CREATE SCHEMA). Tried, never waited for: a session waiting for a lock holds a snapshot,
+-- which an index build CONCURRENTLY waits for in turn (the other migration tries again later, as
+-- for a table's lock).
+SELECT pg_try_advisory_xact_lock($1);
+
+-- name: index_build_lock
+-- The lock of a session building an index outside a transaction, held until the driver closes
+-- it once the migration is recorded (a killed migrate's goes with its session, once the server
+-- has ended what it was running). Another key than the migration lock's: 0.1 waits for that one
+-- without a bound, and a build would wait for 0.1's wait.
+SELECT pg_try_advisory_lock($1);
+
+-- name: index_session
+-- A session building an index outside a transaction: no statement timeout, and its lock waits
+-- ($1) bounded by what is left of the migration's --wait. A build CONCURRENTLY waits for every
+-- transaction older than it, but blocks nobody while it waits.
+SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', $1, false);
+
+-- name: advisory_lock_holders
+-- Who holds an advisory lock of ours ($1, $2: its key's high and low 32 bits, as pg_locks shows a
+-- bigint key; $3 what it is called): another `jobs-trio migrate`, or a worker migrating as it
+-- opens.
+SELECT a.pid, a.application_name, a.usename, a.state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS open_for,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 160) AS query,
+       $3::text AS locks, false AS waiting
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid;
+
+-- name: snapshot_holders
+-- Who an index build CONCURRENTLY waited for until its lock timeout ($2 seconds): it waits for
+-- each transaction of the database that began before its phases did and holds a snapshot or
+-- wrote (a report, a pg_dump), and for those holding a lock on this schema's tables ($1).
+SELECT a.pid, a.application_name, a.usename, a.state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS open_for,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 160) AS query,
+       'a transaction older than the build' AS locks, false AS waiting
+FROM pg_stat_activity a
+WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+  AND a.xact_start <= clock_timestamp() - make_interval(secs => $2)
+  AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL OR EXISTS (
+      SELECT FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE l.pid = a.pid AND l.locktype = 'relation' AND n.nspname = $1))
+ORDER BY a.xact_start
+LIMIT 5;
+
+-- name: table_bytes
+-- A table's size on disk ($1: its qualified name), NULL when there is no such table.
+SELECT pg_relation_size(to_regclass($1));
+
+-- name: index_valid
+-- Whether an index is usable ($1: its qualified name): NULL when there is none; false when a
+-- build CONCURRENTLY was cut (a cancel, a lock timeout, a killed session) and left it INVALID.
+SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1);
+
+-- name: drop_index
+DROP INDEX IF EXISTS {schema}.{index};
+
+-- name: drop_index_concurrently
+DROP INDEX CONCURRENTLY IF EXISTS {schema}.{index};
 
 -- name: create_schema
 CREATE SCHEMA IF NOT EXISTS {schema};

@@ -34,9 +34,10 @@ CREATE INDEX relay_tickets_by_age ON {schema}.relay_tickets (stale_at);
 -- so: ids are given at insert, and a transaction holding a lower one may commit later.) NULL
 -- for the events stored before this migration, all older than any look to come.
 ALTER TABLE {schema}.events ADD COLUMN xid xid8;
--- Set after the column was added: only new rows get it, and the table is not rewritten.
+-- Set after the column was added: only new rows get it, and the table is not rewritten. Its
+-- index is 0021's, built CONCURRENTLY: built here it held the events table's exclusive lock (the
+-- ALTER's) through a scan of every event ever sent, and each send and look waited.
 ALTER TABLE {schema}.events ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
-CREATE INDEX events_by_name_xid ON {schema}.events (name, xid);
 
 -- The lock of an event's name and key (NULL: the name's waiters of any key), in the server's
 -- advisory lock space: salted with the schema, so two schemas on one server do not share one.
