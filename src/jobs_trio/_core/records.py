@@ -392,6 +392,30 @@ class OutcomeCount:
 
 
 @attrs.frozen
+class NameStats:
+    """The recorded attempts of one job name that ended at or after a time: how many ended as
+    each outcome (OutcomeKind's values), and how long the bodies that ran took. The dashboard's
+    run time and failure rate per job name."""
+
+    name: str
+    outcomes: Mapping[str, int]  # outcome value -> attempts
+    timed: int  # attempts whose body ran (a run time recorded)
+    seconds: float  # their run time, summed
+    longest: float | None  # the longest of them; None when none ran
+
+    @property
+    def mean_seconds(self) -> float | None:
+        return None if not self.timed else self.seconds / self.timed
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Failed (retried or dead-lettered) attempts among those that completed or failed."""
+        failed = self.outcomes.get("retried", 0) + self.outcomes.get("dead-lettered", 0)
+        ended = failed + self.outcomes.get("completed", 0)
+        return None if not ended else failed / ended
+
+
+@attrs.frozen
 class WorkerPresence:
     """A running worker as it announces itself to the fleet every ``every`` seconds (its
     stats interval): the dashboard lists those seen within two of their intervals."""

@@ -19,6 +19,7 @@ from .._core.records import (
     JobLimits,
     JobRecord,
     JobState,
+    NameStats,
     NewJob,
     Park,
     QueueStats,
@@ -255,6 +256,21 @@ def decode_jobs(text: str | None) -> tuple[tuple[str, str, int], ...]:
     return tuple(
         (str(name), str(queue), int(attempts)) for name, queue, attempts in json.loads(text)
     )
+
+
+def name_stats(
+    rows: Iterable[tuple[str, str, int, int, float | None, float | None]],
+) -> list[NameStats]:
+    """``name_stats()``'s answer from rows of (job name, outcome, attempts, how many were timed,
+    their seconds summed, the longest), by name."""
+    by_name: dict[str, tuple[dict[str, int], int, float, float | None]] = {}
+    for name, outcome, n, timed, seconds, longest in rows:
+        outcomes, had_timed, had_seconds, had_longest = by_name.get(name, ({}, 0, 0.0, None))
+        outcomes[outcome] = outcomes.get(outcome, 0) + n
+        if longest is not None and (had_longest is None or longest > had_longest):
+            had_longest = longest
+        by_name[name] = (outcomes, had_timed + timed, had_seconds + (seconds or 0.0), had_longest)
+    return [NameStats(name, *by_name[name]) for name in sorted(by_name)]
 
 
 def history_outcome(settlement: Settlement) -> str:

@@ -18,6 +18,7 @@ from .._core.records import (
     JobRecord,
     JobState,
     Lease,
+    NameStats,
     NewJob,
     OutboxBatch,
     OutboxStats,
@@ -370,6 +371,12 @@ class Driver(Protocol):
         """The recorded attempts that ended at or after ``since``, counted by outcome in
         ``bucket``-second buckets (each starting at a multiple of ``bucket``), oldest first; a
         bucket with none of an outcome is left out. One read, whatever the number of queues."""
+        ...
+
+    async def name_stats(self, since: float) -> Sequence[NameStats]:
+        """The recorded attempts that ended at or after ``since``, per job name (by name): by
+        outcome, and the run time of those whose body ran. One read, whatever the number of
+        names; an attempt whose job was deleted (or pruned) is gone with it."""
         ...
 
     async def worker_seen(self, presence: WorkerPresence) -> None:

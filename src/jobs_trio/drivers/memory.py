@@ -35,6 +35,7 @@ from .._core.records import (
     JobRecord,
     JobState,
     Lease,
+    NameStats,
     NewJob,
     OutboxBatch,
     OutboxStats,
@@ -73,6 +74,7 @@ from ._rules import (
     key_matches,
     lapsed_out_of_attempts,
     limit_fields,
+    name_stats,
     queue_stats,
     refuse_connection,
     refuse_in_place,
@@ -1009,6 +1011,24 @@ class MemoryDriver:
                 if one.ended_at >= since:
                     counts[(math.floor(one.ended_at / bucket) * bucket, one.outcome)] += 1
         return [OutcomeCount(start, outcome, n) for (start, outcome), n in sorted(counts.items())]
+
+    async def name_stats(self, since: float) -> Sequence[NameStats]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        rows = [
+            (
+                self._jobs[job_id].name,
+                one.outcome,
+                1,
+                int(one.seconds is not None),
+                one.seconds,
+                one.seconds,
+            )
+            for job_id, history in self._attempts.items()
+            for one in history
+            if one.ended_at >= since
+        ]
+        return name_stats(rows)
 
     async def worker_seen(self, presence: WorkerPresence) -> None:
         await trio.lowlevel.checkpoint()

@@ -44,6 +44,7 @@ from .._core.records import (
     JobRecord,
     JobState,
     Lease,
+    NameStats,
     NewJob,
     OutboxBatch,
     OutboxStats,
@@ -100,6 +101,7 @@ from ._rules import (
     job_record,
     kind_of,
     limit_fields,
+    name_stats,
     queue_stats,
     refuse_in_place,
     relay_fenced,
@@ -1070,6 +1072,15 @@ class PostgresDriver:
 
         rows = await self.bridge.run(read, what="outcome_counts")
         return [OutcomeCount(row["start"], row["outcome"], row["n"]) for row in rows]
+
+    async def name_stats(self, since: float) -> Sequence[NameStats]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["name_stats"], since))
+
+        return name_stats(tuple(row) for row in await self.bridge.run(read, what="name stats"))
 
     async def worker_seen(self, presence: WorkerPresence) -> None:
         self._check_open()

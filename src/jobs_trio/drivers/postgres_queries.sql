@@ -528,6 +528,14 @@ SELECT floor(ended_at / $2) * $2 AS start, outcome, count(*)::int AS n
 FROM {schema}.attempts WHERE ended_at >= $1
 GROUP BY 1, 2 ORDER BY 1, 2;
 
+-- name: name_stats
+-- One range read of attempts_ended, joined to each attempt's job for its name.
+SELECT j.name, a.outcome, count(*)::int AS n, count(a.seconds)::int AS timed,
+       sum(a.seconds) AS seconds, max(a.seconds) AS longest
+FROM {schema}.attempts AS a JOIN {schema}.jobs AS j ON j.id = a.job_id
+WHERE a.ended_at >= $1
+GROUP BY j.name, a.outcome;
+
 -- name: worker_seen
 WITH forgotten AS (
     DELETE FROM {schema}.workers WHERE seen_at < $12 AND worker_id <> $1

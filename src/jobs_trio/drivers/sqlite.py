@@ -45,6 +45,7 @@ from .._core.records import (
     JobRecord,
     JobState,
     Lease,
+    NameStats,
     NewJob,
     OutboxBatch,
     OutboxStats,
@@ -90,6 +91,7 @@ from ._rules import (
     job_record,
     lapsed_out_of_attempts,
     limit_fields,
+    name_stats,
     queue_stats,
     refuse_in_place,
     relay_fenced,
@@ -1329,6 +1331,18 @@ class SqliteDriver:
                 (bucket, bucket, since),
             )
             return [OutcomeCount(*row) for row in rows]
+
+        return await self._transact(work, mode="read")
+
+    async def name_stats(self, since: float) -> Sequence[NameStats]:
+        def work(conn: sqlite3.Connection, now: float) -> list[NameStats]:
+            rows = conn.execute(
+                "SELECT j.name, a.outcome, count(*), count(a.seconds), sum(a.seconds),"
+                " max(a.seconds) FROM attempts AS a JOIN jobs AS j ON j.id = a.job_id"
+                " WHERE a.ended_at >= ? GROUP BY j.name, a.outcome",
+                (since,),
+            )
+            return name_stats(rows)
 
         return await self._transact(work, mode="read")
 

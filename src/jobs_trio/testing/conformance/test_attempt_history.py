@@ -23,7 +23,7 @@ from jobs_trio.driver import Driver
 from jobs_trio.drivers._rules import ATTEMPT_HISTORY
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, enqueue_one
+from .helpers import claim_one, enqueue_one, new_job
 
 
 def noted(settlement: Settlement, attempt: int, seconds: float | None = 1.5) -> Settlement:
@@ -172,3 +172,46 @@ async def test_outcome_counts_buckets_the_recorded_endings(
     assert await driver.outcome_counts(start + 150, 60) == [
         OutcomeCount(start + 180, "dead-lettered", 1)
     ]
+
+
+async def test_name_stats_sum_each_names_attempts_by_outcome_and_run_time(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    queues = iter(range(100))
+
+    async def ended(name: str, make: object, seconds: float | None) -> None:
+        queue = f"q{next(queues)}"  # a queue each: the claim takes this job, no other
+        await driver.enqueue([new_job(name, queue=queue)])
+        claim = await claim_one(driver, queue=queue)
+        settlement = make(claim.lease)  # type: ignore[operator]
+        assert await driver.settle([noted(settlement, claim.attempt, seconds)])
+
+    await ended("old.job", lambda lease: Complete(lease), 9.0)
+    manual_clock.advance(100)
+    since = manual_clock.now
+    await ended("mail.send", lambda lease: Complete(lease), 0.5)
+    await ended("mail.send", lambda lease: Complete(lease), 1.5)
+    await ended("mail.send", lambda lease: Retry(lease, 60, "E: flaky"), 4.0)
+    await ended("mail.send", lambda lease: Retry(lease, 0, "X_DRAINING", hands_back=True), None)
+    await ended("report.build", lambda lease: DeadLetter(lease, "E: bad"), 2.0)
+    [mail, report] = await driver.name_stats(since)
+    assert (mail.name, dict(mail.outcomes)) == (
+        "mail.send",
+        {"completed": 2, "retried": 1, "interrupted": 1},
+    )
+    assert (mail.timed, mail.seconds, mail.longest) == (3, 6.0, 4.0)
+    assert (mail.mean_seconds, mail.failure_rate) == (2.0, 1 / 3)
+    assert (report.name, dict(report.outcomes), report.failure_rate) == (
+        "report.build",
+        {"dead-lettered": 1},
+        1.0,
+    )
+    # Older attempts are left out; a deleted job's attempts go with it.
+    assert [s.name for s in await driver.name_stats(since - 200)] == [
+        "mail.send",
+        "old.job",
+        "report.build",
+    ]
+    [dead] = await driver.list_jobs(name="report.build")
+    await driver.delete(dead.id)
+    assert [s.name for s in await driver.name_stats(since)] == ["mail.send"]
