@@ -75,8 +75,8 @@ def browse(url: str, jobs: Seeded, chromium: str, shots: Path | None) -> None:
 
             # Actions are off: no button, and a POST from the page's own origin is refused.
             assert page.locator("#retry, #cancel").count() == 0
-            # (The page's CSP forbids fetch(); a form posted from the page is what a person,
-            # or a page someone tricked them into, would send.)
+            # (A form posted from the page is what a person, or a page someone tricked them
+            # into, would send.)
             page.evaluate(
                 """(action) => { const f = document.createElement('form');
                 f.method = 'post'; f.action = action; document.body.append(f); f.submit(); }""",
@@ -124,20 +124,26 @@ def overview(page: Any, url: str, jobs: Seeded, shot: Any) -> None:
 
 
 def live_update(page: Any, url: str) -> None:
-    """The open overview shows new work by itself: no click, no navigation of ours."""
+    """The open overview shows new work by itself, in place: no click, no navigation of ours,
+    and a filter being typed keeps its text (issue 46: the page's reload wiped it)."""
     page.goto(url + "/")
-    assert page.locator("meta[http-equiv=refresh]").count() == 1
-    assert page.inner_text("#live").startswith("live: reloads every")
+    assert page.inner_text("#live").startswith("live: updates every")
+    assert page.get_attribute("body", "data-refresh") == "1.0"
+    typed = page.locator("#queue-filter input[name=queue]")
+    typed.fill("emai")  # not submitted: a person still typing
+    page.evaluate("() => { window.notReloaded = true; }")
     due = int(page.inner_text("#total-due .n"))
     print(f"LOADED {due}", flush=True)
     sys.stdin.readline()  # the test enqueued three more due jobs
     sync_api.expect(page.locator("#total-due .n")).to_have_text(
         str(due + 3), timeout=LIVE_WITHIN_MS
     )
+    assert typed.input_value() == "emai"
+    assert page.evaluate("() => window.notReloaded") is True
     # Paused, it stays as it is.
     page.click("#pause")
     page.wait_for_url("**refresh=0**")
-    assert page.locator("meta[http-equiv=refresh]").count() == 0
+    assert page.get_attribute("body", "data-refresh") == "0.0"
     assert page.inner_text("#live").startswith("paused")
 
 

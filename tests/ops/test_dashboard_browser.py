@@ -9,18 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import attrs
 import pytest
-import trio
 
 from jobs_trio import Registry
 from jobs_trio._core.records import NewJob, new_job_id
+from tests.helpers.browser_process import a_browser
 from tests.helpers.dashboard_site import TASK, open_site, seed_history
-from tests.helpers.process_helpers import ROOT
 
 CHROMIUM = os.environ.get("JOBS_TRIO_CHROMIUM") or shutil.which("chromium") or ""
 SHOTS = ("queues", "charts", "workers", "tasks", "outbox", "jobs", "job", "attempts")
@@ -64,44 +61,22 @@ async def test_the_dashboard_in_a_real_browser(kind: str, tmp_path: Path) -> Non
         # its own, while this Trio loop serves the pages it asks for.
         jobs = json.dumps(attrs.asdict(site.jobs))
         save = str(shots) if kind == "sqlite" else ""
-        log = tmp_path / "browse.log"
-        with log.open("wb") as stderr:
-            browse = await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.helpers.dashboard_browse",
-                    site.url,
-                    jobs,
-                    CHROMIUM,
-                    save,
-                ],
-                cwd=ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
+        async with a_browser(
+            "tests.helpers.dashboard_browse",
+            site.url,
+            jobs,
+            CHROMIUM,
+            save,
+            log=tmp_path / "browse.log",
+        ) as browse:
+            said = await browse.said(within=120)
+            assert said.startswith("LOADED "), said
+            # New work while the page is open: three more jobs due in "emails".
+            await site.writer.enqueue(
+                [NewJob(new_job_id(), "mail.welcome", "emails", "{}", 3) for _ in range(3)]
             )
-        try:
-            assert browse.stdout is not None and browse.stdin is not None
-            with trio.fail_after(120):
-                said = b""
-                while b"\n" not in said:
-                    chunk = await browse.stdout.receive_some()
-                    assert chunk, f"the browser ended early:\n{log.read_text()}"
-                    said += chunk
-                assert said.startswith(b"LOADED "), said
-                # New work while the page is open: three more jobs due in "emails".
-                await site.writer.enqueue(
-                    [NewJob(new_job_id(), "mail.welcome", "emails", "{}", 3) for _ in range(3)]
-                )
-                await browse.stdin.send_all(b"changed\n")
-                code = await browse.wait()
-            assert code == 0, log.read_text()
-        finally:
-            if browse.returncode is None:
-                browse.kill()
-                with trio.CancelScope(shield=True):
-                    await browse.wait()
+            await browse.tell("changed")
+            await browse.ended(within=120)
     if kind == "sqlite":
         for name in SHOTS:
             assert (shots / f"dashboard-{name}.png").stat().st_size > 1000, name

@@ -28,6 +28,7 @@ DATA = [
     "jobs_trio/_dashboard/templates/base.html",
     "jobs_trio/_dashboard/templates/queues.html",
     "jobs_trio/_dashboard/templates/job.html",
+    "jobs_trio/_dashboard/static/live.js",
 ]
 
 

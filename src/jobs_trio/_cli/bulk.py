@@ -8,11 +8,9 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import attrs
-
 from .._core import render as render
 from .._core.errors import ConfigError, InvalidTransition, JobNotFound
-from .._core.operator_transitions import CANCELLABLE_STATES, DELETABLE_STATES, RETRYABLE_STATES
+from .._core.operator_transitions import BULKS, Bulk
 from .._core.records import JobRecord, JobState
 from ..drivers.contract import Driver
 from .args import Command
@@ -23,74 +21,6 @@ RunOnDriver = Callable[[Callable[[Driver, argparse.Namespace], Any]], Any]
 # The most jobs one bulk command changes (--limit); run it again for the rest. A bound, so a
 # filter wider than meant is a thousand jobs to put right, not a million.
 DEFAULT_LIMIT = 1000
-
-
-@attrs.frozen
-class Bulk:
-    """What one of the commands does: its verb, the states it acts on, the driver call, and
-    what it says of one job it acted on."""
-
-    verb: str  # "retry" / "cancel" / ...
-    done: str  # "retried" / "cancelled" / ...
-    states: frozenset[JobState]  # a --state outside these is refused
-    default_states: tuple[JobState, ...]  # with no --state
-    act: Callable[[Driver, str], Awaitable[JobRecord]]
-    said: Callable[[JobRecord], str]  # one job acted on, after its id
-    text: str  # the command's help
-
-
-def _cancelled(record: JobRecord) -> str:
-    if record.state is JobState.RUNNING:
-        return "running; cancel requested (its worker stops the run at its next lease renewal)"
-    return str(record.state)
-
-
-RETRY = Bulk(
-    "retry",
-    "retried",
-    RETRYABLE_STATES,
-    (JobState.DEAD,),
-    lambda driver, job_id: driver.retry(job_id),
-    lambda record: f"{record.state}, attempts reset ({render.attempts(record)})",
-    "Put dead, cancelled or parked jobs back to ready, attempts reset: one by ID, or every job"
-    " the filters match (default --state dead).",
-)
-# A running job is cancelled only when asked for by --state running: its body is stopped at its
-# worker's next renewal, which a filter by queue alone should not do to a whole queue.
-CANCEL = Bulk(
-    "cancel",
-    "cancelled",
-    CANCELLABLE_STATES | {JobState.RUNNING},
-    tuple(sorted(CANCELLABLE_STATES)),
-    lambda driver, job_id: driver.cancel(job_id),
-    _cancelled,
-    "Cancel jobs: one by ID (a running one stops at its next lease renewal), or every job the"
-    " filters match (default: ready, suspended and parked; --state running for running ones).",
-)
-# A delete cannot be undone: with filters and no --state it takes only dead jobs, the ones an
-# operator clears away most; every other state is asked for by name.
-DELETE = Bulk(
-    "delete",
-    "deleted",
-    DELETABLE_STATES,
-    (JobState.DEAD,),
-    lambda driver, job_id: driver.delete(job_id),
-    lambda record: f"deleted (it was {record.state}), with its steps and attempt history",
-    "Delete jobs that are not running, with their step records and attempt history (their keys"
-    " are free again): one by ID, or every job the filters match (default --state dead).",
-)
-RUN_NOW = Bulk(
-    "run-now",
-    "made due",
-    frozenset({JobState.READY}),
-    (JobState.READY,),
-    lambda driver, job_id: driver.run_now(job_id),
-    lambda record: f"due now (attempts {render.attempts(record)})",
-    "Run ready jobs now that wait for their time (scheduled, backing off after a failure, put"
-    " off for a fleet limit): one by ID, or every job the filters match. A job of a paused"
-    " queue waits for its resume.",
-)
-BULKS = (RETRY, CANCEL, DELETE, RUN_NOW)
 
 
 def add_bulk_commands(

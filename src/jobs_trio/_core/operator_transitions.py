@@ -1,11 +1,18 @@
-# An operator's transitions (retry, cancel, delete, run now): which states allow them, and the
-# errors when they do not. Apart so every driver refuses the same things in the same words.
+# An operator's transitions (retry, cancel, delete, run now): which states allow them, the errors
+# when they do not, and each as a bulk action (the CLI's and the dashboard's). Apart so every
+# driver refuses the same things in the same words, and both front ends act alike.
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import attrs
 
 from .errors import InvalidTransition, JobNotFound
 from .records import CancelJob, JobId, JobRecord, JobState, Park, Retry, Settlement, Suspend
+
+if TYPE_CHECKING:
+    from ..drivers.contract import Driver
 
 T = TypeVar("T")
 
@@ -99,3 +106,74 @@ def cancel_instead(settlement: Settlement) -> CancelJob | None:
         case Suspend():
             return CancelJob(settlement.lease, OPERATOR_CANCEL_ERROR, note=settlement.note)
     return None
+
+
+# Each transition as a bulk action: over one job by its id, or every job a filter matches.
+
+
+@attrs.frozen
+class Bulk:
+    """One bulk action (a CLI command, a dashboard button): its verb, the states it acts on,
+    the driver call, what it says of one job it acted on, and its help."""
+
+    verb: str  # "retry" / "cancel" / ...
+    done: str  # "retried" / "cancelled" / ...
+    states: frozenset[JobState]  # a --state outside these is refused
+    default_states: tuple[JobState, ...]  # with no --state
+    act: Callable[[Driver, str], Awaitable[JobRecord]]
+    said: Callable[[JobRecord], str]  # one job acted on, after its id
+    text: str  # the command's help
+
+
+def _cancelled(record: JobRecord) -> str:
+    if record.state is JobState.RUNNING:
+        return "running; cancel requested (its worker stops the run at its next lease renewal)"
+    return str(record.state)
+
+
+RETRY = Bulk(
+    "retry",
+    "retried",
+    RETRYABLE_STATES,
+    (JobState.DEAD,),
+    lambda driver, job_id: driver.retry(job_id),
+    lambda record: f"{record.state}, attempts reset ({record.attempts}/{record.max_attempts})",
+    "Put dead, cancelled or parked jobs back to ready, attempts reset: one by ID, or every job"
+    " the filters match (default --state dead).",
+)
+# A running job is cancelled only when asked for by --state running: its body is stopped at its
+# worker's next renewal, which a filter by queue alone should not do to a whole queue.
+CANCEL = Bulk(
+    "cancel",
+    "cancelled",
+    CANCELLABLE_STATES | {JobState.RUNNING},
+    tuple(sorted(CANCELLABLE_STATES)),
+    lambda driver, job_id: driver.cancel(job_id),
+    _cancelled,
+    "Cancel jobs: one by ID (a running one stops at its next lease renewal), or every job the"
+    " filters match (default: ready, suspended and parked; --state running for running ones).",
+)
+# A delete cannot be undone: with filters and no --state it takes only dead jobs, the ones an
+# operator clears away most; every other state is asked for by name.
+DELETE = Bulk(
+    "delete",
+    "deleted",
+    DELETABLE_STATES,
+    (JobState.DEAD,),
+    lambda driver, job_id: driver.delete(job_id),
+    lambda record: f"deleted (it was {record.state}), with its steps and attempt history",
+    "Delete jobs that are not running, with their step records and attempt history (their keys"
+    " are free again): one by ID, or every job the filters match (default --state dead).",
+)
+RUN_NOW = Bulk(
+    "run-now",
+    "made due",
+    frozenset({JobState.READY}),
+    (JobState.READY,),
+    lambda driver, job_id: driver.run_now(job_id),
+    lambda record: f"due now (attempts {record.attempts}/{record.max_attempts})",
+    "Run ready jobs now that wait for their time (scheduled, backing off after a failure, put"
+    " off for a fleet limit): one by ID, or every job the filters match. A job of a paused"
+    " queue waits for its resume.",
+)
+BULKS = (RETRY, CANCEL, DELETE, RUN_NOW)

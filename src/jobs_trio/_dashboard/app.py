@@ -3,7 +3,9 @@
 # and serve.py (opening a database and a socket), so an application can mount it on its own.
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -22,6 +24,7 @@ from .._core.errors import (
     JobNotFound,
     JobsError,
 )
+from .._core.operator_transitions import BULKS, DELETE, Bulk
 from .._core.records import JobState
 from .._jobs.registry import Registry
 from ..drivers._rules import ATTEMPT_HISTORY
@@ -30,12 +33,13 @@ from . import views as views
 from .cross_site import COOKIE, FORM_FIELD, LOOPBACK_HOSTS, CrossSiteGuard
 from .templating import environment, url_part
 
-# No script runs on any page (there is none to run), so even a value that escaped escaping
-# could not execute; forms post only back here, and no other site may frame the pages
-# (clickjacking an action button).
+# The one script is the dashboard's own (live.js, from this origin): no inline script runs, so a
+# value that escaped escaping still could not execute, and the script reads only this origin.
+# Forms post only back here, and no other site may frame the pages (clickjacking a button).
 SECURITY_HEADERS = {
-    "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "content-security-policy": "default-src 'none'; script-src 'self'; connect-src 'self';"
+    " style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self';"
+    " frame-ancestors 'none'; base-uri 'none'",
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
     # Same-origin POSTs keep their Referer: the fallback origin check for browsers that send
@@ -44,7 +48,10 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 
-FORM_BYTES = 4096
+# An action's form: a token, and for a bulk action up to a page of job ids (50 of 27 hex digits).
+FORM_BYTES = 16384
+# The script that updates a page in place (static/live.js): read once, served from here.
+LIVE_SCRIPT = (Path(__file__).with_name("static") / "live.js").read_bytes()
 # How often the overview and a job's page reload themselves (seconds; 0: never).
 REFRESH_SECONDS = 5.0
 
@@ -63,15 +70,18 @@ def dashboard_app(
     """The dashboard on an open ``driver``, as an ASGI app to serve or mount
     (``Mount("/jobs", app=dashboard_app(driver))``).
 
-    ``actions=False`` (the default) answers every retry or cancel with 403: the pages only
-    read. Open the driver read-only too when you mount it (SQLite: ``read_only=True``;
-    PostgreSQL: add ``?default_transaction_read_only=on`` to the URL). ``allowed_hosts`` are
+    ``actions=False`` (the default) answers every action (retry, cancel, delete, run now, bulk,
+    pause and resume of a queue) with 403: the pages only read. Open the driver read-only too
+    when you mount it (SQLite: ``read_only=True``; PostgreSQL: add
+    ``?default_transaction_read_only=on`` to the URL). ``allowed_hosts`` are
     the Host names it answers to (``"*"`` for any): requests naming another host get 400,
     which is what stops a DNS-rebinding page from reading it.
 
-    The overview and a job's page reload themselves every ``refresh`` seconds (0: never), with
-    no script: an HTML meta refresh, which ``?refresh=0`` pauses. ``registry`` (the one your
-    workers run) adds each cron task's schedule and next fire to the overview."""
+    The overview, the job list and a job's page update themselves every ``refresh`` seconds (0:
+    never; ``?refresh=0`` pauses one page): the dashboard's script swaps in each part of the
+    page from a fresh copy, so a filter being typed and the jobs ticked stay as they are (a
+    browser without scripts reloads the page instead). ``registry`` (the one your workers run)
+    adds each cron task's schedule and next fire to the overview."""
     if not (isinstance(refresh, int | float) and 0 <= refresh <= 3600):
         raise ConfigError(f"refresh={refresh!r}", fix="give seconds from 0 (never) to 3600")
     dashboard = _Dashboard(
@@ -80,12 +90,26 @@ def dashboard_app(
     app = Starlette(
         routes=[
             Route("/", dashboard.handler(dashboard.queues)),
-            Route("/jobs", dashboard.handler(dashboard.jobs)),
+            Route("/live.js", dashboard.script),
             Route(
-                "/jobs/{job_id:path}/retry", dashboard.handler(dashboard.retry), methods=["POST"]
+                "/queues/{queue:path}/pause", dashboard.handler(dashboard.pause), methods=["POST"]
             ),
             Route(
-                "/jobs/{job_id:path}/cancel", dashboard.handler(dashboard.cancel), methods=["POST"]
+                "/queues/{queue:path}/resume",
+                dashboard.handler(dashboard.resume),
+                methods=["POST"],
+            ),
+            Route("/jobs", dashboard.handler(dashboard.jobs)),
+            # Before the job's own routes: a job id is any text, "bulk" included (a GET of
+            # /jobs/bulk is that job's page: this route takes POSTs only).
+            Route("/jobs/bulk", dashboard.handler(dashboard.bulk), methods=["POST"]),
+            *(
+                Route(
+                    f"/jobs/{{job_id:path}}/{bulk.verb}",
+                    dashboard.handler(functools.partial(dashboard.act_on_one, bulk)),
+                    methods=["POST"],
+                )
+                for bulk in BULKS
             ),
             Route("/jobs/{job_id:path}", dashboard.handler(dashboard.job)),
         ]
@@ -173,29 +197,29 @@ class _Dashboard:
         )
 
     async def jobs(self, request: Request) -> Response:
-        wanted = views.JobFilter.parse(dict(request.query_params))
+        query = dict(request.query_params)
+        wanted = views.JobFilter.parse(query)
         if wanted.queue is not None:
             boundary.check_key(wanted.queue, argument="queue")
         page = await views.job_page(self.driver, wanted)
 
         def link(page_number: int) -> str:
-            query = {
-                "state": wanted.state.value if wanted.state else "",
-                "queue": wanted.queue or "",
-                "name": wanted.name or "",
-                "page": str(page_number),
-            }
-            return "?" + urlencode({k: v for k, v in query.items() if v})
+            return "?" + urlencode([*_filter_query(wanted), ("page", str(page_number))])
 
         return self.render(
             request,
             "jobs.html",
+            refresh=self._refresh(query),
             page=page,
             wanted=wanted,
+            filter_fields=_filter_query(wanted),
+            notice=_notice(query),
+            bulks=BULKS,
             states=[s.value for s in JobState],
             previous=link(wanted.page - 1) if wanted.page > 1 else None,
             next=link(wanted.page + 1) if page.has_next else None,
             scan_limit=views.SCAN_LIMIT,
+            bulk_limit=views.BULK_LIMIT,
             now=self.driver.now(),
         )
 
@@ -209,30 +233,92 @@ class _Dashboard:
             request, "job.html", detail=detail, now=self.driver.now(), refresh=refresh
         )
 
-    async def retry(self, request: Request) -> Response:
-        return await self._act(request, self.driver.retry)
+    async def script(self, request: Request) -> Response:
+        headers = {**SECURITY_HEADERS, "cache-control": "no-cache"}
+        return Response(LIVE_SCRIPT, media_type="text/javascript", headers=headers)
 
-    async def cancel(self, request: Request) -> Response:
-        return await self._act(request, self.driver.cancel)
+    # Actions: each a POST from one of the dashboard's own pages (actions on, the cross-site
+    # checks passed), answered with a redirect to the page that shows what it did.
 
-    async def _act(self, request: Request, action: Callable[[str], Awaitable[Any]]) -> Response:
+    async def act_on_one(self, bulk: Bulk, request: Request) -> Response:
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
+        job_id = self._job_id(request)
+        await bulk.act(self.driver, job_id)
+        if bulk is DELETE:  # its page is gone: the list says what happened
+            return self._redirect(request, "/jobs?" + urlencode({"done": bulk.verb, "n": "1"}))
+        return self._redirect(request, f"/jobs/{_quote(job_id)}")
+
+    async def bulk(self, request: Request) -> Response:
+        """A bulk action from the job list, by the button pressed: ``retry`` on the jobs ticked
+        (``job`` fields), ``retry matching`` on every job the list's filter matches, BULK_LIMIT
+        at most. A job that changed since it was listed is skipped and counted, as the CLI's."""
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
+        fields = dict(form)
+        # The button pressed: "retry" (the ticked jobs) or "retry matching" (the filter's).
+        verb, _, scope = fields.get("action", "").partition(" ")
+        bulk = next((b for b in BULKS if b.verb == verb), None)
+        if bulk is None or scope not in ("", "matching"):
+            raise InvalidArgument(
+                "action", f"{fields.get('action')!r} is not an action", fix="use the page's buttons"
+            )
+        wanted = views.JobFilter.parse({k: fields.get(k, "") for k in ("state", "queue", "name")})
+        if scope == "matching":
+            ids = [r.id for r in await views.bulk_targets(self.driver, wanted, bulk)]
+        else:
+            ids = list(dict.fromkeys(v for k, v in form if k == "job"))
+            for job_id in ids:
+                boundary.check_key(job_id, argument="job id")
+        done = skipped = 0
+        for job_id in ids:
+            try:
+                await bulk.act(self.driver, job_id)
+            except (InvalidTransition, JobNotFound):
+                skipped += 1  # changed (or pruned) since it was listed
+            else:
+                done += 1
+        result = {"done": bulk.verb, "n": str(done), "skipped": str(skipped)}
+        return self._redirect(
+            request, "/jobs?" + urlencode([*_filter_query(wanted), *result.items()])
+        )
+
+    async def pause(self, request: Request) -> Response:
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
+        await self.driver.pause_queue(self._queue(request), by="the dashboard")
+        return self._redirect(request, "/")
+
+    async def resume(self, request: Request) -> Response:
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
+        await self.driver.resume_queue(self._queue(request))
+        return self._redirect(request, "/")
+
+    async def _posted(self, request: Request) -> Sequence[tuple[str, str]] | Response:
+        """The POST's form, or the refusal to answer: actions off (403), or a request that did
+        not come from this dashboard's own page (403, cross_site.py)."""
         if not self.actions:
             return self.error(
                 request,
                 403,
                 JobsError(
                     "actions are off: this dashboard only reads",
-                    fix="start it with `jobs-trio dashboard --actions` to retry and cancel",
+                    fix="start it with `jobs-trio dashboard --actions` to act on jobs and queues",
                     code="X_ACTIONS_OFF",
                 ),
             )
-        token = (await _form(request)).get(FORM_FIELD)
+        form = await _form(request)
         refusal = self.guard.check_post(
             host=request.headers.get("host"),
             origin=request.headers.get("origin"),
             referer=request.headers.get("referer"),
             nonce=request.cookies.get(COOKIE),
-            token=token,
+            token=dict(form).get(FORM_FIELD),
         )
         if refusal is not None:
             return self.error(
@@ -240,12 +326,11 @@ class _Dashboard:
                 refusal.status,
                 JobsError(refusal.reason, fix="use the dashboard's own page", code="X_CROSS_SITE"),
             )
-        job_id = self._job_id(request)
-        await action(job_id)
+        return form
+
+    def _redirect(self, request: Request, path: str) -> Response:
         return RedirectResponse(
-            f"{self._base(request)}/jobs/{_quote(job_id)}",
-            status_code=303,
-            headers=SECURITY_HEADERS,
+            f"{self._base(request)}{path}", status_code=303, headers=SECURITY_HEADERS
         )
 
     # Rendering.
@@ -256,6 +341,9 @@ class _Dashboard:
 
     def _job_id(self, request: Request) -> str:
         return boundary.check_key(request.path_params["job_id"], argument="job id")
+
+    def _queue(self, request: Request) -> str:
+        return boundary.check_name(request.path_params["queue"], argument="queue")
 
     @staticmethod
     def _base(request: Request) -> str:
@@ -271,7 +359,11 @@ class _Dashboard:
         live_page = "refresh" in values
         values.setdefault("refresh", 0.0)
         # Query-only links ("?queue=x&refresh=0"): the same page, wherever it is mounted.
-        kept = [(k, v) for k, v in request.query_params.multi_items() if k != "refresh"]
+        kept = [
+            (k, v)
+            for k, v in request.query_params.multi_items()
+            if k not in ("refresh", "done", "n", "skipped")  # a notice is said once
+        ]
         html = self.templates.get_template(template).render(
             base=self._base(request),
             live_page=live_page and self.refresh > 0,
@@ -301,15 +393,40 @@ class _Dashboard:
         return self.render(request, "error.html", status=status, error=error)
 
 
-async def _form(request: Request) -> dict[str, str]:
-    """An action's urlencoded form (one hidden field), read up to FORM_BYTES. Parsed here:
-    Starlette's own form parser needs python-multipart, a dependency for one field."""
+async def _form(request: Request) -> list[tuple[str, str]]:
+    """An action's urlencoded form (a token, and a bulk action's fields), read up to
+    FORM_BYTES. Parsed here: Starlette's own form parser needs python-multipart, a dependency
+    for a few fields."""
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > FORM_BYTES:
-            return {}  # not one of our forms: the token check then refuses it
-    return dict(parse_qsl(body.decode("utf-8", "replace")))
+            return []  # not one of our forms: the token check then refuses it
+    return parse_qsl(body.decode("utf-8", "replace"))
+
+
+def _filter_query(wanted: views.JobFilter) -> list[tuple[str, str]]:
+    """The job list's filter as query fields (the empty ones left out)."""
+    fields = [
+        ("state", wanted.state.value if wanted.state else ""),
+        ("queue", wanted.queue or ""),
+        ("name", wanted.name or ""),
+    ]
+    return [(k, v) for k, v in fields if v]
+
+
+def _notice(query: Mapping[str, str]) -> str | None:
+    """What the last action did, for the job list to say (``done``, ``n``, ``skipped`` from its
+    redirect): only an action's own words and numbers, never text from the query."""
+    bulk = next((b for b in BULKS if b.verb == query.get("done")), None)
+    counts = [query.get(k, "0") for k in ("n", "skipped")]
+    if bulk is None or not all(c.isdecimal() and len(c) < 7 for c in counts):
+        return None
+    done, skipped = (int(c) for c in counts)
+    said = f"{bulk.done.capitalize()} {done} job{'s' * (done != 1)}"
+    if skipped:
+        said += f"; {skipped} skipped (changed since they were listed)"
+    return said + "."
 
 
 # A job id as one path segment: a planted id holding '/', '?' or '#' stays one id.

@@ -1,6 +1,6 @@
 # The dashboard's guard against cross-site requests and DNS rebinding: which Host names it
-# answers to, and whether a POST (retry, cancel) came from one of its own pages. Apart because
-# the actions are the only writes the dashboard makes, and each check here is one way in.
+# answers to, and whether a POST (an action on jobs or a queue) came from one of its own pages.
+# Apart because the actions are the only writes the dashboard makes; each check is one way in.
 from __future__ import annotations
 
 import hashlib

@@ -97,10 +97,12 @@ async def serve_dashboard(
     *,
     shutdown: trio.Event | None = None,
     registry: Registry | None = None,
+    announce: bool = True,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the dashboard on ``driver`` until ``shutdown`` is set (or the task is cancelled).
-    ``task_status.started`` answers the URLs it listens on (port 0 picks a free one).
+    ``task_status.started`` answers the URLs it listens on (port 0 picks a free one), which
+    it logs (``jobs.dashboard.serving``) unless ``announce`` is False (the caller says them).
     ``registry``: the cron tasks' schedules and next fires (dashboard_app)."""
     warn_if_exposed(options.host)
     config = Config()
@@ -110,6 +112,8 @@ async def serve_dashboard(
     # A logger, not "-": hypercorn then adds no stream handler of its own, and its lines reach
     # whatever the application (or --log-format) configured, in that format.
     config.errorlog = logging.getLogger("hypercorn.error")
+    # Hypercorn says where it listens too ("Running on ..."): the address is said once, here.
+    config.errorlog.addFilter(_not_running_on)
     app = dashboard_app(
         driver,
         actions=options.actions,
@@ -139,8 +143,14 @@ async def serve_dashboard(
             raise cannot_listen(
                 "the dashboard", options.host, options.port, first, flag="--port"
             ) from None
-        log_event("jobs.dashboard.serving", urls=" ".join(urls), actions=options.actions)
+        if announce:
+            log_event("jobs.dashboard.serving", urls=" ".join(urls), actions=options.actions)
         task_status.started(urls)
+
+
+def _not_running_on(record: logging.LogRecord) -> bool:
+    """Hypercorn's own "Running on URL" line is left out: jobs_trio says where it serves."""
+    return not str(record.msg).startswith("Running on")
 
 
 async def run_dashboard(
@@ -151,8 +161,8 @@ async def run_dashboard(
     registry: Registry | None = None,
 ) -> int:
     """The CLI command's body: serve until SIGINT or SIGTERM, then stop serving and exit 0.
-    The URL is printed once bound (``banner``; else only logged, as ``jobs.dashboard.serving``),
-    so ``--port 0`` tells which port it took."""
+    The URL is said once bound, once: printed (``banner``, for a person) or else logged, as
+    ``jobs.dashboard.serving`` (for a pipeline); so ``--port 0`` tells which port it took."""
     shutdown = trio.Event()
     async with (
         open_dashboard_driver(url, driver_options, actions=options.actions) as driver,
@@ -161,7 +171,12 @@ async def run_dashboard(
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             urls = await nursery.start(
                 functools.partial(
-                    serve_dashboard, driver, options, shutdown=shutdown, registry=registry
+                    serve_dashboard,
+                    driver,
+                    options,
+                    shutdown=shutdown,
+                    registry=registry,
+                    announce=not banner,
                 )
             )
             if banner:

@@ -1,6 +1,7 @@
-# What each dashboard page shows, read from a Driver: the overview (queues, charts, workers, cron
-# tasks, the outbox), a filtered and paged job list, one job with its attempts and steps. Apart
-# from the web app so the pages are plain values a test can check without HTTP.
+# What each dashboard page shows, read from a Driver: the overview (queues, charts, job names,
+# workers, cron tasks, the outbox), a filtered and paged job list, one job with its attempts and
+# steps, and the jobs a bulk action takes. Apart from the web app so the pages are plain values a
+# test can check without HTTP.
 from __future__ import annotations
 
 import math
@@ -9,12 +10,19 @@ from collections.abc import Mapping
 import attrs
 
 from .._core.errors import InvalidArgument
-from .._core.operator_transitions import CANCELLABLE_STATES, RETRYABLE_STATES
+from .._core.operator_transitions import (
+    CANCELLABLE_STATES,
+    DELETABLE_STATES,
+    RETRYABLE_STATES,
+    Bulk,
+)
 from .._core.records import (
     AttemptRecord,
     JobRecord,
     JobState,
+    NameStats,
     OutboxStats,
+    QueuePause,
     QueueStats,
     StepRecord,
     WorkerPresence,
@@ -38,6 +46,11 @@ MAX_QUEUE_ROWS = 100
 # Driver.outcome_counts, whatever the number of queues).
 CHART_MINUTES = 60
 FAILED_OUTCOMES = ("retried", "dead-lettered")
+# Job names on the overview, from the same hour of attempts: the most failing first, then the
+# busiest; a fleet of thousands of names shows these many.
+MAX_NAME_ROWS = 50
+# The most jobs one bulk action takes from a filter (the CLI's bound: run it again for more).
+BULK_LIMIT = 1000
 
 # Text a filter may hold: no control or format characters (an ESC, a NUL, a bidi override), so
 # what a filter box shows back is exactly what was typed and can be typed again.
@@ -70,10 +83,11 @@ class QueueRow:
     counts: Mapping[str, int]
     due: int
     oldest_due_age: float | None
+    paused: bool = False  # an operator paused it: nothing of it starts until it is resumed
 
     @classmethod
     def of(cls, stats: QueueStats) -> QueueRow:
-        return cls(stats.queue, dict(stats.depth), stats.due, stats.oldest_ready_age)
+        return cls(stats.queue, dict(stats.depth), stats.due, stats.oldest_ready_age, stats.paused)
 
     def count(self, state: str) -> int:
         return self.counts.get(state, 0)
@@ -110,6 +124,13 @@ class Overview:
     tasks: tuple[TaskRow, ...]
     tasks_declared: bool  # a registry was given: schedules and next fires are known
     outbox: OutboxStats
+    # Each job name's last hour of attempts (the most failing first), and how many names there
+    # were in all.
+    names: tuple[NameStats, ...] = ()
+    name_count: int = 0
+
+    # Every paused queue, whatever the filter: a pause must not hide off the page.
+    pauses: tuple[QueuePause, ...] = ()
 
 
 async def overview(
@@ -119,7 +140,7 @@ async def overview(
     queue_prefix: str | None = None,
     registry: Registry | None = None,
 ) -> Overview:
-    """Everything the queues page shows, in six reads whatever the number of queues."""
+    """Everything the queues page shows, in eight reads whatever the number of queues."""
     stats = [QueueRow.of(q) for q in await driver.stats()]
     total = QueueRow(
         "all queues",
@@ -132,6 +153,7 @@ async def overview(
     completed, failed = await charts(driver, now)
     presences = await driver.workers()
     live = tuple(w for w in presences if w.live(now))
+    names = await driver.name_stats(completed.start)
     return Overview(
         queues=tuple(matching[:MAX_QUEUE_ROWS]),
         matching=len(matching),
@@ -143,7 +165,16 @@ async def overview(
         tasks=tuple(await task_rows(driver, now, registry)),
         tasks_declared=registry is not None,
         outbox=await driver.outbox_stats(),
+        names=tuple(sorted(names, key=_most_failing)[:MAX_NAME_ROWS]),
+        name_count=len(names),
+        pauses=tuple(await driver.queue_pauses()),
     )
+
+
+def _most_failing(stats: NameStats) -> tuple[float, int, str]:
+    """The overview's order of job names: the most failed attempts first, then the busiest."""
+    failed = sum(stats.outcomes.get(o, 0) for o in FAILED_OUTCOMES)
+    return (-failed, -sum(stats.outcomes.values()), stats.name)
 
 
 async def charts(driver: Driver, now: float) -> tuple[Chart, Chart]:
@@ -257,6 +288,8 @@ class JobDetail:
     attempts: tuple[AttemptRecord, ...]  # newest first, as a person reads a history
     can_retry: bool
     can_cancel: bool
+    can_delete: bool
+    can_run_now: bool  # ready, its run-at still ahead (scheduled, backing off, put off)
 
 
 async def job_detail(driver: Driver, job_id: str) -> JobDetail | None:
@@ -272,4 +305,26 @@ async def job_detail(driver: Driver, job_id: str) -> JobDetail | None:
         can_retry=record.state in RETRYABLE_STATES,
         can_cancel=record.state in CANCELLABLE_STATES
         or (record.state is JobState.RUNNING and not record.cancel_requested),
+        can_delete=record.state in DELETABLE_STATES,
+        can_run_now=record.state is JobState.READY and record.run_at > driver.now(),
     )
+
+
+async def bulk_targets(driver: Driver, wanted: JobFilter, bulk: Bulk) -> list[JobRecord]:
+    """The jobs a bulk action from the list takes with "every job the filter matches": those
+    of the filter's state (else the action's default states) in its queue and name, newest
+    first, at most BULK_LIMIT. A state the action cannot take is refused, naming the ones it
+    can, rather than silently acting on none."""
+    if wanted.state is not None and wanted.state not in bulk.states:
+        raise InvalidArgument(
+            "state",
+            f"{bulk.verb} takes no {wanted.state.value} job",
+            fix="filter by one of " + ", ".join(sorted(s.value for s in bulk.states)),
+        )
+    states = [wanted.state] if wanted.state is not None else list(bulk.default_states)
+    found: list[JobRecord] = []
+    for state in states:
+        listed = await driver.list_jobs(state=state, queue=wanted.queue, limit=SCAN_LIMIT)
+        found += [r for r in listed if wanted.name is None or r.name.startswith(wanted.name)]
+    found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    return found[:BULK_LIMIT]
