@@ -149,3 +149,23 @@ async def test_a_claim_answered_after_the_pause_was_heard_starts_nothing(
         await trio.sleep(1)
         assert sorted(started) == ["quick1", "quick2"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_started_again_hears_a_resume_made_while_it_was_stopped(
+    autojump_clock: Any,
+) -> None:
+    registry, _, started = _registry()
+    driver = trio_driver()
+    await driver.pause_queue("q")
+    w = worker(driver, registry, concurrency=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.stats().paused == ("q",)
+        await w.stop()
+        await driver.resume_queue("q")  # while it is stopped
+        await _enqueue(registry, driver, "q", "quick")
+        await nursery.start(w.run)
+        await trio.sleep(1)
+        assert started == ["quick"] and w.stats().paused == ()
+        nursery.cancel_scope.cancel()

@@ -372,6 +372,8 @@ class Worker:
                 )
                 # The queues an operator paused: their jobs are not started here (the database
                 # gives no claim any, and the jobs of one held here go back as it is heard).
+                # The watch starts from none paused: what a last run heard may be stale.
+                self._slots.pause(frozenset())
                 await service.start(
                     functools.partial(
                         watch_pauses,
