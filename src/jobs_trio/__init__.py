@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ._core.records import JobRecord, JobState, OutcomeKind
     from ._jobs.events import send_event
     from ._jobs.outbox import Outbox
+    from ._jobs.pausing import PauseConfirmation, pause_queue
     from ._jobs.registry import JobDefinition, Registry
     from ._outbox.relay import Relay, RelayState, open_relay
     from ._retention.pruner import Retention
@@ -79,6 +80,8 @@ _WHERE: dict[str, str] = {
     "Registry": "._jobs.registry",
     "EventTimedOut": "._run.steps",
     "Outbox": "._jobs.outbox",
+    "PauseConfirmation": "._jobs.pausing",
+    "pause_queue": "._jobs.pausing",
     "Relay": "._outbox.relay",
     "RelayState": "._outbox.relay",
     "open_relay": "._outbox.relay",
@@ -121,6 +124,7 @@ __all__ = [
     "Lifecycle",
     "Outbox",
     "OutcomeKind",
+    "PauseConfirmation",
     "PayloadNotSerialisable",
     "RateLimit",
     "Registry",
@@ -140,6 +144,7 @@ __all__ = [
     "open_lifecycle",
     "open_relay",
     "open_worker",
+    "pause_queue",
     "send_event",
     "transaction",
 ]

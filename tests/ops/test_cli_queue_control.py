@@ -21,7 +21,7 @@ def test_pause_shows_in_stats_and_resume_takes_it_back(cli: Cli, db: str) -> Non
     seed(db, [("mail.send", "mail", "ready"), ("report.build", "reports", "ready")])
     out = cli.ok("pause", "mail", "--by", "alice", "--db", db)
     assert out == (
-        "mail: paused; its running jobs finish, nothing else of it starts until"
+        "mail: paused; none of its jobs is running: nothing of it starts until"
         " `jobs-trio resume mail`\n"
     )
     table = cli.ok("stats", "--db", db)
@@ -37,6 +37,25 @@ def test_pause_shows_in_stats_and_resume_takes_it_back(cli: Cli, db: str) -> Non
     assert cli.ok("resume", "mail", "never", "--db", db) == "mail: resumed\nnever: was not paused\n"
     stats = {q["queue"]: q for q in json.loads(cli.ok("stats", "--json", "--db", db))}
     assert not stats["mail"]["paused"] and stats["empty"]["paused"]
+
+
+def test_pause_names_the_workers_holding_its_jobs_that_did_not_confirm(cli: Cli, db: str) -> None:
+    # Worker "w" holds a running job of mail (leased 600 s) and never confirms: no worker
+    # process runs here. The pause stands; the command says who and why, and exits 2.
+    seed(db, [("mail.send", "mail", "running"), ("mail.send", "mail", "ready")])
+    status, out, err = cli("pause", "mail", "--wait", "0.2", "--db", db)
+    assert status == 2 and "[X_PAUSE_UNCONFIRMED]" in err and "mail" in err, err
+    assert out.startswith(
+        "mail: paused; 1 of the 1 worker(s) holding its jobs did not confirm within 0.2 s:\n"
+        "  w: holds 1 job(s) of the queue, leased for "
+    ), out
+    assert "it may start the ones it holds for a slot until it hears the pause" in out
+    [pause] = json.loads(cli.ok("stats", "--json", "--db", db))
+    assert pause["paused"] is True
+    status, out, _ = cli("pause", "mail", "--wait", "0", "--json", "--db", db)
+    [answer] = json.loads(out)
+    assert status == 2 and (answer["confirmed"], answer["already"]) == (False, True)
+    assert [(u["worker_id"], u["jobs"]) for u in answer["unconfirmed"]] == [("w", 1)]
 
 
 def test_pause_records_who_by_default_and_refuses_a_bad_queue_name(cli: Cli, db: str) -> None:

@@ -5,14 +5,15 @@
 # clock; tests/ops/test_dashboard_pause.py pauses two worker processes from a browser.
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 import trio.testing
 
-from jobs_trio import JobState, OutcomeKind, Registry
-from jobs_trio._core.records import Claim
+import jobs_trio
+from jobs_trio import DriverError, JobState, OutcomeKind, Registry
+from jobs_trio._core.records import Claim, PauseLook
 from jobs_trio.drivers.memory import MemoryDriver
 from tests.helpers.worker_helpers import record, trio_driver, worker
 
@@ -169,3 +170,87 @@ async def test_a_worker_started_again_hears_a_resume_made_while_it_was_stopped(
         await trio.sleep(1)
         assert started == ["quick"] and w.stats().paused == ()
         nursery.cancel_scope.cancel()
+
+
+class _Confirmations(MemoryDriver):
+    """The memory driver on Trio's clock that records each confirmation a worker writes, with
+    what the worker held unstarted at that moment; the first ``fail`` of them fail."""
+
+    def __init__(self, fail: int = 0) -> None:
+        super().__init__(clock=trio.current_time)
+        self.written: list[tuple[int, int]] = []  # (epoch, jobs held for a slot then)
+        self.fail = fail
+        self.held_now: Callable[[], int] = lambda: 0
+
+    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise DriverError("the database is away", fix="wait")
+        self.written.append((epoch, self.held_now()))
+        await super().pauses_heard(worker_id, epoch)
+
+
+async def test_a_worker_confirms_a_pause_once_its_held_jobs_went_back(
+    autojump_clock: Any,
+) -> None:
+    registry, release, started = _registry(("q", "other"))
+    driver = _Confirmations(fail=1)
+    await _enqueue(registry, driver, "q", "long", "quick1", "quick2")
+    w = worker(driver, registry, concurrency=1, claim_ahead=2, hold_limit=600, poll_interval=1)
+    driver.held_now = lambda: w.stats().claimed_ahead
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert started == ["long"] and w.stats().claimed_ahead == 2
+        # A pause of a queue this worker does not claim, and none of its own: nothing to say.
+        await driver.pause_queue("elsewhere")
+        await trio.testing.wait_all_tasks_blocked()
+        assert driver.written == []
+        with trio.fail_after(10):  # the first write fails: tried again after poll_interval
+            answer = await jobs_trio.pause_queue(driver, "q")
+        assert answer.confirmed and answer.heard == (w.worker_id,)
+        # Written once, after the held jobs went back (none held at that moment).
+        assert driver.written == [(answer.pause.epoch, 0)]
+        release["long"].set()
+        await trio.sleep(60)
+        assert started == ["long"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pause_waits_for_a_worker_whose_watch_is_late(autojump_clock: Any) -> None:
+    # The worker's confirmation is written late (its watch looks every safety_poll; here its
+    # wake-up is lost): the pause returns then, not at its commit; past `within`, it names it.
+    registry, _, started = _registry()
+    driver = _Deaf()
+    await _enqueue(registry, driver, "q", "long", "quick1")
+    w = worker(driver, registry, concurrency=1, claim_ahead=1, hold_limit=600, safety_poll=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.stats().claimed_ahead == 1
+        paused_at = trio.current_time()
+        answer = await jobs_trio.pause_queue(driver, "q", within=0.5)
+        [silent] = answer.unconfirmed
+        assert (silent.worker_id, silent.jobs) == (w.worker_id, 2)
+        assert "may start the ones it holds for a slot" in silent.why(driver.now())
+        answer = await jobs_trio.pause_queue(driver, "q", within=3600)
+        assert answer.confirmed and answer.heard == (w.worker_id,)
+        # Heard at the watch's own next look, not before: the pause waited for it.
+        assert trio.current_time() - paused_at >= w.options.safety_poll - 0.5
+        assert w.stats().claimed_ahead == 0 and started == ["long"]
+        nursery.cancel_scope.cancel()
+
+
+class _Deaf(MemoryDriver):
+    """The memory driver on Trio's clock whose watch on pauses hears no wake-up: it sees a
+    change only when its wait times out (a SQLite worker in another process, or one whose
+    LISTEN is down)."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+
+    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
+        look = await super().wait_for_pauses(None, 0)
+        if look.epoch == seen:
+            await trio.sleep(timeout)
+        return await super().wait_for_pauses(None, 0)

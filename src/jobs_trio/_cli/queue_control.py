@@ -9,11 +9,14 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from .._core import boundary
 from .._core import render as render
-from .._core.errors import ConfigError
+from .._core.errors import ConfigError, JobsError
+from .._jobs.pausing import CONFIRM_WITHIN, PauseConfirmation, confirm_pause
 from ..drivers.contract import Driver
-from .args import Command
+from .args import Command, seconds
 
 RunOnDriver = Callable[[Callable[[Driver, argparse.Namespace], Any]], Any]
 
@@ -35,6 +38,15 @@ def add_queue_commands(
         "--by",
         metavar="WHO",
         help="who paused it, shown by stats and the dashboard (default: USER@HOST)",
+    )
+    pause.add_argument(
+        "--wait",
+        type=seconds,
+        default=CONFIRM_WITHIN,
+        metavar="S",
+        help="how long to wait for each worker holding jobs of a queue to confirm it heard the"
+        f" pause (default {CONFIRM_WITHIN:g}; exit 2 naming those that did not, the pause"
+        " recorded all the same)",
     )
     resume = command(
         "resume",
@@ -64,20 +76,63 @@ async def _pause(driver: Driver, args: argparse.Namespace) -> None:
     if by is not None and not by.strip():
         raise ConfigError("--by is empty", fix="say who pauses it, or leave --by out")
     earlier = {p.queue for p in await driver.queue_pauses()}
-    answers = [(await driver.pause_queue(q, by=by), q in earlier) for q in queues]
+    # Every pause recorded first, then the confirmations waited for under one deadline: the
+    # workers hear them all at once, and a second queue does not wait --wait again.
+    pauses = [await driver.pause_queue(q, by=by) for q in queues]
+    deadline = trio.current_time() + args.wait
+    answers = [
+        await confirm_pause(driver, pause, max(deadline - trio.current_time(), 0.0))
+        for pause in pauses
+    ]
+    now = driver.now()
     if args.json:
-        print(render.dumps([{**p.to_json(), "already": already} for p, already in answers]))
-        return
-    for pause, already in answers:
-        shown = render.visible(pause.queue)
-        if already:
-            who = f" by {render.visible(pause.by)}" if pause.by else ""
-            print(f"{shown}: already paused since {render.iso(pause.paused_at)}{who}")
-        else:
-            print(
-                f"{shown}: paused; its running jobs finish, nothing else of it starts until"
-                f" `jobs-trio resume {shown}`"
-            )
+        print(
+            render.dumps([{**a.to_json(now), "already": a.pause.queue in earlier} for a in answers])
+        )
+    else:
+        for answer in answers:
+            print(_said(answer, answer.pause.queue in earlier, args.wait, now))
+    unconfirmed = [a for a in answers if not a.confirmed]
+    if unconfirmed:
+        raise JobsError(
+            f"{', '.join(render.visible(a.pause.queue) for a in unconfirmed)}: paused, but not"
+            f" every worker holding jobs of it confirmed within {args.wait:g} s",
+            fix="read what each one's silence means above; the pause stands (`jobs-trio stats`)"
+            " and `jobs-trio pause` again waits again",
+            code="X_PAUSE_UNCONFIRMED",
+        )
+
+
+def _said(answer: PauseConfirmation, already: bool, waited: float, now: float) -> str:
+    pause = answer.pause
+    shown = render.visible(pause.queue)
+    if already:
+        who = f" by {render.visible(pause.by)}" if pause.by else ""
+        head = f"{shown}: already paused since {render.iso(pause.paused_at)}{who}"
+    else:
+        head = f"{shown}: paused"
+    if answer.resumed:
+        return f"{head}; resumed again before every worker confirmed it"
+    holders = len(answer.heard) + len(answer.unconfirmed)
+    resume = f"`jobs-trio resume {shown}`"
+    if answer.confirmed and not holders:
+        return f"{head}; none of its jobs is running: nothing of it starts until {resume}"
+    if answer.confirmed:
+        return (
+            f"{head}; heard by the {holders} worker(s) holding its jobs: its running jobs"
+            f" finish, nothing else of it starts until {resume}"
+        )
+    lines = [
+        f"{head}; {len(answer.unconfirmed)} of the {holders} worker(s) holding its jobs did not"
+        f" confirm within {waited:g} s:"
+    ]
+    for silent in answer.unconfirmed:
+        seen = silent.presence
+        where = f" ({render.visible(seen.host)} pid {seen.pid}, {seen.version})" if seen else ""
+        lines.append(
+            f"  {render.visible(silent.worker_id)}{where}: {render.visible(silent.why(now))}"
+        )
+    return "\n".join(lines)
 
 
 async def _resume(driver: Driver, args: argparse.Namespace) -> None:

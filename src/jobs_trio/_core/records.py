@@ -335,9 +335,36 @@ class QueuePause:
     queue: str
     paused_at: float  # driver clock
     by: str | None = None  # who paused it, as they gave it (the CLI: user@host)
+    # The change of the fleet's pauses that made it (PauseLook.epoch; 0 for one made before
+    # epochs were counted): a worker that confirmed this epoch or a later one has heard it.
+    epoch: int = 0
 
     def to_json(self) -> dict[str, object]:
         return attrs.asdict(self, recurse=False)
+
+
+@attrs.frozen
+class PauseLook:
+    """The paused queues as one read saw them, with that state's ``epoch``: the count of every
+    pause and resume ever made, each change one more. A worker confirms the epoch of a look
+    once it has acted on it (``Driver.pauses_heard``): every change up to it is heard there."""
+
+    epoch: int
+    pauses: tuple[QueuePause, ...]
+
+
+@attrs.frozen
+class PauseHolder:
+    """A worker the database has holding jobs of a queue (``Driver.pause_holders``): running
+    ones, and ones claimed for a slot and not yet started, which only it can tell apart. What
+    a pause waits to hear from before it is sure nothing of the queue starts."""
+
+    worker_id: str
+    jobs: int
+    lease_until: float  # the latest lease among them, driver clock
+    # The latest pause epoch it confirmed (PauseLook.epoch); None: never (a worker of a release
+    # that does not confirm, or one that has not looked yet).
+    heard: int | None
 
 
 class StepStatus(enum.StrEnum):

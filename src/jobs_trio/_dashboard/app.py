@@ -26,6 +26,7 @@ from .._core.errors import (
 )
 from .._core.operator_transitions import BULKS, DELETE, Bulk
 from .._core.records import JobState
+from .._jobs.pausing import pause_queue
 from .._jobs.registry import Registry
 from ..drivers._rules import ATTEMPT_HISTORY
 from ..drivers.contract import Driver
@@ -289,7 +290,9 @@ class _Dashboard:
         form = await self._posted(request)
         if isinstance(form, Response):
             return form
-        await self.driver.pause_queue(self._queue(request), by="the dashboard")
+        # Answered once the workers holding jobs of it heard (CONFIRM_WITHIN at most): the
+        # overview it redirects to then shows it paused everywhere, or who has not heard.
+        await pause_queue(self.driver, self._queue(request), by="the dashboard")
         return self._redirect(request, "/")
 
     async def resume(self, request: Request) -> Response:

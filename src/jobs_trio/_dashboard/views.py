@@ -29,6 +29,7 @@ from .._core.records import (
 )
 from .._core.render import visible
 from .._cron.tasks import next_fire_of
+from .._jobs.pausing import Unconfirmed, unheard
 from .._jobs.registry import Registry
 from ..drivers.contract import Driver
 
@@ -49,6 +50,9 @@ FAILED_OUTCOMES = ("retried", "dead-lettered")
 # Job names on the overview, from the same hour of attempts: the most failing first, then the
 # busiest; a fleet of thousands of names shows these many.
 MAX_NAME_ROWS = 50
+# The paused queues whose workers' confirmations the overview reads (one read each): pauses are
+# an operator's few, and past this many the rest are listed without.
+MAX_PAUSES_CHECKED = 20
 # The most jobs one bulk action takes from a filter (the CLI's bound: run it again for more).
 BULK_LIMIT = 1000
 
@@ -129,8 +133,17 @@ class Overview:
     names: tuple[NameStats, ...] = ()
     name_count: int = 0
 
-    # Every paused queue, whatever the filter: a pause must not hide off the page.
-    pauses: tuple[QueuePause, ...] = ()
+    # Every paused queue, whatever the filter: a pause must not hide off the page. Each with
+    # the workers holding jobs of it that have not confirmed it yet (the first
+    # MAX_PAUSES_CHECKED paused queues: one read each).
+    pauses: tuple[PausedRow, ...] = ()
+
+
+@attrs.frozen
+class PausedRow:
+    pause: QueuePause
+    # Holding jobs of it and not heard from: they may start those they hold for a slot.
+    unheard: tuple[Unconfirmed, ...] = ()
 
 
 async def overview(
@@ -167,7 +180,12 @@ async def overview(
         outbox=await driver.outbox_stats(),
         names=tuple(sorted(names, key=_most_failing)[:MAX_NAME_ROWS]),
         name_count=len(names),
-        pauses=tuple(await driver.queue_pauses()),
+        pauses=tuple(
+            [
+                PausedRow(pause, await unheard(driver, pause) if i < MAX_PAUSES_CHECKED else ())
+                for i, pause in enumerate(await driver.queue_pauses())
+            ]
+        ),
     )
 
 

@@ -378,6 +378,7 @@ class Worker:
                     functools.partial(
                         watch_pauses,
                         self.driver,
+                        self.worker_id,
                         self.queues,
                         self._pauses_heard,
                         every=self.options.safety_poll,

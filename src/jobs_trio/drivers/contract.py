@@ -3,7 +3,7 @@
 # Imported as `jobs_trio.driver` (or `jobs_trio.Driver`), its public name.
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -23,6 +23,8 @@ from .._core.records import (
     OutboxBatch,
     OutboxStats,
     OutcomeCount,
+    PauseHolder,
+    PauseLook,
     Pruned,
     PruneTurn,
     QueuePause,
@@ -167,26 +169,43 @@ class Driver(Protocol):
     async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
         """Pause ``queue``: no claim ordered after this call's commit takes a job of it (nor a
         lapsed one to rescue) until ``resume_queue``, and ``wait_for_work`` counts none of its
-        jobs as work; the jobs running in it run on. Waiters in ``wait_for_pauses`` wake.
-        Pausing a paused queue changes nothing and answers the pause on record; a queue with
-        no jobs can be paused (its jobs then wait from their enqueue)."""
+        jobs as work; the jobs running in it run on. The change counts one more epoch (the
+        answer's ``epoch``, ordered as the changes commit), and waiters in ``wait_for_pauses``
+        wake. Pausing a paused queue changes nothing and answers the pause on record; a queue
+        with no jobs can be paused (its jobs then wait from their enqueue). The workers holding
+        jobs of it hear of it afterwards: ``jobs_trio.pause_queue`` waits for them."""
         ...
 
     async def resume_queue(self, queue: str) -> bool:
-        """Take ``queue``'s pause back; answer whether it was paused. Waiters for work in it
-        and in ``wait_for_pauses`` wake."""
+        """Take ``queue``'s pause back; answer whether it was paused (a resume counts one more
+        epoch). Waiters for work in it and in ``wait_for_pauses`` wake."""
         ...
 
     async def queue_pauses(self) -> Sequence[QueuePause]:
         """Every paused queue, by name."""
         ...
 
-    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
-        """The paused queues (``queue_pauses()``), answered once they differ from ``seen`` (a
-        worker's last look), or as they are after ``timeout`` seconds. A driver that hears
-        every change wakes on it (memory: in-process; PostgreSQL: LISTEN); one that cannot
-        (SQLite across processes; PostgreSQL while its LISTEN is down) looks again on its own
-        short interval, as ``wait_for_work`` does."""
+    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
+        """The paused queues and their epoch, read in one snapshot: answered at once when the
+        epoch is not ``seen`` (a worker's last look; None: answer at once), else once it
+        changes, or as they are after ``timeout`` seconds. A driver that hears every change
+        wakes on it (memory: in-process; PostgreSQL: LISTEN); one that cannot (SQLite across
+        processes; PostgreSQL while its LISTEN is down) looks again on its own short
+        interval, as ``wait_for_work`` does."""
+        ...
+
+    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
+        """A worker's confirmation that it acts on the pauses as of ``epoch`` (a look's): it
+        holds no job of a queue paused by then unstarted, and starts none until it is resumed.
+        Replaces its previous one; forgets those of workers silent for
+        ``rules.FORGET_WORKERS_AFTER`` seconds."""
+        ...
+
+    async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
+        """Every worker the database has holding running jobs of ``queue`` (by worker id), with
+        how many, their latest lease, and the epoch it last confirmed (``pauses_heard``). Once
+        ``queue`` is paused no claim adds one: a pause is sure nothing of it starts anywhere
+        once each of these has confirmed the pause's epoch."""
         ...
 
     async def stats(self) -> Sequence[QueueStats]:

@@ -7,7 +7,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
@@ -40,6 +40,8 @@ from .._core.records import (
     OutboxBatch,
     OutboxStats,
     OutcomeCount,
+    PauseHolder,
+    PauseLook,
     Pruned,
     PruneTurn,
     QueuePause,
@@ -154,6 +156,10 @@ class MemoryDriver:
         # Paused queues (pause_queue), and who waits to hear of a change (wait_for_pauses).
         self._pauses: dict[str, QueuePause] = {}
         self._pause_lot = trio.lowlevel.ParkingLot()
+        # Every pause and resume counts one (PauseLook.epoch); each worker's last confirmed
+        # epoch and when it confirmed it (pauses_heard).
+        self._pause_epoch = 0
+        self._pauses_heard: dict[str, tuple[int, float]] = {}
         self._closed = False
         self._task_marks: dict[str, TaskMark] = {}
         self._task_fires: dict[str, dict[float, JobId]] = {}
@@ -624,7 +630,8 @@ class MemoryDriver:
         await trio.lowlevel.checkpoint()
         self._check_open()
         if queue not in self._pauses:
-            self._pauses[queue] = QueuePause(queue, self.now(), by)
+            self._pause_epoch += 1
+            self._pauses[queue] = QueuePause(queue, self.now(), by, self._pause_epoch)
             self._pause_lot.unpark_all()
         return self._pauses[queue]
 
@@ -633,6 +640,7 @@ class MemoryDriver:
         self._check_open()
         if self._pauses.pop(queue, None) is None:
             return False
+        self._pause_epoch += 1
         self._pause_lot.unpark_all()
         self._wake()
         return True
@@ -640,14 +648,45 @@ class MemoryDriver:
     async def queue_pauses(self) -> Sequence[QueuePause]:
         await trio.lowlevel.checkpoint()
         self._check_open()
+        return self._paused_now()
+
+    def _paused_now(self) -> list[QueuePause]:
         return [self._pauses[queue] for queue in sorted(self._pauses)]
 
-    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
+        await trio.lowlevel.checkpoint()
         self._check_open()
-        if set(seen) == self._pauses.keys():
+        if seen == self._pause_epoch:
             with trio.move_on_after(timeout):
                 await self._pause_lot.park()
-        return await self.queue_pauses()
+            self._check_open()
+        return PauseLook(self._pause_epoch, tuple(self._paused_now()))
+
+    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        now = self.now()
+        self._pauses_heard[worker_id] = (epoch, now)
+        forget_before = now - FORGET_WORKERS_AFTER
+        for gone in [w for w, (_, at) in self._pauses_heard.items() if at < forget_before]:
+            del self._pauses_heard[gone]
+
+    async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        held: dict[str, list[float]] = {}
+        for r in self._jobs.values():
+            if r.queue == queue and r.state is JobState.RUNNING and r.worker_id is not None:
+                held.setdefault(r.worker_id, []).append(r.lease_until or 0.0)
+        return [
+            PauseHolder(
+                worker_id,
+                len(leases),
+                max(leases),
+                self._pauses_heard[worker_id][0] if worker_id in self._pauses_heard else None,
+            )
+            for worker_id, leases in sorted(held.items())
+        ]
 
     async def stats(self) -> Sequence[QueueStats]:
         await trio.lowlevel.checkpoint()

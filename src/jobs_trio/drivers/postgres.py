@@ -12,7 +12,7 @@ import math
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import attrs
@@ -49,6 +49,8 @@ from .._core.records import (
     OutboxBatch,
     OutboxStats,
     OutcomeCount,
+    PauseHolder,
+    PauseLook,
     Pruned,
     PruneTurn,
     QueuePause,
@@ -705,7 +707,7 @@ class PostgresDriver:
             row = await conn.fetchrow(
                 sql["pause_queue"], queue, now, by, sql.channel, PAUSES_CHANGED
             )
-            return QueuePause(row["queue"], row["paused_at"], row["paused_by"])
+            return QueuePause(*row)
 
         paused: QueuePause = await self.bridge.run(pause, what="pause", transaction=True)
         return paused
@@ -731,20 +733,55 @@ class PostgresDriver:
         pauses: list[QueuePause] = await self.bridge.run(read, what="queue pauses")
         return pauses
 
-    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+    async def _pause_look(self) -> PauseLook:
+        sql = self._sql
+
+        async def read(conn: Connection) -> PauseLook:
+            rows = await conn.fetch(sql["pause_look"])
+            return PauseLook(
+                rows[0]["epoch"],
+                tuple(QueuePause(*row[1:]) for row in rows if row["queue"] is not None),
+            )
+
+        look: PauseLook = await self.bridge.run(read, what="queue pauses")
+        return look
+
+    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
         self._check_open()
         with self._listener.waiting([PAUSES_CHANGED]) as woken:
             # LISTEN before the look, as wait_for_work does: a pause committed after the look
             # notifies this waiter, one committed before it is seen by it.
             await self._listener.listen()
-            pauses = await self.queue_pauses()
-            if {p.queue for p in pauses} != set(seen):
-                return pauses
+            look = await self._pause_look()
+            if look.epoch != seen:
+                return look
             if not self._listener.connected:
                 timeout = min(timeout, DEAF_POLL)  # deaf: poll until LISTEN is back
             with trio.move_on_after(timeout):
                 await woken.wait()
-        return await self.queue_pauses()
+        return await self._pause_look()
+
+    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
+        self._check_open()
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> None:
+            await conn.execute(
+                sql["pauses_heard"], worker_id, epoch, now, now - FORGET_WORKERS_AFTER
+            )
+
+        await self.bridge.run(write, what="pauses heard")
+
+    async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[PauseHolder]:
+            return [PauseHolder(*row) for row in await conn.fetch(sql["pause_holders"], queue)]
+
+        holders: list[PauseHolder] = await self.bridge.run(read, what="pause holders")
+        return holders
 
     async def stats(self) -> Sequence[QueueStats]:
         self._check_open()

@@ -10,7 +10,7 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -50,6 +50,8 @@ from .._core.records import (
     OutboxBatch,
     OutboxStats,
     OutcomeCount,
+    PauseHolder,
+    PauseLook,
     Pruned,
     PruneTurn,
     QueuePause,
@@ -172,8 +174,18 @@ def _paused(conn: sqlite3.Connection) -> set[str]:
 
 
 def _pauses(conn: sqlite3.Connection) -> list[QueuePause]:
-    rows = conn.execute("SELECT queue, paused_at, paused_by FROM queue_pauses ORDER BY queue")
+    rows = conn.execute(
+        "SELECT queue, paused_at, paused_by, coalesce(epoch, 0) FROM queue_pauses ORDER BY queue"
+    )
     return [QueuePause(*row) for row in rows]
+
+
+def _next_pause_epoch(conn: sqlite3.Connection) -> int:
+    """One more change of the pauses, in the caller's write transaction (one at a time)."""
+    (epoch,) = conn.execute(
+        "UPDATE pause_epoch SET epoch = epoch + 1 WHERE id = 1 RETURNING epoch"
+    ).fetchone()
+    return int(epoch)
 
 
 def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
@@ -907,15 +919,19 @@ class SqliteDriver:
 
     async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
         def work(conn: sqlite3.Connection, now: float) -> QueuePause:
-            conn.execute(
-                "INSERT INTO queue_pauses (queue, paused_at, paused_by) VALUES (?, ?, ?)"
-                " ON CONFLICT (queue) DO NOTHING",
-                (queue, now, by),
-            )
             row = conn.execute(
-                "SELECT queue, paused_at, paused_by FROM queue_pauses WHERE queue = ?", (queue,)
+                "SELECT queue, paused_at, paused_by, coalesce(epoch, 0) FROM queue_pauses"
+                " WHERE queue = ?",
+                (queue,),
             ).fetchone()
-            return QueuePause(*row)
+            if row is not None:
+                return QueuePause(*row)
+            pause = QueuePause(queue, now, by, _next_pause_epoch(conn))
+            conn.execute(
+                "INSERT INTO queue_pauses (queue, paused_at, paused_by, epoch) VALUES (?, ?, ?, ?)",
+                (queue, now, by, pause.epoch),
+            )
+            return pause
 
         pause = await self._transact(work)
         self._pause_changed()
@@ -925,8 +941,10 @@ class SqliteDriver:
         def work(conn: sqlite3.Connection, now: float) -> bool:
             gone = conn.execute(
                 "DELETE FROM queue_pauses WHERE queue = ? RETURNING queue", (queue,)
-            )
-            return gone.fetchone() is not None
+            ).fetchone()
+            if gone is not None:
+                _next_pause_epoch(conn)
+            return gone is not None
 
         resumed = await self._transact(work)
         self._pause_changed()
@@ -939,21 +957,53 @@ class SqliteDriver:
 
         return await self._transact(work, mode="read")
 
-    async def wait_for_pauses(self, seen: Collection[str], timeout: float) -> Sequence[QueuePause]:
+    async def _pause_look(self) -> PauseLook:
+        def work(conn: sqlite3.Connection, now: float) -> PauseLook:
+            # One read transaction: the epoch and the pauses of one state of the file.
+            (epoch,) = conn.execute("SELECT epoch FROM pause_epoch WHERE id = 1").fetchone()
+            return PauseLook(epoch, tuple(_pauses(conn)))
+
+        return await self._transact(work, mode="read")
+
+    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
         """Another process's pause is seen at the next look, every ``poll_interval``, as its
         enqueues are (wait_for_work); this driver's own wake this process's waiters at once."""
-        wanted = set(seen)
         deadline = trio.current_time() + timeout
         while True:
             changes = self._pause_changes
-            pauses = await self.queue_pauses()
+            look = await self._pause_look()
             now = trio.current_time()
-            if {p.queue for p in pauses} != wanted or now >= deadline:
-                return pauses
+            if look.epoch != seen or now >= deadline:
+                return look
             if self._pause_changes != changes:
                 continue  # a pause of this driver's landed during the look: look again
             with trio.move_on_at(min(deadline, now + self._poll_interval)):
                 await self._pause_lot.park()
+
+    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
+        def work(conn: sqlite3.Connection, now: float) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO pauses_heard (worker_id, epoch, heard_at) VALUES (?, ?, ?)",
+                (worker_id, epoch, now),
+            )
+            conn.execute(
+                "DELETE FROM pauses_heard WHERE heard_at < ?", (now - FORGET_WORKERS_AFTER,)
+            )
+
+        await self._transact(work)
+
+    async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
+        def work(conn: sqlite3.Connection, now: float) -> list[PauseHolder]:
+            rows = conn.execute(
+                "SELECT j.worker_id, count(*), max(coalesce(j.lease_until, 0)), h.epoch"
+                " FROM jobs AS j LEFT JOIN pauses_heard AS h ON h.worker_id = j.worker_id"
+                " WHERE j.queue = ? AND j.state = 'running' AND j.worker_id IS NOT NULL"
+                " GROUP BY j.worker_id ORDER BY j.worker_id",
+                (queue,),
+            )
+            return [PauseHolder(*row) for row in rows]
+
+        return await self._transact(work, mode="read")
 
     async def stats(self) -> Sequence[QueueStats]:
         return await self._transact(_queue_stats, mode="read")

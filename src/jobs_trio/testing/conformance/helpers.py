@@ -84,7 +84,7 @@ async def a_waiting_worker(
 
 
 @contextlib.asynccontextmanager
-async def a_waiting_watch(driver: Driver, seen: set[str]) -> AsyncIterator[Answer]:
+async def a_waiting_watch(driver: Driver, seen: int) -> AsyncIterator[Answer]:
     """``a_waiting_worker`` for ``driver.wait_for_pauses(seen, timeout=60)``: parked past its
     look, so only a wake-up ends it. Yields what the watch answers, once it has."""
     async with _parked_in("wait_for_pauses", lambda: driver.wait_for_pauses(seen, 60)) as woke:

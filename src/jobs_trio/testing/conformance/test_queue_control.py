@@ -10,8 +10,18 @@ import pytest
 import trio
 
 from jobs_trio._core.errors import InvalidTransition, JobNotFound
-from jobs_trio._core.records import AttemptNote, Complete, JobState, Retry, StepRecord, StepStatus
+from jobs_trio._core.records import (
+    AttemptNote,
+    Complete,
+    JobState,
+    PauseHolder,
+    PauseLook,
+    Retry,
+    StepRecord,
+    StepStatus,
+)
 from jobs_trio.driver import Driver, SettlesWithClaims
+from jobs_trio.drivers._rules import FORGET_WORKERS_AFTER
 from jobs_trio.testing._clock import ManualClock
 
 from .helpers import a_waiting_watch, a_waiting_worker, claim_one, enqueue_one, new_job
@@ -128,17 +138,72 @@ async def test_a_paused_queues_due_jobs_are_no_work_and_its_resume_wakes_a_waite
 
 
 async def test_the_watch_on_pauses_hears_a_pause_and_a_resume(driver: Driver) -> None:
-    # Answered at once when what it saw is out of date.
-    assert await driver.wait_for_pauses({"a"}, timeout=30) == []
+    # Answered at once when asked for no epoch, or for one that is not the current one.
+    first = await driver.wait_for_pauses(None, timeout=30)
+    assert first.pauses == ()
+    assert await driver.wait_for_pauses(first.epoch + 7, timeout=30) == first
     # Answered after its timeout when nothing changes.
     with trio.fail_after(10):
-        assert await driver.wait_for_pauses(set(), timeout=STILL_WAITING) == []
-    async with a_waiting_watch(driver, set()) as heard:
+        assert await driver.wait_for_pauses(first.epoch, timeout=STILL_WAITING) == first
+    async with a_waiting_watch(driver, first.epoch) as heard:
         pause = await driver.pause_queue("a")
-    assert heard.value == [pause]
-    async with a_waiting_watch(driver, {"a"}) as heard:
+    assert heard.value == PauseLook(pause.epoch, (pause,))
+    assert pause.epoch > first.epoch
+    async with a_waiting_watch(driver, pause.epoch) as heard:
         await driver.resume_queue("a")
-    assert heard.value == []
+    assert isinstance(heard.value, PauseLook) and heard.value.pauses == ()
+    assert heard.value.epoch > pause.epoch
+
+
+async def test_each_pause_and_resume_counts_one_epoch_in_order(driver: Driver) -> None:
+    start = (await driver.wait_for_pauses(None, timeout=0)).epoch
+    a = await driver.pause_queue("a")
+    assert a.epoch == start + 1
+    assert await driver.pause_queue("a", by="again") == a  # no change, no epoch
+    b = await driver.pause_queue("b")
+    assert b.epoch == start + 2
+    assert await driver.resume_queue("a") is True
+    assert await driver.resume_queue("a") is False  # no change, no epoch
+    look = await driver.wait_for_pauses(None, timeout=0)
+    assert look == PauseLook(start + 3, (b,))
+    assert list(await driver.queue_pauses()) == [b]
+    again = await driver.pause_queue("a")
+    assert again.epoch == start + 4  # a new pause of the queue: a new epoch
+
+
+async def test_the_holders_of_a_queue_and_the_epochs_they_confirmed(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    for _ in range(3):
+        await enqueue_one(driver, queue="a")
+    await enqueue_one(driver, queue="b")
+    assert await driver.pause_holders("a") == []
+    first = await driver.claim(["a"], 2, lease=30, worker_id="w1")
+    manual_clock.advance(1)
+    [second] = await driver.claim(["a"], 1, lease=60, worker_id="w2")
+    await driver.claim(["b"], 1, lease=30, worker_id="w3")  # another queue's holder
+    holders = await driver.pause_holders("a")
+    assert holders == [
+        PauseHolder("w1", 2, max(c.lease_until for c in first), None),
+        PauseHolder("w2", 1, second.lease_until, None),
+    ]
+    pause = await driver.pause_queue("a")
+    await driver.pauses_heard("w1", pause.epoch)
+    await driver.pauses_heard("w3", pause.epoch)
+    assert [(h.worker_id, h.heard) for h in await driver.pause_holders("a")] == [
+        ("w1", pause.epoch),
+        ("w2", None),
+    ]
+    # A later confirmation replaces the earlier; a holder whose jobs ended is none.
+    await driver.pauses_heard("w1", pause.epoch + 1)
+    assert await driver.settle([Complete(second.lease)]) == [second.job_id]
+    assert [(h.worker_id, h.jobs, h.heard) for h in await driver.pause_holders("a")] == [
+        ("w1", 2, pause.epoch + 1)
+    ]
+    # The confirmations of a worker silent for FORGET_WORKERS_AFTER are forgotten.
+    manual_clock.advance(FORGET_WORKERS_AFTER + 1)
+    await driver.pauses_heard("w4", pause.epoch)
+    assert [(h.worker_id, h.heard) for h in await driver.pause_holders("a")] == [("w1", None)]
 
 
 async def test_delete_removes_a_job_with_its_steps_and_history_and_frees_its_key(
