@@ -70,7 +70,11 @@ class CrossSiteGuard:
             return Refusal(403, "the request came from another site (its Origin is not this one)")
         if not nonce or not token:
             return Refusal(403, "the form's cross-site token is missing: reload the page")
-        if not hmac.compare_digest(self.token_for(nonce), token):
+        # As bytes: compare_digest refuses a str that is not ASCII (TypeError), and a forged
+        # token of any text must be a 403, not a 500.
+        if not hmac.compare_digest(
+            self.token_for(nonce).encode(), token.encode("utf-8", "replace")
+        ):
             return Refusal(403, "the form's cross-site token does not match: reload the page")
         return None
 
