@@ -3,7 +3,7 @@
 # Usage: python -m tests.helpers.dashboard_browse URL JOBS_JSON CHROMIUM [SCREENSHOT_DIR]
 # Talks to the test on stdin/stdout for the live update: prints "LOADED <n>" once the overview
 # shows n jobs due, waits for a line from the test (which enqueues more), then watches the open
-# page change by itself.
+# page change by itself, its first request after that left unanswered.
 from __future__ import annotations
 
 import json
@@ -133,6 +133,17 @@ def live_update(page: Any, url: str) -> None:
     typed.fill("emai")  # not submitted: a person still typing
     page.evaluate("() => { window.notReloaded = true; }")
     due = int(page.inner_text("#total-due .n"))
+    # The next update's request is never answered (a server that stopped answering): the
+    # page must give up on it and ask again, not stop updating for good.
+    unanswered: list[Any] = []
+
+    def hold_the_first(route: Any) -> None:
+        if unanswered:
+            route.continue_()
+        else:
+            unanswered.append(route)
+
+    page.route(url + "/", hold_the_first)
     print(f"LOADED {due}", flush=True)
     sys.stdin.readline()  # the test enqueued three more due jobs
     sync_api.expect(page.locator("#total-due .n")).to_have_text(
@@ -140,6 +151,8 @@ def live_update(page: Any, url: str) -> None:
     )
     assert typed.input_value() == "emai"
     assert page.evaluate("() => window.notReloaded") is True
+    assert len(unanswered) == 1
+    page.unroute(url + "/")
     # Paused, it stays as it is.
     page.click("#pause")
     page.wait_for_url("**refresh=0**")

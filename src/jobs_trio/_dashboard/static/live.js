@@ -48,8 +48,20 @@
         update(every); // a tab in the background asks nothing of the database
         return;
       }
+      // A request the server never answers (its database stalled under it, a proxy holding
+      // the connection) would hold this round, and every later one behind it, for good: the
+      // page would stop updating until reloaded. Cut at twice the period (2 s at least); the
+      // next round asks again, and the "updated" time says how old the page is meanwhile.
+      var cut = new AbortController();
+      var timer = window.setTimeout(function () {
+        cut.abort();
+      }, Math.max(2 * every, 2) * 1000);
       window
-        .fetch(window.location.href, { credentials: "same-origin", cache: "no-store" })
+        .fetch(window.location.href, {
+          credentials: "same-origin",
+          cache: "no-store",
+          signal: cut.signal,
+        })
         .then(function (answer) {
           return answer.ok ? answer.text() : null;
         })
@@ -58,8 +70,9 @@
             swap(new DOMParser().parseFromString(text, "text/html"));
           }
         })
-        .catch(function () {}) // the dashboard is away: the next round tries again
+        .catch(function () {}) // the dashboard is away, or cut: the next round tries again
         .then(function () {
+          window.clearTimeout(timer);
           update(every);
         });
     }, every * 1000);
