@@ -115,7 +115,15 @@ async def test_a_result_that_cannot_be_stored_fails_its_settle_as_alone(tmp_path
 
 async def test_results_with_nul_and_large_text_are_stored_as_they_are(tmp_path: Path) -> None:
     large = json.dumps('"' * 70_000)  # escaped twice in a batch's JSON: written alone
-    results = ['"a\x00b"', large, json.dumps({"é": 1}, ensure_ascii=False), "1e400", None]
+    results = [
+        '"a\x00b"',
+        large,
+        json.dumps({"é": 1}, ensure_ascii=False),
+        "1e400",
+        '{"n": NaN}',
+        "-Infinity",
+        None,
+    ]
     _, ids = await settled_together(tmp_path, results)
     path = tmp_path / "jobs.db"
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -125,9 +133,11 @@ async def test_results_with_nul_and_large_text_are_stored_as_they_are(tmp_path: 
     assert stored == results
     async with open_sqlite_driver(url_of(path)) as driver:
         found = [await driver.get(job_id) for job_id in ids]
-    # Read back as values; text that is not JSON (a raw NUL in a string) as it is stored.
+    # Read back as values; text that is not JSON (a raw NUL in a string) as it is stored, and
+    # so is what JSON cannot carry (`--json` would print it as NaN / Infinity: not JSON).
     assert [(r.state, r.result) for r in found if r is not None] == [
-        (JobState.COMPLETED, v) for v in ['"a\x00b"', '"' * 70_000, {"é": 1}, float("inf"), None]
+        (JobState.COMPLETED, v)
+        for v in ['"a\x00b"', '"' * 70_000, {"é": 1}, "1e400", '{"n": NaN}', "-Infinity", None]
     ]
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -332,13 +333,28 @@ JOB_COLUMNS: Final = ", ".join(JOB_FIELDS)
 
 def stored_value(text: Any) -> Any:
     """A stored result (JSON text) as the value it stands for (``JobRecord.result``). What does
-    not parse is answered as stored: a row written outside jobs_trio must not fail a listing."""
+    not parse is answered as stored: a row written outside jobs_trio must not fail a listing.
+    So is what JSON cannot carry, which jobs_trio never writes (its encoder refuses it) and a
+    row written outside it may hold: NaN, Infinity, a number past a float ("1e400"). Read as
+    floats, `--json` printed them as NaN / Infinity, which no strict JSON reader takes (and jq
+    turns into null)."""
     if not isinstance(text, str):
         return text
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError):
         return text
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number} is past a float")
+    return value
 
 
 def job_record(row: Iterable[Any]) -> JobRecord:

@@ -295,3 +295,17 @@ async def test_the_answer_follows_the_batch_order_of_the_settlements_applied(
         [Complete(old_a.lease), Complete(claim_b.lease), Complete(new_a.lease)]
     )
     assert answer == [b.job_id, a.job_id]
+
+
+@pytest.mark.parametrize("stored", ["NaN", '{"n": -Infinity}', "1e400", "not json"])
+async def test_a_result_json_cannot_carry_is_read_back_as_stored(
+    driver: Driver, stored: str
+) -> None:
+    # jobs_trio's own encoder never writes these; a row written outside it may. As floats they
+    # printed as NaN / Infinity in `--json`, which no strict JSON reader takes.
+    job = new_job()
+    await driver.enqueue([job])
+    [claim] = await driver.claim(["default"], 1, lease=30, worker_id="w")
+    assert await driver.settle([Complete(claim.lease, stored)]) == [job.job_id]
+    record = await read(driver, job.job_id)
+    assert record.result == stored
