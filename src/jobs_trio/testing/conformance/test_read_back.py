@@ -297,7 +297,12 @@ async def test_the_answer_follows_the_batch_order_of_the_settlements_applied(
     assert answer == [b.job_id, a.job_id]
 
 
-@pytest.mark.parametrize("stored", ["NaN", '{"n": -Infinity}', "1e400", "not json"])
+@pytest.mark.parametrize(
+    "stored",
+    ["NaN", '{"n": -Infinity}', "1e400", "not json"],
+    # Ids without spaces or quotes: a test id is typed on a command line (-k, a node id).
+    ids=["nan", "infinity-inside", "past-float", "not-json"],
+)
 async def test_a_result_json_cannot_carry_is_read_back_as_stored(
     driver: Driver, stored: str
 ) -> None:
