@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -148,3 +151,42 @@ async def test_a_job_enqueued_outside_any_span_starts_a_trace_of_its_own(
         await run_until_idle(new_worker(driver, registry))
     [span] = attempts(spans)
     assert span.parent is None
+
+
+# In a fresh process: the look at the tracer provider is cached until one is set, and the
+# cache must not hide one set in code later, nor one the environment names (issue 44).
+_PROVIDER_LOOKS = """
+import os, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from jobs_trio._core.tracing import tracing
+if sys.argv[1] == "code":
+    seen = [tracing(), tracing()]
+    trace.set_tracer_provider(TracerProvider())
+    seen.append(tracing())
+else:
+    seen = [tracing()]
+print(seen)
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "env", "seen"),
+    [
+        ("code", {}, "[False, False, True]"),
+        ("env", {"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}, "[True]"),
+    ],
+)
+def test_a_tracer_provider_set_after_the_first_look_is_seen(
+    how: str, env: dict[str, str], seen: str
+) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROVIDER_LOOKS, how],
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == seen

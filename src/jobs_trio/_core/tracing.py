@@ -71,6 +71,13 @@ def tracing() -> bool:
         return False
     if _SET.provider is not None:
         return True
+    if _SET.environment_read and getattr(otel_trace, "_TRACER_PROVIDER", _SET) is None:
+        # None set in code yet, and the environment named none when it was read: the look
+        # below reads os.environ at every attempt until a provider is set, a thirtieth of
+        # what a no-op job cost the worker (issue 44). OpenTelemetry's own global, read
+        # where it keeps it; a version that keeps it elsewhere takes the look below.
+        return False
+    _SET.environment_read = True
     provider = otel_trace.get_tracer_provider()
     if isinstance(provider, _NO_PROVIDER):
         return False
@@ -80,9 +87,13 @@ def tracing() -> bool:
 
 class _SET:
     """The tracer provider, once one is set (a cache: the check reads the environment each time
-    until then)."""
+    until then); and whether the environment was read for one (OTEL_PYTHON_TRACER_PROVIDER,
+    which OpenTelemetry reads until a provider is set): once, at the first attempt. A provider
+    named there later, by the process itself, is not seen; one set in code is, at the next
+    attempt."""
 
     provider: object | None = None
+    environment_read = False
 
 
 def attempt_span(

@@ -142,32 +142,44 @@ async def _judged(
     suspension: Suspension | None = None
     try:
         payload = json.loads(claim.payload)
-        # The application's context variables are set around the body (and copied into a sync
-        # body's thread by Trio); a restore hook that raises fails this attempt like the body.
-        with restored(definition.restore_context, lambda: ctx.context):
-            # A run cancelled before its body started (a claim that committed after the drain
-            # was signalled) is handed back without running a line of it. Read before the
-            # clock starts: a timeout shorter than the clock's grain has passed by the time
-            # the scope is entered, and the body still starts (and ends at its first
-            # checkpoint), as a body whose deadline fell inside it. (Before its clock starts a
-            # run is cancelled only through RunScope.cancel: its reason says it, with no look
-            # at Trio's clock.)
-            starts = run.reason is None
-            if definition.is_async:
-                run.start_clock_at_entry()
+        restore = definition.restore_context
+        if restore is None and definition.is_async and run.reason is None:
+            # The common attempt (an async body, no restore hook, not cancelled before it
+            # starts): its reason read once, no context entered around it, its clock started
+            # at the entry as below. Its own path: the general one below was a tenth of a
+            # no-op job's verdict (issue 44).
+            run.start_clock_at_entry()
             with run.cancel_scope:
-                if starts:
-                    if definition.is_async:
-                        result = await definition.fn(ctx, payload)
-                        returned = True
-                    else:
-                        # Its own scope swallows the cancel that abandons the thread:
-                        # "returned" is known only in here.
-                        with run.thread_scope():
-                            result = await threads.run(
-                                run, _call_in_thread, definition, ctx, payload
-                            )
+                result = await definition.fn(ctx, payload)
+                returned = True
+        else:
+            # The application's context variables are set around the body (and copied into a
+            # sync body's thread by Trio); a restore hook that raises fails this attempt like
+            # the body.
+            with restored(restore, lambda: ctx.context):
+                # A run cancelled before its body started (a claim that committed after the
+                # drain was signalled) is handed back without running a line of it. Read before
+                # the clock starts: a timeout shorter than the clock's grain has passed by the
+                # time the scope is entered, and the body still starts (and ends at its first
+                # checkpoint), as a body whose deadline fell inside it. (Before its clock
+                # starts a run is cancelled only through RunScope.cancel: its reason says it,
+                # with no look at Trio's clock.)
+                starts = run.reason is None
+                if definition.is_async:
+                    run.start_clock_at_entry()
+                with run.cancel_scope:
+                    if starts:
+                        if definition.is_async:
+                            result = await definition.fn(ctx, payload)
                             returned = True
+                        else:
+                            # Its own scope swallows the cancel that abandons the thread:
+                            # "returned" is known only in here.
+                            with run.thread_scope():
+                                result = await threads.run(
+                                    run, _call_in_thread, definition, ctx, payload
+                                )
+                                returned = True
     except Suspension as exc:
         suspension = exc
     except trio.Cancelled:
@@ -192,7 +204,8 @@ async def _judged(
         # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
         # that finished its work has nothing to redo); a lost lease still fences the write.
         try:
-            text = _result_json(result, definition)
+            # None, what most bodies return: its text without a look at the body's limits.
+            text = "null" if result is None else _result_json(result, definition)
         except JobsError as exc:  # too large, too deep, not JSON: this job's failure alone
             error = exc
         else:

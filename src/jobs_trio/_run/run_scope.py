@@ -61,6 +61,9 @@ class RunScope:
     # A claim taken ahead whose body has started, the start not yet recorded by a renewal:
     # until it is, a crash of this worker gives the attempt back (Claim.ahead).
     start_unrecorded = False
+    # When it took a slot of a queue whose claims ahead its pace sizes (Trio clock; None for
+    # the others): the slot's time, read when it frees.
+    slot_taken_at: float | None = None
     # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
     # from its thread while a body blocks the loop, where the Trio clock cannot be read.
     beside_until = -math.inf

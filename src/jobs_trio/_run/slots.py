@@ -3,7 +3,6 @@
 # Apart from the claim loop, which asks here how much to claim, and from the runs, which end here.
 from __future__ import annotations
 
-import functools
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Mapping
 
@@ -16,8 +15,9 @@ from .run_scope import CancelReason, RunScope
 from .thread_slots import ThreadSlots
 
 # How a run starts in the worker's nursery: its scope, its job's definition, and what to call
-# once its task has ended (its slot given back, or its hand-back counted done).
-StartRun = Callable[[RunScope, JobDefinition | None, Callable[[], None]], None]
+# with its scope once its task has ended (its slot given back, or its hand-back counted done):
+# one bound method for every run, where a partial made per run was a share of a no-op job.
+StartRun = Callable[[RunScope, JobDefinition | None, Callable[[RunScope], None]], None]
 
 # claim_ahead="auto": a queue holds what its slots start in about this long at the pace of its
 # recent runs. Long enough to cover a claim's round trip a few times over (a claim is sent once
@@ -154,13 +154,14 @@ class Slots:
         self._asking: Counter[str] = Counter()
         self._promised: Counter[str] = Counter()
         self.threads = ThreadSlots(sum(self.limits.values()), self._thread_ended)
+        self._lingering = self.threads.lingering_by_queue
 
     # -- what the claim loop asks -----------------------------------------------------------
 
     def open(self, queue: str) -> int:
         """``queue``'s free slots. A thread abandoned at its cancel still runs: it keeps its
         slot until it ends."""
-        return self.limits[queue] - self.in_flight[queue] - self.threads.lingering(queue)
+        return self.limits[queue] - self.in_flight[queue] - self._lingering[queue]
 
     def free(self) -> dict[str, int]:
         """Each queue with a free slot, and how many."""
@@ -260,7 +261,7 @@ class Slots:
         promised to a claim in flight). ``now``: the Trio clock, read once per answer."""
         claim = run.claim
         queue = claim.queue
-        free = self.limits[queue] - self.in_flight[queue] - self.threads.lingering(queue)
+        free = self.limits[queue] - self.in_flight[queue] - self._lingering[queue]
         if free - (self._promised[queue] if claim.ahead else 0) > 0:
             self._begin(run, definition, now)
             return
@@ -287,35 +288,35 @@ class Slots:
         self._jobs += 1
         if claim.ahead:
             run.start_unrecorded = True
-        began = now if queue in self._paces else None
-        self._start_run(run, definition, functools.partial(self._release, queue, began))
+        if queue in self._paces:
+            run.slot_taken_at = now
+        self._start_run(run, definition, self._release)
 
     def _held_cancelled(self, held: _Held) -> None:
         """A held claim's run was cancelled before a slot was handed to it: by a drain, a lost
         lease or an operator, or at its hold limit by hand_back_overdue (which took it out of
         _waiting itself). It never starts: a task hands it back, uncounted."""
         held.run.on_cancel(None)
-        queue = held.run.claim.queue
         if not held.overdue:
-            self._waiting[queue].remove(held)
-        self._start_run(held.run, held.definition, functools.partial(self._handed_back, queue))
+            self._waiting[held.run.claim.queue].remove(held)
+        self._start_run(held.run, held.definition, self._handed_back)
 
-    def _handed_back(self, queue: str) -> None:
+    def _handed_back(self, run: RunScope) -> None:
         # Counted unstarted until its hand-back is handed to the settler: the teardown waits for
         # it like a running job.
-        self.unstarted[queue] -= 1
+        self.unstarted[run.claim.queue] -= 1
         self._jobs -= 1
         self._note_idle()
         self.freed.unpark_all()
 
-    def _release(self, queue: str, began: float | None = None) -> None:
-        """A run's task has ended: its slot goes to its queue's oldest held claim, if any.
-        ``began``: when it took the slot, for an auto-sized queue's pace."""
+    def _release(self, run: RunScope) -> None:
+        """A run's task has ended: its slot goes to its queue's oldest held claim, if any."""
+        queue = run.claim.queue
         self.in_flight[queue] -= 1
         self._jobs -= 1
-        now = trio.current_time()
+        began = run.slot_taken_at
         if began is not None:
-            self._paces[queue].observe(now - began)
+            self._paces[queue].observe(trio.current_time() - began)
         if self._ahead_paused:
             self._ahead_paused.discard(queue)
         if self._waiting[queue]:
@@ -327,14 +328,19 @@ class Slots:
             self.freed.unpark_all()
 
     def _promote(self, queue: str) -> None:
-        """Hand the free slots of ``queue`` to its oldest held claims."""
+        """Hand the free slots of ``queue`` to its oldest held claims: the clock read once for
+        all of them, where it was read for each."""
         waiting = self._waiting[queue]
-        while waiting and self.open(queue) - self._promised[queue] > 0:
+        now = trio.current_time()
+        # What frees no slot (a held claim's start takes one) is read once.
+        room = self.limits[queue] - self._lingering[queue] - self._promised[queue]
+        in_flight = self.in_flight
+        while waiting and room - in_flight[queue] > 0:
             held = waiting.popleft()
             held.run.on_cancel(None)  # from here a cancel reaches its body, as any run's
             self.unstarted[queue] -= 1
             self._jobs -= 1
-            self._begin(held.run, held.definition, trio.current_time())
+            self._begin(held.run, held.definition, now)
 
     def _thread_ended(self) -> None:
         """An abandoned thread has really ended: its slot is free again."""

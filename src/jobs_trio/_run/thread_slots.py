@@ -22,12 +22,14 @@ class ThreadSlots:
 
     def __init__(self, size: int, on_freed: Callable[[], object]) -> None:
         self.limiter = trio.CapacityLimiter(size)
-        self._lingering: Counter[str] = Counter()
+        # Threads of each queue abandoned at their cancel and still running: read by the
+        # slots at every run's start and end, where a method call each was a share of it.
+        self.lingering_by_queue: Counter[str] = Counter()
         self._on_freed = on_freed
 
     def lingering(self, queue: str) -> int:
         """Threads of ``queue`` abandoned at their cancel and still running."""
-        return self._lingering[queue]
+        return self.lingering_by_queue[queue]
 
     async def run(self, run: RunScope, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a thread; call it inside ``run.thread_scope()``, whose cancel
@@ -47,10 +49,10 @@ class ThreadSlots:
             raise
 
     def _linger(self, queue: str) -> None:
-        self._lingering[queue] += 1
+        self.lingering_by_queue[queue] += 1
 
     def _ended(self, queue: str) -> None:
-        self._lingering[queue] -= 1
+        self.lingering_by_queue[queue] -= 1
         self._on_freed()
 
 

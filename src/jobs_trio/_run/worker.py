@@ -649,7 +649,7 @@ class Worker:
         return held
 
     def _start_run(
-        self, run: RunScope, definition: JobDefinition | None, done: Callable[[], None]
+        self, run: RunScope, definition: JobDefinition | None, done: Callable[[RunScope], None]
     ) -> None:
         """Start ``run``'s task in the runs nursery (Slots calls this: a slot for it, or its
         hand-back unstarted)."""
@@ -665,7 +665,7 @@ class Worker:
         run: RunScope,
         definition: JobDefinition | None,
         report: Callable[[Outcome], object] | None,
-        done: Callable[[], None],
+        done: Callable[[RunScope], None],
     ) -> None:
         # Held (renewed, reached by a drain) and counted as the lifecycle's in-flight work, so
         # a shutdown's wait covers it, until its settlement is written: a slow database must
@@ -708,7 +708,7 @@ class Worker:
                 self._drain.release(run)
                 if lifecycle is not None:
                     lifecycle.work_ended()
-            done()
+            done(run)
 
     def _written(self, lifecycle: Lifecycle | None) -> Callable[[Settlement], None]:
         """What ends a run's hold once its settlement is written (or will not be): the drain
