@@ -25,14 +25,15 @@ import time
 from typing import Any
 
 import trio
-from worker_cpu import SCHEMA, _drop
+from worker_cpu import _drop
 
 import jobs_trio
 from jobs_trio._cli.logging_flags import configure_logging
 from jobs_trio._core.logs import _ROUTE, FlushHeldLines, _clock, _seconds
 from jobs_trio._core.records import AttemptNote, Complete, Settlement
 
-QUEUE = "bench_worker_cpu"
+QUEUE = "bench_worker_cpu"  # the worker's: one INFO line's text for both
+SCHEMA = "bench_floor_worker"  # its own: run beside worker_cpu.py, neither drops the other's
 registry = jobs_trio.Registry()
 
 
@@ -60,7 +61,7 @@ async def main(args: argparse.Namespace) -> None:
             f" {cpu / args.jobs * 1e6:,.0f} µs CPU a job (load {os.getloadavg()[0]:.2f})"
         )
     finally:
-        await _drop(args.db, sqlite)
+        await _drop(args.db, sqlite, SCHEMA)
 
 
 async def _floor(driver: Any, args: argparse.Namespace) -> None:

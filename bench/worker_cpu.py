@@ -87,7 +87,7 @@ async def main(args: argparse.Namespace) -> None:
         await _drop(args.db, sqlite)
 
 
-async def _drop(db: str, sqlite: bool) -> None:
+async def _drop(db: str, sqlite: bool, schema: str = SCHEMA) -> None:
     """The benchmark's store: its SQLite file, or its PostgreSQL schema."""
     if sqlite:
         path = db.removeprefix("sqlite:///")
@@ -95,9 +95,9 @@ async def _drop(db: str, sqlite: bool) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{path}{suffix}")
         return
-    async with jobs_trio.open_driver(db, schema=SCHEMA) as driver:
+    async with jobs_trio.open_driver(db, schema=schema) as driver:
         await driver.bridge.run(  # type: ignore[attr-defined]
-            lambda conn: conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE"), what="drop"
+            lambda conn: conn.execute(f"DROP SCHEMA {schema} CASCADE"), what="drop"
         )
 
 

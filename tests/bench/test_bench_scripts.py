@@ -69,6 +69,11 @@ SCRIPTS = {
         "--db {db} --jobs 200 --concurrency 10 --due-in 1",
         (rf"jobs-trio worker c=10: {NUMBER} µs CPU a job",),
     ),
+    "floor_worker": Script(
+        "bench/floor_worker.py",
+        "--db {db} --jobs 300 --concurrency 10 --batch 20",
+        (rf"floor c=10 batch=20 {NUMBER} jobs/s, {NUMBER} µs CPU a job",),
+    ),
     "metrics_scrape": Script(
         "bench/metrics_scrape.py",
         "--queues 60 --reps 1",
