@@ -24,7 +24,13 @@ pytestmark = pytest.mark.slow
 # What the wheel must carry besides the modules: without them an install fails at run time.
 DATA = [
     "jobs_trio/py.typed",
-    "jobs_trio/drivers/postgres_queries.sql",
+    "jobs_trio/drivers/postgres/_jobs.sql",
+    "jobs_trio/drivers/postgres/_steps_events.sql",
+    "jobs_trio/drivers/postgres/_cron.sql",
+    "jobs_trio/drivers/postgres/_outbox_relay.sql",
+    "jobs_trio/drivers/postgres/_fleet.sql",
+    "jobs_trio/drivers/postgres/_admin.sql",
+    "jobs_trio/drivers/postgres/_schema.sql",
     "jobs_trio/_dashboard/templates/base.html",
     "jobs_trio/_dashboard/templates/queues.html",
     "jobs_trio/_dashboard/templates/job.html",

@@ -39,7 +39,7 @@ class LockHolder:
 
 
 async def lock_holders(conn: Connection, statement: str, *args: object) -> list[LockHolder]:
-    """The sessions ``statement`` finds (postgres_queries.sql: ``lock_holders``, those whose
+    """The sessions ``statement`` finds (postgres/_schema.sql: ``lock_holders``, those whose
     lock on a table of a schema is older than the wait that timed out; the migration lock's
     holder; what an index build waited for), oldest transaction first. Run on the asyncio
     side, in a transaction of its own or none (the failed one rolled back)."""

@@ -32,7 +32,7 @@ _MAX_SECONDS = (2**31 - 1) / 1000
 
 # The rest of the session. Generic plans spare the ~1 ms of planning a claim costs each time,
 # and every hot-path statement is shaped so that its generic plan reads by index (see
-# postgres_queries.sql; tests/drivers/test_postgres_plans.py checks it). Sorts off: a claim must
+# postgres/_jobs.sql; tests/drivers/test_postgres_plans.py checks it). Sorts off: a claim must
 # walk
 # its claim-order index even when the statistics do not yet know a queue is deep (a batch just
 # enqueued) and a sort of every waiting row looks as cheap. JIT only ever costs on statements

@@ -1,4 +1,4 @@
-# The PostgreSQL driver's SQL: named statements from postgres_queries.sql and the numbered
+# The PostgreSQL driver's SQL: named statements from postgres/*.sql and the numbered
 # migrations, with a checked schema name filled in. Apart because this is the one place a
 # string becomes SQL, and the schema name is checked here before it ever does.
 from __future__ import annotations
@@ -48,7 +48,7 @@ def check_schema_name(schema: object) -> str:
 
 @attrs.frozen
 class Statements:
-    """The statements for one schema, looked up by the names in postgres_queries.sql."""
+    """The statements for one schema, looked up by the names in postgres/*.sql."""
 
     schema: str
     by_name: Mapping[str, str]
@@ -95,9 +95,7 @@ def load_statements(schema: str) -> Statements:
         "{waiting_states}": WAITING_STATES_SQL,
         "{attempt_history}": str(ATTEMPT_HISTORY),
     }
-    folder = resources.files("jobs_trio.drivers")
-    text = (folder / "postgres_queries.sql").read_text(encoding="utf-8")
-    by_name = {name: _fill(sql, fill) for name, sql in _split_named(text).items()}
+    by_name = {name: _fill(sql, fill) for name, sql in _read_named().items()}
     claim_with, claim_answer = by_name["claim"], by_name.pop("claim_answer")
     by_name["claim"] = _fill(f"{claim_with}\n{claim_answer}", {"{not_settling}": ""})
     settle_answer = by_name.pop("settle_answer")
@@ -190,12 +188,23 @@ def _strip_comments(sql: str) -> str:
     return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
 
 
-def _split_named(text: str) -> dict[str, str]:
-    parts = _NAME_LINE.split(text)
-    # parts: [preamble, name1, body1, name2, body2, ...]
+def _read_named() -> dict[str, str]:
+    """Every statement of the driver's capabilities, by name: each capability's statements
+    stand in a file beside its room (postgres/_jobs.sql beside postgres/_jobs.py, ...).
+    In them `{schema}` is the driver's schema (a checked identifier, quoted), `{job_columns}`
+    the columns of a JobRecord (never the token), `{live_states}` the states whose job holds
+    its unique key (rules.LIVE_STATES, as an SQL list), `{waiting_states}` the states of a job
+    waiting to be claimed (records.WAITING_STATES); `$1` is the driver clock's now wherever a
+    statement needs the time."""
     named: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in named:
-            raise RuntimeError(f"postgres_queries.sql names {name!r} twice")
-        named[name] = body.strip().rstrip(";").strip()
+    folder = resources.files("jobs_trio.drivers.postgres")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME_LINE.split(entry.read_text(encoding="utf-8"))
+        # parts: [the file's opening comment, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in named:
+                raise RuntimeError(f"postgres/*.sql name {name!r} twice ({entry.name})")
+            named[name] = body.strip().rstrip(";").strip()
     return named

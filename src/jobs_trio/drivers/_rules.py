@@ -54,7 +54,7 @@ DEFAULT_WINDOW_STATES: Final = (JobState.COMPLETED,)
 def in_window(record: JobRecord, job: NewJob, now: float) -> bool:
     """Whether ``record`` holds ``job``'s key by its window: the same key, created less than
     ``job.unique_for`` seconds before ``now``, live or in one of ``job.unique_states``. The SQL
-    drivers say the same (sqlite: insert_jobs; postgres_queries.sql: window_holders)."""
+    drivers say the same (sqlite: insert_jobs; postgres/_jobs.sql: window_holders)."""
     return (
         job.unique_for is not None
         and record.key == job.key
@@ -111,7 +111,7 @@ def hands_back_lapse(ahead: bool, ahead_lapses: int, max_attempts: int) -> bool:
     holding it), and fewer than ``max_attempts`` such lapses were handed back before. The bound
     is for the job that DID start and killed its worker before a renewal recorded the start:
     it still runs out of attempts, after at most twice its ``max_attempts`` runs. The
-    PostgreSQL claim says the same in SQL (postgres_queries.sql, `claim`)."""
+    PostgreSQL claim says the same in SQL (postgres/_jobs.sql, `claim`)."""
     return ahead and ahead_lapses < max_attempts
 
 

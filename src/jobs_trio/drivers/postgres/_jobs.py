@@ -1,0 +1,410 @@
+# The PostgreSQL driver's jobs: enqueue, claim (fleet limits, claims ahead), renew, settle.
+# Apart because it is the path every job takes; the other capabilities only read or nudge it.
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import trio
+
+from ..._core.errors import DriverError, JobsError, RowLocked
+from ..._core.logs import log_event
+from ..._core.records import (
+    Claim,
+    ClaimToken,
+    Enqueued,
+    JobId,
+    Lease,
+    NewJob,
+    RenewResult,
+    Settlement,
+)
+from .._claim_slots import ClaimSlots
+from .._postgres_bridge import Bridge
+from .._postgres_plan import enqueue_plan, fetch_on, run_plan_async
+from .._postgres_pool import Connection
+from .._postgres_sql import Statements
+from .._transaction import unwrap
+from ..contract import BesideConnection
+from ._claim_statements import COPY_AT_LEAST, _claim_arguments, _copy_in
+from ._connection import DEAF_POLL, PostgresConnection, T
+from ._settle_statements import (
+    _applied_in_order,
+    _apply_settles,
+    _by_kind,
+    _first_per_claim,
+    _renewal,
+    _renewed,
+    _settle_columns,
+    _settlement,
+)
+
+
+class _PostgresBeside:
+    """The lease lifeline's own connection: plain asyncio, on a loop of its own in the
+    lifeline's thread (the trio-asyncio loop belongs to the Trio thread, which is blocked when
+    this is used), opened at its first call. Never the event loop policy's loop: importing
+    trio_asyncio makes that one a trio-asyncio loop for the whole process (STACK-NOTES)."""
+
+    def __init__(self, bridge: Bridge, sql: Statements, clock: Callable[[], float]) -> None:
+        self._bridge = bridge
+        self._sql = sql
+        self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: Connection | None = None
+
+    def renew(self, leases: Sequence[Lease], *, lease: float) -> frozenset[ClaimToken]:
+        rows = self._run(_renewal(self._sql, self._clock(), leases, lease, ()), "renew")
+        return _renewed(rows).held
+
+    def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        firsts = _first_per_claim(settlements)
+        by_kind = _by_kind(firsts)
+        apply = _settlement(self._sql, self._clock(), firsts, by_kind)
+
+        async def in_transaction(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
+            async with conn.transaction():
+                return await apply(conn)
+
+        applied, _ = self._run(in_transaction, "settle")
+        return _applied_in_order(settlements, applied)
+
+    def _run(self, op: Callable[[Connection], Awaitable[T]], what: str) -> T:
+        if self._loop is None:
+            self._loop = asyncio.SelectorEventLoop()
+        loop = self._loop
+        try:
+            if self._conn is None or self._conn.is_closed():
+                connect = self._bridge.connector(purpose="beside")
+                self._conn = loop.run_until_complete(connect())
+            conn = self._conn
+            return loop.run_until_complete(asyncio.wait_for(op(conn), self._bridge.answer_within))
+        except Exception as exc:
+            # Whatever state it is in, the next call opens a fresh connection.
+            if self._conn is not None:
+                self._conn.terminate()
+                self._conn = None
+            if isinstance(exc, JobsError):
+                raise
+            if isinstance(exc, TimeoutError):
+                raise DriverError(
+                    f"no answer from PostgreSQL within {self._bridge.answer_within:g} s during"
+                    f" {what} (the lease lifeline's connection)",
+                    fix="the worker's own connections retry once its loop runs again",
+                ) from exc
+            raise self._bridge.translate(exc, f"{what} (the lease lifeline's connection)") from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
+class PostgresJobs(PostgresConnection):
+    """Enqueue, claim, renew and settle: a job's way from written to ended."""
+
+    # --- enqueue ---
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        self._check_open()
+        jobs = list(jobs)
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> list[Enqueued]:
+            answers: list[Enqueued] = await run_plan_async(
+                enqueue_plan(sql, now, jobs), functools.partial(fetch_on, conn)
+            )
+            return answers
+
+        keyed = any(job.key is not None for job in jobs)
+        if not keyed and len(jobs) >= COPY_AT_LEAST:
+            # Nothing a key could turn into a no-op: every row is written, by COPY (the rows
+            # encoded in asyncpg's C code, no unnest on the server), then one NOTIFY; one
+            # transaction, so the wake-up lands with the rows.
+            async def write(conn: Connection) -> list[Enqueued]:
+                await _copy_in(conn, sql, now, jobs)
+                return [Enqueued(job.job_id, created=True) for job in jobs]
+
+            copied = True
+        else:
+            copied = False
+        # A keyed batch is several statements (enqueue_plan says why): one transaction.
+        if unwrap(connection)[0] is not None:  # the caller's transaction
+            result: list[Enqueued] = await self._run_here_or_on(connection, write, what="enqueue")
+        else:
+            result = await self.bridge.run(write, what="enqueue", transaction=keyed or copied)
+        return result
+
+    # --- claim, renew, settle ---
+
+    async def claim(
+        self,
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+        free: Mapping[str, int] | None = None,
+        rescue: bool = True,
+    ) -> Sequence[Claim]:
+        self._check_open()
+        slots = ClaimSlots.of(queues, limit)
+        if not slots.caps:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self.now()
+        sql = self._sql
+
+        async def take(conn: Connection) -> list[Any]:
+            # One statement: the claim and the burial of exhausted lapsed jobs commit together.
+            return list(
+                await conn.fetch(
+                    sql["claim"], *_claim_arguments(now, slots, lease, worker_id, free, rescue)
+                )
+            )
+
+        rows = await self.bridge.run(take, what="claim")
+        return await self._claims(rows, now, float(lease), worker_id)
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        queues: Sequence[str],
+        limit: int | Mapping[str, int],
+        *,
+        lease: float,
+        worker_id: str,
+        free: Mapping[str, int] | None = None,
+        rescue: bool = True,
+    ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        self._check_open()
+        slots = ClaimSlots.of(queues, limit)
+        firsts = _first_per_claim(settlements)
+        if not firsts:
+            claims = await self.claim(
+                queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+            )
+            return [], claims
+        if not slots.caps:
+            return await self.settle(settlements), []
+        now = self.now()
+        sql = self._sql
+        by_kind = _by_kind(firsts)
+        claiming = _claim_arguments(now, slots, lease, worker_id, free, rescue)
+
+        async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
+            if len(by_kind) > 1:
+                # Several kinds (rare): the settles' statements, then the claim's, in one
+                # transaction (run below with transaction=True); the claim's own snapshot
+                # sees what the settles changed, a waiter they woke included.
+                # Every row locked first (waiting): none is ever skipped as busy here.
+                applied, _ = await _apply_settles(conn, sql, now, firsts, by_kind)
+                return applied, list(await conn.fetch(sql["claim"], *claiming)), False
+            # The usual batch, one kind: ONE statement settles and claims, one round trip.
+            [(kind, group)] = by_kind.items()
+            rows = await conn.fetch(
+                sql[f"settle_claim_{kind}"], *claiming, sql.channel, *_settle_columns(group)
+            )
+            applied = {(row["id"], row["token"]) for row in rows if not row["claimed"]}
+            claimed = sorted(
+                (row for row in rows if row["claimed"]),
+                key=lambda row: (row["priority"], row["run_at"], row["id"]),
+            )
+            # One snapshot: a job the settle made due now was not this claim's to see.
+            made_due = any(row["made_due"] for row in rows if not row["claimed"])
+            return applied, claimed, made_due
+
+        applied, rows, made_due = await self.bridge.run(
+            both, what="settle and claim", transaction=len(by_kind) > 1
+        )
+        claims = await self._claims(rows, now, float(lease), worker_id)
+        if made_due:
+            claims += await self._claim_made_due(
+                limit, slots, claims, lease, worker_id, free, rescue
+            )
+        return _applied_in_order(settlements, applied), claims
+
+    async def _claim_made_due(
+        self,
+        limit: int | Mapping[str, int],
+        slots: ClaimSlots,
+        claims: Sequence[Claim],
+        lease: float,
+        worker_id: str,
+        free: Mapping[str, int] | None,
+        rescue: bool,
+    ) -> list[Claim]:
+        """After settle_and_claim's statement made jobs due now (a retry or suspension without
+        delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
+        claim() would have (the statement's one snapshot could not see them). The settles
+        committed already, so a failure here costs only this claim (those jobs stay due, for
+        the next), never the settles: the caller would write them again, and read them as
+        fenced."""
+        taken = Counter(c.queue for c in claims)
+        rest: int | dict[str, int]
+        if isinstance(limit, int):
+            rest = limit - len(claims)
+            queues = list(slots.caps)
+        else:
+            rest = {q: cap - taken[q] for q, cap in slots.caps.items() if cap > taken[q]}
+            queues = list(rest)
+        if not queues or (isinstance(rest, int) and rest <= 0):
+            return []
+        still_free = None if free is None else {q: max(n - taken[q], 0) for q, n in free.items()}
+        try:
+            return list(
+                await self.claim(
+                    queues, rest, lease=lease, worker_id=worker_id, free=still_free, rescue=rescue
+                )
+            )
+        except JobsError as exc:
+            log_event(
+                "jobs.driver.made-due-claim-failed", logging.WARNING, queues=queues, error=str(exc)
+            )
+            return []
+
+    async def _claims(
+        self, rows: Sequence[Any], now: float, lease: float, worker_id: str
+    ) -> list[Claim]:
+        """The claim statement's rows as claims, in its order. A NULL token is a candidate with
+        fleet limits, left for a transaction of its own (_claim_limited); the rest committed
+        already, so a failure there costs only the limited ones their turn (they stay ready,
+        untouched), never the claims already made (they would sit claimed till their lease
+        lapsed, each an attempt spent)."""
+        limited = [row["id"] for row in rows if row["token"] is None]
+        granted = {}
+        if limited:
+            try:
+                granted = await self._claim_limited(limited, now, lease, worker_id)
+            except JobsError as exc:
+                log_event(
+                    "jobs.driver.limited-claim-failed",
+                    logging.WARNING,
+                    jobs=len(limited),
+                    error=str(exc),
+                )
+        return [
+            Claim(
+                job_id=row["id"],
+                token=row["token"],
+                name=row["name"],
+                queue=row["queue"],
+                payload=row["payload"],
+                attempt=row["attempts"],
+                max_attempts=row["max_attempts"],
+                lease_until=row["lease_until"],
+                context=row["context"],
+                ahead=row["ahead"],
+                due_at=row["run_at"],
+            )
+            for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
+            if row is not None
+        ]
+
+    async def renew(
+        self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
+    ) -> RenewResult:
+        self._check_open()
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return RenewResult(held=frozenset())
+        extend = _renewal(self._sql, self.now(), leases, lease, started)
+        return _renewed(await self.bridge.run(extend, what="renew"))
+
+    def beside(self) -> BesideConnection:
+        return _PostgresBeside(self.bridge, self._sql, self.now)
+
+    async def hand_back_unheld(
+        self, worker_id: str, queues: Sequence[str], held: Sequence[ClaimToken]
+    ) -> Sequence[JobId]:
+        self._check_open()
+        sql, now = self._sql, self.now()
+
+        async def mark(conn: Connection) -> list[JobId]:
+            rows = await conn.fetch(
+                sql["hand_back_unheld"], now, worker_id, list(queues), list(held)
+            )
+            return [row["id"] for row in rows]
+
+        answered: list[JobId] = await self.bridge.run(mark, what="hand_back_unheld")
+        return answered
+
+    async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
+        self._check_open()
+        firsts = _first_per_claim(settlements)
+        if not firsts:
+            await trio.lowlevel.checkpoint()
+            return []
+        by_kind = _by_kind(firsts)
+        apply = _settlement(self._sql, self.now(), firsts, by_kind)
+        # One kind (the usual batch: N completes) is one statement; several kinds are one
+        # transaction, so a batch never half-applies.
+        applied, busy = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
+        written = _applied_in_order(settlements, applied)
+        if busy:
+            # Committed, but for rows another session holds locked: say which were written
+            # and which wait, so the settler writes those again and only those.
+            raise RowLocked(
+                f"{len(busy)} of the settle's rows are locked by another session",
+                fix="find the session that holds them (pg_locks joined to pg_stat_activity: a"
+                " transaction left open by hand?) and end it; those settlements are written"
+                " again, and only those jobs wait",
+                written=frozenset(written),
+                busy=frozenset(busy),
+            )
+        return written
+
+    # --- wake-ups ---
+
+    async def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+    ) -> None:
+        self._check_open()
+        with self._listener.waiting(queues) as woken:
+            # LISTEN (the first time) before the look: an enqueue committed after the look then
+            # notifies us, and one committed before it is seen by it.
+            await self._listener.listen()
+            try:
+                due_in = await self._next_due_in(queues, rescue_from)
+            except DriverError as exc:
+                # The database is away: fall back to polling on the timeout, so the caller's
+                # next claim finds out whether it came back.
+                log_event("jobs.driver.wait-degraded", logging.WARNING, error=exc.cause)
+                due_in = math.inf
+            if due_in <= 0:
+                return
+            if not self._listener.connected:
+                # Deaf until the LISTEN connection is back: a caller's slow safety poll would
+                # leave an enqueue unseen that long. (The listener wakes every waiter when it
+                # loses its connection and again when it has it back.)
+                timeout = min(timeout, DEAF_POLL)
+            with trio.move_on_after(max(min(timeout, due_in), 0.0)):
+                await woken.wait()
+
+    async def _next_due_in(self, queues: Sequence[str], rescue_from: float | None = None) -> float:
+        if not queues:
+            await trio.lowlevel.checkpoint()
+            return math.inf
+        sql = self._sql
+        lapses_from = -math.inf if rescue_from is None else rescue_from
+
+        async def read(conn: Connection) -> float | None:
+            value: float | None = await conn.fetchval(sql["next_due"], list(queues), lapses_from)
+            return value
+
+        soonest = await self.bridge.run(read, what="wait_for_work")
+        return math.inf if soonest is None else soonest - self.now()

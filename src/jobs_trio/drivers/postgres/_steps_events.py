@@ -1,0 +1,103 @@
+# The PostgreSQL driver's durable steps and events: step records (fenced saves), sends and looks.
+# Apart because a job's steps and the events it waits for outlive its attempts.
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..._core.records import EventLook, EventRecord, JobId, Lease, StepRecord, StepStatus
+from .._postgres_plan import event_plan, fetch_on, run_plan_async
+from .._postgres_pool import Connection
+from ._connection import PostgresConnection
+
+
+class PostgresSteps(PostgresConnection):
+    """Durable steps and the events a suspended job waits for."""
+
+    # --- steps and events ---
+
+    async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> list[Any]:
+            return list(await conn.fetch(sql["load_steps"], job_id))
+
+        return [
+            StepRecord(
+                name=row["name"],
+                status=StepStatus(row["status"]),
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                result=row["result"],
+                wake_at=row["wake_at"],
+                event=row["event"],
+                match=row["match_key"],
+            )
+            for row in await self.bridge.run(read, what="load_steps")
+        ]
+
+    async def save_step(
+        self, lease: Lease, step: StepRecord, *, connection: object | None = None
+    ) -> bool:
+        self._check_open()
+        sql = self._sql
+
+        async def write(conn: Connection) -> Any:
+            return await conn.fetchval(
+                sql["save_step"],
+                lease.job_id,
+                lease.token,
+                step.name,
+                StepStatus(step.status).value,
+                step.started_at,
+                step.finished_at,
+                step.result,
+                step.wake_at,
+                step.event,
+                step.match,
+            )
+
+        # In the caller's transaction (step.transaction), the row lock the statement takes
+        # (FOR KEY SHARE) is held until that transaction ends: a claim (FOR UPDATE SKIP LOCKED)
+        # skips the job until the step's effects and its record have committed together.
+        return await self._run_here_or_on(connection, write, what="save_step") is not None
+
+    async def send_event(
+        self, name: str, payload: str, *, key: str | None = None, connection: object | None = None
+    ) -> str:
+        self._check_open()
+        json.loads(payload)  # the boundary checked it; a driver never stores what it cannot read
+        now = self.now()
+        sql = self._sql
+
+        async def write(conn: Connection) -> str:
+            event_id: str = await run_plan_async(
+                event_plan(sql, now, name, payload, key), functools.partial(fetch_on, conn)
+            )
+            return event_id
+
+        event_id: str = await self._run_here_or_on(connection, write, what="send_event")
+        return event_id
+
+    async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
+        self._check_open()
+        sql = self._sql
+
+        async def read(conn: Connection) -> Any:
+            return await conn.fetchrow(sql["look_for_event"], name, key, since)
+
+        row = await self.bridge.run(read, what="look_for_event")
+        seen: str = row["seen"]  # the look's snapshot (rules.woken)
+        if row["id"] is None:
+            return EventLook(None, seen)
+        found = EventRecord(
+            id=str(row["id"]),
+            name=row["name"],
+            key=row["key"],
+            payload=row["payload"],
+            created_at=row["created_at"],
+        )
+        return EventLook(found, seen)
