@@ -33,21 +33,30 @@ class Drain:
     def reason(self) -> CancelReason | None:
         return None if self.cause is None else CancelReason.DRAINING
 
-    def hold(self, run: RunScope) -> None:
-        if not self._held:
+    def hold(self, runs: list[RunScope], lease_deadline: float, *, watched: bool) -> None:
+        """Hold ``runs``, one claim's answer: their leases run out at ``lease_deadline`` (one
+        for all, counted from when the claim was sent), which the lease watchdog's wait must
+        not pass when one of them is ``watched`` (not cancelled already). Per answer, not per
+        run: a look at the watchdog's deadline for each was a share of a no-op job (issue 44)."""
+        if not runs:
+            return
+        held = self._held
+        if not held:
             self._first_held.unpark_all()  # only the first run wakes the idle renewal loop
-        self._held[run.claim.token] = run
+        for run in runs:
+            held[run.claim.token] = run
         watch = self._watch
-        if watch is not None and run.reason is None:
+        if watch is not None and watched:
             # A claim answered late (a stalled database): its lease, counted from when the
             # claim was sent, may run out before the watchdog would next look.
-            cutoff = run.lease_deadline - self._watch_margin
+            cutoff = lease_deadline - self._watch_margin
             if cutoff < watch.deadline:
                 watch.deadline = cutoff
         if self.cause is not None:
             # A claim that committed after the drain was signalled (it was in flight): it must
             # not run on, and it is handed back at once.
-            run.cancel(CancelReason.DRAINING, self.cause)
+            for run in runs:
+                run.cancel(CancelReason.DRAINING, self.cause)
 
     async def until_a_run_is_held(self) -> None:
         """Return once a run is held (at once if one is): an idle worker's renewal loop waits

@@ -623,9 +623,11 @@ class Worker:
         late = now >= lease_deadline - self._lease_margin
         if claims and self._state is WorkerState.IDLE:
             self._state = WorkerState.RUNNING
-        definition_of, hold, owner = self.registry.get, self._drain.hold, own_pid()
+        definition_of, owner = self.registry.get, own_pid()
         paused = self._slots.paused
         held = []
+        runs = []
+        watched = False  # whether a run is held that is not cancelled already
         for claim in claims:
             definition = definition_of(claim.name)
             run = RunScope(claim, definition.timeout if definition else None, owner)
@@ -644,8 +646,11 @@ class Worker:
                     why="the claim was answered after its lease ran out; handed back unstarted",
                 )
                 run.cancel(CancelReason.CLAIM_LATE)
-            hold(run)
+            else:
+                watched = True
+            runs.append(run)
             held.append((run, definition))
+        self._drain.hold(runs, lease_deadline, watched=watched)
         return held
 
     def _start_run(
