@@ -85,12 +85,12 @@ class _Pending:
         if on_written is not None:
             self.on_written = on_written
 
-    @property
-    def carriable(self) -> bool:
-        # An uncertain one is the writer's alone: only its write is read back when fenced (a
-        # claim that carried it again, its first try committed, reported it fenced: a
-        # finished result that was written, announced as dropped).
-        return not self.solo and self.uncertain_since is None
+    # Whether a claim may carry it: not once it is ``solo`` or uncertain (set with either). An
+    # uncertain one is the writer's alone: only its write is read back when fenced (a claim
+    # that carried it again, its first try committed, reported it fenced: a finished result
+    # that was written, announced as dropped). A plain attribute, read for each settlement a
+    # claim takes.
+    carriable = True
 
 
 class Settler:
@@ -131,6 +131,9 @@ class Settler:
         # channel: two takers (the writer, a claim) and a give-back to the front.
         self._queue: collections.deque[_Pending] = collections.deque()
         self._arrived = trio.lowlevel.ParkingLot()
+        # Whether the writer waits in ``_arrived`` for a settlement: asked at every hand-in,
+        # where the lot's own __bool__ was a call per finished run (the writer is mostly busy).
+        self._writer_waits = False
         self._unwritten: dict[int, _Pending] = {}
         self._written = trio.lowlevel.ParkingLot()
         self._closed = False
@@ -216,10 +219,12 @@ class Settler:
             return None
         pending = _Pending(settlement, on_written)
         self._handed_in += 1
-        self._unwritten[id(pending)] = pending
-        self.peak = max(self.peak, len(self._unwritten))
+        unwritten = self._unwritten
+        unwritten[id(pending)] = pending
+        if len(unwritten) > self.peak:
+            self.peak = len(unwritten)
         self._queue.append(pending)
-        if self._arrived:  # asked first: at every run's end, the writer is mostly busy
+        if self._writer_waits:
             self._arrived.unpark_all()
         return pending
 
@@ -357,6 +362,7 @@ class Settler:
             pending.solo = pending.solo or solo
             if uncertain_since is not None and pending.uncertain_since is None:
                 pending.uncertain_since = uncertain_since
+            pending.carriable = not pending.solo and pending.uncertain_since is None
             self._queue.appendleft(pending)
         if batch:
             self._arrived.unpark_all()
@@ -385,7 +391,11 @@ class Settler:
             while not self._queue:
                 if self._closed:
                     return
-                await self._arrived.park()
+                self._writer_waits = True
+                try:
+                    await self._arrived.park()
+                finally:
+                    self._writer_waits = False
             if self._carried_by_claims and not self._closed:
                 # A claim that carries them writes these in its round trip (one where a write
                 # of their own would be another, issue 35).
@@ -472,12 +482,14 @@ class Settler:
         A claim (not ``by_writer``) takes only carriable ones, up to the first that is not."""
         batch: list[_Pending] = []
         jobs: set[JobId] = set()
-        while self._queue and len(batch) < self._max_batch:
-            pending = self._queue[0]
-            if pending.settlement.lease.job_id in jobs or not (by_writer or pending.carriable):
+        queue, most = self._queue, self._max_batch
+        while queue and len(batch) < most:
+            pending = queue[0]
+            job_id = pending.settlement.lease.job_id
+            if job_id in jobs or not (by_writer or pending.carriable):
                 break
-            batch.append(self._queue.popleft())
-            jobs.add(pending.settlement.lease.job_id)
+            batch.append(queue.popleft())
+            jobs.add(job_id)
         return batch
 
     async def _write(self, batch: list[_Pending]) -> None:
@@ -519,6 +531,7 @@ class Settler:
                 for pending in batch:
                     if pending.uncertain_since is None:
                         pending.uncertain_since = tried_at
+                        pending.carriable = False
                 self.stalled = True
                 log_event("jobs.settle.retrying", logging.WARNING, jobs=len(batch), error=str(exc))
                 await trio.sleep(delay)

@@ -148,6 +148,9 @@ class Slots:
         # Queues an operator paused (the worker's watch heard it): no claim asks for them.
         self.paused: frozenset[str] = frozenset()
         self._held_one = trio.lowlevel.ParkingLot()
+        # Whether hand_back_overdue waits there for the first held claim: asked at every claim
+        # held, where the lot's own __bool__ was a call each.
+        self._overdue_waits = False
         self.freed = trio.lowlevel.ParkingLot()
         # What claims in flight asked of each queue, and the free slots they told the
         # driver their jobs would run in (claim_sent()).
@@ -267,7 +270,7 @@ class Slots:
             return
         held = _Held(self, run, definition, now + self.hold_limit)
         self._waiting[queue].append(held)
-        if self._held_one:  # hand_back_overdue may be waiting for the first
+        if self._overdue_waits:  # hand_back_overdue waits for the first
             self._held_one.unpark_all()
         self.unstarted[queue] += 1
         self._jobs += 1
@@ -372,7 +375,11 @@ class Slots:
         while True:
             due = [waiting[0].deadline for waiting in self._waiting.values() if waiting]
             if not due:
-                await self._held_one.park()
+                self._overdue_waits = True
+                try:
+                    await self._held_one.park()
+                finally:
+                    self._overdue_waits = False
                 continue
             await trio.sleep_until(min(due))
             now = trio.current_time()
