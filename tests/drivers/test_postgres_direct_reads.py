@@ -21,6 +21,7 @@ pytestmark = pytest.mark.postgres
 asyncpg = pytest.importorskip("asyncpg")
 
 from jobs_trio.drivers import _postgres_bridge as postgres_bridge  # noqa: E402
+from jobs_trio.drivers._postgres_open import open_bridge  # noqa: E402
 from jobs_trio.drivers.postgres import open_postgres_driver  # noqa: E402
 
 
@@ -309,9 +310,7 @@ async def test_closing_the_bridge_under_a_running_operation_leaves_the_loop_no_e
     errors: list[dict[str, Any]] = []
     ended: list[str] = []
     async with open_admin(url) as admin, trio.open_nursery() as outer:
-        bridge_open = postgres_bridge.open_bridge(
-            url, pool_size=2, application_name="jt-direct-reads-close"
-        )
+        bridge_open = open_bridge(url, pool_size=2, application_name="jt-direct-reads-close")
         async with bridge_open as bridge:
             bridge.loop.set_exception_handler(lambda loop, context: errors.append(context))
             pid = await backend_pid(bridge)

@@ -82,8 +82,8 @@ async def sqlite_database(tmp_path: Path) -> AsyncIterator[Database]:
 @contextlib.asynccontextmanager
 async def postgres_database(pg_schema: str) -> AsyncIterator[Database]:
     url = require_postgres()
-    from jobs_trio.drivers._postgres_bridge import open_bridge
     from jobs_trio.drivers._postgres_migrate import apply_migrations
+    from jobs_trio.drivers._postgres_open import open_bridge
     from jobs_trio.drivers._postgres_sql import load_statements
     from tests.drivers.test_postgres_driver import open_admin
 

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
-from ..drivers._postgres_bridge import REFUSED_CLASSES, REFUSED_STATES, ROW_LOCK_STATES
+from ..drivers._postgres_errors import REFUSED_CLASSES, REFUSED_STATES, ROW_LOCK_STATES
 
 # The schema (3F000) or its tables (42P01) are not there: never migrated, or another schema=.
 _NOT_MIGRATED = ("3F000", "42P01")

@@ -18,9 +18,10 @@ from .._core.errors import ConfigError, RowLocked
 from .._core.logs import log_event
 from .._core.version import VERSION
 from ._migration_files import COMPATIBILITY_LEVEL, Migration
-from ._postgres_bridge import Bridge, NameHolders, open_bridge, sole_error
+from ._postgres_bridge import Bridge, NameHolders
 from ._postgres_index_builds import all_small, build_indexes, index_builds
 from ._postgres_locks import LockHolder, described, lock_holders
+from ._postgres_open import open_bridge, sole_error
 from ._postgres_plan import Plan, Query, fetch_on, run_plan_async
 from ._postgres_pool import Connection
 from ._postgres_sql import Statements, load_statements

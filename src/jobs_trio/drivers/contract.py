@@ -1,5 +1,5 @@
-# The one interface every storage backend implements (memory, SQLite, PostgreSQL). In drivers/
-# beside the rules they share; its semantics live in jobs_trio.testing.conformance.
+# The one interface every storage backend implements (memory, SQLite, PostgreSQL): six capabilities,
+# each a room of every driver's package and a file prefix of jobs_trio.testing.conformance.
 # Imported as `jobs_trio.driver` (or `jobs_trio.Driver`), its public name.
 from __future__ import annotations
 
@@ -63,18 +63,16 @@ class Capabilities:
     # a worker with work waiting sends its next claim before the last one is answered.
     claims_side_by_side: bool = False
 
+    @classmethod
+    def every(cls, **but: bool) -> Capabilities:
+        """Every capability declared, save those ``but`` turns off: a driver that has nearly all
+        says what it lacks (``Capabilities.every(claims_side_by_side=False)``)."""
+        return cls(**{field.name: True for field in attrs.fields(cls)} | but)
 
-@runtime_checkable
-class Driver(Protocol):
-    """Durable job storage. Every method is async and safe to call from one Trio task at a time
-    or from many; times are seconds on the driver's own clock (``now()``)."""
 
-    url: str
-    capabilities: Capabilities
-
-    def now(self) -> float:
-        """The driver's clock: every run-at, lease and timestamp it stores is on it."""
-        ...
+class Jobs(Protocol):
+    """A job's way from written to ended: enqueue, claim, renew, settle, and the wait for work
+    between claims (conformance: test_jobs_*)."""
 
     async def enqueue(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
@@ -125,100 +123,6 @@ class Driver(Protocol):
         leave the job live ends it cancelled (``operator_transitions.cancel_instead``)."""
         ...
 
-    async def get(self, job_id: JobId) -> JobRecord | None: ...
-
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        queue: str | None = None,
-        name: str | None = None,
-        changed_before: float | None = None,
-        limit: int = 100,
-    ) -> Sequence[JobRecord]:
-        """Newest first; jobs of one batch (equal ``created_at``) by id, descending. Each
-        filter given narrows the list: ``name`` is a job's whole name, ``changed_before`` a
-        time its ``updated_at`` is before (driver clock)."""
-        ...
-
-    async def retry(self, job_id: JobId) -> JobRecord:
-        """An operator's re-run: a dead, cancelled or parked job back to ready now, with its
-        attempts reset. Raises ``JobNotFound`` / ``InvalidTransition``."""
-        ...
-
-    async def cancel(self, job_id: JobId) -> JobRecord:
-        """An operator's cancel: a ready, suspended or parked job becomes cancelled at once; a
-        running one is flagged, and its worker cancels the run at its next renewal."""
-        ...
-
-    async def delete(self, job_id: JobId) -> JobRecord:
-        """An operator's delete of a job that is not running: the job, its step records and
-        its attempt history are gone, its key is free. Answers the job as it was. Raises
-        ``JobNotFound`` / ``InvalidTransition`` (a running job: cancel it first)."""
-        ...
-
-    async def run_now(self, job_id: JobId) -> JobRecord:
-        """An operator's "run now": a ready job whose run-at is ahead (scheduled, backing off,
-        put off for a fleet limit) due now, its attempts unchanged; waiters for work in its
-        queue wake. A ready job already due is answered as it is. Raises ``JobNotFound`` /
-        ``InvalidTransition`` (any other state)."""
-        ...
-
-    # Queue control: a pause is durable and fleet-wide (docs/model.md, "Pausing a queue").
-
-    async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
-        """Pause ``queue``: no claim ordered after this call's commit takes a job of it (nor a
-        lapsed one to rescue) until ``resume_queue``, and ``wait_for_work`` counts none of its
-        jobs as work; the jobs running in it run on. The change counts one more epoch (the
-        answer's ``epoch``, ordered as the changes commit), and waiters in ``wait_for_pauses``
-        wake. Pausing a paused queue changes nothing and answers the pause on record; a queue
-        with no jobs can be paused (its jobs then wait from their enqueue). The workers holding
-        jobs of it hear of it afterwards: ``jobs_trio.pause_queue`` waits for them."""
-        ...
-
-    async def resume_queue(self, queue: str) -> bool:
-        """Take ``queue``'s pause back; answer whether it was paused (a resume counts one more
-        epoch). Waiters for work in it and in ``wait_for_pauses`` wake."""
-        ...
-
-    async def queue_pauses(self) -> Sequence[QueuePause]:
-        """Every paused queue, by name."""
-        ...
-
-    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
-        """The paused queues and their epoch, read in one snapshot: answered at once when the
-        epoch is not ``seen`` (a worker's last look; None: answer at once), else once it
-        changes, or as they are after ``timeout`` seconds. A driver that hears every change
-        wakes on it (memory: in-process; PostgreSQL: LISTEN); one that cannot (SQLite across
-        processes; PostgreSQL while its LISTEN is down) looks again on its own short
-        interval, as ``wait_for_work`` does."""
-        ...
-
-    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
-        """A worker's confirmation that it acts on the pauses as of ``epoch`` (a look's): it
-        holds no job of a queue paused by then unstarted, and starts none until it is resumed.
-        Replaces its previous one; forgets those of workers silent for
-        ``rules.FORGET_WORKERS_AFTER`` seconds."""
-        ...
-
-    async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
-        """Every worker the database has holding running jobs of ``queue`` (by worker id), with
-        how many, their latest lease, and the epoch it last confirmed (``pauses_heard``). Once
-        ``queue`` is paused no claim adds one: a pause is sure nothing of it starts anywhere
-        once each of these has confirmed the pause's epoch."""
-        ...
-
-    async def stats(self) -> Sequence[QueueStats]:
-        """Per queue (by name) with jobs or paused: its jobs by state, due, the oldest due
-        job's age, its dead jobs, whether it is paused."""
-        ...
-
-    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
-        """``stats()`` for a fleet's workers to export: the first caller after ``interval``
-        seconds since the last turn reads ``stats()`` and stores it; every other caller gets
-        the stored observation from a one-row read (see _fleet_stats.py)."""
-        ...
-
     async def wait_for_work(
         self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
     ) -> None:
@@ -230,6 +134,11 @@ class Driver(Protocol):
         with ``Capabilities.rescue_on_request``, by a worker that takes no lapsed job until
         then, on the driver's clock): a lapsed lease is work only from that moment."""
         ...
+
+
+class StepsAndEvents(Protocol):
+    """Durable steps (fenced saves) and the events a suspended job waits for
+    (conformance: test_steps_events_*)."""
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]: ...
 
@@ -260,6 +169,10 @@ class Driver(Protocol):
         when an event of the name was stored past the mark (rules.woken)."""
         ...
 
+
+class Cron(Protocol):
+    """Cron tasks' marks: each tick fired once per fleet (conformance: test_cron_*)."""
+
     async def task_marks(self) -> Sequence[TaskMark]:
         """Every cron task's record, by task name."""
         ...
@@ -269,6 +182,11 @@ class Driver(Protocol):
         ``advance.expected`` (or, with None, there is none) and no fire of the same task and
         scheduled time is on record, move it to ``advance_to``, record each fire and enqueue its
         job. Answers whether it applied; False wrote nothing (another worker got there first)."""
+
+
+class OutboxAndRelay(Protocol):
+    """The transactional outbox and the relay that moves its rows into jobs, fenced by
+    tickets (conformance: test_outbox_relay*)."""
 
     # The outbox: jobs an application wrote in its own transaction, in its own database, for a
     # relay to move into the job store (see relay.py). A driver opened on the application's
@@ -371,6 +289,123 @@ class Driver(Protocol):
         in it leaves everything as it was: no window, and nothing recorded."""
         ...
 
+
+class Fleet(Protocol):
+    """What the workers tell each other: presence and the queues' pauses (conformance:
+    test_fleet_*)."""
+
+    # Queue control: a pause is durable and fleet-wide (docs/model.md, "Pausing a queue").
+
+    async def pause_queue(self, queue: str, *, by: str | None = None) -> QueuePause:
+        """Pause ``queue``: no claim ordered after this call's commit takes a job of it (nor a
+        lapsed one to rescue) until ``resume_queue``, and ``wait_for_work`` counts none of its
+        jobs as work; the jobs running in it run on. The change counts one more epoch (the
+        answer's ``epoch``, ordered as the changes commit), and waiters in ``wait_for_pauses``
+        wake. Pausing a paused queue changes nothing and answers the pause on record; a queue
+        with no jobs can be paused (its jobs then wait from their enqueue). The workers holding
+        jobs of it hear of it afterwards: ``jobs_trio.pause_queue`` waits for them."""
+        ...
+
+    async def resume_queue(self, queue: str) -> bool:
+        """Take ``queue``'s pause back; answer whether it was paused (a resume counts one more
+        epoch). Waiters for work in it and in ``wait_for_pauses`` wake."""
+        ...
+
+    async def queue_pauses(self) -> Sequence[QueuePause]:
+        """Every paused queue, by name."""
+        ...
+
+    async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
+        """The paused queues and their epoch, read in one snapshot: answered at once when the
+        epoch is not ``seen`` (a worker's last look; None: answer at once), else once it
+        changes, or as they are after ``timeout`` seconds. A driver that hears every change
+        wakes on it (memory: in-process; PostgreSQL: LISTEN); one that cannot (SQLite across
+        processes; PostgreSQL while its LISTEN is down) looks again on its own short
+        interval, as ``wait_for_work`` does."""
+        ...
+
+    async def pauses_heard(self, worker_id: str, epoch: int) -> None:
+        """A worker's confirmation that it acts on the pauses as of ``epoch`` (a look's): it
+        holds no job of a queue paused by then unstarted, and starts none until it is resumed.
+        Replaces its previous one; forgets those of workers silent for
+        ``rules.FORGET_WORKERS_AFTER`` seconds."""
+        ...
+
+    async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
+        """Every worker the database has holding running jobs of ``queue`` (by worker id), with
+        how many, their latest lease, and the epoch it last confirmed (``pauses_heard``). Once
+        ``queue`` is paused no claim adds one: a pause is sure nothing of it starts anywhere
+        once each of these has confirmed the pause's epoch."""
+        ...
+
+    async def worker_seen(self, presence: WorkerPresence) -> None:
+        """Store a worker's announcement, replacing its previous one; forget every worker not
+        seen for ``rules.FORGET_WORKERS_AFTER`` seconds."""
+        ...
+
+    async def worker_gone(self, worker_id: str) -> None:
+        """Forget a worker that stopped (nothing when it is not recorded)."""
+        ...
+
+    async def workers(self) -> Sequence[WorkerPresence]:
+        """Every worker recorded, by worker id, live or not (``WorkerPresence.live`` tells)."""
+        ...
+
+
+class Admin(Protocol):
+    """What operators read and do: jobs, operator transitions, stats, history, retention
+    (conformance: test_admin_*)."""
+
+    async def get(self, job_id: JobId) -> JobRecord | None: ...
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        changed_before: float | None = None,
+        limit: int = 100,
+    ) -> Sequence[JobRecord]:
+        """Newest first; jobs of one batch (equal ``created_at``) by id, descending. Each
+        filter given narrows the list: ``name`` is a job's whole name, ``changed_before`` a
+        time its ``updated_at`` is before (driver clock)."""
+        ...
+
+    async def retry(self, job_id: JobId) -> JobRecord:
+        """An operator's re-run: a dead, cancelled or parked job back to ready now, with its
+        attempts reset. Raises ``JobNotFound`` / ``InvalidTransition``."""
+        ...
+
+    async def cancel(self, job_id: JobId) -> JobRecord:
+        """An operator's cancel: a ready, suspended or parked job becomes cancelled at once; a
+        running one is flagged, and its worker cancels the run at its next renewal."""
+        ...
+
+    async def delete(self, job_id: JobId) -> JobRecord:
+        """An operator's delete of a job that is not running: the job, its step records and
+        its attempt history are gone, its key is free. Answers the job as it was. Raises
+        ``JobNotFound`` / ``InvalidTransition`` (a running job: cancel it first)."""
+        ...
+
+    async def run_now(self, job_id: JobId) -> JobRecord:
+        """An operator's "run now": a ready job whose run-at is ahead (scheduled, backing off,
+        put off for a fleet limit) due now, its attempts unchanged; waiters for work in its
+        queue wake. A ready job already due is answered as it is. Raises ``JobNotFound`` /
+        ``InvalidTransition`` (any other state)."""
+        ...
+
+    async def stats(self) -> Sequence[QueueStats]:
+        """Per queue (by name) with jobs or paused: its jobs by state, due, the oldest due
+        job's age, its dead jobs, whether it is paused."""
+        ...
+
+    async def fleet_stats(self, worker_id: str, interval: float) -> Sequence[QueueStats]:
+        """``stats()`` for a fleet's workers to export: the first caller after ``interval``
+        seconds since the last turn reads ``stats()`` and stores it; every other caller gets
+        the stored observation from a one-row read (see _fleet_stats.py)."""
+        ...
+
     async def prune(self, turn: PruneTurn) -> Pruned:
         """One bounded batch of retention (see ``PruneTurn``): delete finished jobs past their
         age, with their step records, in one transaction with the turn's compare-and-set, so
@@ -398,17 +433,17 @@ class Driver(Protocol):
         names; an attempt whose job was deleted (or pruned) is gone with it."""
         ...
 
-    async def worker_seen(self, presence: WorkerPresence) -> None:
-        """Store a worker's announcement, replacing its previous one; forget every worker not
-        seen for ``rules.FORGET_WORKERS_AFTER`` seconds."""
-        ...
 
-    async def worker_gone(self, worker_id: str) -> None:
-        """Forget a worker that stopped (nothing when it is not recorded)."""
-        ...
+@runtime_checkable
+class Driver(Jobs, StepsAndEvents, Cron, OutboxAndRelay, Fleet, Admin, Protocol):
+    """Durable job storage. Every method is async and safe to call from one Trio task at a time
+    or from many; times are seconds on the driver's own clock (``now()``)."""
 
-    async def workers(self) -> Sequence[WorkerPresence]:
-        """Every worker recorded, by worker id, live or not (``WorkerPresence.live`` tells)."""
+    url: str
+    capabilities: Capabilities
+
+    def now(self) -> float:
+        """The driver's clock: every run-at, lease and timestamp it stores is on it."""
         ...
 
     async def aclose(self) -> None: ...

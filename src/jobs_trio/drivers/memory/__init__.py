@@ -7,20 +7,15 @@ from ._admin import MemoryAdmin
 from ._cron import MemoryCron
 from ._fleet import MemoryFleet
 from ._jobs import MemoryJobs
-from ._outbox_relay import MemoryOutbox
-from ._steps_events import MemorySteps
+from ._outbox_relay import MemoryOutboxAndRelay
+from ._steps_events import MemoryStepsAndEvents
 
 
-class MemoryDriver(MemoryJobs, MemorySteps, MemoryCron, MemoryOutbox, MemoryFleet, MemoryAdmin):
+class MemoryDriver(
+    MemoryJobs, MemoryStepsAndEvents, MemoryCron, MemoryOutboxAndRelay, MemoryFleet, MemoryAdmin
+):
     """Jobs in a dict. ``clock`` defaults to the wall clock; tests on Trio's ``MockClock`` pass
     ``trio.current_time`` so leases and delays move with the mock time."""
 
     # Every capability of the contract (Capabilities): the conformance suite tests each.
-    capabilities = Capabilities(
-        settles_with_claims=True,
-        claims_ahead=True,
-        rescue_on_request=True,
-        renews_beside=True,
-        hands_back_unheld=True,
-        claims_side_by_side=True,
-    )
+    capabilities = Capabilities.every()

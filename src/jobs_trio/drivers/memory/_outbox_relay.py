@@ -35,7 +35,7 @@ def _is_this(outbox: Driver, store: MemoryStore) -> bool:
     return outbox is cast(object, store)
 
 
-class MemoryOutbox(MemoryStore):
+class MemoryOutboxAndRelay(MemoryStore):
     """The transactional outbox and the relay that moves its rows into jobs."""
 
     # The outbox.

@@ -24,7 +24,7 @@ from .._rules import (
 from ._store import MemoryStore
 
 
-class MemorySteps(MemoryStore):
+class MemoryStepsAndEvents(MemoryStore):
     """Durable steps and the events a suspended job waits for."""
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:

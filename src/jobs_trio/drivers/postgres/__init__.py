@@ -11,9 +11,10 @@ from typing import Any
 
 import trio
 
-from .._postgres_bridge import Bridge, open_bridge, sole_error
+from .._postgres_bridge import Bridge
 from .._postgres_listener import Listener
 from .._postgres_migrate import apply_migrations, check_migrated, holders_namer, migrate
+from .._postgres_open import open_bridge, sole_error
 from .._postgres_pool import session_settings
 from .._postgres_pooler import Pooler
 from .._postgres_sql import Statements, load_statements
@@ -25,9 +26,9 @@ from ._claim_statements import _claim_arguments as _claim_arguments
 from ._cron import PostgresCron
 from ._fleet import PostgresFleet
 from ._jobs import PostgresJobs
-from ._outbox_relay import PostgresOutbox
+from ._outbox_relay import PostgresOutboxAndRelay
 from ._settle_statements import _settle_columns as _settle_columns
-from ._steps_events import PostgresSteps
+from ._steps_events import PostgresStepsAndEvents
 
 __all__ = ["PostgresDriver", "migrate", "open_postgres_driver"]
 
@@ -114,17 +115,15 @@ async def _open_on(
 
 
 class PostgresDriver(
-    PostgresJobs, PostgresSteps, PostgresCron, PostgresOutbox, PostgresFleet, PostgresAdmin
+    PostgresJobs,
+    PostgresStepsAndEvents,
+    PostgresCron,
+    PostgresOutboxAndRelay,
+    PostgresFleet,
+    PostgresAdmin,
 ):
     """Jobs in PostgreSQL. Open it with :func:`open_postgres_driver`; every method crosses into
     asyncpg once (a batch of claims is one statement, a batch of settlements one transaction)."""
 
     # Every capability of the contract (Capabilities): the conformance suite tests each.
-    capabilities = Capabilities(
-        settles_with_claims=True,
-        claims_ahead=True,
-        rescue_on_request=True,
-        renews_beside=True,
-        hands_back_unheld=True,
-        claims_side_by_side=True,
-    )
+    capabilities = Capabilities.every()

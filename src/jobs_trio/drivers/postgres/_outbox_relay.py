@@ -112,7 +112,7 @@ async def _decide(
     return [on_record[job.job_id] for job in jobs]
 
 
-class PostgresOutbox(PostgresConnection):
+class PostgresOutboxAndRelay(PostgresConnection):
     """The transactional outbox and the relay that moves its rows into jobs."""
 
     # --- the outbox ---
@@ -285,7 +285,7 @@ class PostgresOutbox(PostgresConnection):
         if outbox is cast(object, self):
             await trio.lowlevel.checkpoint()
             return True
-        if not isinstance(outbox, PostgresOutbox):
+        if not isinstance(outbox, PostgresOutboxAndRelay):
             await trio.lowlevel.checkpoint()
             return False
         if outbox in self._shares_with:
@@ -324,7 +324,7 @@ class PostgresOutbox(PostgresConnection):
 
     async def relay_in_place(self, outbox: Driver, limit: int) -> Sequence[RelayDecision]:
         self._check_open()
-        if not isinstance(outbox, PostgresOutbox) or not await self.shares_outbox(outbox):
+        if not isinstance(outbox, PostgresOutboxAndRelay) or not await self.shares_outbox(outbox):
             raise refuse_in_place("PostgreSQL")
         sql, there = self._sql, outbox._sql
         now = self.now()

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from ..._core.operator_transitions import cancel_instead
 from ..._core.records import ClaimToken, Complete, JobId, Lease, RenewResult, Settlement
-from .._postgres_bridge import ROW_LOCK_STATES
+from .._postgres_errors import ROW_LOCK_STATES
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
 from .._rules import effect, history_outcome, kind_of

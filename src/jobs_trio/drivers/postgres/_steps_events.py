@@ -13,7 +13,7 @@ from .._postgres_pool import Connection
 from ._connection import PostgresConnection
 
 
-class PostgresSteps(PostgresConnection):
+class PostgresStepsAndEvents(PostgresConnection):
     """Durable steps and the events a suspended job waits for."""
 
     # --- steps and events ---

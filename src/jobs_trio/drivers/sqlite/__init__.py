@@ -15,8 +15,8 @@ from ._connection import POLL_INTERVAL
 from ._cron import SqliteCron
 from ._fleet import SqliteFleet
 from ._jobs import SqliteJobs
-from ._outbox_relay import SqliteOutbox
-from ._steps_events import SqliteSteps
+from ._outbox_relay import SqliteOutboxAndRelay
+from ._steps_events import SqliteStepsAndEvents
 
 
 @contextlib.asynccontextmanager
@@ -65,15 +65,12 @@ async def open_sqlite_driver(
             await driver.aclose()
 
 
-class SqliteDriver(SqliteJobs, SqliteSteps, SqliteCron, SqliteOutbox, SqliteFleet, SqliteAdmin):
+class SqliteDriver(
+    SqliteJobs, SqliteStepsAndEvents, SqliteCron, SqliteOutboxAndRelay, SqliteFleet, SqliteAdmin
+):
     """Jobs in one SQLite file, reached through one connection that one worker thread at a time
     uses. Open it with `open_sqlite_driver`, which prepares the schema and closes it after."""
 
-    # Every capability of the contract (Capabilities): the conformance suite tests each.
-    capabilities = Capabilities(
-        settles_with_claims=True,
-        claims_ahead=True,
-        rescue_on_request=True,
-        renews_beside=True,
-        hands_back_unheld=True,
-    )
+    # Every capability of the contract (Capabilities) but claims side by side: its one
+    # connection runs one statement at a time (the door's thread), so a second claim would wait.
+    capabilities = Capabilities.every(claims_side_by_side=False)

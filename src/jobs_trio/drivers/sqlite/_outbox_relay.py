@@ -73,7 +73,7 @@ def _same_file(here: str, there: str) -> bool:
         return False
 
 
-class SqliteOutbox(SqliteConnection):
+class SqliteOutboxAndRelay(SqliteConnection):
     """The transactional outbox and the relay that moves its rows into jobs."""
 
     # The outbox.

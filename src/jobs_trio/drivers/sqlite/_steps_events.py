@@ -38,7 +38,7 @@ def _event(row: Any) -> EventRecord:
     return EventRecord(id=str(row[0]), name=row[1], key=row[2], payload=row[3], created_at=row[4])
 
 
-class SqliteSteps(SqliteConnection):
+class SqliteStepsAndEvents(SqliteConnection):
     """Durable steps and the events a suspended job waits for."""
 
     async def save_step(

@@ -1,6 +1,6 @@
 # A send that lands between a waiting job's look for its event and the settle of its suspend:
 # the job is still running then, so the send wakes nothing, and the settle must (rules.woken).
-# Apart from test_steps_and_events.py because these are about that window and its mark alone.
+# Apart from test_steps_events.py because these are about that window and its mark alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
