@@ -88,13 +88,15 @@ async def run_attempt(
     driver: Driver,
     worker_id: str,
     threads: ThreadSlots,
+    in_span: bool = False,
 ) -> Outcome:
     """The verdict on one claim. Parked when this deploy's ``registry`` declares no job of its
     name (``definition`` None), unless a hand-back reason cancelled it first; else its body
     runs with a context of its own under ``run``'s cancel scope, and is judged: a body that
     RETURNED completed, whatever was asked of its scope meanwhile; one that UNWOUND is judged
     by the scope's first cancel reason, never by what it raised (a body cut short by a drain
-    may surface any error at all, and it is still interrupted)."""
+    may surface any error at all, and it is still interrupted). ``in_span``: called by itself
+    inside the attempt's span (a tracer provider is set)."""
     if definition is None:
         if run.reason in _HANDED_BACK:
             # Cancelled before it was looked at (a claim answered late, a drain): handed back
@@ -103,37 +105,32 @@ async def run_attempt(
             return _handed_back(claim, run, None, 0.0, _note(claim, worker_id, None))
         # No span: nothing ran.
         return _parked(claim, sorted(d.name for d in registry), _note(claim, worker_id, None))
-    # A run started in a worker that is being cancelled from outside (a slot freed by a run
-    # going away hands itself to the next claim): it ends here, before a line of its body,
-    # rather than at the body's first checkpoint. Nothing is written; its lease lapses.
-    await trio.lowlevel.checkpoint_if_cancelled()
+    if not in_span:
+        # A run started in a worker that is being cancelled from outside (a slot freed by a
+        # run going away hands itself to the next claim): it ends here, before a line of its
+        # body, rather than at the body's first checkpoint. Nothing is written; its lease
+        # lapses.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if tracing():
+            # One span per attempt (with OpenTelemetry and a tracer provider), a child of the
+            # enqueue's span; the attempt runs inside it.
+            with attempt_span(claim, lambda: trace_of(claim.context)) as span:
+                outcome = await run_attempt(
+                    claim,
+                    definition,
+                    run,
+                    registry=registry,
+                    driver=driver,
+                    worker_id=worker_id,
+                    threads=threads,
+                    in_span=True,
+                )
+                span.ended(outcome.kind, run.reason, outcome.error)
+            return outcome
+    # The body runs in this frame, the attempt's run and its judgement one function: a second
+    # coroutine for the judgement was a share of a no-op job's cost (issue 44). The lease
+    # lifeline finds the claim of a body that blocks the loop here (judged_code).
     ctx = JobContext(claim, run, lambda: Steps(driver, claim.lease, definition, run), worker_id)
-    if not tracing():
-        return await _judged(claim, definition, run, ctx, threads, worker_id)
-    # One span per attempt (with OpenTelemetry and a tracer provider), a child of the
-    # enqueue's span.
-    with attempt_span(claim, lambda: trace_of(claim.context)) as span:
-        outcome = await _judged(claim, definition, run, ctx, threads, worker_id)
-        span.ended(outcome.kind, run.reason, outcome.error)
-    return outcome
-
-
-def _note(
-    claim: Claim, worker_id: str, seconds: float | None, traceback: str | None = None
-) -> AttemptNote:
-    """What the job's history keeps of this attempt, carried by its settlement; ``seconds``
-    None: its body never started."""
-    return AttemptNote(claim.attempt, worker_id, seconds, traceback)
-
-
-async def _judged(
-    claim: Claim,
-    definition: JobDefinition,
-    run: RunScope,
-    ctx: JobContext,
-    threads: ThreadSlots,
-    worker_id: str,
-) -> Outcome:
     started = trio.current_time()
     # How the body ended: it returned (``result``), raised (``error``), suspended, or none of
     # those — it unwound with the run scope's own ``Cancelled``, or never started.
@@ -216,9 +213,17 @@ async def _judged(
 
 
 def judged_code() -> CodeType:
-    """The code of the frame every job body runs under (``_judged``): how the lease lifeline
-    finds, in a blocked Trio thread's stack, which claim's body holds the loop."""
-    return _judged.__code__
+    """The code of the frame every job body runs under (``run_attempt``): how the lease
+    lifeline finds, in a blocked Trio thread's stack, which claim's body holds the loop."""
+    return run_attempt.__code__
+
+
+def _note(
+    claim: Claim, worker_id: str, seconds: float | None, traceback: str | None = None
+) -> AttemptNote:
+    """What the job's history keeps of this attempt, carried by its settlement; ``seconds``
+    None: its body never started."""
+    return AttemptNote(claim.attempt, worker_id, seconds, traceback)
 
 
 def _suspended_in(exc: BaseException) -> Suspension | None:
@@ -291,7 +296,7 @@ def _verdict(
     seconds: float,
     worker_id: str,
 ) -> Outcome:
-    """The verdict on a body that did not complete (``_judged`` decides a completion): it
+    """The verdict on a body that did not complete (``run_attempt`` decides a completion): it
     raised ``error``, suspended, or unwound; or it ``returned`` a result that could not be
     stored (``error``), or at the teardown's budget."""
     lease = claim.lease
@@ -418,7 +423,7 @@ def _traceback_tail(exc_info: ExcInfo) -> str:
 
 
 # Where the frames of the worker's own machinery are, before a body's: this package's
-# (_judged, a sync body's _call_in_thread), and Trio's and outcome's (a thread's result handed
+# (run_attempt, a sync body's _call_in_thread), and Trio's and outcome's (a thread's result handed
 # back to the Trio thread).
 _MACHINERY = tuple(
     os.path.dirname(path) + os.sep for path in (trio.__file__, outcome.__file__, __file__) if path
