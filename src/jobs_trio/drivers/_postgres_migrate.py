@@ -16,12 +16,13 @@ import trio
 
 from .._core.errors import ConfigError, RowLocked
 from .._core.logs import log_event
+from .._core.single_error import unwrap_single_error
 from .._core.version import VERSION
 from ._migration_files import COMPATIBILITY_LEVEL, Migration
 from ._postgres_bridge import Bridge, NameHolders
 from ._postgres_index_builds import all_small, build_indexes, index_builds
 from ._postgres_locks import LockHolder, described, lock_holders
-from ._postgres_open import open_bridge, sole_error
+from ._postgres_open import open_bridge
 from ._postgres_plan import Plan, Query, fetch_on, run_plan_async
 from ._postgres_pool import Connection
 from ._postgres_sql import Statements, load_statements
@@ -90,7 +91,7 @@ async def migrate(
     process got there first). Each lock is waited for ``lock_timeout`` seconds at most, then
     tried again later, for up to ``wait`` seconds in all."""
     statements = load_statements(schema)
-    with sole_error():
+    with unwrap_single_error():
         async with open_bridge(
             url,
             pool_size=1,

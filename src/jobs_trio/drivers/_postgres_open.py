@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from .._core.errors import ConfigError
@@ -13,29 +13,6 @@ from .._core.logs import log_event
 from ._postgres_bridge import Bridge, NameHolders
 from ._postgres_pool import Connection, session_settings
 from ._postgres_pooler import Pooler
-
-
-@contextlib.contextmanager
-def sole_error() -> Iterator[None]:
-    """Let one error out as itself, not wrapped in the exception groups of the nurseries the
-    driver opens (trio-asyncio's loop, the listener's): a caller catching ConfigError, or
-    their own ValueError from inside the block, should not need to know those nurseries exist.
-    Two or more errors at once stay grouped."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        only: BaseException = group
-        while isinstance(only, BaseExceptionGroup) and len(only.exceptions) == 1:
-            only = only.exceptions[0]
-        if only is group or isinstance(only, BaseExceptionGroup):
-            raise
-        context = only.__context__
-        try:
-            raise only
-        finally:
-            # Raising here would chain the group in as the context; keep the error's own.
-            only.__context__ = context
-            del only, group
 
 
 @contextlib.asynccontextmanager

@@ -277,6 +277,13 @@ def _create_for_owner_only(path: str) -> None:
     os.close(fd)
 
 
+async def migrate(url: str) -> list[int]:
+    """Create or upgrade the file ``url`` names (what opening it to write does, and all), and
+    answer the versions this call applied."""
+    async with open_sqlite_file(url) as (_, done):
+        return done
+
+
 @contextlib.asynccontextmanager
 async def open_sqlite_file(
     url: str,
@@ -286,39 +293,10 @@ async def open_sqlite_file(
     synchronous: str = "FULL",
     read_only: bool = False,
     create: bool = True,
-) -> AsyncIterator[SqliteDoor]:
-    """The door to the file ``url`` names, the file checked (and unless ``read_only``, created
-    or upgraded and switched to WAL) before it is handed out; closed on the way out.
-    `open_sqlite_driver` documents the options."""
-    async with _open_checked(
-        url,
-        clock=clock,
-        busy_timeout=busy_timeout,
-        synchronous=synchronous,
-        read_only=read_only,
-        create=create,
-    ) as (door, _):
-        yield door
-
-
-async def migrate(url: str) -> list[int]:
-    """Create or upgrade the file ``url`` names (what opening it to write does, and all), and
-    answer the versions this call applied."""
-    async with _open_checked(url) as (_, done):
-        return done
-
-
-@contextlib.asynccontextmanager
-async def _open_checked(
-    url: str,
-    *,
-    clock: Callable[[], float] = time.time,
-    busy_timeout: float = 5.0,
-    synchronous: str = "FULL",
-    read_only: bool = False,
-    create: bool = True,
 ) -> AsyncIterator[tuple[SqliteDoor, list[int]]]:
-    """`open_sqlite_file`'s door, and the versions its open applied."""
+    """The door to the file ``url`` names, the file checked (and unless ``read_only``, created
+    or upgraded and switched to WAL) before it is handed out, and the versions its open
+    applied; closed on the way out. `open_sqlite_driver` documents the options."""
     path = sqlite_path(url)
     if sqlite3.sqlite_version_info < MIN_SQLITE:
         raise ConfigError(

@@ -29,6 +29,7 @@ from ..._core.records import (
     PruneTurn,
     QueueStats,
 )
+from .._calls import JobFilter, ListCalls
 from .._retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
 from .._rules import (
     LIVE_STATES,
@@ -38,7 +39,7 @@ from .._rules import (
 from ._store import MemoryStore
 
 
-class MemoryAdmin(MemoryStore):
+class MemoryAdmin(ListCalls, MemoryStore):
     """What operators read and do: jobs, stats, history, retention."""
 
     async def get(self, job_id: JobId) -> JobRecord | None:
@@ -46,15 +47,8 @@ class MemoryAdmin(MemoryStore):
         self._check_open()
         return self._jobs.get(job_id)
 
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        queue: str | None = None,
-        name: str | None = None,
-        changed_before: float | None = None,
-        limit: int = 100,
-    ) -> Sequence[JobRecord]:
+    async def _list_jobs(self, wanted: JobFilter) -> Sequence[JobRecord]:
+        state, queue, name, changed_before, limit = wanted.parts()
         await trio.lowlevel.checkpoint()
         self._check_open()
         found = [

@@ -27,6 +27,7 @@ from ..._core.records import (
     Settlement,
     new_token,
 )
+from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
 from .._limit_rules import SLOT, LimitRow, decide, needs
 from .._rules import (
@@ -82,7 +83,7 @@ class _MemoryBeside:
         pass
 
 
-class MemoryJobs(MemoryStore):
+class MemoryJobs(ClaimCalls, MemoryStore):
     """Enqueue, claim, renew and settle: a job's way from written to ended."""
 
     async def enqueue(
@@ -134,16 +135,8 @@ class MemoryJobs(MemoryStore):
             and not self._hands_back(record)
         )
 
-    async def claim(
-        self,
-        queues: Sequence[str],
-        limit: int | Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        free: Mapping[str, int] | None = None,
-        rescue: bool = True,
-    ) -> Sequence[Claim]:
+    async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
+        queues, limit, lease, worker_id, free, rescue = ask.parts()
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
@@ -324,17 +317,10 @@ class MemoryJobs(MemoryStore):
             held=frozenset(held), cancel_requested=frozenset(cancel), slot_lost=frozenset(lost)
         )
 
-    async def settle_and_claim(
-        self,
-        settlements: Sequence[Settlement],
-        queues: Sequence[str],
-        limit: int | Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        free: Mapping[str, int] | None = None,
-        rescue: bool = True,
+    async def _settle_and_claim(
+        self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        queues, limit, lease, worker_id, free, rescue = ask.parts()
         # In order, through the methods a test double overrides (a stalled or refusing settle
         # holds or fails the claim with it, as one write would). settle refuses before it
         # applies anything and this claim cannot fail after it, so it is one write here.

@@ -19,6 +19,7 @@ from ..._core.records import (
     RelayOutcome,
     new_token,
 )
+from .._calls import RelayAsk, RelayCalls
 from .._rules import (
     refuse_connection,
     refuse_in_place,
@@ -35,7 +36,7 @@ def _is_this(outbox: Driver, store: MemoryStore) -> bool:
     return outbox is cast(object, store)
 
 
-class MemoryOutboxAndRelay(MemoryStore):
+class MemoryOutboxAndRelay(RelayCalls, MemoryStore):
     """The transactional outbox and the relay that moves its rows into jobs."""
 
     # The outbox.
@@ -127,14 +128,8 @@ class MemoryOutboxAndRelay(MemoryStore):
         self._tickets[ticket] = (source, ticket_stale_at(now, lease))
         return ticket
 
-    async def relay_enqueue(
-        self,
-        jobs: Sequence[NewJob],
-        *,
-        source: str,
-        ticket: str,
-        superseded: Sequence[str] = (),
-    ) -> Sequence[RelayDecision]:
+    async def _relay_enqueue(self, ask: RelayAsk) -> Sequence[RelayDecision]:
+        jobs, source, ticket, superseded = ask.parts()
         await trio.lowlevel.checkpoint()
         self._check_open()
         # No checkpoint between the fence, the look and the write: no other task runs between.

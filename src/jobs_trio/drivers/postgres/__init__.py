@@ -11,10 +11,11 @@ from typing import Any
 
 import trio
 
+from ..._core.single_error import unwrap_single_error
 from .._postgres_bridge import Bridge
 from .._postgres_listener import Listener
 from .._postgres_migrate import apply_migrations, check_migrated, holders_namer, migrate
-from .._postgres_open import open_bridge, sole_error
+from .._postgres_open import open_bridge
 from .._postgres_pool import session_settings
 from .._postgres_pooler import Pooler
 from .._postgres_sql import Statements, load_statements
@@ -64,7 +65,7 @@ async def open_postgres_driver(
     statements = load_statements(schema)
     session = session_settings(url, statement_timeout=statement_timeout, lock_timeout=lock_timeout)
     pooler = Pooler.of(url, pgbouncer, listen_url)
-    with sole_error():
+    with unwrap_single_error():
         async with (
             open_bridge(
                 url,

@@ -25,6 +25,7 @@ from ..._core.records import (
     PruneTurn,
     QueueStats,
 )
+from .._calls import JobFilter, ListCalls
 from .._fleet_stats import decode as decode_fleet_stats
 from .._fleet_stats import encode as encode_fleet_stats
 from .._postgres_pool import Connection
@@ -60,7 +61,7 @@ def _record_or_raise(row: Any, job_id: JobId) -> JobRecord:
     return job_record(found(row, job_id))
 
 
-class PostgresAdmin(PostgresConnection):
+class PostgresAdmin(ListCalls, PostgresConnection):
     """What operators read and do: jobs, stats, history, retention."""
 
     # --- operators ---
@@ -75,15 +76,8 @@ class PostgresAdmin(PostgresConnection):
         row = await self.bridge.run(read, what="get")
         return None if row is None else job_record(row)
 
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        queue: str | None = None,
-        name: str | None = None,
-        changed_before: float | None = None,
-        limit: int = 100,
-    ) -> Sequence[JobRecord]:
+    async def _list_jobs(self, wanted: JobFilter) -> Sequence[JobRecord]:
+        state, queue, name, changed_before, limit = wanted.parts()
         self._check_open()
         sql = self._sql
         state_value = None if state is None else JobState(state).value

@@ -24,6 +24,7 @@ from ..._core.records import (
     RenewResult,
     Settlement,
 )
+from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
 from .._postgres_bridge import Bridge
 from .._postgres_plan import enqueue_plan, fetch_on, run_plan_async
@@ -108,7 +109,7 @@ class _PostgresBeside:
             self._loop = None
 
 
-class PostgresJobs(PostgresConnection):
+class PostgresJobs(ClaimCalls, PostgresConnection):
     """Enqueue, claim, renew and settle: a job's way from written to ended."""
 
     # --- enqueue ---
@@ -151,16 +152,8 @@ class PostgresJobs(PostgresConnection):
 
     # --- claim, renew, settle ---
 
-    async def claim(
-        self,
-        queues: Sequence[str],
-        limit: int | Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        free: Mapping[str, int] | None = None,
-        rescue: bool = True,
-    ) -> Sequence[Claim]:
+    async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
+        queues, limit, lease, worker_id, free, rescue = ask.parts()
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         if not slots.caps:
@@ -180,17 +173,10 @@ class PostgresJobs(PostgresConnection):
         rows = await self.bridge.run(take, what="claim")
         return await self._claims(rows, now, float(lease), worker_id)
 
-    async def settle_and_claim(
-        self,
-        settlements: Sequence[Settlement],
-        queues: Sequence[str],
-        limit: int | Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        free: Mapping[str, int] | None = None,
-        rescue: bool = True,
+    async def _settle_and_claim(
+        self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        queues, limit, lease, worker_id, free, rescue = ask.parts()
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         firsts = _first_per_claim(settlements)

@@ -21,6 +21,7 @@ from ..._core.records import (
     new_token,
     outbox_job,
 )
+from .._calls import RelayAsk, RelayCalls
 from .._postgres_plan import KEY_ROUNDS, job_columns, limit_columns
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
@@ -112,7 +113,7 @@ async def _decide(
     return [on_record[job.job_id] for job in jobs]
 
 
-class PostgresOutboxAndRelay(PostgresConnection):
+class PostgresOutboxAndRelay(RelayCalls, PostgresConnection):
     """The transactional outbox and the relay that moves its rows into jobs."""
 
     # --- the outbox ---
@@ -222,14 +223,8 @@ class PostgresOutboxAndRelay(PostgresConnection):
         await self.bridge.run(record, what="relay ticket")
         return ticket
 
-    async def relay_enqueue(
-        self,
-        jobs: Sequence[NewJob],
-        *,
-        source: str,
-        ticket: str,
-        superseded: Sequence[str] = (),
-    ) -> Sequence[RelayDecision]:
+    async def _relay_enqueue(self, ask: RelayAsk) -> Sequence[RelayDecision]:
+        jobs, source, ticket, superseded = ask.parts()
         self._check_open()
         jobs = list(jobs)
         sql = self._sql

@@ -57,7 +57,7 @@ async def open_sqlite_driver(
         synchronous=synchronous,
         read_only=read_only,
         create=create,
-    ) as door:
+    ) as (door, _):
         driver = SqliteDriver(door, url=url, poll_interval=poll_interval)
         try:
             yield driver

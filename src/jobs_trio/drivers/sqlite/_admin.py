@@ -19,13 +19,13 @@ from ..._core.records import (
     AttemptRecord,
     JobId,
     JobRecord,
-    JobState,
     NameStats,
     OutcomeCount,
     Pruned,
     PruneTurn,
     QueueStats,
 )
+from .._calls import JobFilter, ListCalls
 from .._fleet_stats import decode as decode_fleet_stats
 from .._fleet_stats import encode as encode_fleet_stats
 from .._retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
@@ -63,7 +63,7 @@ def _queue_stats(conn: sqlite3.Connection, now: float) -> list[QueueStats]:
     )
 
 
-class SqliteAdmin(SqliteConnection):
+class SqliteAdmin(ListCalls, SqliteConnection):
     """What operators read and do: jobs, stats, history, retention."""
 
     # Reads and operator actions.
@@ -76,15 +76,8 @@ class SqliteAdmin(SqliteConnection):
 
         return await self._transact(work, mode="read")
 
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        queue: str | None = None,
-        name: str | None = None,
-        changed_before: float | None = None,
-        limit: int = 100,
-    ) -> Sequence[JobRecord]:
+    async def _list_jobs(self, wanted: JobFilter) -> Sequence[JobRecord]:
+        state, queue, name, changed_before, limit = wanted.parts()
         where, values = ["1"], list[object]()
         for column, value in (("state", state), ("queue", queue), ("name", name)):
             if value is not None:

@@ -24,6 +24,7 @@ from ..._core.records import (
     RenewResult,
     Settlement,
 )
+from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
 from .._limit_rules import LimitRow, decide, needs
 from .._rules import LAPSED_ERROR, hands_back_lapse, lapsed_out_of_attempts
@@ -307,7 +308,7 @@ class _SqliteBeside:
             self._conn = None
 
 
-class SqliteJobs(SqliteConnection):
+class SqliteJobs(ClaimCalls, SqliteConnection):
     """Enqueue, claim, renew and settle: a job's way from written to ended."""
 
     # Enqueue and claim.
@@ -327,16 +328,8 @@ class SqliteJobs(SqliteConnection):
         self._wake()
         return answers
 
-    async def claim(
-        self,
-        queues: Sequence[str],
-        limit: int | Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        free: Mapping[str, int] | None = None,
-        rescue: bool = True,
-    ) -> Sequence[Claim]:
+    async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
+        queues, limit, lease, worker_id, free, rescue = ask.parts()
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)
 
@@ -385,17 +378,10 @@ class SqliteJobs(SqliteConnection):
         self._wake()
         return applied
 
-    async def settle_and_claim(
-        self,
-        settlements: Sequence[Settlement],
-        queues: Sequence[str],
-        limit: int | Mapping[str, int],
-        *,
-        lease: float,
-        worker_id: str,
-        free: Mapping[str, int] | None = None,
-        rescue: bool = True,
+    async def _settle_and_claim(
+        self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
+        queues, limit, lease, worker_id, free, rescue = ask.parts()
         settlements = list(settlements)
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)

@@ -21,6 +21,7 @@ from ..._core.records import (
     new_token,
     outbox_job,
 )
+from .._calls import RelayAsk, RelayCalls
 from .._rules import limit_fields, refuse_in_place, relay_fenced, ticket_stale_at
 from .._sqlite_enqueue import insert_jobs
 from .._transaction import unwrap
@@ -73,7 +74,7 @@ def _same_file(here: str, there: str) -> bool:
         return False
 
 
-class SqliteOutboxAndRelay(SqliteConnection):
+class SqliteOutboxAndRelay(RelayCalls, SqliteConnection):
     """The transactional outbox and the relay that moves its rows into jobs."""
 
     # The outbox.
@@ -208,14 +209,8 @@ class SqliteOutboxAndRelay(SqliteConnection):
         await self._transact(work)
         return ticket
 
-    async def relay_enqueue(
-        self,
-        jobs: Sequence[NewJob],
-        *,
-        source: str,
-        ticket: str,
-        superseded: Sequence[str] = (),
-    ) -> Sequence[RelayDecision]:
+    async def _relay_enqueue(self, ask: RelayAsk) -> Sequence[RelayDecision]:
+        jobs, source, ticket, superseded = ask.parts()
         jobs = list(jobs)
         revoked = json.dumps(list(superseded))
 
