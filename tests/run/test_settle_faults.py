@@ -241,10 +241,13 @@ async def test_a_lock_outlasting_the_lease_never_lets_the_job_run_twice_at_once(
 ) -> None:
     log = tmp_path / "spans.txt"
     async with open_driver(store.url) as driver:
-        # A body long enough to be still running once the second worker has started and the
-        # lock is taken: at 4 s, a loaded machine (the whole suite on 2 cores) started the
-        # second worker after the body had all but ended, and it completed unstopped.
-        job_id = await job("settle.span").enqueue(driver, {"log": str(log), "seconds": 8})
+        # The first run lasts until its lost lease stops it (100 s, past any wait below), so it
+        # is still running once the second worker has started and the lock is taken: at 4 s,
+        # then 8 s, a loaded machine (the suite beside two busy loops on 2 cores) started the
+        # second worker after the body had ended, and it completed unstopped. Runs after it
+        # take 2 s.
+        payload = {"log": str(log), "seconds": 2, "first_seconds": 100}
+        job_id = await job("settle.span").enqueue(driver, payload)
         async with workers(tmp_path, store.url, 1, "--lease", "2") as [first]:
             await started([first])
             await until("the first run to start", 20, functools.partial(_exists, log))
@@ -252,12 +255,12 @@ async def test_a_lock_outlasting_the_lease_never_lets_the_job_run_twice_at_once(
                 await started([second])
                 async with store.locked(job_id):
                     # Held past the lease: the first worker cannot renew (its renewal fails or
-                    # hangs); the lock ends once it has stopped the run, or after 4 s.
+                    # hangs); the lock ends once it has stopped the run (2 s of lease; the
+                    # bound is for a loaded machine).
                     async def stopped() -> bool:
                         return "jobs.lease.expired" in first.output()
 
-                    with trio.move_on_after(4):
-                        await until("the first worker to stop its run", 4, stopped)
+                    await until("the first worker to stop its run", 30, stopped)
 
                 async def completed() -> bool:
                     return (await record(driver, job_id)).state is JobState.COMPLETED
