@@ -12,13 +12,13 @@ if that transaction commits. See docs/howto-producers.md."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
-from ._core.records import JobId, JobState
+from ._core.records import JobId
 from ._jobs.events import event_text
-from ._jobs.registry import JobDefinition, OnDuplicate, RunAt, Window
+from ._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition
 from ._produce.blocking import (
     STALE,
     connect_psycopg,
@@ -31,7 +31,7 @@ from ._produce.callers import Client, client_of, wrong_client
 from ._produce.failures import postgres_failures
 from ._produce.keeper import Keeper
 from ._produce.stores import PostgresStore, SqliteStore, store_for
-from ._produce.writes import EnqueueWrite, EventWrite, Write
+from ._produce.writes import EventWrite, Write, many_jobs, one_job, one_job_answer
 from .drivers._postgres_migrate import judge_schema, recorded_plan
 from .drivers._postgres_plan import run_plan
 
@@ -86,90 +86,38 @@ class Producer:
                 keeper.close()
 
     # Without a payload the body is handed None: only a body whose payload accepts None may be
-    # enqueued so (the first overload); any other takes its payload type and nothing else.
+    # enqueued so (the first overload); any other takes its payload type and nothing else. The
+    # options are JobDefinition.enqueue's, declared once (EnqueueOptions) for both producers.
     @overload
     def enqueue(
-        self,
-        job: JobDefinition[None, Any],
-        payload: None = None,
-        *,
-        delay: float | None = None,
-        run_at: RunAt | None = None,
-        priority: int | None = None,
-        key: str | None = None,
-        unique_for: Window | None = None,
-        unique_states: Iterable[JobState | str] | None = None,
-        on_duplicate: OnDuplicate = "existing",
-        connection: object | None = None,
-        context: Mapping[str, str] | None = None,
+        self, job: JobDefinition[None, Any], payload: None = None, **options: Unpack[EnqueueOptions]
     ) -> JobId: ...
 
     @overload
     def enqueue(
-        self,
-        job: JobDefinition[P, Any],
-        payload: P,
-        *,
-        delay: float | None = None,
-        run_at: RunAt | None = None,
-        priority: int | None = None,
-        key: str | None = None,
-        unique_for: Window | None = None,
-        unique_states: Iterable[JobState | str] | None = None,
-        on_duplicate: OnDuplicate = "existing",
-        connection: object | None = None,
-        context: Mapping[str, str] | None = None,
+        self, job: JobDefinition[P, Any], payload: P, **options: Unpack[EnqueueOptions]
     ) -> JobId: ...
 
     def enqueue(
-        self,
-        job: JobDefinition[Any, Any],
-        payload: Any = None,
-        *,
-        delay: float | None = None,
-        run_at: RunAt | None = None,
-        priority: int | None = None,
-        key: str | None = None,
-        unique_for: Window | None = None,
-        unique_states: Iterable[JobState | str] | None = None,
-        on_duplicate: OnDuplicate = "existing",
-        connection: object | None = None,
-        context: Mapping[str, str] | None = None,
+        self, job: JobDefinition[Any, Any], payload: Any = None, **options: Unpack[EnqueueOptions]
     ) -> JobId:
         """``JobDefinition.enqueue`` for blocking code: write one job, answer its id (a live
         job's id when it holds ``key``; ``DuplicateJob`` with ``on_duplicate="raise"``)."""
-        row = job.new_job(
-            payload,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            key=key,
-            context=context,
-            unique_for=unique_for,
-            unique_states=unique_states,
-        )
-        [answer] = self._write(EnqueueWrite([row]), connection)
-        return job.answered(answer, key, on_duplicate)
+        [answer] = self._write(one_job(job, payload, options), options.get("connection"))
+        return one_job_answer(job, answer, options)
 
     def enqueue_many(
         self,
         job: JobDefinition[P, Any],
         payloads: Iterable[P],
-        *,
-        delay: float | None = None,
-        run_at: RunAt | None = None,
-        priority: int | None = None,
-        connection: object | None = None,
-        context: Mapping[str, str] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[JobId]:
         """``JobDefinition.enqueue_many`` for blocking code: every payload checked before
         anything is written, then all written in one transaction."""
-        rows = job.new_jobs(
-            payloads, delay=delay, run_at=run_at, priority=priority, context=context
-        )
-        if not rows:
+        write = many_jobs(job, payloads, options)
+        if not write.jobs:
             return []
-        return [answer.job_id for answer in self._write(EnqueueWrite(rows), connection)]
+        return [answer.job_id for answer in self._write(write, options.get("connection"))]
 
     def send_event(
         self,

@@ -24,7 +24,9 @@ from jobs_trio import (
 )
 from jobs_trio._core.records import JobId
 from jobs_trio._cron.tasks import TaskDefinition
-from jobs_trio._jobs.registry import JobOptions
+from jobs_trio._jobs.outbox import Outbox
+from jobs_trio._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobOptions
+from jobs_trio.drivers.contract import Driver
 from jobs_trio.testing import memory_driver, new_worker, run_until_idle
 
 registry = Registry()
@@ -194,6 +196,20 @@ def test_each_enqueue_overload_offers_the_implementation_s_keywords() -> None:
     overloads = get_overloads(method)
     assert len(overloads) == 2
     assert all(keywords(o) == keywords(method) for o in overloads)
+
+
+def test_the_producers_take_exactly_enqueue_s_options() -> None:
+    # jobs_trio.sync and jobs_trio.aio take enqueue's and enqueue_many's keywords as
+    # EnqueueOptions / EnqueueManyOptions: one added to JobDefinition's and not there would be
+    # one no producer may pass.
+    for options, method in (
+        (EnqueueOptions, JobDefinition.enqueue),
+        (EnqueueManyOptions, JobDefinition.enqueue_many),
+    ):
+        params = inspect.signature(method).parameters.values()
+        hints = get_type_hints(method, localns={"Driver": Driver, "Outbox": Outbox})
+        declared = {p.name: hints[p.name] for p in params if p.kind is p.KEYWORD_ONLY}
+        assert get_type_hints(options) == declared
 
 
 def test_driver_options_are_open_driver_s_keywords() -> None:

@@ -392,6 +392,29 @@ class JobOptions(TypedDict, total=False):
     rate_limit: RateLimit | None
 
 
+class EnqueueManyOptions(TypedDict, total=False):
+    """``enqueue_many``'s options, for the producers (``jobs_trio.sync``, ``jobs_trio.aio``)
+    to take typed, said once for both. Names and types as ``JobDefinition.enqueue_many``
+    declares them (tests/typecheck holds them equal); the defaults are its."""
+
+    delay: float | None
+    run_at: RunAt | None
+    priority: int | None
+    connection: object | None
+    context: Mapping[str, str] | None
+
+
+class EnqueueOptions(EnqueueManyOptions, total=False):
+    """``enqueue``'s options, for the producers as ``EnqueueManyOptions``: those and the key's.
+    Names and types as ``JobDefinition.enqueue`` declares them (tests/typecheck holds them
+    equal); the defaults are its."""
+
+    key: str | None
+    unique_for: Window | None
+    unique_states: Iterable[JobState | str] | None
+    on_duplicate: OnDuplicate
+
+
 class Registry:
     """The jobs an application declares; a worker runs the ones its registry knows."""
 

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
-from .._core.records import Enqueued, NewJob
-from .._jobs.registry import ENQUEUE_CHUNK
+from .._core.records import Enqueued, JobId, NewJob
+from .._jobs.registry import ENQUEUE_CHUNK, EnqueueManyOptions, EnqueueOptions, JobDefinition
 from ..drivers._postgres_plan import Plan, enqueue_plan, event_plan
 from ..drivers._postgres_sql import Statements
 from ..drivers._sqlite_enqueue import insert_jobs, store_event
@@ -33,6 +34,44 @@ class EnqueueWrite:
             chunk = self.jobs[start : start + ENQUEUE_CHUNK]
             answers += yield from enqueue_plan(sql, now, chunk)
         return answers
+
+
+def one_job(job: JobDefinition[Any, Any], payload: Any, options: EnqueueOptions) -> EnqueueWrite:
+    """A producer's ``enqueue``: the row checked by the definition, as its own ``enqueue``
+    checks it (a bad payload, delay, key, window or context raises before any write)."""
+    row = job.new_job(
+        payload,
+        delay=options.get("delay"),
+        run_at=options.get("run_at"),
+        priority=options.get("priority"),
+        key=options.get("key"),
+        context=options.get("context"),
+        unique_for=options.get("unique_for"),
+        unique_states=options.get("unique_states"),
+    )
+    return EnqueueWrite([row])
+
+
+def one_job_answer(
+    job: JobDefinition[Any, Any], answer: Enqueued, options: EnqueueOptions
+) -> JobId:
+    """What a producer's ``enqueue`` answers, as ``JobDefinition.enqueue`` does: the id
+    written, or the id of the live job holding the key (``DuplicateJob`` when asked)."""
+    return job.answered(answer, options.get("key"), options.get("on_duplicate", "existing"))
+
+
+def many_jobs(
+    job: JobDefinition[Any, Any], payloads: Iterable[Any], options: EnqueueManyOptions
+) -> EnqueueWrite:
+    """A producer's ``enqueue_many``: every payload checked before anything is written."""
+    rows = job.new_jobs(
+        payloads,
+        delay=options.get("delay"),
+        run_at=options.get("run_at"),
+        priority=options.get("priority"),
+        context=options.get("context"),
+    )
+    return EnqueueWrite(rows)
 
 
 @attrs.frozen
