@@ -30,6 +30,13 @@ PLACING_ORDER = (
 assert sorted(PLACING_ORDER) == sorted(STATES)
 
 
+async def completed_past_their_keep(driver: Driver, clock: ManualClock, count: int) -> None:
+    """``count`` completed jobs, then the clock moved past the finished jobs' keep (a day)."""
+    for _ in range(count):
+        await place(driver, clock, "completed")
+    clock.advance(2 * DAY)
+
+
 def turn(holder: str = "w1", **kw: object) -> PruneTurn:
     options: dict[str, object] = {"keep_finished": DAY, "keep_dead": 7 * DAY} | kw
     return PruneTurn(holder, **options)  # type: ignore[arg-type]
@@ -99,9 +106,7 @@ async def test_a_pruned_job_takes_its_step_records_with_it(
 async def test_batches_are_bounded_and_one_pruner_holds_the_turn_between_them(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    for _ in range(5):
-        await place(driver, manual_clock, "completed")
-    manual_clock.advance(2 * DAY)
+    await completed_past_their_keep(driver, manual_clock, 5)
     first = await driver.prune(turn("w1", limit=2, hold=60.0))
     assert (first.turn, first.deleted, first.more) == (True, 2, True)
     # w1 holds the turn between its batches: w2 deletes nothing, even asking with every=0.
@@ -115,9 +120,7 @@ async def test_batches_are_bounded_and_one_pruner_holds_the_turn_between_them(
 async def test_a_turn_whose_holder_went_away_frees_after_its_hold(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    for _ in range(3):
-        await place(driver, manual_clock, "completed")
-    manual_clock.advance(2 * DAY)
+    await completed_past_their_keep(driver, manual_clock, 3)
     assert (await driver.prune(turn("w1", limit=1, hold=60.0))).more
     manual_clock.advance(59)
     assert not (await driver.prune(turn("w2", limit=1))).turn
@@ -128,8 +131,7 @@ async def test_a_turn_whose_holder_went_away_frees_after_its_hold(
 async def test_a_turn_is_taken_only_every_so_often_across_the_fleet(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    await place(driver, manual_clock, "completed")
-    manual_clock.advance(2 * DAY)
+    await completed_past_their_keep(driver, manual_clock, 1)
     assert (await driver.prune(turn("w1", every=300.0))).deleted == 1  # the turn ends here
     manual_clock.advance(100)
     # Another worker's tick within `every` of the last turn's end: no turn.

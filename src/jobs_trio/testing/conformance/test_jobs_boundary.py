@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobs_trio import JobsError, Registry, send_event
+from jobs_trio import JobDefinition, JobsError, Registry, send_event
 from jobs_trio._core.boundary import INT4_MAX, INT4_MIN, MAX_ERROR_CHARS, MAX_SECONDS
 from jobs_trio._core.errors import InvalidArgument, PayloadNotSerialisable, TooLarge
 from jobs_trio._core.records import DeadLetter
@@ -47,6 +47,16 @@ async def refused(
     assert caught.value.fix
     await nothing_written(driver)
     return caught.value
+
+
+def a_job_t() -> JobDefinition[object, None]:
+    """A job named "t" of a registry of its own, for the checks that need a declared job."""
+    registry = Registry()
+
+    @registry.job("t")
+    async def t(ctx: object, payload: object) -> None: ...
+
+    return t
 
 
 async def test_text_and_ints_at_their_limits_are_stored_the_same_on_every_driver(
@@ -122,11 +132,7 @@ async def test_a_payload_over_the_limit_names_the_job_and_the_size(driver: Drive
 
 
 async def test_enqueue_durations_are_checked_and_name_their_argument(driver: Driver) -> None:
-    registry = Registry()
-
-    @registry.job("t")
-    async def t(ctx: object, payload: object) -> None: ...
-
+    t = a_job_t()
     far = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"delay": math.nan}, "delay"),
@@ -154,11 +160,7 @@ async def test_enqueue_durations_are_checked_and_name_their_argument(driver: Dri
 async def test_step_durations_are_checked_before_any_step_record(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    registry = Registry()
-
-    @registry.job("t")
-    async def t(ctx: object, payload: object) -> None: ...
-
+    t = a_job_t()
     job_id = await t.enqueue(driver)
     claim = await claim_one(driver)
     steps = Steps(driver, claim.lease, t, RunScope(claim, None))
@@ -194,11 +196,7 @@ async def test_step_durations_are_checked_before_any_step_record(
 async def test_error_text_no_driver_could_store_is_stored_sanitised_and_cut(
     driver: Driver,
 ) -> None:
-    registry = Registry()
-
-    @registry.job("t")
-    async def t(ctx: object, payload: object) -> None: ...
-
+    t = a_job_t()
     job_id = await t.enqueue(driver)
     claim = await claim_one(driver)
     # NUL: PostgreSQL refuses it ([22021]); a lone surrogate: SQLite's UTF-8 encode raises.

@@ -11,6 +11,7 @@ from jobs_trio._core.errors import ConfigError, RelayFenced
 from jobs_trio._core.records import (
     Complete,
     JobLimits,
+    NewJob,
     PruneTurn,
     RelayDecision,
     RelayHold,
@@ -108,11 +109,18 @@ async def test_a_row_taken_again_after_its_job_finished_and_was_pruned_is_not_wr
     assert await driver.list_jobs() == []
 
 
+async def a_live_job_holding(driver: Driver, key: str) -> NewJob:
+    """A job written straight to the job store, ready, holding ``key``: what a relayed row of
+    that key meets."""
+    holder = new_job(key=key)
+    await driver.enqueue([holder])
+    return holder
+
+
 async def test_a_key_held_row_stays_a_no_op_after_its_holder_finished(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    holder = new_job(key="order:1")
-    await driver.enqueue([holder])
+    holder = await a_live_job_holding(driver, "order:1")
     row = new_job(key="order:1")
     [decided] = await relay_write(driver, [row], source=SOURCE)
     assert (decided.outcome, decided.holder, decided.already) == (
@@ -130,8 +138,7 @@ async def test_a_key_held_row_stays_a_no_op_after_its_holder_finished(
 async def test_relay_enqueue_applies_unique_keys_and_delays_in_order(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    holder = new_job(key="order:1")
-    await driver.enqueue([holder])
+    holder = await a_live_job_holding(driver, "order:1")
     keyed, delayed, second = new_job(key="order:1"), new_job(delay=30.0), new_job(key="k2")
     twin = new_job(key="k2")  # its key is taken by `second`, earlier in the same batch
     answers = await relay_write(driver, [keyed, delayed, second, twin], source=SOURCE)
@@ -229,8 +236,7 @@ async def test_an_outbox_of_another_driver_is_moved_in_place_only_when_it_is_sha
 async def test_in_place_moves_rows_into_jobs_and_away_in_one_go(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    holder = new_job(key="order:1")
-    await driver.enqueue([holder])
+    holder = await a_live_job_holding(driver, "order:1")
     # The oldest row is held by a two-step relay, under its lease.
     await driver.outbox_write([new_job()])
     [held] = (await take_rows(driver, 1, lease=30.0, relay_id="r1")).jobs
