@@ -15,9 +15,8 @@ registry = jobs_trio.Registry()
 
 @registry.job("app.record", queue="bulk", attempts=3)
 async def record(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
-    # An optional pause makes a steady stream of jobs that lasts long enough to be disturbed;
-    # then the line "<job id> <worker id>", written as sqlite_app writes it (one atomic append).
-    await trio.sleep(payload.get("pause", 0))
+    # sqlite_app's body: its optional pause (a steady stream of jobs that lasts long enough to
+    # be disturbed), then the line "<job id> <worker id>" (one atomic append).
     await sqlite_app.record.fn(ctx, payload)
 
 

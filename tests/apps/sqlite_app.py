@@ -16,6 +16,8 @@ registry = jobs_trio.Registry()
 async def record(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
     # One write(2) of one line on an O_APPEND file: atomic on a local file system, so lines
     # from three processes never interleave, and a job run twice shows up twice.
+    # An optional pause first: a batch that outlasts each idle worker's next look at the file.
+    await trio.sleep(payload.get("pause", 0))
     fd = os.open(payload["seen"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, f"{ctx.job_id} {ctx.worker_id}\n".encode())

@@ -30,7 +30,12 @@ async def test_three_processes_run_3000_jobs_each_exactly_once(tmp_path: Path) -
         await started(procs)
         async with open_driver(url) as driver:
             ids = await registry.require("app.record").enqueue_many(
-                driver, [{"seen": str(seen)}] * 3000
+                # Each run 50 ms: the batch lasts ~1 s at three workers' 150 slots, past each
+                # idle worker's next look at the file (0.5 s). Without it, two fast workers
+                # could finish the batch before the third looked, and the test read that as a
+                # process that took no part.
+                driver,
+                [{"seen": str(seen), "pause": 0.05}] * 3000,
             )
 
             async def all_completed() -> bool:
