@@ -40,10 +40,21 @@ async def finish(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str
     return {"done": True, "reason": reason.code}
 
 
+def started_before(path: str, job_id: str) -> bool:
+    """Whether a run of ``job_id`` started already (its start line is in the marks file): the
+    attempt number does not say, a worker's death hands the attempt back (orphaned)."""
+    try:
+        with open(path) as marks:
+            return any(line.startswith(f"start {job_id} ") for line in marks)
+    except FileNotFoundError:
+        return False
+
+
 @registry.job("drain.crunch", queue="crunch", attempts=3, timeout=120)
 def crunch(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str, int]:
+    first = not started_before(payload["marks"], ctx.job_id)
     mark(payload["marks"], "start", ctx)
-    if ctx.attempt == 1:
+    if first:
         time.sleep(payload["seconds"])  # never calls ctx.check_cancelled()
     mark(payload["marks"], "end", ctx)
     return {"attempt": ctx.attempt}

@@ -25,15 +25,16 @@ async def record(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
         os.close(fd)
 
 
-async def _attempt_of(attempt: int) -> int:
-    return attempt
+async def _echo(worker_id: str) -> str:
+    return worker_id
 
 
 @registry.job("app.hang", queue="hang", attempts=3, timeout=120)
 async def hang(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> dict[str, int]:
-    # The step record tells the test the body is running (its first attempt recorded it);
-    # only the first attempt then hangs, so whoever claims the job next finishes it at once.
-    await ctx.step.run("entered", _attempt_of, ctx.attempt)
-    if ctx.attempt == 1:
+    # The step record tells the test the body is running, and remembers which worker entered
+    # first. That worker hangs; any other worker (after a drain or a kill) replays the record
+    # and finishes at once, whatever the attempt number (a kill's orphaning hands it back).
+    entered_by = await ctx.step.run("entered", _echo, ctx.worker_id)
+    if entered_by == ctx.worker_id:
         await trio.sleep(payload["seconds"])
     return {"attempt": ctx.attempt}

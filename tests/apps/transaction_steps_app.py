@@ -25,6 +25,16 @@ def note(path: str, line: str) -> None:
         f.write(line + "\n")
 
 
+def paused_before(path: str) -> bool:
+    """Whether a run paused already (its line is in the notes): the attempt number does not
+    say, a worker's death hands the attempt back (orphaned)."""
+    try:
+        with open(path) as notes:
+            return any(line.startswith("paused ") for line in notes)
+    except FileNotFoundError:
+        return False
+
+
 def blocked_until(gate: str) -> None:
     """The loop held, as a long GC pause holds it: nothing of this worker's Trio side runs,
     not its renewals, not its watchdog, until the test opens the gate."""
@@ -48,7 +58,7 @@ def registry_for(driver: Driver, schema: str) -> jobs_trio.Registry:
             await tx.execute(insert, n, ctx.attempt, os.getpid())
             # Time inside the transaction, after its row: where a random SIGKILL mostly lands.
             await trio.sleep(payload["spacing"])
-            if pause == "inside" and n == at and ctx.attempt == 1:
+            if pause == "inside" and n == at and not paused_before(notes):
                 note(notes, f"paused {n} {os.getpid()}")
                 # The row written, not committed. Last: from here to the step's record nothing
                 # awaits, so nothing of the worker's own clock is heard before the record.
@@ -56,7 +66,7 @@ def registry_for(driver: Driver, schema: str) -> jobs_trio.Registry:
             return n
 
         for n in range(payload["steps"]):
-            if pause == "before" and n == at and ctx.attempt == 1:
+            if pause == "before" and n == at and not paused_before(notes):
                 note(notes, f"paused {n} {os.getpid()}")
                 blocked_until(payload["gate"])  # outside any transaction: the file is free
             await ctx.step.transaction(f"row-{n:03d}", write, n)

@@ -87,9 +87,9 @@ def test_a_job_row_becomes_its_record_by_the_records_own_fields() -> None:
     row = ["j1", "n", "q", "ready", "{}", 0, 0, 3, 1.0, 1.0, 1.0, None, None, None, None, None]
     # SQLite stores the flag as 1, and a job's limits whole: no slot key beside 0 slots.
     limits = [None, 0, "api", 10, 60.0, "rate:api"]
-    record = rules.job_record([*row, 1, None, None, *limits, "order-7"])
+    record = rules.job_record([*row, 1, None, None, *limits, "order-7", 2])
     assert record.state is JobState.READY and record.cancel_requested is True
-    assert record.wait_key == "order-7"
+    assert (record.wait_key, record.orphans) == ("order-7", 2)
     assert (record.slot_key, record.slots) == (None, None)  # as PostgreSQL stores it
     assert (record.rate_key, record.starts, record.per) == ("api", 10, 60.0)
     assert record.limits == JobLimits(rate_key="api", starts=10, per=60.0)
@@ -125,3 +125,19 @@ def test_drivers_import_rules_never_each_other() -> None:
                 if imported is not None and imported != family:
                     crossings.append(f"{path.name} imports .{node.module}")
     assert not crossings
+
+
+def test_the_orphan_rule_hands_back_blames_the_alone_and_bounds_the_rest() -> None:
+    from jobs_trio._core.records import JobState
+    from jobs_trio.drivers._rules import ORPHAN_LIMIT, SUSPECT_AT, is_suspect, orphaning
+
+    first = orphaning(0, alone=False)
+    assert first.state is JobState.READY and first.hands_back and first.orphans == 1
+    assert not is_suspect(first.orphans) and is_suspect(SUSPECT_AT)
+    alone = orphaning(SUSPECT_AT, alone=True)
+    assert alone.state is JobState.DEAD and not alone.hands_back
+    assert alone.error.startswith("[X_KILLED_WORKER]")
+    # Never alone (an older release's claims), yet bounded: the ORPHAN_LIMIT-th orphaning.
+    assert orphaning(ORPHAN_LIMIT - 2, alone=False).state is JobState.READY
+    bound = orphaning(ORPHAN_LIMIT - 1, alone=False)
+    assert bound.state is JobState.DEAD and bound.error.startswith("[X_ORPHANED]")

@@ -614,8 +614,10 @@ async def test_the_first_wait_for_work_listens_before_it_looks(
         original = driver._next_due_in
         listening_at_the_look: list[bool] = []
 
-        async def look_then_enqueue(queues: Any, rescue_from: float | None = None) -> float:
-            due_in = await original(queues, rescue_from)
+        async def look_then_enqueue(
+            queues: Any, rescue_from: float | None = None, alone: bool = False
+        ) -> float:
+            due_in = await original(queues, rescue_from, alone)
             listening_at_the_look.append(driver.listening)
             await driver.enqueue([new_job()])  # after the look: only its NOTIFY can wake us
             return due_in

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from jobs_trio.drivers._rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS
+from jobs_trio._core.operator_transitions import OPERATOR_CANCEL_ERROR
+from jobs_trio.drivers._rules import (
+    KILLED_WORKER_ERROR,
+    LAPSED_ERROR,
+    ORPHANED_ERROR,
+    ORPHANED_TOO_OFTEN_ERROR,
+)
 from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres
@@ -40,10 +46,14 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
         30.0,
         "w1",
         LAPSED_ERROR,
-        LAPSED_OUT_OF_ATTEMPTS,
+        KILLED_WORKER_ERROR,
         [40, 10],
         [20, 10],  # free slots: the rest of each queue's cap claimed ahead
         NOW,  # lapsed leases up to now are rescued (-inf after an outage: none)
+        ORPHANED_TOO_OFTEN_ERROR,
+        ORPHANED_ERROR,
+        False,  # not alone: a worker running jobs (suspects left out)
+        OPERATOR_CANCEL_ERROR,
     ),
     "renew": (NOW, 30.0, RUNNING_IDS, TOKENS, TOKENS[:5]),  # five of them started since
     "lock_for_settle": (RUNNING_IDS,),
@@ -76,7 +86,7 @@ HOT_PATH: dict[str, tuple[Any, ...]] = {
     "settle_cancel": (NOW, "ch", RUNNING_IDS, TOKENS, [False] * 50, ["e"] * 50),
     "save_step": (RUNNING_IDS[0], "t", "s", "done", NOW, NOW, "1", None, None, None),
     "load_steps": (RUNNING_IDS[0],),
-    "next_due": (["default", "other"], float("-inf")),
+    "next_due": (["default", "other"], float("-inf"), False),
     "enqueue": (
         NOW,
         ["n1"],

@@ -55,7 +55,7 @@ async def test_three_processes_run_3000_jobs_each_exactly_once(tmp_path: Path) -
     assert len({worker for _, worker in lines}) == 3
 
 
-async def test_a_sigkilled_workers_job_is_claimed_after_its_lease_and_the_attempt_counts(
+async def test_a_sigkilled_workers_job_is_claimed_after_its_lease_orphaned_its_attempt_not_counted(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
@@ -82,9 +82,10 @@ async def test_a_sigkilled_workers_job_is_claimed_after_its_lease_and_the_attemp
             second.signal(signal.SIGTERM)
             assert await second.exit_code(within=15) == 0, second.output()
         done = await record(driver, job_id)
-        # Counted at claim: the killed run used attempt 1, the second run was attempt 2.
-        assert done.attempts == 2
-        assert done.result == {"attempt": 2}
+        # Its worker died under it: orphaned (docs/model.md, "A worker's death"), the killed
+        # run's attempt handed back, so the second run was attempt 1 again.
+        assert (done.attempts, done.orphans) == (1, 1)
+        assert done.result == {"attempt": 1}
 
 
 async def test_sigterm_interrupts_a_running_job_without_costing_an_attempt(

@@ -305,19 +305,20 @@ async def test_a_worker_cancelled_from_outside_while_it_holds_claims_runs_again_
             assert started[-1] == name
             release.setdefault(name, trio.Event()).set()
     assert started == ["a", "a", "b", "c"]
-    # The lapse cost the job that ran its attempt; the two held ones, never started, got
-    # theirs back (Claim.ahead).
+    # The lapse cost nobody an attempt: the job that ran was orphaned (docs/model.md, "A
+    # worker's death"), the two held ones, never started, were handed back as they were
+    # (Claim.ahead), not even orphaned.
     finished = [await record(driver, job_id) for job_id in ids]
-    assert [(r.state, r.attempts) for r in finished] == [
-        (JobState.COMPLETED, 2),
-        (JobState.COMPLETED, 1),
-        (JobState.COMPLETED, 1),
+    assert [(r.state, r.attempts, r.orphans) for r in finished] == [
+        (JobState.COMPLETED, 1, 1),
+        (JobState.COMPLETED, 1, 0),
+        (JobState.COMPLETED, 1, 0),
     ]
     assert (w.stats().in_flight, w.stats().claimed_ahead) == (0, 0)
 
 
 @pytest.mark.parametrize("renewed_after_start", [False, True])
-async def test_a_held_job_started_costs_its_attempt_on_a_crash_once_a_renewal_records_it(
+async def test_a_held_job_started_is_orphaned_by_a_crash_once_a_renewal_records_it(
     autojump_clock: Any, renewed_after_start: bool
 ) -> None:
     registry, _, started = _recording_registry(quick="quick")
@@ -336,10 +337,12 @@ async def test_a_held_job_started_costs_its_attempt_on_a_crash_once_a_renewal_re
         nursery.cancel_scope.cancel()  # the worker dies (as far as the database can tell)
     await trio.sleep(10)  # their leases lapse
     again = await driver.claim(["q"], 2, lease=30, worker_id="next")
-    attempts = {c.job_id: c.attempt for c in again}
-    # Once its start is recorded a run's attempt counts, as any running job's; before that the
-    # database cannot tell it from the held one beside it, which never started: both handed back.
-    assert attempts == {ids[1]: 2 if renewed_after_start else 1, ids[2]: 1}
+    assert {c.job_id: c.attempt for c in again} == {ids[1]: 1, ids[2]: 1}  # nobody charged
+    # Once its start is recorded a run is orphaned, as any running job is; before that the
+    # database cannot tell it from the held one beside it, which never started: both handed back
+    # as they were.
+    orphans = [(await record(driver, job_id)).orphans for job_id in ids[1:]]
+    assert orphans == [1 if renewed_after_start else 0, 0]
 
 
 async def test_claim_ahead_with_a_driver_that_cannot_mark_claims_ahead_is_refused() -> None:

@@ -34,19 +34,22 @@ class CountingDriver(MemoryDriver):
         worker_id: str,
         free: Mapping[str, int] | None = None,
         rescue: bool = True,
+        alone: bool = False,
     ) -> Sequence[Claim]:
         self.claims.append(dict(limit) if isinstance(limit, Mapping) else limit)
         claims = await super().claim(
-            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue, alone=alone
         )
         self.claimed.extend(c.job_id for c in claims)
         return claims
 
-    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+    async def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, alone: bool = False
+    ) -> None:
         if self.deaf:
             await trio.sleep(timeout)
         else:
-            await super().wait_for_work(queues, timeout)
+            await super().wait_for_work(queues, timeout, alone=alone)
 
 
 def blocking_registry(queues: Sequence[str]) -> tuple[Registry, dict[str, trio.Event], set[str]]:
@@ -149,9 +152,11 @@ async def test_jobs_a_short_claim_returned_start_before_the_loop_looks_for_more(
     seen_at_look: list[set[str]] = []
 
     class Looking(CountingDriver):
-        async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+        async def wait_for_work(
+            self, queues: Sequence[str], timeout: float, *, alone: bool = False
+        ) -> None:
             seen_at_look.append(set(running))
-            await super().wait_for_work(queues, timeout)
+            await super().wait_for_work(queues, timeout, alone=alone)
 
     driver = Looking()
     w = worker(driver, registry, concurrency=3, safety_poll=30.0)

@@ -117,9 +117,10 @@ class _HeldAnswers(MemoryDriver):
         worker_id: str,
         free: Mapping[str, int] | None = None,
         rescue: bool = True,
+        alone: bool = False,
     ) -> Sequence[Claim]:
         claims = await super().claim(
-            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue, alone=alone
         )
         if claims:
             self.in_flight.set()

@@ -25,6 +25,7 @@ from jobs_trio._core.records import (
 from jobs_trio._run.lease_renewal import lease_margin
 from jobs_trio._run.lifecycle import Lifecycle
 from jobs_trio._run.settler import LAST_RESORT_ERROR, Settler
+from jobs_trio.drivers._rules import KILLED_WORKER_ERROR
 from jobs_trio.drivers.memory import MemoryDriver
 from tests.helpers.worker_helpers import record, worker
 
@@ -508,8 +509,8 @@ async def test_a_job_whose_renewals_never_land_still_runs_out_of_attempts(
 ) -> None:
     # A run stopped at its lease is handed back uncounted: the database was out of reach, not
     # the job's fault. A body that itself keeps its worker's renewals from landing must not
-    # loop for ever on that: past max_attempts such stops, the lease is left to lapse and
-    # each next claim counts, until the job is dead.
+    # loop for ever on that: past max_attempts such stops, the lease is left to lapse, and
+    # the orphan rule ends it (orphaned twice, then run alone: its lapse then is its own).
     registry = Registry()
 
     @registry.job("stalls", timeout=None, attempts=2)
@@ -529,4 +530,5 @@ async def test_a_job_whose_renewals_never_land_still_runs_out_of_attempts(
         await w.stop()
     outcomes = w.stats().outcomes
     assert outcomes["interrupted"] == 2 and outcomes["lost"] >= 1
-    assert (await record(driver, job_id)).state is JobState.DEAD
+    dead = await record(driver, job_id)
+    assert dead.state is JobState.DEAD and dead.last_error == KILLED_WORKER_ERROR

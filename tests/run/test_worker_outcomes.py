@@ -337,6 +337,7 @@ def test_outcomes_states_and_cancel_reasons_keep_the_words_they_had_as_strings()
         "abandoned",
         "cancelled",
         "parked",
+        "orphaned",
     ]
     assert [s.value for s in WorkerState] == ["idle", "running", "draining", "stopped"]
     assert [r.value for r in CancelReason] == [

@@ -267,6 +267,24 @@ def _what_stopped(signal: str) -> str:
     }.get(signal, signal)
 
 
+class KilledWorker(JobsError):
+    """Why a job was dead-lettered by the orphan rule (docs/model.md, "A worker's death"): it
+    was running ALONE on its worker (a suspect: orphaned twice before) and that worker died
+    again, so nothing else can have killed it. Stored as the job's ``last_error``."""
+
+    code = "X_KILLED_WORKER"
+    retryable = False
+
+
+class OrphanedTooOften(JobsError):
+    """Why a job was dead-lettered by the orphan rule's bound: its worker died under it
+    ``rules.ORPHAN_LIMIT`` times, never once while it ran alone (a fleet of an older release
+    claimed it beside others, or whole machines kept dying). Stored as ``last_error``."""
+
+    code = "X_ORPHANED"
+    retryable = False
+
+
 class AttemptCancelled(BaseException):
     """What ``ctx.check_cancelled()`` raises once the attempt was told to stop — on the Trio
     thread and in a sync body's thread alike. A BaseException, like ``trio.Cancelled``, so that an

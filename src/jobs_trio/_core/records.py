@@ -47,6 +47,15 @@ class OutcomeKind(enum.StrEnum):
     ABANDONED = "abandoned"
     CANCELLED = "cancelled"  # by an operator
     PARKED = "parked"  # its name is not in this deploy's registry
+    # Its worker died under it (the lease lapsed): recorded in the job's history by the claim
+    # that hands it back, never a worker's own outcome (docs/model.md, "A worker's death").
+    ORPHANED = "orphaned"
+
+
+# The orphan rule's numbers (drivers/_rules.py, orphaning; docs/model.md, "A worker's death"):
+# a job orphaned SUSPECT_AT times runs only alone; one orphaned ORPHAN_LIMIT times is dead.
+SUSPECT_AT: Final = 2
+ORPHAN_LIMIT: Final = 5
 
 
 def new_job_id() -> JobId:
@@ -168,6 +177,9 @@ class Claim:
     # The run-at it was claimed at (driver clock): when it became due, for the wait from due
     # to start (jobs_trio_wait_seconds). None from a driver that does not say.
     due_at: float | None = None
+    # A suspect (orphaned rules.SUSPECT_AT times) claimed alone (claim(alone=True)): its worker
+    # claims nothing beside it while it runs, so a death now is its own (X_KILLED_WORKER).
+    alone: bool = False
 
     @property
     def lease(self) -> Lease:
@@ -293,6 +305,9 @@ class JobRecord:
     # Suspended waiting for an event: the key it waits for (wait_for_event's match), None for
     # any. A send of another key does not wake it (every waiter of a name woke for every send).
     wait_key: str | None = None
+    # How many times a worker died under it (its lease lapsed and a claim handed it back),
+    # counted apart from ``attempts``: from rules.SUSPECT_AT on it runs only alone on a worker.
+    orphans: int = 0
 
     @property
     def limits(self) -> JobLimits | None:

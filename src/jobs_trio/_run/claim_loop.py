@@ -68,10 +68,20 @@ class ClaimLoop:
         self._came_up_short: list[str] = []
         self._had_claims = False
         self._deep = False
+        # The orphan rule (docs/model.md, "A worker's death"): a claim sent alone (this worker
+        # runs nothing else) may bring a suspect, and the tokens of those it brought. While one
+        # is in flight nothing is claimed beside it, and while a suspect runs nothing at all:
+        # if this process dies then, the suspect killed it, and nobody else is charged.
+        self._alone_in_flight = False
+        self._alone: set[ClaimToken] = set()
 
     async def run(self, settler: Settler) -> None:
         async with trio.open_nursery() as claims:
             while not self.stopped:
+                if self._alone and self._holds_alone(settler):
+                    with self.idle_wait():
+                        await self._until_alone_ends(settler)
+                    continue
                 if self._in_flight and not self._may_claim_beside(settler):
                     with self.idle_wait():
                         await self._slots.freed.park()  # also unparked at each answer
@@ -112,6 +122,8 @@ class ClaimLoop:
                 if self._answer_lost and not await self._hand_back_unheld():
                     continue
                 options = self._claim_options(free)
+                if self._runs_nothing():
+                    options["alone"] = self._alone_in_flight = True
                 self._in_flight += 1
                 promised = options.get("free", free)
                 self._slots.claim_sent(free, promised)
@@ -135,7 +147,36 @@ class ClaimLoop:
             and self._deep
             and not self._answer_lost
             and not settler.stalled
+            and not self._alone_in_flight
         )
+
+    def _runs_nothing(self) -> bool:
+        """Whether a claim now would be alone (``Driver.claim(alone=True)``): no body runs or
+        waits for a slot here, no claim is in flight, and no thread abandoned at its cancel
+        still runs. Only then may it take a suspect: whatever kills this process while the
+        suspect runs can only be the suspect."""
+        return (
+            self._driver.capabilities.claims_alone
+            and not self._in_flight
+            and not self._slots.holds_jobs()
+            and not any(self._slots.threads.lingering_by_queue.values())
+        )
+
+    def _holds_alone(self, settler: Settler) -> bool:
+        """Whether a suspect claimed alone still runs here, or has ended with its settlement
+        unwritten and not carried by the next claim: a claim beside it then, and a death, would
+        dead-letter it (the row still says alone) for what a neighbour did. A settlement the
+        next claim carries commits with that claim, so the claim may go."""
+        self._alone.intersection_update(self._held())
+        if not self._alone:
+            return False
+        return self._slots.holds_jobs() or not settler.carriable
+
+    async def _until_alone_ends(self, settler: Settler) -> None:
+        if self._slots.holds_jobs():
+            await self._slots.freed.park()  # its body ends: its slot frees
+        else:
+            await settler.next_write()  # its settlement written: its run released
 
     async def _claim(
         self,
@@ -176,6 +217,7 @@ class ClaimLoop:
             self._answered()
             raise
         self._outage.reached(sent_at)
+        self._alone.update(claim.token for claim in claims if claim.alone)
         # In one pass: the claim's share ends and its jobs take the slots it kept for them.
         self._slots.claim_answered(free, promised)
         self._place(claims, sent_at)
@@ -189,6 +231,7 @@ class ClaimLoop:
 
     def _answered(self) -> None:
         self._in_flight -= 1
+        self._alone_in_flight = False
         self._slots.freed.unpark_all()
 
     async def _claim_failed(self, exc: DriverError, queues: Mapping[str, int]) -> None:
@@ -247,7 +290,11 @@ class ClaimLoop:
         wake-up, one look at the next due time for all of them), or a slot frees in a queue
         that may hold more (its claim filled its slots, or it had none free)."""
         may_hold_more = [q for q in self._options.queues if q not in came_up_short]
-        if not may_hold_more:
+        # A worker that runs something waits for work it may take: a suspect (the orphan rule)
+        # is none. Once it runs nothing it looks again, alone: a suspect then is its work, and
+        # the wait it began busy would not end for one (a fleet that runs dry runs them).
+        may_idle = self._driver.capabilities.claims_alone and not self._runs_nothing()
+        if not may_hold_more and not may_idle:
             # Every queue came up short (an idle worker): only the wake-up can end the wait.
             # Waited for in this task: a nursery's child would take a scheduler pass more to
             # hand the claim loop its wake-up (wake-up to claim sent: 0.17-0.23 ms with one).
@@ -259,13 +306,22 @@ class ClaimLoop:
                 await self._work_may_be_due(came_up_short)
                 waits.cancel_scope.cancel()
 
+            async def idle_then_alone() -> None:
+                while not self._runs_nothing():
+                    await self._slots.freed.park()
+                await self._work_may_be_due(came_up_short)
+                waits.cancel_scope.cancel()
+
             async def slot_freed() -> None:
                 while not any(q in self._slots.claimable() for q in may_hold_more):
                     await self._slots.freed.park()
                 waits.cancel_scope.cancel()
 
             waits.start_soon(work_may_be_due)
-            waits.start_soon(slot_freed)
+            if may_hold_more:
+                waits.start_soon(slot_freed)
+            if may_idle:
+                waits.start_soon(idle_then_alone)
 
     async def _work_may_be_due(self, queues: Sequence[str]) -> None:
         """The driver's wake-up. While this worker rescues no lapsed job (after an outage), a
@@ -274,12 +330,17 @@ class ClaimLoop:
         rescue_at = self._outage.rescue_at()
         now = trio.current_time()
         timeout = self._options.safety_poll
+        # A suspect is work only for a worker that runs nothing (the orphan rule): else a busy
+        # one would wake for a job it may not take.
+        alone: dict[str, Any] = {"alone": True} if self._runs_nothing() else {}
         if rescue_at <= now or not self._driver.capabilities.rescue_on_request:
-            await self._driver.wait_for_work(queues, timeout=timeout)
+            await self._driver.wait_for_work(queues, timeout=timeout, **alone)
         else:
             # On the driver's clock, the same distance ahead (never, while still unreachable).
             rescue_from = self._driver.now() + (rescue_at - now)
-            await self._driver.wait_for_work(queues, timeout=timeout, rescue_from=rescue_from)
+            await self._driver.wait_for_work(
+                queues, timeout=timeout, rescue_from=rescue_from, **alone
+            )
 
     async def until_stopped(
         self,

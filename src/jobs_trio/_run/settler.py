@@ -189,6 +189,10 @@ class Settler:
             self.stalled = False
             self._flowing.unpark_all()
 
+    async def next_write(self) -> None:
+        """Return once the next write is confirmed (or refused by fencing)."""
+        await self._written.park()
+
     async def room(self) -> None:
         """Return once fewer than ``capacity`` settlements wait to be written."""
         while len(self._unwritten) >= self.capacity:

@@ -19,6 +19,9 @@ class ClaimAsk:
     worker_id: str
     free: Mapping[str, int] | None
     rescue: bool
+    # The orphan rule's claim by a worker that runs nothing (Capabilities.claims_alone): read
+    # apart from parts(), which a driver without it unpacks as it always did.
+    alone: bool = False
 
     def parts(
         self,
@@ -67,8 +70,9 @@ class ClaimCalls:
         worker_id: str,
         free: Mapping[str, int] | None = None,
         rescue: bool = True,
+        alone: bool = False,
     ) -> Sequence[Claim]:
-        return await self._claim(ClaimAsk(queues, limit, lease, worker_id, free, rescue))
+        return await self._claim(ClaimAsk(queues, limit, lease, worker_id, free, rescue, alone))
 
     async def settle_and_claim(
         self,
@@ -80,8 +84,9 @@ class ClaimCalls:
         worker_id: str,
         free: Mapping[str, int] | None = None,
         rescue: bool = True,
+        alone: bool = False,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
-        ask = ClaimAsk(queues, limit, lease, worker_id, free, rescue)
+        ask = ClaimAsk(queues, limit, lease, worker_id, free, rescue, alone)
         return await self._settle_and_claim(settlements, ask)
 
     async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:

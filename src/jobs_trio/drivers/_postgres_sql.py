@@ -16,7 +16,9 @@ from ._rules import (
     ATTEMPT_HISTORY,
     JOB_COLUMNS,
     LIVE_STATES_SQL,
+    ORPHAN_LIMIT,
     SETTLEMENT_KINDS,
+    SUSPECT_AT,
     WAITING_STATES_SQL,
 )
 
@@ -94,6 +96,8 @@ def load_statements(schema: str) -> Statements:
         "{live_states}": LIVE_STATES_SQL,
         "{waiting_states}": WAITING_STATES_SQL,
         "{attempt_history}": str(ATTEMPT_HISTORY),
+        "{orphan_limit}": str(ORPHAN_LIMIT),
+        "{suspect_at}": str(SUSPECT_AT),
     }
     by_name = {name: _fill(sql, fill) for name, sql in _read_named().items()}
     claim_with, claim_answer = by_name["claim"], by_name.pop("claim_answer")
@@ -136,7 +140,7 @@ def _note_columns(kind_rows: str) -> str:
 
 
 # The claim's parameters come first in settle_claim_<kind>; the settle's follow them.
-CLAIM_PARAMETERS = 10
+CLAIM_PARAMETERS = 14
 _PARAMETER = re.compile(r"\$(\d+)")
 
 
@@ -144,8 +148,8 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
     """One statement that settles a batch of one kind and claims (issue 16: one round trip
     where there were two). The claim's parameters as they are ($1 now, shared), the settle's
     $2… after them. One snapshot for both: the settled rows are still `running` in it, so the
-    claim's lapsed and exhausted candidates leave them out by id (the settle's ids, $11), or a
-    lapsed lease being settled here could be claimed and settled by one statement at once.
+    claim's lapsed walk leaves them out by id (the settle's ids), or a lapsed lease being
+    settled here could be handed back and settled by one statement at once.
     Nor does the claim see the jobs the settle made due now (a retry or suspension without
     delay, the waiters its freed fleet slots woke): each settled row says how many there were
     (`made_due`), for the driver to claim them after, as settle() then claim() would."""
@@ -157,7 +161,7 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
     settle_ctes = _PARAMETER.sub(after_the_claims, settle_with)
     settle_ids = f"${3 + CLAIM_PARAMETERS - 1}"
     claim_ctes = _fill(
-        claim_with[claim_with.index("WITH candidates") + len("WITH ") :],
+        claim_with[claim_with.index("WITH lapsed") + len("WITH ") :],
         {"{not_settling}": f"AND NOT (id = ANY({settle_ids}::text[]))"},
     )
     # The settled rows are the first branch: the settle's locks (the one wait here, in id
@@ -168,13 +172,14 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
         f"{settle_ctes},\n{claim_ctes},\nclaim_rows AS (\n{claim_answer}\n)\n"
         "SELECT false AS claimed, id, token, NULL AS name, NULL AS queue, NULL AS payload,"
         " NULL AS attempts, NULL AS max_attempts, NULL AS lease_until, NULL AS priority,"
-        " NULL AS run_at, NULL AS context, NULL AS ahead, made_due.n AS made_due\n"
+        " NULL AS run_at, NULL AS context, NULL AS ahead, NULL AS alone, NULL AS released,"
+        " NULL AS orphans, made_due.n AS made_due\n"
         "FROM settled, (SELECT count(*) FROM notified) AS sent,"
         " (SELECT (SELECT count(*) FROM woken) + (SELECT count(*) FROM settled WHERE ready_now)"
         " AS n) AS made_due\n"
         "UNION ALL\n"
         "SELECT true, id, token, name, queue, payload, attempts, max_attempts, lease_until,"
-        " priority, run_at, context, ahead, 0 FROM claim_rows"
+        " priority, run_at, context, ahead, alone, released, orphans, 0 FROM claim_rows"
     )
 
 

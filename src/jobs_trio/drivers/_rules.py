@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
 
-from .._core.errors import ConfigError, RelayFenced
+from .._core.errors import ConfigError, KilledWorker, OrphanedTooOften, RelayFenced
+from .._core.logs import log_event
+from .._core.operator_transitions import OPERATOR_CANCEL_ERROR
+from .._core.records import ORPHAN_LIMIT as ORPHAN_LIMIT  # the rule's numbers, said there
+from .._core.records import SUSPECT_AT as SUSPECT_AT
 from .._core.records import (
     WAITING_STATES,
     AttemptRecord,
@@ -22,6 +27,7 @@ from .._core.records import (
     JobState,
     NameStats,
     NewJob,
+    OutcomeKind,
     Park,
     QueueStats,
     Retry,
@@ -79,12 +85,105 @@ LAPSED_ERROR: Final = (
     " jobs.worker.process-stalled)"
 )
 
-# `{attempts}` stands for the count: the PostgreSQL driver fills it in SQL, the others here.
-LAPSED_OUT_OF_ATTEMPTS: Final = LAPSED_ERROR + "; no attempts left after {attempts}"
+# A worker's death charges nobody it cannot blame (docs/model.md, "A worker's death"): a claim
+# that finds a lapsed lease hands the job back ORPHANED, its attempt uncounted and its orphans
+# counted one more. From SUSPECT_AT orphanings on the job is a suspect, claimed only by a worker
+# that runs nothing else (claim(alone=True)) and nothing is claimed beside it; a suspect whose
+# worker dies while it runs alone is dead-lettered (X_KILLED_WORKER); and any job orphaned
+# ORPHAN_LIMIT times is dead-lettered (X_ORPHANED), alone or not: the bound that keeps a job
+# from taking workers down for ever where alone cannot be had (an older release's workers claim
+# it beside others; whole machines die with it). SUSPECT_AT is 2, not 1: a job that was merely
+# running beside a killer, or on a worker a deploy SIGKILLed, is orphaned once and runs on as
+# any job; only one that was there twice waits for a worker of its own.
+# The numbers live with the record (records.SUSPECT_AT, ORPHAN_LIMIT): `jobs-trio show` says them.
 
 
-def lapsed_out_of_attempts(attempts: int) -> str:
-    return LAPSED_OUT_OF_ATTEMPTS.format(attempts=attempts)
+def is_suspect(orphans: int) -> bool:
+    """Whether a job orphaned ``orphans`` times is claimed only alone."""
+    return orphans >= SUSPECT_AT
+
+
+# `{orphans}` stands for the job's count of orphanings with this one (the SQL drivers fill it in
+# SQL, the memory driver here).
+ORPHANED_ERROR: Final = (
+    LAPSED_ERROR + "; handed back as orphaned ({orphans} of " + str(ORPHAN_LIMIT) + "), its"
+    " attempt not counted"
+)
+KILLED_WORKER_ERROR: Final = str(
+    KilledWorker(
+        "its worker died while it ran alone (it had been orphaned twice before, so it ran with"
+        " nothing beside it): it kills the process that runs it (a crash in native code, memory"
+        " exhausted, os._exit or a signal of its own; a SIGSTOP past the lease reads the same)",
+        fix="find what kills the process in this job's body (the worker's exit status, the"
+        " kernel's OOM log), fix it, then `jobs-trio retry ID`; no other job was charged",
+    )
+)
+ORPHANED_TOO_OFTEN_ERROR: Final = str(
+    OrphanedTooOften(
+        f"its worker died under it {ORPHAN_LIMIT} times (leases lapsed; never while it ran alone)",
+        fix="find why its workers die (exit statuses, the OOM log, a deploy that SIGKILLs"
+        " instead of draining), then `jobs-trio retry ID`",
+    )
+)
+
+
+@attrs.frozen
+class Orphaning:
+    """What a claim does with a lapsed job it finds (``orphaning``)."""
+
+    state: JobState  # READY (handed back, uncounted) or DEAD (by the rule)
+    orphans: int  # its orphanings with this one
+    error: str  # its last_error
+    hands_back: bool  # its attempt goes back (not when it is dead-lettered: it is to blame)
+
+
+def orphaning(orphans: int, alone: bool, cancel_requested: bool = False) -> Orphaning:
+    """The rule, for a lapsed job orphaned ``orphans`` times before that ran ``alone``. One
+    an operator asked to cancel ends cancelled instead of going back (its run has ended, as a
+    settlement's would: operator_transitions.cancel_instead). The PostgreSQL claim says the
+    same in SQL (postgres_queries.sql, `handed_back`)."""
+    now = orphans + 1
+    if alone:
+        return Orphaning(JobState.DEAD, now, KILLED_WORKER_ERROR, hands_back=False)
+    if now >= ORPHAN_LIMIT:
+        return Orphaning(JobState.DEAD, now, ORPHANED_TOO_OFTEN_ERROR, hands_back=False)
+    if cancel_requested:
+        return Orphaning(JobState.CANCELLED, now, OPERATOR_CANCEL_ERROR, hands_back=True)
+    return Orphaning(JobState.READY, now, ORPHANED_ERROR.format(orphans=now), hands_back=True)
+
+
+def orphaned_record(record: JobRecord, rule: Orphaning, seq: int, now: float) -> AttemptRecord:
+    """The history record of a lapsed ``record``'s attempt, ended by its worker's death: the
+    attempt and worker the job's row still names, no run time (nobody saw it end)."""
+    outcome = OutcomeKind.DEAD_LETTERED if rule.state is JobState.DEAD else OutcomeKind.ORPHANED
+    return AttemptRecord(
+        seq=seq,
+        attempt=record.attempts,
+        outcome=outcome.value,
+        worker_id=record.worker_id,
+        ended_at=now,
+        error=rule.error,
+    )
+
+
+def log_orphaned(
+    job_id: str, name: str, worker_id: str | None, attempt: int, rule: Orphaning
+) -> None:
+    """``jobs.attempt.orphaned``, logged by the claim that hands a lapsed job back: WARNING for
+    an orphaning, ERROR for a death by the rule (the worker that died logged nothing)."""
+    dead = rule.state is JobState.DEAD
+    log_event(
+        "jobs.attempt.orphaned",
+        logging.ERROR if dead else logging.WARNING,
+        job_id=job_id,
+        job=name,
+        worker=worker_id,
+        attempt=attempt,
+        orphans=rule.orphans,
+        then=rule.state.value,
+        # The error only for a death by the rule: an orphaning's says nothing the line does not.
+        **({"error": rule.error} if dead else {}),
+    )
 
 
 def key_matches(wanted: str | None, key: str | None) -> bool:

@@ -53,6 +53,10 @@ class Capabilities:
     claims_ahead: bool = False
     # claim(rescue=False): a claim that takes no lapsed job (a worker just back from an outage).
     rescue_on_request: bool = False
+    # claim(alone=) and wait_for_work(alone=): the orphan rule's suspects (rules.is_suspect)
+    # claimed only by a worker that runs nothing else, one at a time (docs/model.md, "A
+    # worker's death"). A driver without it never hands a lapsed job back uncounted.
+    claims_alone: bool = False
     # beside() (RenewsBeside): a connection for the worker's lease lifeline, so that a body
     # blocking the Trio loop does not cost the worker its leases.
     renews_beside: bool = False
@@ -91,21 +95,35 @@ class Jobs(Protocol):
         worker_id: str,
         free: Mapping[str, int] | None = None,
         rescue: bool = True,
+        alone: bool = False,
     ) -> Sequence[Claim]:
-        """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at), and
-        jobs whose lease has lapsed (none, and none buried, with ``rescue=False``: a worker
-        just back from an outage leaves them to their runners for a while, see outage.py).
-        Each gets a fresh token, ``attempts + 1`` and a lease of ``lease`` seconds. A lapsed
-        job with no attempts left is dead-lettered, not returned.
+        """Take up to ``limit`` due jobs (lowest priority number, then earliest run-at). Each
+        gets a fresh token, ``attempts + 1`` and a lease of ``lease`` seconds.
+
+        First, up to ``limit`` jobs whose lease has lapsed are handed back (none with
+        ``rescue=False``: a worker just back from an outage leaves them to their runners for a
+        while, see outage.py), each at its place in line: orphaned by the rule
+        (``rules.orphaning``: its attempt given back, one more orphaning; dead-lettered when it
+        ran alone or was orphaned ``rules.ORPHAN_LIMIT`` times), recorded in its history
+        (outcome ``orphaned``) and logged (``jobs.attempt.orphaned``). Then the claim takes
+        due jobs as any, those it handed back included, at their place in line (PostgreSQL
+        claims them with a second statement in the same call: the first one's snapshot is
+        older than its hand-back).
+
+        Suspects (``rules.is_suspect``: orphaned twice) are taken only with ``alone=True`` (the
+        worker runs nothing else and has no other claim in flight), and then the first due one
+        alone, nothing beside it (``Claim.alone``); a claim ``alone`` with no suspect due
+        claims as any.
+
         A mapping ``limit`` caps each queue on its own (``claim_slots.ClaimSlots``): one
         claim then serves all of a worker's queues, each up to its own free slots.
 
         ``free`` (given only by a worker that claims ahead) is each queue's free slots: a
         queue's claims past that many (without fleet limits) are marked ``Claim.ahead``, and a
-        lapsed job so marked, never recorded started (``renew(started=)``), is claimed again
-        with its attempt handed back, at most ``max_attempts`` times in its life
-        (``rules.hands_back_lapse``): a worker that dies holding jobs ahead costs them
-        nothing, and a job that kills its worker still runs out of attempts."""
+        lapsed job so marked, never recorded started (``renew(started=)``), is handed back as
+        it was, not orphaned, at most ``max_attempts`` times in its life
+        (``rules.hands_back_lapse``; past that it is orphaned as any): it never ran, so its
+        worker's death cannot be its doing."""
         ...
 
     async def renew(
@@ -124,7 +142,12 @@ class Jobs(Protocol):
         ...
 
     async def wait_for_work(
-        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        rescue_from: float | None = None,
+        alone: bool = False,
     ) -> None:
         """Return when a job in ``queues`` may have become claimable, or after ``timeout``.
         One look at the next due time for all ``queues`` at most; then a driver that hears
@@ -132,7 +155,9 @@ class Jobs(Protocol):
         (SQLite across processes; PostgreSQL while its LISTEN is down) looks again on its own
         short interval, so ``timeout`` can be a slow safety poll. ``rescue_from`` (given only
         with ``Capabilities.rescue_on_request``, by a worker that takes no lapsed job until
-        then, on the driver's clock): a lapsed lease is work only from that moment."""
+        then, on the driver's clock): a lapsed lease is work only from that moment. A suspect
+        (``rules.is_suspect``) is work only for a wait ``alone`` (``Capabilities.claims_alone``,
+        as ``claim(alone=)``): else a busy worker would wake for a job it may not take."""
         ...
 
 
@@ -464,6 +489,7 @@ class SettlesWithClaims(Protocol):
         worker_id: str,
         free: Mapping[str, int] | None = None,
         rescue: bool = True,
+        alone: bool = False,
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         """``settle(settlements)`` then ``claim(queues, limit, ...)`` as ONE write: both commit
         or neither does, so a refused or failed call leaves every settlement to be written

@@ -77,6 +77,7 @@ class MemoryAdmin(ListCalls, MemoryStore):
             state=JobState.READY,
             run_at=self.now(),
             attempts=0,
+            orphans=0,  # an operator's re-run starts its count afresh, as its attempts
             cancel_requested=False,
             waiting_on=None,
         )

@@ -36,7 +36,10 @@ from .._rules import (
     effect,
     hands_back_lapse,
     history_record,
-    lapsed_out_of_attempts,
+    is_suspect,
+    log_orphaned,
+    orphaned_record,
+    orphaning,
     refuse_connection,
     stored_value,
     woken,
@@ -101,78 +104,110 @@ class MemoryJobs(ClaimCalls, MemoryStore):
         return answers
 
     def _claimable(
-        self, queues: Sequence[str], now: float, *, rescue: bool = True
+        self, queues: Sequence[str], now: float, *, alone: bool = False
     ) -> list[JobRecord]:
+        """The due jobs of ``queues`` in claim order. Suspects (rules.is_suspect) only for a
+        claim ``alone``, and then the first of them only, with nothing beside it."""
         wanted = set(queues)
         due = [
             r
             for r in self._jobs.values()
-            if r.queue in wanted
-            and (
-                (r.state in WAITING_STATES and r.run_at <= now)
-                or (
-                    rescue
-                    and r.state is JobState.RUNNING
-                    and r.lease_until is not None
-                    and r.lease_until <= now
-                )
-            )
+            if r.queue in wanted and r.state in WAITING_STATES and r.run_at <= now
         ]
         due.sort(key=lambda r: (r.priority, r.run_at, r.id))
-        return due
+        suspects = [r for r in due if is_suspect(r.orphans)]
+        if alone and suspects:
+            return suspects[:1]
+        return [r for r in due if not is_suspect(r.orphans)]
 
-    def _hands_back(self, record: JobRecord) -> bool:
-        """A lapsed job claimed again with its attempt handed back (rules.hands_back_lapse)."""
-        return record.state is JobState.RUNNING and hands_back_lapse(
-            record.id in self._ahead, self._ahead_lapses[record.id], record.max_attempts
-        )
+    def _lapsed(self, queues: Sequence[str], now: float) -> list[JobRecord]:
+        wanted = set(queues)
+        lapsed = [
+            r
+            for r in self._jobs.values()
+            if r.queue in wanted
+            and r.state is JobState.RUNNING
+            and r.lease_until is not None
+            and r.lease_until <= now
+        ]
+        lapsed.sort(key=lambda r: (r.priority, r.run_at, r.id))
+        return lapsed
 
-    def _out_of_attempts(self, record: JobRecord) -> bool:
-        """A lapsed job whose attempts are used up: dead-lettered by a claim, never run again."""
-        return (
-            record.state is JobState.RUNNING
-            and record.attempts >= record.max_attempts
-            and not self._hands_back(record)
+    def _release_lapsed(self, record: JobRecord, now: float) -> None:
+        """A lapsed job handed back before the claim looks for candidates: never started (taken
+        ahead, rules.hands_back_lapse) it goes back as it was; else it is orphaned
+        (rules.orphaning): ready with its attempt uncounted, or dead by the rule. Either way at
+        its place in line (run_at kept: it was running, so it was first)."""
+        self._tokens.pop(record.id, None)
+        alone = record.id in self._alone
+        self._alone.discard(record.id)
+        was_ahead = record.id in self._ahead
+        self._ahead.discard(record.id)
+        if hands_back_lapse(was_ahead, self._ahead_lapses[record.id], record.max_attempts):
+            self._ahead_lapses[record.id] += 1
+            self._put(
+                record,
+                state=JobState.READY,
+                attempts=record.attempts - 1,
+                last_error=LAPSED_ERROR,
+                lease_until=None,
+                worker_id=None,
+            )
+            return
+        rule = orphaning(record.orphans, alone, record.cancel_requested)
+        self._put(
+            record,
+            state=rule.state,
+            attempts=record.attempts - rule.hands_back,
+            orphans=rule.orphans,
+            last_error=rule.error,
+            lease_until=None,
+            worker_id=None,
+            # A cancel ended it; a dead job keeps the flag (retry clears it).
+            cancel_requested=record.cancel_requested and rule.state is JobState.DEAD,
         )
+        self._attempt_seq[record.id] += 1
+        self._attempts.setdefault(record.id, collections.deque(maxlen=ATTEMPT_HISTORY)).append(
+            orphaned_record(record, rule, self._attempt_seq[record.id], now)
+        )
+        log_orphaned(record.id, record.name, record.worker_id, record.attempts, rule)
 
     async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
+        alone = ask.alone
         await trio.lowlevel.checkpoint()
         self._check_open()
         now = self.now()
         # A paused queue is not asked at all: nothing of it is claimed, lapsed or not.
         slots = ClaimSlots.of([q for q in queues if q not in self._pauses], limit)
-        claimable = self._claimable(list(slots.caps), now, rescue=rescue)
-        # Attempts are counted at claim, so a job that keeps killing its worker ends here
-        # instead of looping forever. Up to `limit` of them per claim, apart from the `limit`
-        # taken: bounded work, and the rest stay lapsed (due at once) for the next claim.
-        exhausted = [r for r in claimable if self._out_of_attempts(r)]
-        for record in exhausted[: slots.total]:
-            self._dead_from_lapse(record)
+        if rescue:
+            # Up to `limit` lapsed jobs handed back per claim, before it looks: bounded work,
+            # and the rest stay lapsed (due at once) for the next claim. Those handed back
+            # ready are candidates at their place in line, as any due job.
+            for record in self._lapsed(list(slots.caps), now)[: slots.total]:
+                self._release_lapsed(record, now)
+        claimable = self._claimable(list(slots.caps), now, alone=alone)
         claims: list[Claim] = []
-        picked = slots.take((r.queue, r) for r in claimable if not self._out_of_attempts(r))
+        picked = slots.take((r.queue, r) for r in claimable)
         ahead = {r.id for r in slots.ahead(((r.queue, r) for r in picked), free) if not r.limits}
         granted = self._apply_limits(picked, now, lease)
         for record in picked:
             if record.limits is not None and record.id not in granted:
                 continue
             token = granted.get(record.id) or new_token()
-            last_error = record.last_error
-            if record.state is JobState.RUNNING:
-                last_error = LAPSED_ERROR
-            handed_back = self._hands_back(record)
-            self._ahead_lapses[record.id] += handed_back
             if record.id in ahead:
                 self._ahead.add(record.id)
             else:
                 self._ahead.discard(record.id)
+            suspect = is_suspect(record.orphans)
+            if suspect:
+                self._alone.add(record.id)
             updated = self._put(
                 record,
                 state=JobState.RUNNING,
-                attempts=record.attempts + (0 if handed_back else 1),
+                attempts=record.attempts + 1,
                 lease_until=now + lease,
                 worker_id=worker_id,
-                last_error=last_error,
                 wait_event=None,
                 wait_key=None,
                 waiting_on=None,
@@ -191,6 +226,7 @@ class MemoryJobs(ClaimCalls, MemoryStore):
                     context=record.context,
                     ahead=record.id in ahead,
                     due_at=record.run_at,
+                    alone=suspect,
                 )
             )
         return claims
@@ -248,16 +284,6 @@ class MemoryJobs(ClaimCalls, MemoryStore):
         if waiting:
             first = min(waiting, key=lambda r: (r.priority, r.run_at, r.id))
             self._put(first, run_at=now)
-
-    def _dead_from_lapse(self, record: JobRecord) -> None:
-        self._tokens.pop(record.id, None)
-        self._put(
-            record,
-            state=JobState.DEAD,
-            lease_until=None,
-            worker_id=None,
-            last_error=lapsed_out_of_attempts(record.attempts),
-        )
 
     async def renew(
         self, leases: Sequence[Lease], *, lease: float, started: Sequence[ClaimToken] = ()
@@ -321,12 +347,20 @@ class MemoryJobs(ClaimCalls, MemoryStore):
         self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
+        alone = ask.alone
         # In order, through the methods a test double overrides (a stalled or refusing settle
         # holds or fails the claim with it, as one write would). settle refuses before it
         # applies anything and this claim cannot fail after it, so it is one write here.
         applied = await self.settle(settlements)
+        # alone= only when asked: a test double's claim may predate it.
         claims = await self.claim(
-            queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+            queues,
+            limit,
+            lease=lease,
+            worker_id=worker_id,
+            free=free,
+            rescue=rescue,
+            **({"alone": True} if alone else {}),
         )
         return applied, claims
 
@@ -351,6 +385,7 @@ class MemoryJobs(ClaimCalls, MemoryStore):
             if record.cancel_requested:
                 s = cancel_instead(s) or s
             self._tokens.pop(record.id, None)
+            self._alone.discard(record.id)
             self._release_slot(record.id, s.lease.token, now)
             change = effect(s)
             if change.unseen is not None and self._stored_past(change.unseen):
@@ -377,7 +412,9 @@ class MemoryJobs(ClaimCalls, MemoryStore):
             applied.append(record.id)
         return applied
 
-    def _next_due_in(self, queues: Sequence[str], rescue_from: float | None = None) -> float:
+    def _next_due_in(
+        self, queues: Sequence[str], rescue_from: float | None = None, alone: bool = False
+    ) -> float:
         now = self.now()
         lapses_from = -math.inf if rescue_from is None else rescue_from
         wanted = set(queues) - self._pauses.keys()  # a paused queue's jobs are no work
@@ -386,16 +423,23 @@ class MemoryJobs(ClaimCalls, MemoryStore):
             if r.queue not in wanted:
                 continue
             if r.state in WAITING_STATES:
+                if is_suspect(r.orphans) and not alone:
+                    continue  # no work for a worker that runs something (claim(alone=))
                 soonest = min(soonest, r.run_at - now)
             elif r.state is JobState.RUNNING and r.lease_until is not None:
                 soonest = min(soonest, max(r.lease_until, lapses_from) - now)
         return soonest
 
     async def wait_for_work(
-        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        rescue_from: float | None = None,
+        alone: bool = False,
     ) -> None:
         self._check_open()
-        due_in = self._next_due_in(queues, rescue_from)
+        due_in = self._next_due_in(queues, rescue_from, alone)
         if due_in <= 0:
             await trio.lowlevel.checkpoint()
             return

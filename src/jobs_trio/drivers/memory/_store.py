@@ -64,6 +64,8 @@ class MemoryStore:
         # SQL drivers keep them in columns no record shows.
         self._ahead: set[JobId] = set()
         self._ahead_lapses: collections.Counter[JobId] = collections.Counter()
+        # Suspects claimed alone, running (Claim.alone): a lapse of one is its own doing.
+        self._alone: set[JobId] = set()
         self._steps: dict[JobId, dict[str, StepRecord]] = {}
         # Each job's newest attempt records, and how many it has had (AttemptRecord.seq).
         self._attempts: dict[JobId, collections.deque[AttemptRecord]] = {}

@@ -40,7 +40,8 @@ SELECT EXISTS (
 
 -- name: retry_job
 UPDATE {schema}.jobs
-SET state = 'ready', run_at = $1, attempts = 0, ahead_lapses = 0, cancel_requested = false,
+SET state = 'ready', run_at = $1, attempts = 0, ahead_lapses = 0, orphans = 0,
+    cancel_requested = false,
     waiting_on = NULL, updated_at = $1
 WHERE id = $2
 RETURNING {job_columns};

@@ -6,11 +6,18 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..._core.operator_transitions import OPERATOR_CANCEL_ERROR
 from ..._core.records import NewJob
 from .._claim_slots import ClaimSlots
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
-from .._rules import LAPSED_ERROR, LAPSED_OUT_OF_ATTEMPTS, limit_fields
+from .._rules import (
+    KILLED_WORKER_ERROR,
+    LAPSED_ERROR,
+    ORPHANED_ERROR,
+    ORPHANED_TOO_OFTEN_ERROR,
+    limit_fields,
+)
 
 
 def _claim_arguments(
@@ -20,8 +27,9 @@ def _claim_arguments(
     worker_id: str,
     free: Mapping[str, int] | None,
     rescue: bool,
+    alone: bool = False,
 ) -> tuple[Any, ...]:
-    """The claim statement's parameters, $1 to $10 (settle_claim_<kind> takes them first too).
+    """The claim statement's parameters, $1 to $14 (settle_claim_<kind> takes them first too).
     With no ``free`` given, every claim has a slot: none is marked ahead."""
     caps = list(slots.caps.values())
     return (
@@ -31,11 +39,21 @@ def _claim_arguments(
         float(lease),
         worker_id,
         LAPSED_ERROR,
-        LAPSED_OUT_OF_ATTEMPTS,
+        KILLED_WORKER_ERROR,
         caps,
         caps if free is None else [free.get(q, 0) for q in slots.caps],
         now if rescue else -math.inf,
+        ORPHANED_TOO_OFTEN_ERROR,
+        ORPHANED_ERROR,
+        alone,
+        OPERATOR_CANCEL_ERROR,
     )
+
+
+def _handed_back(rows: Sequence[Any]) -> bool:
+    """Whether a claim statement handed a lapsed job back (claim_answer): it then claimed
+    nothing, its snapshot being older than the hand-back (_jobs.sql, claim)."""
+    return any(row["released"] is not None for row in rows)
 
 
 # From this many unkeyed jobs an enqueue writes them by COPY: 20,000 jobs went in at 71,000 a

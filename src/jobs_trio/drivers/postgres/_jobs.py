@@ -19,6 +19,7 @@ from ..._core.records import (
     ClaimToken,
     Enqueued,
     JobId,
+    JobState,
     Lease,
     NewJob,
     RenewResult,
@@ -30,9 +31,10 @@ from .._postgres_bridge import Bridge
 from .._postgres_plan import enqueue_plan, fetch_on, run_plan_async
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
+from .._rules import Orphaning, log_orphaned
 from .._transaction import unwrap
 from ..contract import BesideConnection
-from ._claim_statements import COPY_AT_LEAST, _claim_arguments, _copy_in
+from ._claim_statements import COPY_AT_LEAST, _claim_arguments, _copy_in, _handed_back
 from ._connection import DEAF_POLL, PostgresConnection, T
 from ._settle_statements import (
     _applied_in_order,
@@ -154,6 +156,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
 
     async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
+        alone = ask.alone
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         if not slots.caps:
@@ -163,26 +166,42 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         sql = self._sql
 
         async def take(conn: Connection) -> list[Any]:
-            # One statement: the claim and the burial of exhausted lapsed jobs commit together.
+            # One statement: the claim and the hand-back of lapsed jobs commit together.
             return list(
                 await conn.fetch(
-                    sql["claim"], *_claim_arguments(now, slots, lease, worker_id, free, rescue)
+                    sql["claim"],
+                    *_claim_arguments(now, slots, lease, worker_id, free, rescue, alone),
                 )
             )
 
         rows = await self.bridge.run(take, what="claim")
-        return await self._claims(rows, now, float(lease), worker_id)
+        claims = await self._claims(rows, now, float(lease), worker_id)
+        if _handed_back(rows):
+            # The statement handed lapsed jobs back and claimed nothing (its snapshot predates
+            # the hand-back): claimed now by a statement that sees them at their place in line
+            # and hands no more back, as the other drivers' one claim takes them (Driver.claim).
+            claims += await self._claim_made_due(
+                limit, slots, claims, lease, worker_id, free, False, alone
+            )
+        return claims
 
     async def _settle_and_claim(
         self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
+        alone = ask.alone
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
         firsts = _first_per_claim(settlements)
         if not firsts:
             claims = await self.claim(
-                queues, limit, lease=lease, worker_id=worker_id, free=free, rescue=rescue
+                queues,
+                limit,
+                lease=lease,
+                worker_id=worker_id,
+                free=free,
+                rescue=rescue,
+                alone=alone,
             )
             return [], claims
         if not slots.caps:
@@ -190,7 +209,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         now = self.now()
         sql = self._sql
         by_kind = _by_kind(firsts)
-        claiming = _claim_arguments(now, slots, lease, worker_id, free, rescue)
+        claiming = _claim_arguments(now, slots, lease, worker_id, free, rescue, alone)
 
         async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
             if len(by_kind) > 1:
@@ -218,9 +237,19 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             both, what="settle and claim", transaction=len(by_kind) > 1
         )
         claims = await self._claims(rows, now, float(lease), worker_id)
-        if made_due:
+        # A claim that took a suspect took it alone: nothing is claimed beside it. One that
+        # handed lapsed jobs back claimed nothing, and hands no more back now (claim()).
+        handed_back = _handed_back(rows)
+        if (made_due or handed_back) and not any(claim.alone for claim in claims):
             claims += await self._claim_made_due(
-                limit, slots, claims, lease, worker_id, free, rescue
+                limit,
+                slots,
+                claims,
+                lease,
+                worker_id,
+                free,
+                rescue and not handed_back,
+                alone and not claims,
             )
         return _applied_in_order(settlements, applied), claims
 
@@ -233,6 +262,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         worker_id: str,
         free: Mapping[str, int] | None,
         rescue: bool,
+        alone: bool = False,
     ) -> list[Claim]:
         """After settle_and_claim's statement made jobs due now (a retry or suspension without
         delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
@@ -254,7 +284,13 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         try:
             return list(
                 await self.claim(
-                    queues, rest, lease=lease, worker_id=worker_id, free=still_free, rescue=rescue
+                    queues,
+                    rest,
+                    lease=lease,
+                    worker_id=worker_id,
+                    free=still_free,
+                    rescue=rescue,
+                    alone=alone,
                 )
             )
         except JobsError as exc:
@@ -271,6 +307,14 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         already, so a failure there costs only the limited ones their turn (they stay ready,
         untouched), never the claims already made (they would sit claimed till their lease
         lapsed, each an attempt spent)."""
+        for row in rows:
+            if row["released"] not in (None, "unstarted"):
+                # The answer's columns for a job handed back (postgres_queries.sql, claim_answer).
+                rule = Orphaning(
+                    JobState(row["released"]), row["orphans"], row["payload"], hands_back=True
+                )
+                log_orphaned(row["id"], row["name"], row["context"], row["attempts"], rule)
+        rows = [row for row in rows if row["released"] is None]
         limited = [row["id"] for row in rows if row["token"] is None]
         granted = {}
         if limited:
@@ -296,6 +340,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
                 context=row["context"],
                 ahead=row["ahead"],
                 due_at=row["run_at"],
+                alone=row["alone"],
             )
             for row in (granted.get(r["id"]) if r["token"] is None else r for r in rows)
             if row is not None
@@ -357,7 +402,12 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
     # --- wake-ups ---
 
     async def wait_for_work(
-        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        rescue_from: float | None = None,
+        alone: bool = False,
     ) -> None:
         self._check_open()
         with self._listener.waiting(queues) as woken:
@@ -365,7 +415,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             # notifies us, and one committed before it is seen by it.
             await self._listener.listen()
             try:
-                due_in = await self._next_due_in(queues, rescue_from)
+                due_in = await self._next_due_in(queues, rescue_from, alone)
             except DriverError as exc:
                 # The database is away: fall back to polling on the timeout, so the caller's
                 # next claim finds out whether it came back.
@@ -381,7 +431,9 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             with trio.move_on_after(max(min(timeout, due_in), 0.0)):
                 await woken.wait()
 
-    async def _next_due_in(self, queues: Sequence[str], rescue_from: float | None = None) -> float:
+    async def _next_due_in(
+        self, queues: Sequence[str], rescue_from: float | None = None, alone: bool = False
+    ) -> float:
         if not queues:
             await trio.lowlevel.checkpoint()
             return math.inf
@@ -389,7 +441,9 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         lapses_from = -math.inf if rescue_from is None else rescue_from
 
         async def read(conn: Connection) -> float | None:
-            value: float | None = await conn.fetchval(sql["next_due"], list(queues), lapses_from)
+            value: float | None = await conn.fetchval(
+                sql["next_due"], list(queues), lapses_from, alone
+            )
             return value
 
         soonest = await self.bridge.run(read, what="wait_for_work")

@@ -86,120 +86,179 @@ WHERE key = ANY($1::text[]) AND state IN {live_states};
 SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
 
 -- name: claim
--- Due jobs and lapsed leases, best first, skipping rows another claimer holds; in the same
--- statement, lapsed jobs with no attempts left are dead-lettered, so a claim that commits has
--- buried them too and one that fails has done neither (never a committed claim whose caller
--- lost its answer to a failed second statement). At most $3 of those per claim, best first:
--- bounded work; the rest stay lapsed, due at once, for the next claim.
--- Every read is an index walk that stops after $3 rows, whatever the depth:
--- * each queue's due jobs are read in claim order straight off jobs_waiting (one OR over both
---   kinds of candidate made PostgreSQL read and sort EVERY waiting row: 35 ms a claim with
---   20,000 queued). The pool runs with enable_sort off (postgres_pool.PLANNER_SETTINGS): with
---   statistics that do not know yet that a queue is deep, sorting looks as cheap as the walk.
+-- Lapsed leases handed back, then due jobs claimed, best first, skipping rows another claimer
+-- holds. One statement: a claim that commits has handed back the lapsed jobs it found too, and
+-- one that fails has done neither (never a committed claim whose caller lost its answer to a
+-- failed second statement).
+-- * `lapsed`/`handed_back`: up to $3 jobs whose lease lapsed by $10 (now, or -Infinity for none at
+--   all: Driver.claim's rescue=False, a worker just back from an outage, outage.py) go back at
+--   their place in line. Taken ahead and never started (rules.hands_back_lapse, while their
+--   ahead_lapses are under max_attempts) as they were; every other one orphaned by the rule
+--   (rules.orphaning, said here in SQL): its attempt given back and one more orphaning, or
+--   dead-lettered when it ran alone ($7, X_KILLED_WORKER) or reached {orphan_limit} orphanings
+--   ($11, X_ORPHANED), its history recorded (`orphaned_history`). This statement's snapshot
+--   predates the hand-back, so a statement that hands any job back claims nothing: the driver
+--   claims at once with a statement of its own that hands none back (PostgresDriver.claim),
+--   whose snapshot sees them at their place in line, as the other drivers' claim does (a job
+--   orphaned ahead of others takes its fleet slot or its queue's cap before them).
+-- * each queue's due jobs are read in claim order straight off jobs_waiting, an index walk that
+--   stops after $8's cap of the queue (one OR over two kinds of candidate once made PostgreSQL
+--   read and sort EVERY waiting row: 35 ms a claim with 20,000 queued). The pool runs with
+--   enable_sort off (postgres_pool.PLANNER_SETTINGS): with statistics that do not know yet that
+--   a queue is deep, sorting looks as cheap as the walk.
+-- * suspects (orphaned twice, rules.SUSPECT_AT) are left out of that walk; a claim alone ($13)
+--   first looks for one off jobs_suspects (0029) and, when there is one, takes it and nothing
+--   else (a one-time filter: the walk then does not run).
 -- * the rows are then changed by primary key through `id = ANY(ARRAY(...))`. Joined to the
 --   candidates instead (`UPDATE ... FROM candidates`), a generic plan guesses LIMIT $3 at a
 --   tenth of the waiting rows and hash-joins them over a sequential scan of the whole table:
 --   340 ms a claim with 1,000,000 waiting. An array can only be probed through the index.
 -- * one claim serves all of a worker's queues (issue 20): $8 is each queue's cap (its free
---   slots), $3 the total. Each queue's due and lapsed candidates are cut to its own cap before
---   the queues meet, so a deep queue never takes another queue's slots.
+--   slots), $3 the total, so a deep queue never takes another queue's slots.
 -- * a candidate with fleet limits (issue 15) is not claimed here but answered with a NULL token:
 --   the driver decides it in a transaction of its own (claim_limited_*), so a queue without
 --   limits never pays for them.
--- * $10 is the latest lease a lapsed candidate may have: now, or -Infinity for none at all
---   (Driver.claim's rescue=False, a worker just back from an outage: outage.py).
--- * $9 is each queue's free slots: its candidates past that many are claimed ahead (`ahead`),
---   and a lapsed job so marked, its start never recorded, is claimed again with its attempt
---   handed back while its ahead_lapses are under max_attempts (rules.hands_back_lapse, the rule
---   the other drivers apply in Python; here in the lapsed walk, `exhausted` and `claimed`).
+-- * $9 is each queue's free slots: its candidates past that many are claimed ahead (`ahead`).
 -- * a paused queue (queue_pauses) is left out before its rows are read: nothing of it is
 --   claimed, due or lapsed. Reading the table takes its lock, which `pause_queue` waits for and
 --   holds: a claim is ordered before a pause or after it (and then sees it), never beside it.
-WITH candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at, c.limited, c.ahead
+WITH lapsed AS MATERIALIZED (
+    SELECT l.id, l.priority, l.run_at, l.attempts, l.worker_id, l.attempt_seq,
+           l.ahead AND l.ahead_lapses < l.max_attempts AS unstarted
+    FROM unnest($2::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at, attempts, worker_id, attempt_seq, ahead, ahead_lapses,
+               max_attempts
+        FROM {schema}.jobs
+        WHERE queue = q.name AND state = 'running' AND lease_until <= $10
+          {not_settling}
+        ORDER BY priority, run_at, id
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) AS l
+    WHERE q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
+    ORDER BY l.priority, l.run_at, l.id
+    LIMIT $3
+), handed_back AS (
+    -- SET reads the row as it was. The dead-lettered keep their attempt: they are to blame.
+    UPDATE {schema}.jobs AS j
+    SET state = CASE
+            WHEN j.ahead AND j.ahead_lapses < j.max_attempts THEN 'ready'
+            WHEN j.alone OR j.orphans + 1 >= {orphan_limit} THEN 'dead'
+            WHEN j.cancel_requested THEN 'cancelled'
+            ELSE 'ready' END,
+        attempts = j.attempts - CASE
+            WHEN j.ahead AND j.ahead_lapses < j.max_attempts THEN 1
+            WHEN j.alone OR j.orphans + 1 >= {orphan_limit} THEN 0
+            ELSE 1 END,
+        last_error = CASE
+            WHEN j.ahead AND j.ahead_lapses < j.max_attempts THEN $6
+            WHEN j.alone THEN $7
+            WHEN j.orphans + 1 >= {orphan_limit} THEN $11
+            WHEN j.cancel_requested THEN $14
+            ELSE replace($12, '{orphans}', (j.orphans + 1)::text) END,
+        orphans = j.orphans + CASE WHEN j.ahead AND j.ahead_lapses < j.max_attempts THEN 0 ELSE 1 END,
+        ahead_lapses = j.ahead_lapses + CASE
+            WHEN j.ahead AND j.ahead_lapses < j.max_attempts THEN 1 ELSE 0 END,
+        attempt_seq = j.attempt_seq + CASE
+            WHEN j.ahead AND j.ahead_lapses < j.max_attempts THEN 0 ELSE 1 END,
+        -- A cancel ended it; a dead job keeps the flag (retry clears it).
+        cancel_requested = j.cancel_requested AND NOT (j.ahead AND j.ahead_lapses < j.max_attempts)
+            AND (j.alone OR j.orphans + 1 >= {orphan_limit}),
+        ahead = false, alone = false, token = NULL, lease_until = NULL, worker_id = NULL,
+        updated_at = $1
+    WHERE j.id = ANY (ARRAY(SELECT id FROM lapsed))
+    RETURNING j.id, j.name, j.state, j.orphans, j.attempt_seq, j.last_error
+), orphaned_history AS (
+    -- The ended attempt's record (rules.orphaned_record): the attempt and worker the row named,
+    -- no run time (nobody saw it end). Runs although nothing reads it.
+    INSERT INTO {schema}.attempts AS a
+        (job_id, slot, seq, attempt, outcome, worker_id, seconds, ended_at, error, traceback)
+    SELECT r.id, r.attempt_seq % {attempt_history}, r.attempt_seq, l.attempts,
+           CASE WHEN r.state = 'dead' THEN 'dead-lettered' ELSE 'orphaned' END,
+           l.worker_id, NULL, $1, r.last_error, NULL
+    FROM handed_back AS r JOIN lapsed AS l ON l.id = r.id
+    WHERE NOT l.unstarted
+    ON CONFLICT (job_id, slot) DO UPDATE
+    SET seq = excluded.seq, attempt = excluded.attempt, outcome = excluded.outcome,
+        worker_id = excluded.worker_id, seconds = excluded.seconds,
+        ended_at = excluded.ended_at, error = excluded.error, traceback = excluded.traceback
+), suspect AS MATERIALIZED (
+    -- Ahead as any claim's first job of its queue is: when its queue has no free slot ($9).
+    SELECT s.id, s.priority, s.run_at, s.limited, q.free < 1 AS ahead
+    FROM unnest($2::text[], $9::int[]) AS q(name, free)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at, slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+        FROM {schema}.jobs
+        WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
+          AND orphans >= {suspect_at}
+        ORDER BY priority, run_at, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+    WHERE $13 AND q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
+      AND NOT EXISTS (SELECT 1 FROM lapsed)
+    ORDER BY s.priority, s.run_at, s.id
+    LIMIT 1
+), candidates AS MATERIALIZED (
+    SELECT id, priority, run_at, limited, ahead FROM suspect
+    UNION ALL
+    (SELECT c.id, c.priority, c.run_at, c.limited, c.ahead
     FROM unnest($2::text[], $8::int[], $9::int[]) AS q(name, n, free)
     CROSS JOIN LATERAL (
-        SELECT u.id, u.priority, u.run_at, u.limited,
-               row_number() OVER (ORDER BY u.priority, u.run_at, u.id) > q.free AS ahead
+        SELECT w.id, w.priority, w.run_at, w.limited,
+               row_number() OVER (ORDER BY w.priority, w.run_at, w.id) > q.free AS ahead
         FROM (
-            SELECT w.id, w.priority, w.run_at, w.limited FROM (
-                SELECT id, priority, run_at,
-                       slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
-                FROM {schema}.jobs
-                WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
-                ORDER BY priority, run_at, id
-                LIMIT q.n
-                FOR UPDATE SKIP LOCKED
-            ) AS w
-            UNION ALL
-            SELECT l.id, l.priority, l.run_at, l.limited FROM (
-                SELECT id, priority, run_at,
-                       slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
-                FROM {schema}.jobs
-                WHERE queue = q.name
-                  AND state = 'running' AND lease_until <= $10
-                  AND (attempts < max_attempts OR (ahead AND ahead_lapses < max_attempts))
-                  {not_settling}
-                ORDER BY priority, run_at, id
-                LIMIT q.n
-                FOR UPDATE SKIP LOCKED
-            ) AS l
-        ) AS u
-        ORDER BY u.priority, u.run_at, u.id
-        LIMIT q.n
+            SELECT id, priority, run_at,
+                   slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+            FROM {schema}.jobs
+            WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
+              AND orphans < {suspect_at}
+            ORDER BY priority, run_at, id
+            LIMIT q.n
+            FOR UPDATE SKIP LOCKED
+        ) AS w
     ) AS c
     WHERE q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
+      AND NOT EXISTS (SELECT 1 FROM suspect) AND NOT EXISTS (SELECT 1 FROM lapsed)
     ORDER BY c.priority, c.run_at, c.id
-    LIMIT $3
+    LIMIT $3)
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET state = 'running',
-        -- SET reads the row as it was: a job still 'running' here had its lease lapse.
-        attempts = j.attempts + CASE
-            WHEN j.state = 'running' AND j.ahead AND j.ahead_lapses < j.max_attempts THEN 0
-            ELSE 1 END,
-        ahead_lapses = j.ahead_lapses + CASE
-            WHEN j.state = 'running' AND j.ahead AND j.ahead_lapses < j.max_attempts THEN 1
-            ELSE 0 END,
+        attempts = j.attempts + 1,
         -- IN, not `= ANY (ARRAY(...))`: a hashed subplan, where the array was searched row by
         -- row (64 rows against 64 ids: +0.5 ms a claim, ~8 µs of the server's CPU a job).
         ahead = j.id IN (SELECT id FROM candidates WHERE ahead),
+        -- A suspect is only ever a claim's one candidate (above): it runs alone.
+        alone = j.orphans >= {suspect_at},
         lease_until = $1::float8 + $4::float8,
         worker_id = $5,
         token = gen_random_uuid()::text,
-        last_error = CASE WHEN j.state = 'running' THEN $6 ELSE j.last_error END,
         wait_event = NULL,
         wait_key = NULL,
         updated_at = $1
     WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
-              j.lease_until, j.priority, j.run_at, j.context, j.ahead
-), exhausted AS MATERIALIZED (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = ANY($2::text[])
-      AND state = 'running' AND lease_until <= $10 AND attempts >= max_attempts
-      AND NOT (ahead AND ahead_lapses < max_attempts)
-      {not_settling}
-    ORDER BY priority, run_at, id
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), buried AS (
-    -- Attempts are counted at claim, so a job that keeps killing its worker ends here instead
-    -- of looping forever. $7 is the error, `{attempts}` standing for the count.
-    UPDATE {schema}.jobs AS j
-    SET state = 'dead', token = NULL, lease_until = NULL, worker_id = NULL,
-        last_error = replace($7, '{attempts}', j.attempts::text), updated_at = $1
-    WHERE j.id = ANY (ARRAY(SELECT id FROM exhausted))
-    RETURNING j.id
+              j.lease_until, j.priority, j.run_at, j.context, j.ahead, j.alone
 )
 -- name: claim_answer
--- `buried` runs although nothing reads it: every data-modifying WITH runs to completion.
+-- The claims, the limited candidates (NULL token), and the jobs handed back (`released` says
+-- what they became: ready, cancelled or dead, or `unstarted` for a job taken ahead handed back as
+-- it was; `attempts` is the attempt that ended, `context` the worker
+-- it ended on, `payload` its last_error), for the driver's log line.
 SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
-       context, ahead
+       context, ahead, alone, NULL::text AS released, NULL::int AS orphans
 FROM claimed
 UNION ALL
-SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL, false
+SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL, false, false,
+       NULL, NULL
 FROM candidates WHERE limited
+UNION ALL
+SELECT r.id, NULL, r.name, NULL, r.last_error, l.attempts, NULL, NULL, l.priority, l.run_at,
+       l.worker_id, false, false, CASE WHEN l.unstarted THEN 'unstarted' ELSE r.state END,
+       r.orphans
+FROM handed_back AS r JOIN lapsed AS l ON l.id = r.id
 ORDER BY priority, run_at, id;
 
 -- name: claim_limited_jobs
@@ -207,9 +266,7 @@ ORDER BY priority, run_at, id;
 -- another claimer may have taken one since: skipped) with the limits their rows carry.
 -- A queue paused since the claim's statement is left out, as the claim leaves one out.
 SELECT id, state, slot_key, slots, rate_key, starts, per FROM {schema}.jobs
-WHERE id = ANY($2::text[])
-  AND ((state IN {waiting_states} AND run_at <= $1)
-       OR (state = 'running' AND lease_until <= $1 AND attempts < max_attempts))
+WHERE id = ANY($2::text[]) AND state IN {waiting_states} AND run_at <= $1
   AND queue NOT IN (SELECT queue FROM {schema}.queue_pauses)
 ORDER BY priority, run_at, id
 FOR UPDATE SKIP LOCKED;
@@ -257,6 +314,7 @@ WITH taken AS (
 UPDATE {schema}.jobs AS j
 SET state = 'running',
     attempts = j.attempts + 1,
+    alone = j.orphans >= {suspect_at},  -- a suspect is only ever claimed alone (see claim)
     lease_until = $7::float8 + $12::float8,
     worker_id = $13,
     token = g.token,
@@ -268,7 +326,7 @@ SET state = 'running',
 FROM unnest($14::text[], $15::text[]) AS g(id, token)
 WHERE j.id = g.id
 RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_until,
-          j.context, false AS ahead, j.run_at;
+          j.context, false AS ahead, j.run_at, j.alone;
 
 -- name: renew
 -- Lock in id order first: a worker renews and settles on two connections at once, and two
@@ -360,7 +418,7 @@ WITH locked AS MATERIALIZED (
         -- An operator's pending cancel ends the job cancelled instead, its attempt counted.
         attempts = j.attempts - CASE WHEN s.handed_back AND NOT j.cancel_requested THEN 1 ELSE 0 END,
         token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false,
-        updated_at = $1, attempt_seq = j.attempt_seq + 1
+        alone = false, updated_at = $1, attempt_seq = j.attempt_seq + 1
     FROM ({kind_rows}) AS s
     WHERE j.id = s.id AND j.token = s.token AND j.state = 'running'
       AND j.id IN (SELECT id FROM locked)
@@ -508,7 +566,8 @@ state = 'cancelled', last_error = s.error;
 -- least() and greatest() skip NULLs; NULL overall means nothing is coming. One index probe per
 -- queue and kind (LIMIT 1 on (queue, run_at) and (queue, lease_until)): min() over
 -- `queue = ANY(...)` read every waiting row of those queues instead. A paused queue's jobs are
--- no work: its resume notifies its waiters.
+-- no work: its resume notifies its waiters. A suspect (orphaned twice) is work only for a waiter
+-- alone ($3, Driver.wait_for_work): the run-at walk reads past the others in run-at order.
 WITH asked AS MATERIALIZED (
     SELECT name FROM unnest($1::text[]) AS q(name)
     WHERE name NOT IN (SELECT queue FROM {schema}.queue_pauses)
@@ -516,7 +575,7 @@ WITH asked AS MATERIALIZED (
 SELECT least(
     (SELECT min(w.run_at) FROM asked AS q CROSS JOIN LATERAL (
         SELECT run_at FROM {schema}.jobs
-        WHERE queue = q.name AND state IN {waiting_states}
+        WHERE queue = q.name AND state IN {waiting_states} AND (orphans < {suspect_at} OR $3)
         ORDER BY run_at LIMIT 1
     ) AS w),
     -- Not greatest(min(...), $2): greatest() skips a NULL, and no lease at all read as $2.

@@ -111,6 +111,7 @@ class SqliteAdmin(ListCalls, SqliteConnection):
                 raise key_held(job_id, record.key)
             conn.execute(
                 "UPDATE jobs SET state = 'ready', run_at = ?, attempts = 0, ahead_lapses = 0,"
+                " orphans = 0,"
                 " cancel_requested = 0, waiting_on = NULL, updated_at = ? WHERE id = ?",
                 (now, now, job_id),
             )

@@ -27,17 +27,35 @@ from ..._core.records import (
 from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
 from .._limit_rules import LimitRow, decide, needs
-from .._rules import LAPSED_ERROR, hands_back_lapse, lapsed_out_of_attempts
+from .._rules import (
+    ATTEMPT_HISTORY,
+    JOB_COLUMNS,
+    LAPSED_ERROR,
+    SUSPECT_AT,
+    hands_back_lapse,
+    job_record,
+    log_orphaned,
+    orphaned_record,
+    orphaning,
+)
 from .._sqlite_door import Work
 from .._sqlite_enqueue import insert_jobs
 from .._sqlite_migrate import open_beside
 from .._transaction import unwrap
 from ..contract import BesideConnection
 from ._connection import SqliteConnection, T, _paused
-from ._settle_statements import _settle_all
+from ._settle_statements import _INSERT_HISTORY, _attempt_values, _settle_all
 
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
-_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context, run_at"
+_CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context, run_at, alone"
+# What a claim reads of each candidate (_claim_in).
+_CANDIDATE: Final = (
+    "priority, run_at, id, state, attempts, max_attempts, queue,"
+    " slot_key IS NOT NULL OR rate_key IS NOT NULL"
+)
+# A suspect (rules.is_suspect), as jobs_suspects' WHERE says it: SQLite uses a partial index
+# only for a query whose WHERE repeats the index's term.
+_SUSPECT: Final = f"orphans >= {SUSPECT_AT}"
 
 
 def _renew_in(
@@ -97,64 +115,43 @@ def _claim_in(
     free: Mapping[str, int] | None = None,
     *,
     lapsed_before: float = math.inf,
+    alone: bool = False,
 ) -> list[Claim]:
     """The claim, inside the caller's transaction (claim, and settle_and_claim after its
-    settles: a job settled there is no longer running, so never a lapsed candidate; one
-    retried at once is ready, and may be claimed as any ready job would be)."""
-    # Per queue and state, each read stops after `limit` rows in claim order (the
-    # jobs_claim index); lapsed leases are few (at most the running jobs). The merge
-    # is Python's sort, so the order is the memory driver's to the letter.
-    # INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches run_at)
-    # and sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued,
-    # against 0.04 ms reading jobs_claim in order. And the lapsed leases by
-    # (queue, state): once ANALYZE has run on a queue of ready jobs, its statistics say
-    # `state = 'running'` matches every row, and SQLite scans the whole table instead
-    # (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s).
-    candidates: list[Any] = []
+    settles: a job settled there is no longer running, so never a lapsed one; one retried at
+    once is ready, and may be claimed as any ready job would be)."""
     paused = _paused(conn)  # nothing of a paused queue is claimed, lapsed or not
-    for queue, cap in slots.caps.items():
-        if queue in paused:
-            continue
-        for state in WAITING_STATES:
-            candidates += conn.execute(
-                "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
-                " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
-                " FROM jobs INDEXED BY jobs_claim"
-                " WHERE queue = ? AND state = ? AND run_at <= ?"
-                " ORDER BY priority, run_at, id LIMIT ?",
-                (queue, state, now, cap),
-            ).fetchall()
-        if lapsed_before == -math.inf:
-            continue  # no lapsed lease this time (Driver.claim: after an outage)
-        candidates += conn.execute(
-            "SELECT priority, run_at, id, state, attempts, max_attempts, queue,"
-            " slot_key IS NOT NULL OR rate_key IS NOT NULL, ahead, ahead_lapses"
-            " FROM jobs INDEXED BY jobs_next_due"
-            " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
-            (queue, min(now, lapsed_before)),
-        ).fetchall()
-    candidates.sort(key=lambda row: (row[0], row[1], row[2]))
-    # Attempts are counted at claim, so a job that keeps killing its worker ends here
-    # instead of looping forever. Up to `limit` of them per claim, apart from the
-    # `limit` taken (the memory driver's rule): the rest stay lapsed for the next claim.
-    handed_back = {
-        row[2]
-        for row in candidates
-        if row[3] == "running" and hands_back_lapse(bool(row[8]), row[9], row[5])
-    }
-    exhausted = [
-        row
-        for row in candidates
-        if row[3] == "running" and row[4] >= row[5] and row[2] not in handed_back
-    ]
-    dead = [(lapsed_out_of_attempts(row[4]), now, row[2]) for row in exhausted[: slots.total]]
-    skipped = {row[2] for row in exhausted}
-    taken = slots.take((row[6], row[2]) for row in candidates if row[2] not in skipped)
-    conn.executemany(
-        "UPDATE jobs SET state = 'dead', lease_until = NULL, worker_id = NULL,"
-        " token = NULL, last_error = ?, updated_at = ? WHERE id = ?",
-        dead,
-    )
+    asked = {queue: cap for queue, cap in slots.caps.items() if queue not in paused}
+    if lapsed_before != -math.inf:  # else no lapsed lease this time (after an outage)
+        _release_lapsed(conn, asked, min(now, lapsed_before), slots.total, now)
+    # Per queue and state, each read stops after `limit` rows in claim order (the
+    # jobs_claim index). The merge is Python's sort, so the order is the memory driver's to
+    # the letter. INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches
+    # run_at) and sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued,
+    # against 0.04 ms reading jobs_claim in order.
+    candidates: list[Any] = []
+    if alone:
+        # The due suspects first, off their own index (a handful): the first one alone.
+        for queue in asked:
+            for state in WAITING_STATES:
+                candidates += conn.execute(
+                    f"SELECT {_CANDIDATE} FROM jobs INDEXED BY jobs_suspects"
+                    f" WHERE queue = ? AND state = ? AND run_at <= ? AND {_SUSPECT}"
+                    " ORDER BY priority, run_at, id LIMIT 1",
+                    (queue, state, now),
+                ).fetchall()
+        candidates = sorted(candidates, key=lambda row: (row[0], row[1], row[2]))[:1]
+    if not candidates:
+        for queue, cap in asked.items():
+            for state in WAITING_STATES:
+                candidates += conn.execute(
+                    f"SELECT {_CANDIDATE} FROM jobs INDEXED BY jobs_claim"
+                    f" WHERE queue = ? AND state = ? AND run_at <= ? AND NOT {_SUSPECT}"
+                    " ORDER BY priority, run_at, id LIMIT ?",
+                    (queue, state, now, cap),
+                ).fetchall()
+        candidates.sort(key=lambda row: (row[0], row[1], row[2]))
+    taken = slots.take((row[6], row[2]) for row in candidates)
     limited = {row[2] for row in candidates if row[7]}
     queue_of = {row[2]: row[6] for row in candidates}
     ahead = set(slots.ahead(((queue_of[i], i) for i in taken), free)) - limited
@@ -166,25 +163,20 @@ def _claim_in(
     unlimited = [i for i in taken if i not in by_id]
     if not taken:
         return []
-    # One UPDATE for the batch; each row draws its own fresh token.
-    handed_back_json = json.dumps(sorted(handed_back & set(unlimited)))
+    # One UPDATE for the batch; each row draws its own fresh token. A suspect is only ever
+    # taken alone (above), so it runs alone: marked, for the rescue that may find it lapsed.
     rows = conn.execute(
-        "UPDATE jobs SET state = 'running', lease_until = ?,"
-        " attempts = attempts + 1 - (id IN (SELECT value FROM json_each(?))),"
-        " ahead_lapses = ahead_lapses + (id IN (SELECT value FROM json_each(?))),"
+        "UPDATE jobs SET state = 'running', lease_until = ?, attempts = attempts + 1,"
         " ahead = (id IN (SELECT value FROM json_each(?))),"
+        f" alone = {_SUSPECT},"
         " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL, wait_key = NULL,"
-        " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
         " updated_at = ?"
         " WHERE id IN (SELECT value FROM json_each(?))"
         f" RETURNING {_CLAIMED}",
         (
             now + lease,
-            handed_back_json,
-            handed_back_json,
             json.dumps(sorted(ahead)),
             worker_id,
-            LAPSED_ERROR,
             now,
             json.dumps(unlimited),
         ),
@@ -203,9 +195,63 @@ def _claim_in(
             context=by_id[job_id][7],
             ahead=job_id in ahead,
             due_at=by_id[job_id][8],
+            alone=bool(by_id[job_id][9]),
         )
         for job_id in taken
     ]
+
+
+def _release_lapsed(
+    conn: sqlite3.Connection, asked: Mapping[str, int], lapsed: float, most: int, now: float
+) -> None:
+    """Up to ``most`` jobs of ``asked`` whose lease lapsed by ``lapsed``, handed back before
+    the claim looks (the memory driver's _release_lapsed, in SQL): never started (taken ahead,
+    rules.hands_back_lapse) as they were; else orphaned by rules.orphaning, recorded in their
+    history and logged. INDEXED BY jobs_next_due: once ANALYZE has run on a queue of ready
+    jobs, its statistics say `state = 'running'` matches every row, and SQLite scans the whole
+    table instead (37 ms a claim with 200,000 waiting; a worker fell from 1,100 to 150 jobs/s)."""
+    rows: list[Any] = []
+    for queue in asked:
+        rows += conn.execute(
+            f"SELECT priority, run_at, id, {JOB_COLUMNS}, ahead, ahead_lapses, alone,"
+            " attempt_seq FROM jobs INDEXED BY jobs_next_due"
+            " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
+            (queue, lapsed),
+        ).fetchall()
+    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    history = []
+    for row in rows[:most]:
+        record = job_record(row[3:-4])
+        ahead, ahead_lapses, alone, seq = row[-4:]
+        if hands_back_lapse(bool(ahead), ahead_lapses, record.max_attempts):
+            conn.execute(
+                "UPDATE jobs SET state = 'ready', attempts = attempts - 1, ahead = 0,"
+                " ahead_lapses = ahead_lapses + 1, token = NULL, lease_until = NULL,"
+                " worker_id = NULL, last_error = ?, updated_at = ? WHERE id = ?",
+                (LAPSED_ERROR, now, record.id),
+            )
+            continue
+        rule = orphaning(record.orphans, bool(alone), record.cancel_requested)
+        conn.execute(
+            "UPDATE jobs SET state = ?, attempts = attempts - ?, orphans = ?, ahead = 0,"
+            " alone = 0, token = NULL, lease_until = NULL, worker_id = NULL,"
+            " cancel_requested = cancel_requested AND ? = 'dead', last_error = ?,"
+            " updated_at = ?, attempt_seq = attempt_seq + 1 WHERE id = ?",
+            (
+                rule.state.value,
+                int(rule.hands_back),
+                rule.orphans,
+                rule.state.value,
+                rule.error,
+                now,
+                record.id,
+            ),
+        )
+        entry = orphaned_record(record, rule, seq + 1, now)
+        history.append((record.id, entry.seq % ATTEMPT_HISTORY, *_attempt_values(entry)))
+        log_orphaned(record.id, record.name, record.worker_id, record.attempts, rule)
+    if history:
+        conn.executemany(_INSERT_HISTORY, history)
 
 
 def _claim_limited(
@@ -257,6 +303,7 @@ def _claim_limited(
     for job_id, token in decision.granted.items():
         granted[job_id] = conn.execute(
             "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?,"
+            f" alone = {_SUSPECT},"
             " worker_id = ?, token = ?, wait_event = NULL, wait_key = NULL, waiting_on = NULL,"
             " last_error = CASE WHEN state = 'running' THEN ? ELSE last_error END,"
             " updated_at = ? WHERE id = ?"
@@ -330,11 +377,14 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
 
     async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
+        alone = ask.alone
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)
 
         def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
-            return _claim_in(conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before)
+            return _claim_in(
+                conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before, alone=alone
+            )
 
         return await self._transact(work)
 
@@ -382,6 +432,7 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
+        alone = ask.alone
         settlements = list(settlements)
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)
@@ -391,7 +442,7 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
             # were two of each: the settles first, in order, as settle() applies them.
             applied = _settle_all(conn, settlements, now)
             claims = _claim_in(
-                conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before
+                conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before, alone=alone
             )
             return applied, claims
 
@@ -402,7 +453,12 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
     # Wake-ups.
 
     async def wait_for_work(
-        self, queues: Sequence[str], timeout: float, *, rescue_from: float | None = None
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        rescue_from: float | None = None,
+        alone: bool = False,
     ) -> None:
         """No cross-process notification exists in SQLite: this driver's own writes wake a
         waiter at once; another process's are seen at the next look, every ``poll_interval``."""
@@ -413,30 +469,28 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
             soonest = math.inf
             paused = _paused(conn)  # a paused queue's jobs are no work
             # INDEXED BY: the lease look reads the queue's running rows, never the table (what
-            # SQLite picks once ANALYZE has seen a queue of ready jobs, as in claim()).
+            # SQLite picks once ANALYZE has seen a queue of ready jobs, as in claim()). The
+            # waiting looks read in run-at order and stop at the first job that is work for
+            # this waiter (a suspect is only for one alone: Driver.wait_for_work).
             for queue in wanted:
                 if queue in paused:
                     continue
-                for sql, not_before in (
-                    (
-                        "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
-                        " WHERE queue = ? AND state = 'ready'",
-                        -math.inf,
-                    ),
-                    (
-                        "SELECT min(run_at) FROM jobs INDEXED BY jobs_next_due"
-                        " WHERE queue = ? AND state = 'suspended'",
-                        -math.inf,
-                    ),
-                    (
-                        "SELECT min(lease_until) FROM jobs INDEXED BY jobs_next_due"
-                        " WHERE queue = ? AND state = 'running'",
-                        lapses_from,
-                    ),
-                ):
-                    (when,) = conn.execute(sql, (queue,)).fetchone()
-                    if when is not None:
-                        soonest = min(soonest, max(when, not_before) - now)
+                for state in WAITING_STATES:
+                    row = conn.execute(
+                        "SELECT run_at FROM jobs INDEXED BY jobs_next_due"
+                        f" WHERE queue = ? AND state = ? AND (NOT {_SUSPECT} OR ?)"
+                        " ORDER BY run_at LIMIT 1",
+                        (queue, state, alone),
+                    ).fetchone()
+                    if row is not None:
+                        soonest = min(soonest, row[0] - now)
+                (when,) = conn.execute(
+                    "SELECT min(lease_until) FROM jobs INDEXED BY jobs_next_due"
+                    " WHERE queue = ? AND state = 'running'",
+                    (queue,),
+                ).fetchone()
+                if when is not None:
+                    soonest = min(soonest, max(when, lapses_from) - now)
             return soonest
 
         wakes = self._wakes

@@ -130,7 +130,7 @@ def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also:
     changes = ", ".join(f"{column} = ?" for column in written)
     row = conn.execute(
         f"UPDATE jobs SET {changes}, attempts = attempts - ?, lease_until = NULL,"
-        f" worker_id = NULL, cancel_requested = 0, token = NULL, updated_at = ?,"
+        f" worker_id = NULL, cancel_requested = 0, token = NULL, alone = 0, updated_at = ?,"
         f" attempt_seq = attempt_seq + 1 WHERE {_FENCE}{also} RETURNING slot_key, attempt_seq",
         (
             *written.values(),

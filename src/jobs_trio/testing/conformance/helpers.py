@@ -5,6 +5,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+import pytest
 import trio
 
 from jobs_trio._core.records import Claim, NewJob, OutboxBatch, RelayDecision, new_job_id
@@ -31,6 +32,13 @@ def new_job(
         delay=delay,
         key=key,
     )
+
+
+def needs_claims_alone(driver: Driver) -> None:
+    """Skip a test of the orphan rule (a lapse hands the job back uncounted, rules.orphaning)
+    on a driver that does not declare it: such a driver still counts a lapsed attempt."""
+    if not driver.capabilities.claims_alone:
+        pytest.skip("the driver does not declare claims_alone (the orphan rule)")
 
 
 async def enqueue_one(driver: Driver, **kw: object) -> str:

@@ -15,6 +15,7 @@ from jobs_trio._core.records import (
     Suspend,
 )
 from jobs_trio.driver import Driver
+from jobs_trio.drivers._rules import SUSPECT_AT
 from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, new_job
@@ -84,11 +85,24 @@ async def place(
         ending = endings.get(state)
         if ending is not None:
             assert await driver.settle([ending]) == [job_id]
-    if state in ("cancelled", "running-cancel-requested", "dead-lapsed-cancel-requested"):
+    if state in ("cancelled", "running-cancel-requested"):
         await driver.cancel(job_id)
-    if lapses:
-        # Its worker died with the cancel pending and its one attempt spent: the next claim
-        # buries it, and the flag stays on the dead record (the claim does not clear it).
+    if lapses and not driver.capabilities.claims_alone:
+        # Its one attempt lapsed with the cancel pending: buried by the claim that finds it.
+        await driver.cancel(job_id)
+        clock.advance(LEASE + 1)
+        assert await driver.claim(["default"], 5, lease=LEASE, worker_id="w1") == []
+    elif lapses:
+        # A suspect (orphaned twice) whose worker died while it ran alone, with the cancel
+        # pending: the claim that finds it dead-letters it by the orphan rule (X_KILLED_WORKER),
+        # and the flag stays on the dead record (the claim does not clear it).
+        for _ in range(SUSPECT_AT):
+            clock.advance(LEASE + 1)
+            if not await driver.claim(["default"], 5, lease=LEASE, worker_id="w1"):
+                await driver.claim(["default"], 5, lease=LEASE, worker_id="w1")
+        [claim] = await driver.claim(["default"], 5, lease=LEASE, worker_id="w1", alone=True)
+        lease = claim.lease
+        await driver.cancel(job_id)
         clock.advance(LEASE + 1)
         assert await driver.claim(["default"], 5, lease=LEASE, worker_id="w1") == []
     clock.advance(1)

@@ -24,7 +24,7 @@ from jobs_trio._core.records import (
     Suspend,
 )
 from jobs_trio.driver import Driver
-from jobs_trio.drivers._rules import LAPSED_ERROR, lapsed_out_of_attempts
+from jobs_trio.drivers._rules import ORPHANED_ERROR
 from jobs_trio.testing._clock import ManualClock
 
 from .helpers import new_job
@@ -221,28 +221,20 @@ async def test_a_reclaim_after_a_lapse_records_the_lapse(
     before = await read(driver, job.job_id)
     manual_clock.advance(11)
     now = manual_clock.now
-    [second] = await driver.claim(["q1"], 1, lease=30, worker_id="w-2")
-    assert second.attempt == 2 and second.token != first.token
+    claims = await driver.claim(["q1"], 1, lease=30, worker_id="w-2")
+    # Handed back orphaned (its attempt not counted); PostgreSQL's claim takes it from its next
+    # claim on (Driver.claim).
+    [second] = claims or await driver.claim(["q1"], 1, lease=30, worker_id="w-2")
+    assert second.attempt == 1 and second.token != first.token
     assert second.lease_until == now + 30 and second.max_attempts == 2
     assert await read(driver, job.job_id) == attrs.evolve(
         before,
-        attempts=2,
+        attempts=1,
+        orphans=1,
         lease_until=now + 30,
         worker_id="w-2",
-        last_error=LAPSED_ERROR,
+        last_error=ORPHANED_ERROR.format(orphans=1),
         updated_at=now,
-    )
-    # Its last attempt lapses too: the next claim buries it, naming the count.
-    manual_clock.advance(31)
-    assert await driver.claim(["q1"], 1, lease=30, worker_id="w-3") == []
-    assert await read(driver, job.job_id) == attrs.evolve(
-        before,
-        state=JobState.DEAD,
-        attempts=2,
-        lease_until=None,
-        worker_id=None,
-        last_error=lapsed_out_of_attempts(2),
-        updated_at=manual_clock.now,
     )
 
 

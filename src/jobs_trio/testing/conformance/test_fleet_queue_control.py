@@ -59,7 +59,8 @@ async def test_a_paused_queues_lapsed_jobs_wait_for_the_resume(
     assert await driver.claim(["a"], 5, lease=30, worker_id="w2") == []
     await driver.resume_queue("a")
     [again] = await driver.claim(["a"], 5, lease=30, worker_id="w2")
-    assert (again.job_id, again.attempt) == (job_id, 2)
+    # Orphaned at the resume's claim, not charged (rules.orphaning), where the driver has it.
+    assert (again.job_id, again.attempt) == (job_id, 1 if driver.capabilities.claims_alone else 2)
 
 
 async def test_a_paused_queues_limited_jobs_are_not_claimed(driver: Driver) -> None:

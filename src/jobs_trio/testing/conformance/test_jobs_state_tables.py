@@ -23,7 +23,7 @@ from jobs_trio._core.records import (
     Suspend,
 )
 from jobs_trio.driver import Driver
-from jobs_trio.drivers._rules import LAPSED_ERROR
+from jobs_trio.drivers._rules import LAPSED_ERROR, ORPHANED_ERROR
 from jobs_trio.testing._clock import ManualClock
 
 from .helpers import new_job
@@ -92,6 +92,7 @@ async def test_operator_retry(driver: Driver, manual_clock: ManualClock, state: 
         state=JobState.READY,
         run_at=manual_clock.now,
         attempts=0,
+        orphans=0,  # forgiven with its attempts
         cancel_requested=False,
         updated_at=manual_clock.now,
     )
@@ -164,27 +165,51 @@ async def test_claim(driver: Driver, manual_clock: ManualClock, state: str) -> N
     placed = await place(driver, manual_clock, state)
     claims = await driver.claim(["default"], 5, lease=LEASE, worker_id="w2")
     assert [c.job_id for c in claims] == ([placed.job_id] if state in CLAIMABLE_NOW else [])
+    orphaning = state in RUNNING and driver.capabilities.claims_alone
+    later = CLAIMABLE_LATER - ({"running-cancel-requested"} if orphaning else set())
     if not claims:
         await unchanged(driver, placed)
         manual_clock.advance(max(WAIT, LEASE) + 1)
         claims = await driver.claim(["default"], 5, lease=LEASE, worker_id="w2")
-        assert [c.job_id for c in claims] == ([placed.job_id] if state in CLAIMABLE_LATER else [])
+        assert [c.job_id for c in claims] == ([placed.job_id] if state in later else [])
+    before, now = placed.record, manual_clock.now
+    if orphaning and placed.record.cancel_requested:
+        # Its worker died with the cancel pending: the claim that finds it lapsed ends it
+        # cancelled (rules.orphaning), as its settlement would have; its attempt not counted.
+        assert await driver.get(placed.job_id) == attrs.evolve(
+            before,
+            state=JobState.CANCELLED,
+            attempts=before.attempts - 1,
+            orphans=1,
+            lease_until=None,
+            worker_id=None,
+            cancel_requested=False,
+            last_error=OPERATOR_CANCEL_ERROR,
+            updated_at=now,
+        )
+        return
     if not claims:
         await unchanged(driver, placed)
         return
     [claim] = claims
-    before, now = placed.record, manual_clock.now
-    assert claim.attempt == before.attempts + 1 and claim.lease_until == now + LEASE
-    # A lapsed run is claimed again with the lapse recorded, and a cancel its operator asked
-    # for still pending: the new run hears it at its first renewal (or its settlement).
+    # A lapsed run is orphaned (its attempt handed back, rules.orphaning) then claimed again,
+    # where the driver has the rule; else claimed again with the lapse recorded and counted.
+    attempts = before.attempts + (0 if orphaning else 1)
+    assert claim.attempt == attempts and claim.lease_until == now + LEASE
+    last_error = before.last_error
+    if orphaning:
+        last_error = ORPHANED_ERROR.format(orphans=1)
+    elif state in RUNNING:
+        last_error = LAPSED_ERROR
     expected = attrs.evolve(
         before,
         state=JobState.RUNNING,
-        attempts=before.attempts + 1,
+        attempts=attempts,
+        orphans=before.orphans + orphaning,
         lease_until=now + LEASE,
         worker_id="w2",
         wait_event=None,
-        last_error=LAPSED_ERROR if state in RUNNING else before.last_error,
+        last_error=last_error,
         updated_at=now,
     )
     assert await driver.get(placed.job_id) == expected
