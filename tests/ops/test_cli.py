@@ -176,6 +176,27 @@ def test_show_tells_the_attempt_history_in_text_and_json(cli: Cli, db: str) -> N
     assert lines[at + 3] == "  (tracebacks: --json, or the dashboard's job page)"
 
 
+def test_show_tells_a_jobs_orphanings_in_text_and_json(cli: Cli, db: str) -> None:
+    job_id = enqueue(cli, db, "app.hello", "--app", "tests.apps.cli_app")
+    assert "orphaned    never (no worker died under it)" in cli.ok("show", job_id, "--db", db)
+
+    async def two_deaths() -> None:
+        # Claimed with a lease already over (lease=0), as by a worker that died at once: the
+        # next claim hands it back orphaned and takes it; the third only hands it back.
+        async with open_driver(db) as driver:
+            for worker_id in ("dies-1", "dies-2", "rescuer"):
+                await driver.claim(["greetings"], 1, lease=0, worker_id=worker_id)
+
+    trio.run(two_deaths)
+    shown = json.loads(cli.ok("show", job_id, "--db", db, "--json"))
+    assert (shown["state"], shown["attempts"], shown["orphans"]) == ("ready", 0, 2)
+    assert [h["outcome"] for h in shown["history"]] == ["orphaned", "orphaned"]
+    text = cli.ok("show", job_id, "--db", db)
+    assert (
+        "orphaned    2 times (of 5, uncounted; a suspect: it runs alone on an idle worker)" in text
+    )
+
+
 def test_list_filters_by_state_and_queue_and_prints_a_json_array(cli: Cli, db: str) -> None:
     a = enqueue(cli, db, "app.hello", "--app", "tests.apps.cli_app")
     b = enqueue(cli, db, "app.fail", "--app", "tests.apps.cli_app")

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 from .records import (
+    ORPHAN_LIMIT,
+    SUSPECT_AT,
     WAITING_STATES,
     AttemptRecord,
     JobRecord,
@@ -133,6 +135,17 @@ def job_json(
     return answer
 
 
+def _orphaned(orphans: int) -> str:
+    """The orphan rule's count, in words (docs/model.md, "A worker's death")."""
+    if not orphans:
+        return "never (no worker died under it)"
+    times = "once" if orphans == 1 else f"{orphans} times"
+    rule = f"of {ORPHAN_LIMIT}, uncounted"
+    if orphans >= SUSPECT_AT:
+        rule += "; a suspect: it runs alone on an idle worker"
+    return f"{times} ({rule})"
+
+
 def job_text(
     record: JobRecord,
     steps: Sequence[StepRecord],
@@ -147,6 +160,7 @@ def job_text(
         ("queue", record.queue),
         ("state", _state_detail(record, now)),
         ("attempts", f"{attempts(record)} (counted at claim; a drained attempt is handed back)"),
+        ("orphaned", _orphaned(record.orphans)),
         ("priority", str(record.priority)),
         ("key", record.key or "-"),
         ("payload", short(record.payload, 200)),
