@@ -137,6 +137,11 @@ def test_the_orphan_rule_hands_back_blames_the_alone_and_bounds_the_rest() -> No
     alone = orphaning(SUSPECT_AT, alone=True)
     assert alone.state is JobState.DEAD and not alone.hands_back
     assert alone.error.startswith("[X_KILLED_WORKER]")
+    # Its innocent look-alikes named, with how to tell them apart: a suspect's worker
+    # SIGKILLed by a deploy, or drained past a grace its body ignored, dead-letters it too.
+    for alike in ("SIGKILLed by a deploy", "jobs.worker.drain-abandoned", "paused past the lease"):
+        assert alike in alone.error
+    assert "the job did not kill it" in alone.error
     # Never alone (an older release's claims), yet bounded: the ORPHAN_LIMIT-th orphaning.
     assert orphaning(ORPHAN_LIMIT - 2, alone=False).state is JobState.READY
     bound = orphaning(ORPHAN_LIMIT - 1, alone=False)

@@ -279,7 +279,8 @@ class LeaseLifeline:
             # Identified: the blocker's attempt ends timed out and every other body that was
             # running is handed back. Not identified, nothing running is settled (the blocker
             # might be any of them, and handed back uncounted it would wedge the next worker
-            # for ever): their leases lapse, their attempts counted.
+            # for ever): their leases lapse and the orphan rule takes them (orphaned, not
+            # counted; the blocker, orphaned twice, runs alone and dies X_KILLED_WORKER).
             for run in runs:
                 if run.settling:
                     continue  # its ending waits in the settler, below

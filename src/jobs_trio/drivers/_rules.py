@@ -112,10 +112,15 @@ ORPHANED_ERROR: Final = (
 KILLED_WORKER_ERROR: Final = str(
     KilledWorker(
         "its worker died while it ran alone (it had been orphaned twice before, so it ran with"
-        " nothing beside it): it kills the process that runs it (a crash in native code, memory"
-        " exhausted, os._exit or a signal of its own; a SIGSTOP past the lease reads the same)",
-        fix="find what kills the process in this job's body (the worker's exit status, the"
-        " kernel's OOM log), fix it, then `jobs-trio retry ID`; no other job was charged",
+        " nothing beside it): most likely it kills the process that runs it (a crash in native"
+        " code, memory exhausted, os._exit or a signal of its own); a worker SIGKILLed by a"
+        " deploy, one that abandoned it at its drain's grace (jobs.worker.drain-abandoned: a"
+        " body that ignores its cancellation) or one paused past the lease reads the same",
+        fix="look up how its worker (the history's last attempt) ended: a deploy's kill or"
+        " jobs.worker.drain-abandoned means the job did not kill it (drain with a grace longer"
+        " than the job, or call ctx.check_cancelled() in it), so `jobs-trio retry ID`; else find"
+        " what kills the process in its body (the worker's exit status, the kernel's OOM log),"
+        " fix it, then `jobs-trio retry ID`; no other job was charged",
     )
 )
 ORPHANED_TOO_OFTEN_ERROR: Final = str(
