@@ -196,6 +196,17 @@ def test_show_tells_a_jobs_orphanings_in_text_and_json(cli: Cli, db: str) -> Non
         "orphaned    2 times (of 5, uncounted; a suspect: it runs alone on an idle worker)" in text
     )
 
+    async def dies_alone() -> None:
+        # Run alone (a suspect), its worker dies again: dead-lettered X_KILLED_WORKER.
+        async with open_driver(db) as driver:
+            for worker_id, alone in (("dies-alone", True), ("rescuer", False)):
+                await driver.claim(["greetings"], 1, lease=0, worker_id=worker_id, alone=alone)
+
+    trio.run(dies_alone)
+    text = cli.ok("show", job_id, "--db", db)
+    # Ended: no longer told what a suspect does next, nor that the last orphaning went uncounted.
+    assert "X_KILLED_WORKER" in text and "orphaned    3 times (of 5)\n" in text
+
 
 def test_list_filters_by_state_and_queue_and_prints_a_json_array(cli: Cli, db: str) -> None:
     a = enqueue(cli, db, "app.hello", "--app", "tests.apps.cli_app")

@@ -135,14 +135,20 @@ def job_json(
     return answer
 
 
-def _orphaned(orphans: int) -> str:
-    """The orphan rule's count, in words (docs/model.md, "A worker's death")."""
+def _orphaned(record: JobRecord) -> str:
+    """The orphan rule's count, in words (docs/model.md, "A worker's death"). What a suspect
+    does next only while it has a next: a job that ended (completed, or dead-lettered by the
+    rule, its last orphaning counted) is told its count alone."""
+    orphans = record.orphans
     if not orphans:
         return "never (no worker died under it)"
     times = "once" if orphans == 1 else f"{orphans} times"
-    rule = f"of {ORPHAN_LIMIT}, uncounted"
-    if orphans >= SUSPECT_AT:
-        rule += "; a suspect: it runs alone on an idle worker"
+    if orphans < SUSPECT_AT or record.state not in (*WAITING_STATES, JobState.RUNNING):
+        rule = f"of {ORPHAN_LIMIT}" + (", uncounted" if record.state is not JobState.DEAD else "")
+    elif record.state is JobState.RUNNING:
+        rule = f"of {ORPHAN_LIMIT}, uncounted; a suspect, running alone"
+    else:
+        rule = f"of {ORPHAN_LIMIT}, uncounted; a suspect: it runs alone on an idle worker"
     return f"{times} ({rule})"
 
 
@@ -160,7 +166,7 @@ def job_text(
         ("queue", record.queue),
         ("state", _state_detail(record, now)),
         ("attempts", f"{attempts(record)} (counted at claim; a drained attempt is handed back)"),
-        ("orphaned", _orphaned(record.orphans)),
+        ("orphaned", _orphaned(record)),
         ("priority", str(record.priority)),
         ("key", record.key or "-"),
         ("payload", short(record.payload, 200)),
