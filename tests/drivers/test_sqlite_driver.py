@@ -397,6 +397,41 @@ async def test_a_due_time_on_the_drivers_clock_wakes_wait_for_work(
             await driver.wait_for_work(["default"], timeout=60)
 
 
+async def test_a_suspect_handed_back_unstarted_is_no_longer_marked_alone(
+    tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    """A suspect claimed alone whose claim's answer was lost is handed back (hand_back_unheld),
+    its lapse found unstarted: ready again with its `alone` mark cleared, as the memory and
+    PostgreSQL drivers do. Left set, a claim that does not write the column (a worker of the
+    previous release, during a rolling upgrade) ran it beside others, and its worker's death
+    dead-lettered it X_KILLED_WORKER instead of orphaning it."""
+    path = tmp_path / "jobs.db"
+    async with open_sqlite_driver(url_of(path), clock=manual_clock) as driver:
+        [enqueued] = await driver.enqueue([new_job(queue="q")])
+        job_id = enqueued.job_id
+        for worker_id in ("dies-0", "dies-1", "rescuer"):
+            await driver.claim(["q"], 1, lease=10, worker_id=worker_id)
+            manual_clock.advance(11)
+        [alone] = await driver.claim(["q"], 1, lease=10, worker_id="lost", alone=True)
+        assert alone.job_id == job_id and alone.alone
+        assert await driver.hand_back_unheld("lost", ["q"], []) == [job_id]
+        assert await driver.claim(["q"], 1, lease=10, worker_id="none") == []  # a suspect
+        # The previous release's claim: state, token and lease, the `alone` column untouched.
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            (flag,) = conn.execute("SELECT alone FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            conn.execute(
+                "UPDATE jobs SET state = 'running', token = 'old', worker_id = 'old',"
+                " lease_until = ?, attempts = attempts + 1 WHERE id = ?",
+                (manual_clock() + 10, job_id),
+            )
+        assert flag == 0
+        manual_clock.advance(11)  # the old worker dies, with others beside the job
+        await driver.claim(["q"], 1, lease=10, worker_id="rescuer-2")
+        record = await driver.get(job_id)
+        assert record is not None and record.state is not JobState.DEAD
+        assert record.orphans == 3 and "X_KILLED_WORKER" not in (record.last_error or "")
+
+
 # Real processes, the deployment this driver is for.
 
 CLAIMER = """

@@ -224,8 +224,10 @@ def _release_lapsed(
         record = job_record(row[3:-4])
         ahead, ahead_lapses, alone, seq = row[-4:]
         if hands_back_lapse(bool(ahead), ahead_lapses, record.max_attempts):
+            # Its `alone` mark cleared too, as memory and PostgreSQL do: a claim that does not
+            # write it (the previous release's, in a rolling upgrade) would find it still set.
             conn.execute(
-                "UPDATE jobs SET state = 'ready', attempts = attempts - 1, ahead = 0,"
+                "UPDATE jobs SET state = 'ready', attempts = attempts - 1, ahead = 0, alone = 0,"
                 " ahead_lapses = ahead_lapses + 1, token = NULL, lease_until = NULL,"
                 " worker_id = NULL, last_error = ?, updated_at = ? WHERE id = ?",
                 (LAPSED_ERROR, now, record.id),
