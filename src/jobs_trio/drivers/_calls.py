@@ -58,8 +58,9 @@ class RelayAsk:
 
 
 class ClaimCalls:
-    """``claim`` and ``settle_and_claim``, for a driver that answers ``_claim(ask)`` and
-    ``_settle_and_claim(settlements, ask)``."""
+    """``claim``, ``settle_and_claim`` and ``wait_for_work``, for a driver that answers
+    ``_claim(ask)``, ``_settle_and_claim(settlements, ask)`` and ``_wait_for_work(queues,
+    timeout, rescue_from, alone)``."""
 
     async def claim(
         self,
@@ -89,7 +90,22 @@ class ClaimCalls:
         ask = ClaimAsk(queues, limit, lease, worker_id, free, rescue, alone)
         return await self._settle_and_claim(settlements, ask)
 
+    async def wait_for_work(
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        rescue_from: float | None = None,
+        alone: bool = False,
+    ) -> None:
+        await self._wait_for_work(queues, timeout, rescue_from, alone)
+
     async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
+        raise NotImplementedError
+
+    async def _wait_for_work(
+        self, queues: Sequence[str], timeout: float, rescue_from: float | None, alone: bool
+    ) -> None:
         raise NotImplementedError
 
     async def _settle_and_claim(

@@ -430,13 +430,8 @@ class MemoryJobs(ClaimCalls, MemoryStore):
                 soonest = min(soonest, max(r.lease_until, lapses_from) - now)
         return soonest
 
-    async def wait_for_work(
-        self,
-        queues: Sequence[str],
-        timeout: float,
-        *,
-        rescue_from: float | None = None,
-        alone: bool = False,
+    async def _wait_for_work(
+        self, queues: Sequence[str], timeout: float, rescue_from: float | None, alone: bool
     ) -> None:
         self._check_open()
         due_in = self._next_due_in(queues, rescue_from, alone)

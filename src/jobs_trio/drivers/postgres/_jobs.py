@@ -401,13 +401,8 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
 
     # --- wake-ups ---
 
-    async def wait_for_work(
-        self,
-        queues: Sequence[str],
-        timeout: float,
-        *,
-        rescue_from: float | None = None,
-        alone: bool = False,
+    async def _wait_for_work(
+        self, queues: Sequence[str], timeout: float, rescue_from: float | None, alone: bool
     ) -> None:
         self._check_open()
         with self._listener.waiting(queues) as woken:

@@ -454,13 +454,8 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
 
     # Wake-ups.
 
-    async def wait_for_work(
-        self,
-        queues: Sequence[str],
-        timeout: float,
-        *,
-        rescue_from: float | None = None,
-        alone: bool = False,
+    async def _wait_for_work(
+        self, queues: Sequence[str], timeout: float, rescue_from: float | None, alone: bool
     ) -> None:
         """No cross-process notification exists in SQLite: this driver's own writes wake a
         waiter at once; another process's are seen at the next look, every ``poll_interval``."""

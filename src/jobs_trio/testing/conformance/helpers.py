@@ -138,12 +138,16 @@ async def _parked_in(method: str, call: Callable[[], Awaitable[object]]) -> Asyn
 
 
 def _parked_on_its_wake_up(task: trio.lowlevel.Task, method: str) -> bool:
-    """Whether ``task``'s ``method`` call is awaiting a Trio wake-up itself (not its look)."""
+    """Whether ``task``'s ``method`` call is awaiting a Trio wake-up itself (not its look).
+    The wake-up may be awaited by ``_method``, the driver's own body behind a call said once
+    for several drivers (drivers/_calls.py)."""
+    names = (method, f"_{method}")
     awaiting: object = task.coro
     while awaiting is not None:
         code = getattr(awaiting, "cr_code", None)
-        if code is not None and code.co_name == method:
+        if code is not None and code.co_name in names:
             inner = getattr(getattr(awaiting, "cr_await", None), "cr_code", None)
-            return inner is not None and inner.co_qualname in ("ParkingLot.park", "Event.wait")
+            if inner is not None and inner.co_qualname in ("ParkingLot.park", "Event.wait"):
+                return True
         awaiting = getattr(awaiting, "cr_await", None)
     return False
