@@ -80,8 +80,13 @@ async def test_workers_through_pgbouncer_run_each_job_once_and_drain(
                     proc.signal(signal.SIGTERM)
                 for proc in procs:
                     assert await proc.exit_code(within=15) == 0, proc.output()
-            [holder] = [p for p in procs if "jobs.attempt.interrupted" in p.output()]
-            await assert_drained(driver, hang_id, holder)
+            # Usually one holder. Both, when the other's claim was in flight as the drain began
+            # and read the job the first had just handed back (polling through the pooler): it
+            # then hands it back at once (interrupted after 0.00005 s), uncounted too.
+            holders = [p for p in procs if "jobs.attempt.interrupted" in p.output()]
+            assert holders, [p.output() for p in procs]
+            for holder in holders:
+                await assert_drained(driver, hang_id, holder)
             async with workers(tmp_path, url, 1) as [second]:
                 await completed_by_the_second(driver, hang_id)
                 await stop([second])
