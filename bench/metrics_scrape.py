@@ -11,7 +11,8 @@ the memory driver and run by one worker claiming from every queue (each job's at
 its wait and run time observed, the queues observed once); then the worker's metrics rendered
 --reps times in the text format (prometheus-client's generate_latest, what /metrics answers):
 the median time, the size and the number of series. Measured here (2026-12-04, 5,000 queues):
-16.2 MB, 256,668 series, 10.4 s a scrape before issue 46; see bench/RESULTS.md for after."""
+16.2 MB, 256,668 series, 10.4 s a scrape before issue 46; after it (8bb586d, the same day),
+172 KB, 2,551 series, ~50 ms a scrape (docs/metrics.md quotes it)."""
 
 from __future__ import annotations
 
