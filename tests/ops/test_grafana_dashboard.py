@@ -26,7 +26,13 @@ def exported() -> set[str]:
     metrics.task_skipped("t", 1)
     metrics.jobs_pruned.inc()
     metrics.outbox_observed(OutboxStats(1, 2.0))
-    metrics.queues_observed([QueueStats("q", {"ready": 1}, 1, 1.0, 0, (("j", "slot", 1),))])
+    # A paused queue too: its gauge has a series only while a queue is paused.
+    metrics.queues_observed(
+        [
+            QueueStats("q", {"ready": 1}, 1, 1.0, 0, (("j", "slot", 1),)),
+            QueueStats("held", {"ready": 1}, 1, 1.0, 0, paused=True),
+        ]
+    )
     metrics.watch_slots("w", lambda: {"q": (1, 2)})
     scraped = generate_latest(metrics.registry).decode()
     return {
