@@ -100,6 +100,12 @@ def load_statements(schema: str) -> Statements:
         "{suspect_at}": str(SUSPECT_AT),
     }
     by_name = {name: _fill(sql, fill) for name, sql in _read_named().items()}
+    # One insert of new jobs for the producers' enqueue and the relay's: only what makes a row
+    # a no-op differs (a live key; or, for the relay, a stored id too).
+    enqueue_with = by_name["enqueue"]
+    for name in ("enqueue", "enqueue_once"):
+        conflict = _strip_comments(by_name.pop(f"{name}_conflict"))
+        by_name[name] = _fill(enqueue_with, {"{on_conflict}": conflict})
     claim_with, claim_answer = by_name["claim"], by_name.pop("claim_answer")
     by_name["claim"] = _fill(f"{claim_with}\n{claim_answer}", {"{not_settling}": ""})
     settle_answer = by_name.pop("settle_answer")

@@ -2,10 +2,10 @@
 -- Placeholders and the loading: _postgres_sql.py.
 
 -- name: enqueue
--- New jobs in the caller's order. A key a live job already holds turns its row into a no-op:
--- the partial unique index decides, so two racing enqueues cannot both win. The queues that
--- gained a job are notified in the same statement (delivered at commit: a rolled-back
--- enqueue wakes nobody).
+-- New jobs in the caller's order. What turns a row into a no-op is filled in by the loader:
+-- this statement's own (enqueue_conflict, below), or the relay's (enqueue_once_conflict in
+-- _outbox_relay.sql), which makes `enqueue_once` of it. The queues that gained a job are
+-- notified in the same statement (delivered at commit: a rolled-back enqueue wakes nobody).
 WITH created AS (
     INSERT INTO {schema}.jobs (
         id, name, queue, state, payload, priority, attempts, max_attempts,
@@ -22,13 +22,18 @@ WITH created AS (
         slot_key, slots, rate_key, starts, per, ord
     )
     ORDER BY n.ord
-    ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {live_states}
-    DO NOTHING
+    {on_conflict}
     RETURNING id, queue
 ), notified AS (
     SELECT pg_notify($11, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
 )
 SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
+
+-- name: enqueue_conflict
+-- (A piece of `enqueue`.) A key a live job already holds turns its row into a no-op: the
+-- partial unique index decides, so two racing enqueues cannot both win.
+ON CONFLICT (key) WHERE key IS NOT NULL AND state IN {live_states}
+DO NOTHING;
 
 -- name: enqueue_one
 -- `enqueue` for one job, its parameters in the same order as scalars. Apart because the batch

@@ -1,32 +1,12 @@
 -- The outbox and relay capability's statements (_outbox_relay.py).
 -- Placeholders and the loading: _postgres_sql.py.
 
--- name: enqueue_once
--- The relay's enqueue: like `enqueue`, but a job whose id is already stored (relayed before, by
--- a relay that died before deleting its outbox row, or by another relay) is a no-op too. No
--- conflict target: the primary key and the live-key index both turn a row into a no-op.
-WITH created AS (
-    INSERT INTO {schema}.jobs (
-        id, name, queue, state, payload, priority, attempts, max_attempts,
-        run_at, created_at, updated_at, key, slot_key, slots, rate_key, starts, per, context
-    )
-    SELECT n.id, n.name, n.queue, 'ready', n.payload, n.priority, 0, n.max_attempts,
-           $1 + greatest(n.delay, 0), $1, $1, n.key, n.slot_key, n.slots, n.rate_key, n.starts,
-           n.per, n.context
-    FROM unnest(
-        $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::float8[],
-        $9::text[], $10::text[], $12::text[], $13::int[], $14::text[], $15::int[], $16::float8[]
-    ) WITH ORDINALITY AS n(
-        id, name, queue, payload, priority, max_attempts, delay, key, context,
-        slot_key, slots, rate_key, starts, per, ord
-    )
-    ORDER BY n.ord
-    ON CONFLICT DO NOTHING
-    RETURNING id, queue
-), notified AS (
-    SELECT pg_notify($11, queue) FROM (SELECT DISTINCT queue FROM created) AS woken
-)
-SELECT id FROM created, (SELECT count(*) FROM notified) AS sent;
+-- name: enqueue_once_conflict
+-- (A piece of `enqueue`, in _jobs.sql, which makes it `enqueue_once`.) The relay's enqueue:
+-- like `enqueue`, but a job whose id is already stored (relayed before, by a relay that died
+-- before deleting its outbox row, or by another relay) is a no-op too. No conflict target: the
+-- primary key and the live-key index both turn a row into a no-op.
+ON CONFLICT DO NOTHING;
 
 -- name: stored_ids
 SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]);
