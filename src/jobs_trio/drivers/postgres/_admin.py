@@ -67,13 +67,7 @@ class PostgresAdmin(ListCalls, PostgresConnection):
     # --- operators ---
 
     async def get(self, job_id: JobId) -> JobRecord | None:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> Any:
-            return await conn.fetchrow(sql["get_job"], job_id)
-
-        row = await self.bridge.run(read, what="get")
+        row = await self._fetchrow("get_job", job_id, what="get")
         return None if row is None else job_record(row)
 
     async def _list_jobs(self, wanted: JobFilter) -> Sequence[JobRecord]:
@@ -220,13 +214,7 @@ class PostgresAdmin(ListCalls, PostgresConnection):
     # --- attempt history and worker presence (what the dashboard shows) ---
 
     async def load_attempts(self, job_id: JobId) -> Sequence[AttemptRecord]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["load_attempts"], job_id))
-
-        rows = await self.bridge.run(read, what="load_attempts")
+        rows = await self._fetch("load_attempts", job_id, what="load_attempts")
         return [AttemptRecord(**dict(row)) for row in rows]
 
     async def outcome_counts(self, since: float, bucket: float) -> Sequence[OutcomeCount]:
@@ -240,10 +228,5 @@ class PostgresAdmin(ListCalls, PostgresConnection):
         return [OutcomeCount(row["start"], row["outcome"], row["n"]) for row in rows]
 
     async def name_stats(self, since: float) -> Sequence[NameStats]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["name_stats"], since))
-
-        return name_stats(tuple(row) for row in await self.bridge.run(read, what="name stats"))
+        rows = await self._fetch("name_stats", since, what="name stats")
+        return name_stats(tuple(row) for row in rows)

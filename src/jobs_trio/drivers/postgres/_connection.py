@@ -68,6 +68,36 @@ class PostgresConnection:
         if self._closed:
             raise driver_closed("PostgreSQL")
 
+    # --- one named statement, alone on a pooled connection ---
+    # Most reads and many small writes are only that; each capability asks it of these rather
+    # than wrapping the statement in an operation of its own. Arguments that may raise (a
+    # conversion of the caller's value) belong inside an operation, where the bridge names the
+    # failure, not in these calls' arguments.
+
+    async def _fetch(self, name: str, *args: Any, what: str) -> list[Any]:
+        """The rows the statement ``name`` answers."""
+        return list(await self._alone(name, args, "fetch", what))
+
+    async def _fetchrow(self, name: str, *args: Any, what: str) -> Any:
+        """The first row the statement ``name`` answers (None: none)."""
+        return await self._alone(name, args, "fetchrow", what)
+
+    async def _fetchval(self, name: str, *args: Any, what: str) -> Any:
+        """The first column of the first row the statement ``name`` answers."""
+        return await self._alone(name, args, "fetchval", what)
+
+    async def _execute(self, name: str, *args: Any, what: str) -> None:
+        await self._alone(name, args, "execute", what)
+
+    async def _alone(self, name: str, args: Sequence[Any], method: str, what: str) -> Any:
+        self._check_open()
+        statement = self._sql[name]
+
+        async def run(conn: Connection) -> Any:
+            return await getattr(conn, method)(statement, *args)
+
+        return await self.bridge.run(run, what=what)
+
     async def _run_here_or_on(
         self, connection: object | None, op: Callable[[Connection], Any], *, what: str
     ) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..._core.errors import JobsError
 from ..._core.records import TaskAdvance, TaskMark
@@ -24,13 +23,7 @@ class PostgresCron(PostgresConnection):
     # --- cron tasks ---
 
     async def task_marks(self) -> Sequence[TaskMark]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["task_marks"]))
-
-        return [TaskMark(*row) for row in await self.bridge.run(read, what="task_marks")]
+        return [TaskMark(*row) for row in await self._fetch("task_marks", what="task_marks")]
 
     async def advance_task(self, advance: TaskAdvance) -> bool:
         self._check_open()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import trio
 
@@ -45,14 +44,7 @@ class PostgresFleet(PostgresConnection):
         return resumed
 
     async def queue_pauses(self) -> Sequence[QueuePause]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[QueuePause]:
-            return [QueuePause(*row) for row in await conn.fetch(sql["paused_queues"])]
-
-        pauses: list[QueuePause] = await self.bridge.run(read, what="queue pauses")
-        return pauses
+        return [QueuePause(*row) for row in await self._fetch("paused_queues", what="queue pauses")]
 
     async def _pause_look(self) -> PauseLook:
         sql = self._sql
@@ -83,26 +75,14 @@ class PostgresFleet(PostgresConnection):
         return await self._pause_look()
 
     async def pauses_heard(self, worker_id: str, epoch: int) -> None:
-        self._check_open()
         now = self.now()
-        sql = self._sql
-
-        async def write(conn: Connection) -> None:
-            await conn.execute(
-                sql["pauses_heard"], worker_id, epoch, now, now - FORGET_WORKERS_AFTER
-            )
-
-        await self.bridge.run(write, what="pauses heard")
+        await self._execute(
+            "pauses_heard", worker_id, epoch, now, now - FORGET_WORKERS_AFTER, what="pauses heard"
+        )
 
     async def pause_holders(self, queue: str) -> Sequence[PauseHolder]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[PauseHolder]:
-            return [PauseHolder(*row) for row in await conn.fetch(sql["pause_holders"], queue)]
-
-        holders: list[PauseHolder] = await self.bridge.run(read, what="pause holders")
-        return holders
+        rows = await self._fetch("pause_holders", queue, what="pause holders")
+        return [PauseHolder(*row) for row in rows]
 
     async def worker_seen(self, presence: WorkerPresence) -> None:
         self._check_open()
@@ -131,22 +111,9 @@ class PostgresFleet(PostgresConnection):
         await self.bridge.run(write, what="worker_seen")
 
     async def worker_gone(self, worker_id: str) -> None:
-        self._check_open()
-        sql = self._sql
-
-        async def delete(conn: Connection) -> None:
-            await conn.execute(sql["worker_gone"], worker_id)
-
-        await self.bridge.run(delete, what="worker_gone")
+        await self._execute("worker_gone", worker_id, what="worker_gone")
 
     async def workers(self) -> Sequence[WorkerPresence]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["workers"]))
-
-        rows = await self.bridge.run(read, what="workers")
         return [
             WorkerPresence(
                 **{
@@ -155,5 +122,5 @@ class PostgresFleet(PostgresConnection):
                     "jobs": decode_jobs(row["jobs"]),
                 }
             )
-            for row in rows
+            for row in await self._fetch("workers", what="workers")
         ]

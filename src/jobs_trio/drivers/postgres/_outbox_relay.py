@@ -185,13 +185,8 @@ class PostgresOutboxAndRelay(RelayCalls, PostgresConnection):
         )
 
     async def outbox_present(self, job_ids: Sequence[JobId]) -> Sequence[JobId]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> set[JobId]:
-            return {row["id"] for row in await conn.fetch(sql["outbox_present"], list(job_ids))}
-
-        there = await self.bridge.run(read, what="outbox present")
+        rows = await self._fetch("outbox_present", list(job_ids), what="outbox present")
+        there = {row["id"] for row in rows}
         return [job_id for job_id in job_ids if job_id in there]
 
     async def outbox_source(self) -> str:
@@ -253,14 +248,7 @@ class PostgresOutboxAndRelay(RelayCalls, PostgresConnection):
         )
 
     async def relay_forget(self, source: str, job_ids: Sequence[JobId]) -> int:
-        self._check_open()
-        sql = self._sql
-
-        async def delete(conn: Connection) -> int:
-            gone: int = await conn.fetchval(sql["relay_forget"], source, list(job_ids))
-            return gone
-
-        gone: int = await self.bridge.run(delete, what="relay forget")
+        gone: int = await self._fetchval("relay_forget", source, list(job_ids), what="relay forget")
         return gone
 
     async def relay_decisions(self, source: str, *, before: float, limit: int) -> Sequence[JobId]:
@@ -309,13 +297,7 @@ class PostgresOutboxAndRelay(RelayCalls, PostgresConnection):
         return True
 
     async def _write_probe(self, probe: str) -> None:
-        self._check_open()
-        sql = self._sql
-
-        async def write(conn: Connection) -> None:
-            await conn.execute(sql["outbox_probe_write"], probe)
-
-        await self.bridge.run(write, what="outbox probe")
+        await self._execute("outbox_probe_write", probe, what="outbox probe")
 
     async def relay_in_place(self, outbox: Driver, limit: int) -> Sequence[RelayDecision]:
         self._check_open()

@@ -19,12 +19,6 @@ class PostgresStepsAndEvents(PostgresConnection):
     # --- steps and events ---
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> list[Any]:
-            return list(await conn.fetch(sql["load_steps"], job_id))
-
         return [
             StepRecord(
                 name=row["name"],
@@ -36,7 +30,7 @@ class PostgresStepsAndEvents(PostgresConnection):
                 event=row["event"],
                 match=row["match_key"],
             )
-            for row in await self.bridge.run(read, what="load_steps")
+            for row in await self._fetch("load_steps", job_id, what="load_steps")
         ]
 
     async def save_step(
@@ -83,13 +77,7 @@ class PostgresStepsAndEvents(PostgresConnection):
         return event_id
 
     async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
-        self._check_open()
-        sql = self._sql
-
-        async def read(conn: Connection) -> Any:
-            return await conn.fetchrow(sql["look_for_event"], name, key, since)
-
-        row = await self.bridge.run(read, what="look_for_event")
+        row = await self._fetchrow("look_for_event", name, key, since, what="look_for_event")
         seen: str = row["seen"]  # the look's snapshot (rules.woken)
         if row["id"] is None:
             return EventLook(None, seen)
