@@ -2,8 +2,8 @@
 # Apart because nothing on a worker's path calls it, only the CLI, dashboard and pruner.
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from ..._core.operator_transitions import (
     OPERATOR_CANCEL_ERROR,
@@ -33,6 +33,8 @@ from .._postgres_sql import Statements
 from .._retention import cutoffs, turn_is_free
 from .._rules import job_record, name_stats, queue_stats
 from ._connection import PostgresConnection
+
+T = TypeVar("T")
 
 
 async def _read_stats(conn: Connection, sql: Statements, now: float) -> list[QueueStats]:
@@ -84,13 +86,27 @@ class PostgresAdmin(ListCalls, PostgresConnection):
 
         return [job_record(row) for row in await self.bridge.run(read, what="list")]
 
-    async def retry(self, job_id: JobId) -> JobRecord:
+    async def _on_locked(
+        self, job_id: JobId, act: Callable[[Connection, JobRecord], Awaitable[T]], *, what: str
+    ) -> T:
+        """``act`` on the job ``job_id`` as it is, locked (lock_job) until the transaction they
+        share ends: an operator's transition, decided on a record no worker can change
+        meanwhile. JobNotFound when there is no such job."""
         self._check_open()
+        sql = self._sql
+
+        async def locked(conn: Connection) -> T:
+            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+            return await act(conn, record)
+
+        done: T = await self.bridge.run(locked, what=what, transaction=True)
+        return done
+
+    async def retry(self, job_id: JobId) -> JobRecord:
         now = self.now()
         sql = self._sql
 
-        async def rerun(conn: Connection) -> Any:
-            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+        async def rerun(conn: Connection, record: JobRecord) -> Any:
             check_retry(record)
             if record.key is not None and await conn.fetchval(
                 sql["key_held_elsewhere"], record.key, job_id
@@ -106,41 +122,34 @@ class PostgresAdmin(ListCalls, PostgresConnection):
             await conn.execute(sql["notify"], sql.channel, [record.queue])
             return row
 
-        return job_record(await self.bridge.run(rerun, what="retry", transaction=True))
+        return job_record(await self._on_locked(job_id, rerun, what="retry"))
 
     async def cancel(self, job_id: JobId) -> JobRecord:
-        self._check_open()
         now = self.now()
         sql = self._sql
 
-        async def stop(conn: Connection) -> Any:
-            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+        async def stop(conn: Connection, record: JobRecord) -> Any:
             if cancel_flags_only(record):
                 return await conn.fetchrow(sql["request_cancel"], now, job_id)
             return await conn.fetchrow(sql["cancel_job"], now, job_id, OPERATOR_CANCEL_ERROR)
 
-        return job_record(await self.bridge.run(stop, what="cancel", transaction=True))
+        return job_record(await self._on_locked(job_id, stop, what="cancel"))
 
     async def delete(self, job_id: JobId) -> JobRecord:
-        self._check_open()
         sql = self._sql
 
-        async def remove(conn: Connection) -> JobRecord:
-            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+        async def remove(conn: Connection, record: JobRecord) -> JobRecord:
             check_delete(record)
             await conn.execute(sql["delete_job"], job_id)
             return record
 
-        deleted: JobRecord = await self.bridge.run(remove, what="delete", transaction=True)
-        return deleted
+        return await self._on_locked(job_id, remove, what="delete")
 
     async def run_now(self, job_id: JobId) -> JobRecord:
-        self._check_open()
         now = self.now()
         sql = self._sql
 
-        async def hurry(conn: Connection) -> JobRecord:
-            record = _record_or_raise(await conn.fetchrow(sql["lock_job"], job_id), job_id)
+        async def hurry(conn: Connection, record: JobRecord) -> JobRecord:
             check_run_now(record)
             if record.run_at <= now:
                 return record
@@ -148,8 +157,7 @@ class PostgresAdmin(ListCalls, PostgresConnection):
             await conn.execute(sql["notify"], sql.channel, [record.queue])
             return updated
 
-        hurried: JobRecord = await self.bridge.run(hurry, what="run now", transaction=True)
-        return hurried
+        return await self._on_locked(job_id, hurry, what="run now")
 
     async def stats(self) -> Sequence[QueueStats]:
         self._check_open()
