@@ -1,5 +1,5 @@
 # The rules every driver shares, each said once: which states hold a unique key, what each kind
-# of settlement does to its job, how a row becomes a record, and the words of shared refusals.
+# of settlement does to its job, how rows and records map, and the words of shared refusals.
 # Apart so that drivers import rules, never each other; the SQL drivers render these into SQL.
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ from .._core.records import (
     QueueStats,
     Retry,
     Settlement,
+    StepRecord,
+    StepStatus,
     Suspend,
 )
 
@@ -474,6 +476,21 @@ def job_record(row: Iterable[Any]) -> JobRecord:
     if fields["rate_key"] is None:
         fields["starts"] = fields["per"] = None
     return JobRecord(**fields)
+
+
+def step_values(step: StepRecord) -> tuple[Any, ...]:
+    """A step record as the SQL drivers write its row: name, status (its value), started_at,
+    finished_at, result, wake_at, event, match, in that order (the job's id is theirs)."""
+    return (
+        step.name,
+        StepStatus(step.status).value,
+        step.started_at,
+        step.finished_at,
+        step.result,
+        step.wake_at,
+        step.event,
+        step.match,
+    )
 
 
 _UNLIMITED = JobLimits()  # frozen: one for every job without limits, not one made a job

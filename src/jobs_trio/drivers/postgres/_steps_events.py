@@ -10,6 +10,7 @@ from typing import Any
 from ..._core.records import EventLook, EventRecord, JobId, Lease, StepRecord, StepStatus
 from .._postgres_plan import event_plan, fetch_on, run_plan_async
 from .._postgres_pool import Connection
+from .._rules import step_values
 from ._connection import PostgresConnection
 
 
@@ -41,17 +42,7 @@ class PostgresStepsAndEvents(PostgresConnection):
 
         async def write(conn: Connection) -> Any:
             return await conn.fetchval(
-                sql["save_step"],
-                lease.job_id,
-                lease.token,
-                step.name,
-                StepStatus(step.status).value,
-                step.started_at,
-                step.finished_at,
-                step.result,
-                step.wake_at,
-                step.event,
-                step.match,
+                sql["save_step"], lease.job_id, lease.token, *step_values(step)
             )
 
         # In the caller's transaction (step.transaction), the row lock the statement takes

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..._core.records import EventLook, EventRecord, JobId, Lease, StepRecord, StepStatus
-from .._rules import event_mark
+from .._rules import event_mark, step_values
 from .._sqlite_enqueue import store_event
 from .._transaction import unwrap
 from ._connection import _FENCE, SqliteConnection
@@ -55,19 +55,7 @@ class SqliteStepsAndEvents(SqliteConnection):
                 " started_at = excluded.started_at, finished_at = excluded.finished_at,"
                 " result = excluded.result, wake_at = excluded.wake_at,"
                 " event = excluded.event, match = excluded.match",
-                (
-                    lease.job_id,
-                    step.name,
-                    step.status.value,
-                    step.started_at,
-                    step.finished_at,
-                    step.result,
-                    step.wake_at,
-                    step.event,
-                    step.match,
-                    lease.job_id,
-                    lease.token,
-                ),
+                (lease.job_id, *step_values(step), lease.job_id, lease.token),
             )
             return cursor.rowcount == 1
 
