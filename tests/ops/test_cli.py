@@ -135,6 +135,40 @@ def test_a_second_enqueue_with_a_live_key_prints_the_first_id(cli: Cli, db: str)
     assert "already holds key 'k'" in err
 
 
+def test_a_key_window_holds_the_key_after_its_job_completed(cli: Cli, db: str) -> None:
+    app = ("--app", "tests.apps.cli_app")
+    first = enqueue(cli, db, "app.hello", *app, "--key", "hi:42", "--unique-for", "3600")
+    settle_one_round(db)
+    assert record_of(db, first).state.value == "completed"
+    # Within the window the completed job still holds its key; a window that covers only dead
+    # jobs, or none at all, lets a new one in.
+    code, out, err = cli(
+        "enqueue", "app.hello", *app, "--key", "hi:42", "--unique-for", "3600", "--db", db
+    )
+    assert (code, out.strip()) == (0, first)
+    assert "a job in its window already holds key 'hi:42'" in err
+    dead_only = ("--unique-for", "3600", "--unique-states", "dead")
+    assert enqueue(cli, db, "app.hello", *app, "--key", "hi:42", *dead_only) != first
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "says"),
+    [
+        (["--unique-for", "60"], "X_CONFIG", "without --key"),
+        (["--key", "k", "--unique-states", "dead"], "X_CONFIG", "without --unique-for"),
+        (["--key", "k", "--unique-for", "60", "--unique-states", " , "], "X_CONFIG", "no state"),
+        (["--key", "k", "--unique-for", "60", "--unique-states", "bogus"], "X_ARGUMENT", "bogus"),
+        (["--key", "k", "--unique-for", "0"], "X_USAGE", "> 0"),
+    ],
+)
+def test_a_key_window_given_wrong_is_refused_and_writes_nothing(
+    cli: Cli, db: str, flags: list[str], code: str, says: str
+) -> None:
+    err = cli.fails("enqueue", "x", "--any-name", *flags, "--db", db, code=code)
+    assert says in err
+    assert not Path(db.removeprefix("sqlite:///")).exists()  # refused before anything opened
+
+
 def test_show_json_has_the_documented_fields_and_the_step_records(cli: Cli, db: str) -> None:
     job_id = enqueue(cli, db, "app.steps", "--app", "tests.apps.cli_app", "--payload", '{"n": 4}')
     settle_one_round(db)

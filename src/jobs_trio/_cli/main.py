@@ -250,6 +250,19 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--payload", metavar="JSON", help="the job's payload (default: null)")
     enqueue.add_argument("--delay", type=delay, metavar="S", help="run no sooner than S from now")
     enqueue.add_argument("--key", metavar="K", help="unique key: one live job per key")
+    enqueue.add_argument(
+        "--unique-for",
+        type=positive_seconds,
+        metavar="S",
+        help="with --key: a job of the key created less than S ago holds it too, once finished"
+        " in a state the window covers (completed unless --unique-states)",
+    )
+    enqueue.add_argument(
+        "--unique-states",
+        metavar="STATE,…",
+        help="with --unique-for: the finished states the window covers (of completed, dead,"
+        " cancelled; default completed)",
+    )
     enqueue.add_argument("--priority", type=priority, metavar="P", help="lower runs sooner")
     enqueue.add_argument("--queue", metavar="Q", help='default: "default", or as --app declares')
     enqueue.add_argument("--attempts", type=count, metavar="N", help="default: 3, or as declared")
@@ -405,7 +418,11 @@ def _enqueue(args: argparse.Namespace) -> int:
     # Every check that needs no database first: the job as the CLI would write it.
     definition = _definition(args)
     job = definition.new_job(
-        _payload(args.payload, args.name), delay=args.delay, priority=args.priority, key=args.key
+        _payload(args.payload, args.name),
+        delay=args.delay,
+        priority=args.priority,
+        key=args.key,
+        **_window(args),
     )
     if args.app is not None or args.any_name:
         answer = trio.run(_write_one, url, driver_options(args, url), job)
@@ -416,11 +433,39 @@ def _enqueue(args: argparse.Namespace) -> int:
         answer = trio.run(_write_declared, url, options, args, job)
     print(answer.job_id)
     if not answer.created:
+        holder = "a live job" if args.unique_for is None else "a job in its window"
         print(
-            f"note: a live job already holds key {args.key!r}; that job's id is printed",
+            f"note: {holder} already holds key {args.key!r}; that job's id is printed",
             file=sys.stderr,
         )
     return 0
+
+
+def _window(args: argparse.Namespace) -> dict[str, Any]:
+    """``new_job``'s key window from ``--unique-for`` / ``--unique-states``, the flags checked
+    as flags: the Registry's own errors name its keyword arguments, which a CLI user never
+    wrote."""
+    if args.unique_for is None:
+        if args.unique_states is not None:
+            raise ConfigError(
+                "--unique-states was given without --unique-for",
+                fix="give the window's length too, e.g. --unique-for 86400",
+            )
+        return {}
+    if args.key is None:
+        raise ConfigError(
+            "--unique-for was given without --key: a window is a key's",
+            fix="give the key too, e.g. --key welcome:42 --unique-for 86400",
+        )
+    if args.unique_states is None:
+        return {"unique_for": args.unique_for}
+    states = [state.strip() for state in args.unique_states.split(",") if state.strip()]
+    if not states:
+        raise ConfigError(
+            f"--unique-states {args.unique_states!r} names no state",
+            fix="name some of completed, dead, cancelled, separated by commas",
+        )
+    return {"unique_for": args.unique_for, "unique_states": states}
 
 
 async def _write_one(url: str, options: dict[str, Any], job: NewJob) -> Enqueued:
