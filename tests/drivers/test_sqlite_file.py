@@ -38,13 +38,14 @@ def test_each_kind_of_file(tmp_path: Path) -> None:
     assert app.schema_version == 0
 
 
-async def test_the_driver_keeps_statement_journals_in_memory_and_checkpoints_seldom(
+async def test_the_driver_keeps_statement_journals_in_memory_checkpoints_seldom_caches_more(
     tmp_path: Path,
 ) -> None:
     # Issue 44: a multi-row claim or settle spilled its statement journal to a temporary file
     # (two writes a page), and a checkpoint every 1,000 pages copied the same hot pages again
-    # and again. Neither setting changes what a commit makes durable.
-    from jobs_trio.drivers._sqlite_migrate import WAL_AUTOCHECKPOINT
+    # and again; a large enqueue_many read its index pages back past SQLite's 2 MiB cache.
+    # None of these settings changes what a commit makes durable.
+    from jobs_trio.drivers._sqlite_migrate import CACHE_KIB, WAL_AUTOCHECKPOINT
 
     async with open_sqlite_driver(f"sqlite:///{tmp_path / 'jobs.db'}") as driver:
         settings = await driver._transact(
@@ -52,7 +53,9 @@ async def test_the_driver_keeps_statement_journals_in_memory_and_checkpoints_sel
                 conn.execute("PRAGMA temp_store").fetchone()[0],
                 conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0],
                 conn.execute("PRAGMA synchronous").fetchone()[0],
+                conn.execute("PRAGMA cache_size").fetchone()[0],
             ),
             mode="bare",
         )
-    assert settings == (2, WAL_AUTOCHECKPOINT, 2)  # MEMORY, 8,000 pages, FULL kept
+    # MEMORY, 8,000 pages, FULL kept, 16 MiB (negative: KiB)
+    assert settings == (2, WAL_AUTOCHECKPOINT, 2, -CACHE_KIB)
