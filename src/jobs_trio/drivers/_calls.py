@@ -1,5 +1,6 @@
 # The contract's calls with long signatures, taken once for the three drivers of this package:
-# each hands its arguments on as one value (River's params structs) to the driver's own method.
+# each hands its arguments on as one value (River's params structs) to the driver's own method,
+# and a claim inside another call hands such a value back to `claim`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -99,6 +100,20 @@ class ClaimCalls:
         alone: bool = False,
     ) -> None:
         await self._wait_for_work(queues, timeout, rescue_from, alone)
+
+    async def _ask_claim(self, ask: ClaimAsk) -> Sequence[Claim]:
+        """``claim`` asked for ``ask`` (a claim inside another call): through the method a test
+        double overrides, not ``_claim``; ``alone=`` only when asked, as a double's claim may
+        predate it."""
+        return await self.claim(
+            ask.queues,
+            ask.limit,
+            lease=ask.lease,
+            worker_id=ask.worker_id,
+            free=ask.free,
+            rescue=ask.rescue,
+            **({"alone": True} if ask.alone else {}),
+        )
 
     async def _claim(self, ask: ClaimAsk) -> Sequence[Claim]:
         raise NotImplementedError

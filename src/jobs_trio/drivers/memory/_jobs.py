@@ -346,23 +346,11 @@ class MemoryJobs(ClaimCalls, MemoryStore):
     async def _settle_and_claim(
         self, settlements: Sequence[Settlement], ask: ClaimAsk
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
-        queues, limit, lease, worker_id, free, rescue = ask.parts()
-        alone = ask.alone
         # In order, through the methods a test double overrides (a stalled or refusing settle
         # holds or fails the claim with it, as one write would). settle refuses before it
         # applies anything and this claim cannot fail after it, so it is one write here.
         applied = await self.settle(settlements)
-        # alone= only when asked: a test double's claim may predate it.
-        claims = await self.claim(
-            queues,
-            limit,
-            lease=lease,
-            worker_id=worker_id,
-            free=free,
-            rescue=rescue,
-            **({"alone": True} if alone else {}),
-        )
-        return applied, claims
+        return applied, await self._ask_claim(ask)
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         await trio.lowlevel.checkpoint()

@@ -194,16 +194,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         slots = ClaimSlots.of(queues, limit)
         firsts = _first_per_claim(settlements)
         if not firsts:
-            claims = await self.claim(
-                queues,
-                limit,
-                lease=lease,
-                worker_id=worker_id,
-                free=free,
-                rescue=rescue,
-                alone=alone,
-            )
-            return [], claims
+            return [], await self._ask_claim(ask)
         if not slots.caps:
             return await self.settle(settlements), []
         now = self.now()
