@@ -40,7 +40,6 @@ from .._rules import (
     log_orphaned,
     orphaned_record,
     orphaning,
-    refuse_connection,
     stored_value,
     woken,
 )
@@ -92,12 +91,8 @@ class MemoryJobs(ClaimCalls, MemoryStore):
     async def enqueue(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> Sequence[Enqueued]:
-        await trio.lowlevel.checkpoint()
-        self._check_open()
-        refuse_connection(
-            connection,
-            driver="memory",
-            fix="enqueue without connection=, or use the SQLite or PostgreSQL driver",
+        await self._write_alone(
+            connection, fix="enqueue without connection=, or use the SQLite or PostgreSQL driver"
         )
         answers = self._insert(jobs, self.now())
         self._wake()

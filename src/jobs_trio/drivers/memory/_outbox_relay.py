@@ -21,7 +21,6 @@ from ..._core.records import (
 )
 from .._calls import RelayAsk, RelayCalls
 from .._rules import (
-    refuse_connection,
     refuse_in_place,
     relay_fenced,
     ticket_stale_at,
@@ -44,11 +43,8 @@ class MemoryOutboxAndRelay(RelayCalls, MemoryStore):
     async def outbox_write(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> None:
-        await trio.lowlevel.checkpoint()
-        self._check_open()
-        refuse_connection(
+        await self._write_alone(
             unwrap(connection)[0],
-            driver="memory",
             fix="write to the outbox outside jobs_trio.transaction(), or use SQLite or"
             " PostgreSQL for the application's database",
         )

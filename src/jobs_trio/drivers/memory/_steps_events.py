@@ -18,7 +18,6 @@ from ..._core.records import (
 from .._rules import (
     event_mark,
     key_matches,
-    refuse_connection,
     send_wakes,
 )
 from ._store import MemoryStore
@@ -35,11 +34,8 @@ class MemoryStepsAndEvents(MemoryStore):
     async def save_step(
         self, lease: Lease, step: StepRecord, *, connection: object | None = None
     ) -> bool:
-        await trio.lowlevel.checkpoint()
-        self._check_open()
-        refuse_connection(
+        await self._write_alone(
             connection,
-            driver="memory",
             fix="record steps with step.run here, or use the SQLite or PostgreSQL driver",
         )
         if self._current(lease) is None:

@@ -35,6 +35,7 @@ from .._rules import (
     driver_closed,
     in_window,
     limit_fields,
+    refuse_connection,
 )
 
 
@@ -108,6 +109,14 @@ class MemoryStore:
     def _check_open(self) -> None:
         if self._closed:
             raise driver_closed("memory")
+
+    async def _write_alone(self, connection: object | None, *, fix: str) -> None:
+        """The start of a write that cannot join a caller's transaction: a checkpoint (as
+        every driver call has), the driver open, and ``connection=`` refused (``fix``: what to
+        do instead)."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        refuse_connection(connection, driver="memory", fix=fix)
 
     def _wake(self) -> None:
         self._lot.unpark_all()
