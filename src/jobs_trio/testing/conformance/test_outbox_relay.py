@@ -109,6 +109,14 @@ async def test_a_row_taken_again_after_its_job_finished_and_was_pruned_is_not_wr
     assert await driver.list_jobs() == []
 
 
+async def one_row_written(driver: Driver) -> tuple[NewJob, str]:
+    """One row written to the outbox, and the job store's source a relay of it writes under
+    (the same driver here)."""
+    row = new_job()
+    await driver.outbox_write([row])
+    return row, await driver.outbox_source()
+
+
 async def a_live_job_holding(driver: Driver, key: str) -> NewJob:
     """A job written straight to the job store, ready, holding ``key``: what a relayed row of
     that key meets."""
@@ -315,9 +323,7 @@ async def test_a_write_under_a_ticket_a_takeover_revoked_is_refused_and_changes_
 async def test_a_takeover_revokes_every_relay_that_held_a_row_before(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    row = new_job()
-    await driver.outbox_write([row])
-    source = await driver.outbox_source()
+    row, source = await one_row_written(driver)
     first = await take_rows(driver, lease=5.0, relay_id="r1")
     manual_clock.advance(5.0)
     second = await take_rows(driver, lease=5.0, relay_id="r2")  # then paused too
@@ -347,9 +353,7 @@ async def test_a_ticket_is_spent_by_its_write(driver: Driver) -> None:
 async def test_a_relay_that_wrote_then_lost_its_rows_deletes_none_and_the_taker_is_answered(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    row = new_job()
-    await driver.outbox_write([row])
-    source = await driver.outbox_source()
+    row, source = await one_row_written(driver)
     first = await take_rows(driver, lease=5.0, relay_id="r1")
     [decided] = await driver.relay_enqueue(first.jobs, source=source, ticket=first.ticket)
     manual_clock.advance(5.0)  # r1 paused after its write: r2 takes the row over
@@ -384,9 +388,7 @@ async def test_a_stale_ticket_is_forgotten_and_its_write_refused(
 async def test_in_place_revokes_the_ticket_of_a_two_step_relay_that_held_a_row(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    row = new_job()
-    await driver.outbox_write([row])
-    source = await driver.outbox_source()
+    row, source = await one_row_written(driver)
     paused = await take_rows(driver, lease=5.0)
     manual_clock.advance(5.0)
     [moved] = await driver.relay_in_place(driver, 10)
