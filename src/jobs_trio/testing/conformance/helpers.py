@@ -10,6 +10,7 @@ import trio
 
 from jobs_trio._core.records import Claim, NewJob, OutboxBatch, RelayDecision, new_job_id
 from jobs_trio.driver import Driver
+from jobs_trio.testing._clock import ManualClock
 
 
 def new_job(
@@ -67,6 +68,17 @@ async def claim_one(driver: Driver, queue: str = "default", lease: float = 30.0)
     claims = await driver.claim([queue], 1, lease=lease, worker_id="w1")
     assert len(claims) == 1, claims
     return claims[0]
+
+
+async def a_claim_taken_over(driver: Driver, clock: ManualClock) -> tuple[str, Claim, Claim]:
+    """A job claimed under a 10 s lease that lapsed, then claimed again (by another worker, as
+    far as the driver can tell): its id, the stale claim (its token no longer holds the job)
+    and the current one."""
+    job_id = await enqueue_one(driver)
+    stale = await claim_one(driver, lease=10)
+    clock.advance(11)
+    current = await claim_one(driver, lease=10)
+    return job_id, stale, current
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ from jobs_trio.driver import Driver
 from jobs_trio.drivers.contract import BesideConnection, RenewsBeside
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, enqueue_one
+from .helpers import a_claim_taken_over, claim_one, enqueue_one
 
 T = TypeVar("T")
 
@@ -52,10 +52,7 @@ async def test_a_settlement_beside_the_loop_is_fenced_like_the_drivers_own(
 ) -> None:
     beside = _beside(driver)
     try:
-        job_id = await enqueue_one(driver)
-        first = await claim_one(driver, lease=10)
-        manual_clock.advance(11)  # lapsed, and taken by another worker
-        second = await claim_one(driver, lease=10)
+        job_id, first, second = await a_claim_taken_over(driver, manual_clock)
         late = Complete(first.lease, result='"late"')
         assert await _in_thread(beside, lambda b: b.settle([late])) == []
         current = Complete(second.lease, result='"ok"')

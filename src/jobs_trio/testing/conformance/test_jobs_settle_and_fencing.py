@@ -15,7 +15,7 @@ from jobs_trio._core.records import (
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, enqueue_one, new_job
+from .helpers import a_claim_taken_over, claim_one, enqueue_one, new_job
 
 
 async def test_complete_stores_the_result(driver: Driver) -> None:
@@ -163,10 +163,7 @@ async def test_a_mixed_batch_settles_each_as_alone(
 async def test_settle_with_a_stale_token_changes_nothing(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    job_id = await enqueue_one(driver)
-    stale = await claim_one(driver, lease=10)
-    manual_clock.advance(11)
-    current = await claim_one(driver, lease=10)
+    job_id, stale, current = await a_claim_taken_over(driver, manual_clock)
     before = await driver.get(job_id)
     assert await driver.settle([Complete(stale.lease, result="1")]) == []
     assert await driver.settle([DeadLetter(stale.lease, error="x")]) == []
@@ -203,10 +200,7 @@ async def test_renew_extends_held_leases_and_refuses_stale_ones(
 async def test_renew_after_another_worker_took_over_is_refused(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    await enqueue_one(driver)
-    first = await claim_one(driver, lease=10)
-    manual_clock.advance(11)
-    second = await claim_one(driver, lease=10)
+    _, first, second = await a_claim_taken_over(driver, manual_clock)
     # Both runs' leases in one call, as a worker that re-claimed its own lapsed job sends
     # them: only the newer token reads as held, though both name the same job.
     result = await driver.renew([first.lease, second.lease], lease=10)

@@ -4,7 +4,7 @@ from jobs_trio._core.records import JobState, StepRecord, StepStatus, Suspend
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, enqueue_one
+from .helpers import a_claim_taken_over, claim_one, enqueue_one
 
 
 async def test_step_records_are_saved_and_loaded(driver: Driver) -> None:
@@ -23,10 +23,7 @@ async def test_step_records_are_saved_and_loaded(driver: Driver) -> None:
 async def test_a_step_write_with_a_stale_token_is_refused(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
-    job_id = await enqueue_one(driver)
-    stale = await claim_one(driver, lease=10)
-    manual_clock.advance(11)
-    await claim_one(driver, lease=10)
+    job_id, stale, _ = await a_claim_taken_over(driver, manual_clock)
     step = StepRecord("charge", StepStatus.DONE, started_at=1.0, finished_at=2.0, result="1")
     assert not await driver.save_step(stale.lease, step)
     assert await driver.load_steps(job_id) == []

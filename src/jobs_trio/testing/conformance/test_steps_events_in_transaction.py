@@ -14,7 +14,7 @@ from jobs_trio._core.records import Claim, RenewResult, StepRecord, StepStatus
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, enqueue_one, new_job
+from .helpers import a_claim_taken_over, claim_one, enqueue_one, new_job
 
 DONE = StepRecord("insert", StepStatus.DONE, started_at=1.0, finished_at=2.0, result='"ok"')
 
@@ -82,10 +82,7 @@ async def test_a_stale_token_records_nothing_and_its_writes_roll_back(
 ) -> None:
     if not await _with_transactions(driver):
         return
-    job_id = await enqueue_one(driver)
-    stale = await claim_one(driver, lease=10)
-    manual_clock.advance(11)
-    current = await claim_one(driver, lease=10)  # the job taken over
+    job_id, stale, current = await a_claim_taken_over(driver, manual_clock)
     recorded, effect = await _step_with_an_effect(driver, stale)
     assert not recorded
     assert await driver.load_steps(job_id) == []
