@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -22,6 +22,7 @@ from .._core.records import (
     CancelJob,
     Complete,
     DeadLetter,
+    EventRecord,
     JobLimits,
     JobRecord,
     JobState,
@@ -478,9 +479,22 @@ def job_record(row: Iterable[Any]) -> JobRecord:
     return JobRecord(**fields)
 
 
+# A step's row, in this order: the record's field names (PostgreSQL's column for `match` is
+# match_key). The job's id is the row's too, but not the record's.
+STEP_FIELDS: Final = (
+    "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
+)  # fmt: skip
+
+
+def step_record(row: Iterable[Any]) -> StepRecord:
+    """A step's row, its values in ``STEP_FIELDS`` order, as its record."""
+    fields = dict(zip(STEP_FIELDS, row, strict=True))
+    fields["status"] = StepStatus(fields["status"])
+    return StepRecord(**fields)
+
+
 def step_values(step: StepRecord) -> tuple[Any, ...]:
-    """A step record as the SQL drivers write its row: name, status (its value), started_at,
-    finished_at, result, wake_at, event, match, in that order (the job's id is theirs)."""
+    """A step record as its row's values, in ``STEP_FIELDS`` order (the status as its value)."""
     return (
         step.name,
         StepStatus(step.status).value,
@@ -491,6 +505,11 @@ def step_values(step: StepRecord) -> tuple[Any, ...]:
         step.event,
         step.match,
     )
+
+
+def event_record(row: Sequence[Any]) -> EventRecord:
+    """An event's row as its record: its first values id, name, key, payload, created_at."""
+    return EventRecord(id=str(row[0]), name=row[1], key=row[2], payload=row[3], created_at=row[4])
 
 
 _UNLIMITED = JobLimits()  # frozen: one for every job without limits, not one made a job

@@ -7,10 +7,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..._core.records import EventLook, EventRecord, JobId, Lease, StepRecord, StepStatus
+from ..._core.records import EventLook, JobId, Lease, StepRecord
 from .._postgres_plan import event_plan, fetch_on, run_plan_async
 from .._postgres_pool import Connection
-from .._rules import step_values
+from .._rules import event_record, step_record, step_values
 from ._connection import PostgresConnection
 
 
@@ -20,19 +20,8 @@ class PostgresStepsAndEvents(PostgresConnection):
     # --- steps and events ---
 
     async def load_steps(self, job_id: JobId) -> Sequence[StepRecord]:
-        return [
-            StepRecord(
-                name=row["name"],
-                status=StepStatus(row["status"]),
-                started_at=row["started_at"],
-                finished_at=row["finished_at"],
-                result=row["result"],
-                wake_at=row["wake_at"],
-                event=row["event"],
-                match=row["match_key"],
-            )
-            for row in await self._fetch("load_steps", job_id, what="load_steps")
-        ]
+        rows = await self._fetch("load_steps", job_id, what="load_steps")
+        return [step_record(row) for row in rows]
 
     async def save_step(
         self, lease: Lease, step: StepRecord, *, connection: object | None = None
@@ -70,13 +59,4 @@ class PostgresStepsAndEvents(PostgresConnection):
     async def look_for_event(self, name: str, *, key: str | None, since: float | None) -> EventLook:
         row = await self._fetchrow("look_for_event", name, key, since, what="look_for_event")
         seen: str = row["seen"]  # the look's snapshot (rules.woken)
-        if row["id"] is None:
-            return EventLook(None, seen)
-        found = EventRecord(
-            id=str(row["id"]),
-            name=row["name"],
-            key=row["key"],
-            payload=row["payload"],
-            created_at=row["created_at"],
-        )
-        return EventLook(found, seen)
+        return EventLook(None if row["id"] is None else event_record(row), seen)

@@ -5,37 +5,18 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
-from ..._core.records import EventLook, EventRecord, JobId, Lease, StepRecord, StepStatus
-from .._rules import event_mark, step_values
+from ..._core.records import EventLook, JobId, Lease, StepRecord
+from .._rules import STEP_FIELDS, event_mark, event_record, step_record, step_values
 from .._sqlite_enqueue import store_event
 from .._transaction import unwrap
 from ._connection import _FENCE, SqliteConnection
 
-# Rows to records.
-
-# Column names are the record's field names, so a row maps onto its record by name (the job's:
-# rules.JOB_COLUMNS).
-_STEP_FIELDS: Final = (
-    "name", "status", "started_at", "finished_at", "result", "wake_at", "event", "match",
-)  # fmt: skip
-
-
-_STEP_COLUMNS: Final = ", ".join(_STEP_FIELDS)
-
-
+# Rows to records (rules.step_record, rules.event_record): column names are the record's field
+# names, in their order (the job's: rules.JOB_COLUMNS).
+_STEP_COLUMNS: Final = ", ".join(STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
-
-
-def _step(row: Sequence[Any]) -> StepRecord:
-    fields = dict(zip(_STEP_FIELDS, row, strict=True))
-    fields["status"] = StepStatus(fields["status"])
-    return StepRecord(**fields)
-
-
-def _event(row: Any) -> EventRecord:
-    return EventRecord(id=str(row[0]), name=row[1], key=row[2], payload=row[3], created_at=row[4])
 
 
 class SqliteStepsAndEvents(SqliteConnection):
@@ -72,7 +53,7 @@ class SqliteStepsAndEvents(SqliteConnection):
             rows = conn.execute(
                 f"SELECT {_STEP_COLUMNS} FROM steps WHERE job_id = ? ORDER BY rowid", (job_id,)
             )
-            return [_step(row) for row in rows]
+            return [step_record(row) for row in rows]
 
         return await self._transact(work, mode="read")
 
@@ -114,6 +95,6 @@ class SqliteStepsAndEvents(SqliteConnection):
                 " ORDER BY id LIMIT 1",
                 values,
             ).fetchone()
-            return EventLook(None if row is None else _event(row), event_mark(newest))
+            return EventLook(None if row is None else event_record(row), event_mark(newest))
 
         return await self._transact(work, mode="read")
