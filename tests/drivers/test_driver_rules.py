@@ -138,8 +138,10 @@ def test_the_orphan_rule_hands_back_blames_the_alone_and_bounds_the_rest() -> No
     assert alone.state is JobState.DEAD and not alone.hands_back
     assert alone.error.startswith("[X_KILLED_WORKER]")
     # Its innocent look-alikes named, with how to tell them apart: a suspect's worker
-    # SIGKILLed by a deploy, or drained past a grace its body ignored, dead-letters it too.
-    for alike in ("SIGKILLed by a deploy", "jobs.worker.drain-abandoned", "paused past the lease"):
+    # SIGKILLed by a deploy, or drained past a grace its body ignored by a worker that could not
+    # unmark it (its abandonment's write failed), dead-letters it too.
+    alikes = ("SIGKILLed by a deploy", "jobs.worker.alone-unmark-failed", "paused past the lease")
+    for alike in alikes:
         assert alike in alone.error
     assert "the job did not kill it" in alone.error
     # Never alone (an older release's claims), yet bounded: the ORPHAN_LIMIT-th orphaning.

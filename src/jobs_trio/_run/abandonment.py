@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import trio
 
 from .._core.logs import log_event
+from .._core.records import Lease
+from ..drivers.contract import Driver, UnmarksAlone
 from .budget import WRITE_FLOOR, Budget
 from .drain import Drain
 from .settler import Settler
@@ -52,6 +55,49 @@ def abandon_bodies(drain: Drain, budget: Budget, worker_id: str) -> tuple[str, .
             " raise grace",
         )
     return tuple(run.job_id for run in running)
+
+
+async def unmark_abandoned_alone(drain: Drain, driver: Driver, worker_id: str) -> None:
+    """The runs claimed alone (suspects) whose bodies were just abandoned are told to the
+    driver as no longer alone (``UnmarksAlone``): their lapse then orphans them, where it would
+    have dead-lettered them X_KILLED_WORKER for a death that was the drain's doing, not theirs
+    (docs/model.md, "A worker's death"). Their leases still lapse as any: their bodies may run
+    until the process exits. Called under the teardown's writes deadline; a failure is logged
+    and never holds the exit."""
+    leases = [run.claim.lease for run in drain.held if run.abandoned and run.claim.alone]
+    if not leases or not driver.capabilities.unmarks_alone:
+        return
+    try:
+        await cast(UnmarksAlone, driver).unmark_alone(leases)  # declared by its capabilities
+    except trio.Cancelled:
+        _unmark_failed(leases, worker_id, "the teardown's deadline for writes passed first")
+        raise  # the writes' deadline: the teardown goes on as cut
+    except Exception as exc:  # any failure: the exit must not wait on this write, nor fail by it
+        _unmark_failed(leases, worker_id, str(exc))
+
+
+def alone_left_marked(drain: Drain, cut: tuple[str, ...], worker_id: str) -> None:
+    """Bodies and writes were cut at the same instant (the budget was bound before this worker
+    held its run alone): the runs claimed alone among those just abandoned (``cut``, their job
+    ids) could not be unmarked."""
+    leases = [run.claim.lease for run in drain.held if run.job_id in cut and run.claim.alone]
+    if leases:
+        _unmark_failed(leases, worker_id, "no time was left for writes")
+
+
+def _unmark_failed(leases: list[Lease], worker_id: str, error: str) -> None:
+    for lease in leases:
+        log_event(
+            "jobs.worker.alone-unmark-failed",
+            logging.WARNING,
+            worker=worker_id,
+            job_id=lease.job_id,
+            error=error,
+            fix="this job ran alone (orphaned twice before) and was abandoned at the drain's"
+            " grace: its lease's lapse dead-letters it X_KILLED_WORKER though the drain, not"
+            " the job, ended its worker; `jobs-trio retry ID` it once dead, and let its body"
+            " stop within the grace (ctx.check_cancelled(), or a longer grace)",
+        )
 
 
 def report_unwritten(drain: Drain, settler: Settler, worker_id: str) -> tuple[str, ...]:

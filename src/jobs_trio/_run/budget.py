@@ -12,6 +12,12 @@ import trio
 # flight, and every one of those jobs lost an attempt to a signal (issue 32). A hand-back is a
 # few milliseconds of database work; a database that cannot take it in 2 s is not there.
 WRITE_FLOOR = 2.0
+# How long before the writes' deadline the wait for bodies ends on a worker that holds a run
+# claimed alone (a suspect): abandoned there, that run is told to its driver as no longer alone
+# (abandonment.unmark_abandoned_alone), or its lapse would dead-letter it X_KILLED_WORKER for a
+# deploy's drain. Without it a grace of WRITE_FLOOR or more cut bodies and writes at the same
+# instant, leaving that write nothing. Only the suspect's own grace pays: nothing runs beside it.
+ALONE_RESERVE = 0.5
 
 
 class Budget:
@@ -28,11 +34,13 @@ class Budget:
         self.scope = trio.CancelScope()
         self.writes = trio.CancelScope()
 
-    def bind(self, deadline: float) -> None:
-        self.scope.deadline = min(self.scope.deadline, deadline)
+    def bind(self, deadline: float, *, reserve: float = 0.0) -> None:
+        """``reserve``: the bodies' wait ends at least that long before the writes' deadline
+        (``ALONE_RESERVE``), for a write the abandonment of a body makes."""
         if deadline != math.inf:
             floor = trio.current_time() + WRITE_FLOOR
             self.writes.deadline = min(self.writes.deadline, max(deadline, floor))
+        self.scope.deadline = min(self.scope.deadline, deadline, self.writes.deadline - reserve)
 
     @property
     def deadline(self) -> float:

@@ -36,9 +36,15 @@ from .._cron.scheduler import TaskScheduler
 from .._jobs.registry import JobDefinition, Registry
 from .._retention.pruner import DEFAULT_RETENTION, Pruner, Retention
 from ..drivers.contract import Driver
-from .abandonment import abandon_bodies, bodies_running, report_unwritten
+from .abandonment import (
+    abandon_bodies,
+    alone_left_marked,
+    bodies_running,
+    report_unwritten,
+    unmark_abandoned_alone,
+)
 from .attempt import Outcome, run_attempt
-from .budget import Budget
+from .budget import ALONE_RESERVE, Budget
 from .claim_loop import ClaimLoop
 from .drain import Drain
 from .lease_lifeline import LeaseLifeline
@@ -258,7 +264,10 @@ class Worker:
             # A stopped worker's budget is the NEXT run's: a bind meant for a shutdown that
             # already ended must not pre-spend it.
             return
-        self._budget.bind(deadline)
+        # A suspect held alone (nothing else runs here): its body's wait ends a little before
+        # the writes', so that its abandonment, if it comes to that, can still be written.
+        alone = any(run.claim.alone for run in self._drain.held)
+        self._budget.bind(deadline, reserve=ALONE_RESERVE if alone else 0.0)
 
     async def aclose(self) -> Sequence[str]:
         await self.stop()
@@ -505,13 +514,17 @@ class Worker:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             self._abandoned += abandon_bodies(self._drain, self._budget, self.worker_id)
         settler.stop_intake()
+        # Beside the settler's own writes (its task), under the same writes deadline.
+        await unmark_abandoned_alone(self._drain, self.driver, self.worker_id)
         await settler.finished.wait()
 
     def _end_teardown(self, settler: Settler) -> None:
         if self._budget.writes.cancelled_caught:
             # Both deadlines passed at once: the outer scope caught it, and the bodies still
             # running were not named yet.
-            self._abandoned += abandon_bodies(self._drain, self._budget, self.worker_id)
+            cut = abandon_bodies(self._drain, self._budget, self.worker_id)
+            self._abandoned += cut
+            alone_left_marked(self._drain, cut, self.worker_id)
             self._abandoned += report_unwritten(self._drain, settler, self.worker_id)
             settler.stop_intake()
         # A manual stop cut by its budget (no drain) can leave claims held for a slot that a

@@ -117,13 +117,13 @@ KILLED_WORKER_ERROR: Final = str(
         "its worker died while it ran alone (it had been orphaned twice before, so it ran with"
         " nothing beside it): most likely it kills the process that runs it (a crash in native"
         " code, memory exhausted, os._exit or a signal of its own); a worker SIGKILLed by a"
-        " deploy, one that abandoned it at its drain's grace (jobs.worker.drain-abandoned: a"
-        " body that ignores its cancellation) or one paused past the lease reads the same",
+        " deploy, one that abandoned it at its drain's grace and could not say so"
+        " (jobs.worker.alone-unmark-failed) or one paused past the lease reads the same",
         fix="look up how its worker (the history's last attempt) ended: a deploy's kill or"
-        " jobs.worker.drain-abandoned means the job did not kill it (drain with a grace longer"
-        " than the job, or call ctx.check_cancelled() in it), so `jobs-trio retry ID`; else find"
-        " what kills the process in its body (the worker's exit status, the kernel's OOM log),"
-        " fix it, then `jobs-trio retry ID`; no other job was charged",
+        " jobs.worker.alone-unmark-failed means the job did not kill it (drain with a grace"
+        " longer than the job, or call ctx.check_cancelled() in it), so `jobs-trio retry ID`;"
+        " else find what kills the process in its body (the worker's exit status, the kernel's"
+        " OOM log), fix it, then `jobs-trio retry ID`; no other job was charged",
     )
 )
 ORPHANED_TOO_OFTEN_ERROR: Final = str(

@@ -63,6 +63,9 @@ class Capabilities:
     # hand_back_unheld() (HandsBackUnheld): the jobs of a claim whose answer its worker never
     # received given their attempts back (issue 32: an outage cut the claim's reply).
     hands_back_unheld: bool = False
+    # unmark_alone() (UnmarksAlone): a suspect's run its worker abandoned at a drain's grace
+    # is no longer alone, so its lapse orphans it instead of dead-lettering it X_KILLED_WORKER.
+    unmarks_alone: bool = False
     # Claims answered side by side (a pool of connections, a server that runs them at once):
     # a worker with work waiting sends its next claim before the last one is answered.
     claims_side_by_side: bool = False
@@ -530,6 +533,21 @@ class HandsBackUnheld(Protocol):
         claim, anyone's, takes it with its attempt given back, within the bound of
         ``rules.hands_back_lapse``. Answers their ids. Only a worker that is alive calls it,
         for its own id: a job that kills its worker is never handed back this way."""
+        ...
+
+
+class UnmarksAlone(Protocol):
+    """What a driver may add to ``Driver``: a worker that abandons a suspect's body at its
+    drain's grace (the body ignored its cancellation) exits without settling it, and the lapse
+    of a run claimed alone reads as the job having killed its worker (X_KILLED_WORKER), though
+    a deploy ended it (docs/model.md, "A worker's death")."""
+
+    async def unmark_alone(self, leases: Sequence[Lease]) -> Sequence[JobId]:
+        """The run of each lease whose token is still current is no longer marked alone
+        (``Claim.alone``), and nothing else changes: it stays running under its lease, which
+        lapses as any, and the claim that then finds it orphans it (``rules.orphaning``, within
+        ``ORPHAN_LIMIT``) instead of dead-lettering it. Answers the ids whose token held; a
+        stale token (a run settled, or claimed again after a lapse) changes nothing."""
         ...
 
 

@@ -309,6 +309,14 @@ class MemoryJobs(ClaimCalls, MemoryStore):
             self._put(record, lease_until=now)
         return [r.id for r in unheld]
 
+    async def unmark_alone(self, leases: Sequence[Lease]) -> Sequence[JobId]:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        held = [one.job_id for one in leases if self._current(one) is not None]
+        # Only the mark: the run keeps its lease, so nobody claims it until that lapses.
+        self._alone.difference_update(held)
+        return held
+
     def _renew(
         self, leases: Sequence[Lease], lease: float, started: Sequence[ClaimToken]
     ) -> RenewResult:

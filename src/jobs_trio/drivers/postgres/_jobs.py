@@ -365,6 +365,17 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         answered: list[JobId] = await self.bridge.run(mark, what="hand_back_unheld")
         return answered
 
+    async def unmark_alone(self, leases: Sequence[Lease]) -> Sequence[JobId]:
+        self._check_open()
+        ids, tokens = [one.job_id for one in leases], [one.token for one in leases]
+
+        async def unmark(conn: Connection) -> list[JobId]:
+            rows = await conn.fetch(self._sql["unmark_alone"], ids, tokens)
+            return [row["id"] for row in rows]
+
+        answered: list[JobId] = await self.bridge.run(unmark, what="unmark_alone")
+        return answered
+
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         self._check_open()
         firsts = _first_per_claim(settlements)

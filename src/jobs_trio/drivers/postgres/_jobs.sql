@@ -397,6 +397,23 @@ UPDATE {schema}.jobs AS j SET ahead = true, lease_until = $1, updated_at = $1
 WHERE j.id = ANY (ARRAY(SELECT id FROM unheld))
 RETURNING j.id;
 
+-- name: unmark_alone
+-- A suspect's run its worker abandoned at a drain's grace is no longer alone: its lapse then
+-- orphans it instead of dead-lettering it (the abandonment, not the job, ended that worker).
+-- Only the mark, fenced by (id, token): lease_until stays, so nobody claims it before it lapses.
+-- Locked in id order, as renew locks them (both run on the worker's connections at once); not
+-- SKIP LOCKED: a row held by this worker's own renewal is waited for, not left marked.
+WITH held AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs AS j
+    WHERE j.id = ANY ($1::text[]) AND j.state = 'running'
+      AND (j.id, j.token) IN (SELECT l.id, l.token FROM unnest($1::text[], $2::text[]) AS l(id, token))
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+)
+UPDATE {schema}.jobs AS j SET alone = false
+WHERE j.id = ANY (ARRAY(SELECT id FROM held))
+RETURNING j.id;
+
 -- name: lock_for_settle
 -- A batch of several kinds runs one statement per kind in one transaction: lock all its rows in
 -- id order first, or two kinds' statements could take them in an order a renew crosses.

@@ -418,6 +418,20 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
 
         return await self._transact(work)
 
+    async def unmark_alone(self, leases: Sequence[Lease]) -> Sequence[JobId]:
+        def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
+            # Only the mark (not even updated_at): the run keeps its lease, so nobody claims
+            # it until that lapses.
+            rows = conn.execute(
+                "UPDATE jobs SET alone = 0 WHERE state = 'running' AND (id, token) IN"
+                " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')"
+                "  FROM json_each(?)) RETURNING id",
+                (json.dumps([[one.job_id, one.token] for one in leases]),),
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        return await self._transact(work)
+
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         settlements = list(settlements)
 

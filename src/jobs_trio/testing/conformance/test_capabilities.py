@@ -18,6 +18,7 @@ NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "renews_beside": {"beside": ()},
     "hands_back_unheld": {"hand_back_unheld": ()},
+    "unmarks_alone": {"unmark_alone": ()},
 }
 
 
