@@ -1,8 +1,9 @@
 # The drain end to end, in real `jobs-trio worker` processes on SQLite and on PostgreSQL (issue
 # 11): (a) a body that returns in a shield after SIGTERM completes; (b) a sync body is waited for,
 # not handed to the replacement worker started at the SIGTERM; (c) past the grace it is
-# abandoned, never `ready` while it runs, and runs again only after its lease lapses; (d) with
-# the database stalled, the process is still gone within its grace.
+# abandoned, never `ready` while it runs, and runs again only after its lease lapses (and a
+# suspect so abandoned is orphaned, not dead-lettered); (d) with the database stalled, the
+# process is still gone within its grace.
 from __future__ import annotations
 
 import functools
@@ -16,6 +17,7 @@ import trio
 
 from jobs_trio._core.records import JobState
 from jobs_trio.drivers._open_driver import open_driver
+from jobs_trio.drivers._rules import ORPHANED_ERROR, SUSPECT_AT
 from tests.apps.drain_jobs_app import registry
 from tests.helpers.process_helpers import LOADED, WorkerProcess, record, until, worker_processes
 
@@ -150,6 +152,50 @@ async def test_a_sync_body_past_the_grace_is_abandoned_and_rerun_only_after_its_
     # Its lease lapsed with the process that abandoned it: orphaned, the attempt handed back
     # (docs/model.md, "A worker's death"), so the second run was attempt 1 again.
     assert (done.attempts, done.orphans, done.result) == (1, 1, {"attempt": 1})
+
+
+async def test_a_suspect_abandoned_past_the_grace_is_orphaned_not_dead_lettered(
+    tmp_path: Path, database: str
+) -> None:
+    # A job orphaned twice runs alone; its body ignores the drain past a grace of 3 s (past the
+    # writes' floor: bodies and writes would be cut at once but for the reserve a worker holding
+    # a suspect keeps). The deploy, not the job, ended that worker: orphaned, not X_KILLED_WORKER.
+    path = tmp_path / "marks.txt"
+    async with open_driver(database) as driver:
+        job_id = await registry.require("drain.crunch").enqueue(
+            driver, {"marks": str(path), "seconds": 10}
+        )
+        for dies in range(SUSPECT_AT):  # two workers die under it (their leases lapse)
+            await driver.claim(["crunch"], 1, lease=0.2, worker_id=f"dies-{dies}")
+
+            async def lapsed() -> bool:
+                held = await record(driver, job_id)
+                return held.lease_until is not None and held.lease_until < driver.now()
+
+            await until("the lease to lapse", 10, lapsed)
+        assert await driver.claim(["crunch"], 1, lease=3, worker_id="busy") == []
+        assert (await record(driver, job_id)).orphans == SUSPECT_AT
+        async with workers(tmp_path, database, 1, "--grace", "3", "--lease", "3") as [worker]:
+            await body_started(path)
+            code, took = await exit_after_sigterm(worker, within=15)
+        assert code == 70, worker.output()
+        assert "jobs.worker.drain-abandoned" in worker.output()
+        assert "alone-unmark-failed" not in worker.output()
+        assert took < 3 + 1.0 + LOADED, f"{took:.2f} s\n{worker.output()}"
+        held = await record(driver, job_id)
+        assert held.state is JobState.RUNNING  # its lease still lapses as any
+        lapses_at = held.lease_until
+        assert lapses_at is not None
+
+        async def past_its_lease() -> bool:
+            return driver.now() > lapses_at
+
+        await until("the abandoned lease to lapse", 10, past_its_lease)
+        assert await driver.claim(["crunch"], 1, lease=3, worker_id="next") == []
+        after = await record(driver, job_id)
+    print(f"\nexit {code} {took:.2f} s after SIGTERM (grace 3): {after.state}, {after.orphans}")
+    assert (after.state, after.attempts, after.orphans) == (JobState.READY, 0, SUSPECT_AT + 1)
+    assert after.last_error == ORPHANED_ERROR.format(orphans=SUSPECT_AT + 1)
 
 
 def replacement_id(worker: WorkerProcess) -> str:
