@@ -8,6 +8,7 @@ import sqlite3
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -385,6 +386,45 @@ async def test_wait_for_work_sees_another_connections_enqueue_by_polling(
                 nursery.start_soon(waiter.wait_for_work, ["default"], 60)
                 await trio.testing.wait_all_tasks_blocked()
                 await other.enqueue([new_job()])
+
+
+async def test_wait_for_work_sees_another_connections_commit_long_before_its_poll(
+    tmp_path: Path,
+) -> None:
+    # A web app's process enqueues, the worker's waits: the file's data version tells the
+    # waiter at once (CHANGE_LOOK) where its look for work comes every poll_interval, here
+    # 60 s: only the data version can end this wait in time.
+    url = url_of(tmp_path / "jobs.db")
+    async with (
+        open_sqlite_driver(url, poll_interval=60) as waiter,
+        open_sqlite_driver(url) as other,
+    ):
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter.wait_for_work, ["default"], 60)
+                await trio.testing.wait_all_tasks_blocked()
+                await other.enqueue([new_job()])
+
+
+async def test_a_waiter_beside_a_quiet_file_does_not_look_again_before_its_poll(
+    tmp_path: Path,
+) -> None:
+    # The data version moves only with another connection's commits: a waiter beside a file
+    # nobody writes waits out its poll rather than looking again every CHANGE_LOOK.
+    async with open_sqlite_driver(url_of(tmp_path / "jobs.db"), poll_interval=0.6) as driver:
+        looks = 0
+        transact = driver._transact
+
+        async def counting(work: Any, *, mode: Any = "write") -> Any:
+            nonlocal looks
+            looks += mode == "read"
+            return await transact(work, mode=mode)
+
+        driver._transact = counting  # type: ignore[method-assign]
+        with trio.move_on_after(0.55):
+            while True:  # as the claim loop waits: again whenever a wait ends
+                await driver.wait_for_work(["default"], 60)
+        assert looks == 1  # versions read meanwhile (~5), no second look for work
 
 
 async def test_a_due_time_on_the_drivers_clock_wakes_wait_for_work(
