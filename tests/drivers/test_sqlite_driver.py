@@ -406,6 +406,29 @@ async def test_wait_for_work_sees_another_connections_commit_long_before_its_pol
                 await other.enqueue([new_job()])
 
 
+async def test_a_pause_from_another_connection_reaches_the_watch_long_before_its_poll(
+    tmp_path: Path,
+) -> None:
+    # `jobs-trio pause` in another process waits for each worker's watch to confirm: the
+    # watch sees the file's data version move (CHANGE_LOOK), not only its 60 s look.
+    url = url_of(tmp_path / "jobs.db")
+    async with (
+        open_sqlite_driver(url, poll_interval=60) as watcher,
+        open_sqlite_driver(url) as other,
+    ):
+        first = await watcher.wait_for_pauses(None, 60)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    look = await watcher.wait_for_pauses(first.epoch, 60)
+                    assert [p.queue for p in look.pauses] == ["emails"]
+
+                nursery.start_soon(watch)
+                await trio.testing.wait_all_tasks_blocked()
+                await other.pause_queue("emails")
+
+
 async def test_a_waiter_beside_a_quiet_file_does_not_look_again_before_its_poll(
     tmp_path: Path,
 ) -> None:

@@ -23,6 +23,21 @@ T = TypeVar("T")
 # no cross-process notification: a job another process enqueues is seen at the next look, so
 # this is the worst-case pickup delay across processes (this process's own writes wake at once).
 POLL_INTERVAL: Final = 0.5
+# How often a waiter (for work, for pauses) reads the file's data version: the most another
+# process's commit waits before a waiting worker of this one looks at what it wrote.
+CHANGE_LOOK: Final = 0.1
+
+
+def data_version(conn: sqlite3.Connection) -> int:
+    """A number that changes whenever another connection commits to the file (PRAGMA
+    data_version, read from WAL's shared index: no disk read); this connection's own commits
+    leave it as it is (they wake this driver's waiters themselves)."""
+    version: int = conn.execute("PRAGMA data_version").fetchone()[0]
+    return version
+
+
+def _data_version_now(conn: sqlite3.Connection, now: float) -> int:
+    return data_version(conn)
 
 
 _ATTEMPT_FIELDS: Final = tuple(field.name for field in attrs.fields(AttemptRecord))
@@ -72,6 +87,14 @@ class SqliteConnection:
     def _pause_changed(self) -> None:
         self._pause_changes += 1
         self._pause_lot.unpark_all()
+
+    async def _changed_since(self, version: int) -> bool:
+        """Whether another connection has committed to the file since ``version`` was read
+        (its data version moved). A waiter asks every ``CHANGE_LOOK`` while parked on its
+        wake-up (parked in its own frame: the conformance suite finds it there): cheap where
+        a look for work is not, and an enqueue from a web app's process waited up to
+        poll_interval (0.5 s) before a worker of another process saw it."""
+        return await self._transact(_data_version_now, mode="bare") != version
 
     async def _transact(self, work: Work[T], *, mode: Mode = "write") -> T:
         """The door every call goes through: ``work(conn, now)`` in one transaction in a

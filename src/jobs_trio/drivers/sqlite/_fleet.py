@@ -12,7 +12,7 @@ import trio
 
 from ..._core.records import PauseHolder, PauseLook, QueuePause, WorkerPresence
 from .._rules import FORGET_WORKERS_AFTER, decode_jobs, encode_jobs
-from ._connection import SqliteConnection
+from ._connection import CHANGE_LOOK, SqliteConnection, data_version
 
 _WORKER_FIELDS: Final = tuple(field.name for field in attrs.fields(WorkerPresence))
 
@@ -85,28 +85,36 @@ class SqliteFleet(SqliteConnection):
 
         return await self._transact(work, mode="read")
 
-    async def _pause_look(self) -> PauseLook:
-        def work(conn: sqlite3.Connection, now: float) -> PauseLook:
+    async def _pause_look(self) -> tuple[PauseLook, int]:
+        """The look, and the file's data version as it read it (_changed_since)."""
+
+        def work(conn: sqlite3.Connection, now: float) -> tuple[PauseLook, int]:
             # One read transaction: the epoch and the pauses of one state of the file.
             (epoch,) = conn.execute("SELECT epoch FROM pause_epoch WHERE id = 1").fetchone()
-            return PauseLook(epoch, tuple(_pauses(conn)))
+            return PauseLook(epoch, tuple(_pauses(conn))), data_version(conn)
 
         return await self._transact(work, mode="read")
 
     async def wait_for_pauses(self, seen: int | None, timeout: float) -> PauseLook:
-        """Another process's pause is seen at the next look, every ``poll_interval``, as its
-        enqueues are (wait_for_work); this driver's own wake this process's waiters at once."""
+        """Another process's pause is seen once the file's data version moves (within
+        CHANGE_LOOK), as its enqueues are (wait_for_work), and at the latest at the next look,
+        every ``poll_interval``; this driver's own wake this process's waiters at once."""
         deadline = trio.current_time() + timeout
         while True:
             changes = self._pause_changes
-            look = await self._pause_look()
+            look, version = await self._pause_look()
             now = trio.current_time()
             if look.epoch != seen or now >= deadline:
                 return look
             if self._pause_changes != changes:
                 continue  # a pause of this driver's landed during the look: look again
             with trio.move_on_at(min(deadline, now + self._poll_interval)):
-                await self._pause_lot.park()
+                while True:
+                    with trio.move_on_after(CHANGE_LOOK):
+                        await self._pause_lot.park()
+                        break
+                    if await self._changed_since(version):
+                        break
 
     async def pauses_heard(self, worker_id: str, epoch: int) -> None:
         def work(conn: sqlite3.Connection, now: float) -> None:

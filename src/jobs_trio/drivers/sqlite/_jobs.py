@@ -43,7 +43,7 @@ from .._sqlite_enqueue import insert_jobs
 from .._sqlite_migrate import open_beside
 from .._transaction import unwrap
 from ..contract import BesideConnection
-from ._connection import SqliteConnection, T, _paused
+from ._connection import CHANGE_LOOK, SqliteConnection, T, _paused, data_version
 from ._settle_statements import _INSERT_HISTORY, _attempt_values, _settle_all
 
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
@@ -56,20 +56,6 @@ _CANDIDATE: Final = (
 # A suspect (rules.is_suspect), as jobs_suspects' WHERE says it: SQLite uses a partial index
 # only for a query whose WHERE repeats the index's term.
 _SUSPECT: Final = f"orphans >= {SUSPECT_AT}"
-# How often a waiter for work reads the file's data version (another connection's commit):
-# the most a job another process enqueues waits before a waiting worker looks for it.
-CHANGE_LOOK: Final = 0.1
-
-
-def _data_version(conn: sqlite3.Connection) -> int:
-    """A number that changes whenever another connection commits to the file (PRAGMA
-    data_version); this connection's own commits leave it as it is."""
-    version: int = conn.execute("PRAGMA data_version").fetchone()[0]
-    return version
-
-
-def _data_version_of(conn: sqlite3.Connection, now: float) -> int:
-    return _data_version(conn)
 
 
 def _renew_in(
@@ -487,13 +473,13 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
     ) -> None:
         """No cross-process notification exists in SQLite: this driver's own writes wake a
         waiter at once; another connection's commit (another process's enqueue, a producer's)
-        is noticed by the file's data version, read every ``CHANGE_LOOK`` seconds, and the
-        waiter looks again; at the latest every ``poll_interval``."""
+        ends the wait once its data version moves (``_changed_since``), and the caller looks
+        again; at the latest every ``poll_interval``."""
         wanted = list(dict.fromkeys(queues))
         lapses_from = -math.inf if rescue_from is None else rescue_from
 
         def work(conn: sqlite3.Connection, now: float) -> tuple[float, int]:
-            return soonest_work(conn, now), _data_version(conn)
+            return soonest_work(conn, now), data_version(conn)
 
         def soonest_work(conn: sqlite3.Connection, now: float) -> float:
             soonest = math.inf
@@ -528,12 +514,9 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         if due_in <= 0 or self._wakes != wakes:
             return
         with trio.move_on_after(min(timeout, due_in, self._poll_interval)):
-            # The data version changes with every commit of another connection (WAL's shared
-            # index: no disk read), so a look at it is cheap where a look for work is not:
-            # an enqueue from a web app's process waited up to poll_interval (0.5 s) before.
             while True:
                 with trio.move_on_after(CHANGE_LOOK):
                     await self._lot.park()
                     return
-                if await self._transact(_data_version_of, mode="bare") != version:
+                if await self._changed_since(version):
                     return
