@@ -23,6 +23,7 @@ from jobs_trio._core.records import (
     Settlement,
     Suspend,
 )
+from jobs_trio.drivers import _rows as rows
 from jobs_trio.drivers import _rules as rules
 from jobs_trio.drivers._postgres_sql import SETTLE_KINDS, load_statements
 
@@ -80,22 +81,22 @@ def test_the_effects_table_hands_back_the_attempt_of_endings_that_are_not_failur
     change = rules.effect(settlement)
     assert change.hands_back is hands_back
     # Every field a kind writes is a record field: the SQL drivers write them as columns.
-    assert set(change.writes) <= set(rules.JOB_FIELDS)
+    assert set(change.writes) <= set(rows.JOB_FIELDS)
 
 
 def test_a_job_row_becomes_its_record_by_the_records_own_fields() -> None:
     row = ["j1", "n", "q", "ready", "{}", 0, 0, 3, 1.0, 1.0, 1.0, None, None, None, None, None]
     # SQLite stores the flag as 1, and a job's limits whole: no slot key beside 0 slots.
     limits = [None, 0, "api", 10, 60.0, "rate:api"]
-    record = rules.job_record([*row, 1, None, None, *limits, "order-7", 2])
+    record = rows.job_record([*row, 1, None, None, *limits, "order-7", 2])
     assert record.state is JobState.READY and record.cancel_requested is True
     assert (record.wait_key, record.orphans) == ("order-7", 2)
     assert (record.slot_key, record.slots) == (None, None)  # as PostgreSQL stores it
     assert (record.rate_key, record.starts, record.per) == ("api", 10, 60.0)
     assert record.limits == JobLimits(rate_key="api", starts=10, per=60.0)
     with pytest.raises(ValueError):  # a row of other columns is refused, never misread
-        rules.job_record(row)
-    assert "token" not in rules.JOB_FIELDS  # a record never carries a fencing token
+        rows.job_record(row)
+    assert "token" not in rows.JOB_FIELDS  # a record never carries a fencing token
 
 
 # A driver is its module and those named after it (postgres_bridge, sqlite_door, ...); every

@@ -12,7 +12,7 @@ import attrs
 from .._core.errors import ConfigError, DriverError
 from .._core.records import Enqueued, NewJob
 from ._postgres_sql import Statements
-from ._rules import limit_fields
+from ._rows import limit_fields
 
 # How often a unique-key enqueue looks again when the live job holding its key finished between
 # the insert (which saw it) and the lookup (which did not). Each round makes progress unless

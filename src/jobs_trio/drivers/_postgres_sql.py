@@ -12,9 +12,9 @@ import attrs
 
 from .._core.errors import ConfigError
 from ._migration_files import Migration, read_migrations
+from ._rows import JOB_COLUMNS
 from ._rules import (
     ATTEMPT_HISTORY,
-    JOB_COLUMNS,
     LIVE_STATES_SQL,
     ORPHAN_LIMIT,
     SETTLEMENT_KINDS,

@@ -30,6 +30,7 @@ from ..._core.records import (
 from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
 from .._limit_rules import SLOT, LimitRow, decide, needs
+from .._rows import stored_value
 from .._rules import (
     ATTEMPT_HISTORY,
     LAPSED_ERROR,
@@ -40,7 +41,6 @@ from .._rules import (
     log_orphaned,
     orphaned_record,
     orphaning,
-    stored_value,
     woken,
 )
 from ..contract import BesideConnection

@@ -29,14 +29,8 @@ from ..._core.records import (
     new_token,
 )
 from .._limit_rules import LimitRow
-from .._rules import (
-    LIVE_STATES,
-    Unseen,
-    driver_closed,
-    in_window,
-    limit_fields,
-    refuse_connection,
-)
+from .._rows import limit_fields
+from .._rules import LIVE_STATES, Unseen, driver_closed, in_window, refuse_connection
 
 
 @attrs.frozen

@@ -31,7 +31,8 @@ from .._fleet_stats import encode as encode_fleet_stats
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
 from .._retention import cutoffs, turn_is_free
-from .._rules import job_record, name_stats, queue_stats
+from .._rows import job_record
+from .._rules import name_stats, queue_stats
 from ._connection import PostgresConnection
 
 T = TypeVar("T")

@@ -11,13 +11,8 @@ from ..._core.records import NewJob
 from .._claim_slots import ClaimSlots
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
-from .._rules import (
-    KILLED_WORKER_ERROR,
-    LAPSED_ERROR,
-    ORPHANED_ERROR,
-    ORPHANED_TOO_OFTEN_ERROR,
-    limit_fields,
-)
+from .._rows import limit_fields
+from .._rules import KILLED_WORKER_ERROR, LAPSED_ERROR, ORPHANED_ERROR, ORPHANED_TOO_OFTEN_ERROR
 
 
 def _claim_arguments(

@@ -10,7 +10,7 @@ from typing import Any
 from ..._core.records import EventLook, JobId, Lease, StepRecord
 from .._postgres_plan import event_plan, fetch_on, run_plan_async
 from .._postgres_pool import Connection
-from .._rules import event_record, step_record, step_values
+from .._rows import event_record, step_record, step_values
 from ._connection import PostgresConnection
 
 

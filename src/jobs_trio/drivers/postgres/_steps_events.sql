@@ -2,7 +2,7 @@
 -- Placeholders and the loading: _postgres_sql.py.
 
 -- name: load_steps
--- The columns in rules.STEP_FIELDS order: rules.step_record reads them by place.
+-- The columns in _rows.STEP_FIELDS order: _rows.step_record reads them by place.
 SELECT name, status, started_at, finished_at, result, wake_at, event, match_key
 FROM {schema}.steps WHERE job_id = $1 ORDER BY position;
 
@@ -39,7 +39,7 @@ RETURNING id;
 -- name: look_for_event
 -- The earliest match, and the look's snapshot: its mark (Suspend.seen). An event its settle
 -- finds committed but not visible to this snapshot was sent after the look (rules.woken). The
--- event's columns first, in the order rules.event_record reads them.
+-- event's columns first, in the order _rows.event_record reads them.
 SELECT f.id, f.name, f.key, f.payload, f.created_at, pg_current_snapshot()::text AS seen
 FROM (SELECT) AS one LEFT JOIN (
     SELECT id, name, key, payload, created_at FROM {schema}.events

@@ -29,14 +29,8 @@ from .._calls import JobFilter, ListCalls
 from .._fleet_stats import decode as decode_fleet_stats
 from .._fleet_stats import encode as encode_fleet_stats
 from .._retention import DEAD_STATE, FINISHED_STATES, cutoffs, turn_is_free
-from .._rules import (
-    JOB_COLUMNS,
-    LIVE_STATES_SQL,
-    WAITING_STATES_SQL,
-    job_record,
-    name_stats,
-    queue_stats,
-)
+from .._rows import JOB_COLUMNS, job_record
+from .._rules import LIVE_STATES_SQL, WAITING_STATES_SQL, name_stats, queue_stats
 from ._connection import _ATTEMPT_COLUMNS, SqliteConnection, _paused
 
 

@@ -27,13 +27,12 @@ from ..._core.records import (
 from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
 from .._limit_rules import LimitRow, decide, needs
+from .._rows import JOB_COLUMNS, job_record
 from .._rules import (
     ATTEMPT_HISTORY,
-    JOB_COLUMNS,
     LAPSED_ERROR,
     SUSPECT_AT,
     hands_back_lapse,
-    job_record,
     log_orphaned,
     orphaned_record,
     orphaning,

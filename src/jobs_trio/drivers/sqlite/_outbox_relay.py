@@ -22,7 +22,8 @@ from ..._core.records import (
     outbox_job,
 )
 from .._calls import RelayAsk, RelayCalls
-from .._rules import limit_fields, refuse_in_place, relay_fenced, ticket_stale_at
+from .._rows import limit_fields
+from .._rules import refuse_in_place, relay_fenced, ticket_stale_at
 from .._sqlite_enqueue import insert_jobs
 from .._transaction import unwrap
 from ..contract import Driver

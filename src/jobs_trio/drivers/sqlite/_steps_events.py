@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from ..._core.records import EventLook, JobId, Lease, StepRecord
-from .._rules import STEP_FIELDS, event_mark, event_record, step_record, step_values
+from .._rows import STEP_FIELDS, event_record, step_record, step_values
+from .._rules import event_mark
 from .._sqlite_enqueue import store_event
 from .._transaction import unwrap
 from ._connection import _FENCE, SqliteConnection
 
-# Rows to records (rules.step_record, rules.event_record): column names are the record's field
-# names, in their order (the job's: rules.JOB_COLUMNS).
+# Rows to records (_rows.step_record, _rows.event_record): column names are the record's field
+# names, in their order (the job's: _rows.JOB_COLUMNS).
 _STEP_COLUMNS: Final = ", ".join(STEP_FIELDS)
 _EVENT_COLUMNS: Final = "id, name, key, payload, created_at"
 
