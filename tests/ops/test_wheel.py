@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 DATA = [
     "jobs_trio/py.typed",
     "jobs_trio/drivers/postgres/_jobs.sql",
+    "jobs_trio/drivers/postgres/_settle_statements.sql",
     "jobs_trio/drivers/postgres/_steps_events.sql",
     "jobs_trio/drivers/postgres/_cron.sql",
     "jobs_trio/drivers/postgres/_outbox_relay.sql",
