@@ -373,33 +373,24 @@ async def test_a_write_lock_held_past_busy_timeout_is_retried_then_reported(
         assert record.key == "late"
 
 
-async def test_wait_for_work_sees_another_connections_enqueue_by_polling(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "poll_interval",
+    [
+        0.05,  # its look for work, every poll_interval
+        # 60 s: only the file's data version (read every CHANGE_LOOK) can end it in time: a web
+        # app's process enqueues, a worker's waits.
+        60,
+    ],
+)
+async def test_wait_for_work_sees_another_connections_enqueue(
+    tmp_path: Path, poll_interval: float
 ) -> None:
     url = url_of(tmp_path / "jobs.db")
     async with (
-        open_sqlite_driver(url, poll_interval=0.05) as waiter,
+        open_sqlite_driver(url, poll_interval=poll_interval) as waiter,
         open_sqlite_driver(url) as other,
     ):
-        with trio.fail_after(10):  # the timeout asked for is 60 s: only the poll can end it
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(waiter.wait_for_work, ["default"], 60)
-                await trio.testing.wait_all_tasks_blocked()
-                await other.enqueue([new_job()])
-
-
-async def test_wait_for_work_sees_another_connections_commit_long_before_its_poll(
-    tmp_path: Path,
-) -> None:
-    # A web app's process enqueues, the worker's waits: the file's data version tells the
-    # waiter at once (CHANGE_LOOK) where its look for work comes every poll_interval, here
-    # 60 s: only the data version can end this wait in time.
-    url = url_of(tmp_path / "jobs.db")
-    async with (
-        open_sqlite_driver(url, poll_interval=60) as waiter,
-        open_sqlite_driver(url) as other,
-    ):
-        with trio.fail_after(10):
+        with trio.fail_after(10):  # the timeout asked for is 60 s
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter.wait_for_work, ["default"], 60)
                 await trio.testing.wait_all_tasks_blocked()

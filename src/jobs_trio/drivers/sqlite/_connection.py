@@ -88,13 +88,19 @@ class SqliteConnection:
         self._pause_changes += 1
         self._pause_lot.unpark_all()
 
-    async def _changed_since(self, version: int) -> bool:
-        """Whether another connection has committed to the file since ``version`` was read
-        (its data version moved). A waiter asks every ``CHANGE_LOOK`` while parked on its
-        wake-up (parked in its own frame: the conformance suite finds it there): cheap where
-        a look for work is not, and an enqueue from a web app's process waited up to
-        poll_interval (0.5 s) before a worker of another process saw it."""
-        return await self._transact(_data_version_now, mode="bare") != version
+    async def _await_wake_up(self, lot: trio.lowlevel.ParkingLot, version: int) -> None:
+        """Return once ``lot`` is unparked (a write of this driver's) or another connection
+        has committed to the file since ``version`` was read (its data version moved), looking
+        every ``CHANGE_LOOK``; the caller bounds the wait. A look at the data version is cheap
+        where a look for work is not: an enqueue from a web app's process waited up to
+        poll_interval (0.5 s) before a worker of another process saw it. Named for the
+        packaged conformance suite, which finds a waiter parked here (helpers.WAKE_UP)."""
+        while True:
+            with trio.move_on_after(CHANGE_LOOK):
+                await lot.park()
+                return
+            if await self._transact(_data_version_now, mode="bare") != version:
+                return
 
     async def _transact(self, work: Work[T], *, mode: Mode = "write") -> T:
         """The door every call goes through: ``work(conn, now)`` in one transaction in a

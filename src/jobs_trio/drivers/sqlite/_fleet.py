@@ -12,7 +12,7 @@ import trio
 
 from ..._core.records import PauseHolder, PauseLook, QueuePause, WorkerPresence
 from .._rules import FORGET_WORKERS_AFTER, decode_jobs, encode_jobs
-from ._connection import CHANGE_LOOK, SqliteConnection, data_version
+from ._connection import SqliteConnection, data_version
 
 _WORKER_FIELDS: Final = tuple(field.name for field in attrs.fields(WorkerPresence))
 
@@ -86,7 +86,7 @@ class SqliteFleet(SqliteConnection):
         return await self._transact(work, mode="read")
 
     async def _pause_look(self) -> tuple[PauseLook, int]:
-        """The look, and the file's data version as it read it (_changed_since)."""
+        """The look, and the file's data version as it read it (_await_wake_up)."""
 
         def work(conn: sqlite3.Connection, now: float) -> tuple[PauseLook, int]:
             # One read transaction: the epoch and the pauses of one state of the file.
@@ -109,12 +109,7 @@ class SqliteFleet(SqliteConnection):
             if self._pause_changes != changes:
                 continue  # a pause of this driver's landed during the look: look again
             with trio.move_on_at(min(deadline, now + self._poll_interval)):
-                while True:
-                    with trio.move_on_after(CHANGE_LOOK):
-                        await self._pause_lot.park()
-                        break
-                    if await self._changed_since(version):
-                        break
+                await self._await_wake_up(self._pause_lot, version)
 
     async def pauses_heard(self, worker_id: str, epoch: int) -> None:
         def work(conn: sqlite3.Connection, now: float) -> None:

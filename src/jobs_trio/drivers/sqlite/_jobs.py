@@ -42,7 +42,7 @@ from .._sqlite_enqueue import insert_jobs
 from .._sqlite_migrate import open_beside
 from .._transaction import unwrap
 from ..contract import BesideConnection
-from ._connection import CHANGE_LOOK, SqliteConnection, T, _paused, data_version
+from ._connection import SqliteConnection, T, _paused, data_version
 from ._settle_statements import _INSERT_HISTORY, _attempt_values, _settle_all
 
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
@@ -472,7 +472,7 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
     ) -> None:
         """No cross-process notification exists in SQLite: this driver's own writes wake a
         waiter at once; another connection's commit (another process's enqueue, a producer's)
-        ends the wait once its data version moves (``_changed_since``), and the caller looks
+        ends the wait once its data version moves (``_await_wake_up``), and the caller looks
         again; at the latest every ``poll_interval``."""
         wanted = list(dict.fromkeys(queues))
         lapses_from = -math.inf if rescue_from is None else rescue_from
@@ -513,9 +513,4 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         if due_in <= 0 or self._wakes != wakes:
             return
         with trio.move_on_after(min(timeout, due_in, self._poll_interval)):
-            while True:
-                with trio.move_on_after(CHANGE_LOOK):
-                    await self._lot.park()
-                    return
-                if await self._changed_since(version):
-                    return
+            await self._await_wake_up(self._lot, version)

@@ -149,11 +149,17 @@ async def _parked_in(method: str, call: Callable[[], Awaitable[object]]) -> Asyn
             await answer.event.wait()
 
 
+# What a driver may name the method its waits park in, for ``a_waiting_worker`` to find them
+# parked there (never in their look: a lock's park inside a look is not a wake-up).
+WAKE_UP = "_await_wake_up"
+
+
 def _parked_on_its_wake_up(task: trio.lowlevel.Task, method: str) -> bool:
     """Whether ``task``'s ``method`` call is awaiting a Trio wake-up itself (not its look).
     The wake-up may be awaited by ``_method``, the driver's own body behind a call said once
-    for several drivers (drivers/_calls.py)."""
-    names = (method, f"_{method}")
+    for several drivers (drivers/_calls.py), or by a method named ``WAKE_UP`` that a driver's
+    waits share (the SQLite driver's parks there between looks at its file's data version)."""
+    names = (method, f"_{method}", WAKE_UP)
     awaiting: object = task.coro
     while awaiting is not None:
         code = getattr(awaiting, "cr_code", None)
