@@ -228,6 +228,31 @@ def test_the_text_format_of_a_plain_line_is_logging_s_own() -> None:
     assert record.message == record.getMessage()
 
 
+@pytest.mark.parametrize(
+    ("created", "msecs", "level", "name"),
+    [
+        (1764669601.004, 4.0, "INFO", "jobs_trio"),  # the next second, the same millisecond
+        (1764669600.005, 5.0, "INFO", "jobs_trio"),  # the next millisecond
+        (1764669600.004, 4.0, "WARNING", "jobs_trio"),  # the same moment, another level
+        (1764669600.004, 4.0, "INFO", "jobs_trio.other"),  # another logger
+    ],
+)
+def test_each_line_of_the_text_format_has_its_own_moment_level_and_name(
+    created: float, msecs: float, level: str, name: str
+) -> None:
+    # event_line keeps what comes before the message for the lines of one moment: a line of
+    # another second, millisecond, level or logger has its own, as logging's format makes it.
+    fast = TextFormatter()
+    first = fast.event_line(1764669600.004, 4.0, "INFO", "jobs_trio", "jobs.attempt.completed")
+    line = fast.event_line(created, msecs, level, name, "jobs.attempt.completed x=1")
+    record = logging.LogRecord(name, logging.getLevelName(level), __file__, 0, "", (), None)
+    record.created, record.msecs = created, msecs
+    record.msg = "jobs.attempt.completed x=1"
+    general = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    assert line == general.format(record)
+    assert first is not None and line is not None and first.split(": ")[0] != line.split(": ")[0]
+
+
 def cli_handler(
     monkeypatch: pytest.MonkeyPatch, log_format: str = "logfmt", *, alone: bool = False
 ) -> tuple[logging.Handler, list[str]]:

@@ -143,15 +143,15 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         line = formatter.event_line(created, msecs, logging.getLevelName(level), _LOGGER, message)
         if line is None:
             return False
-        self.acquire()
-        try:
-            self._hold(line, level, event)
-        except RecursionError:
-            raise
-        except Exception:
-            pass  # as handleError does by default: a log line never fails its caller
-        finally:
-            self.release()
+        # The handler's own lock taken directly: acquire() and release() are two calls more
+        # around it, at a line per finished attempt (issue 44).
+        with self.lock:  # type: ignore[union-attr]  # every Handler has one (createLock)
+            try:
+                self._hold(line, level, event)
+            except RecursionError:
+                raise
+            except Exception:
+                pass  # as handleError does by default: a log line never fails its caller
         return True
 
     def _hold(self, line: str, level: int, event: object) -> None:

@@ -98,6 +98,7 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._second: tuple[int, str] = (-1, "")
+        self._head: tuple[tuple[int, float, str, str], str] = ((-1, 0.0, "", ""), "")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt is not None:
@@ -121,7 +122,13 @@ class TextFormatter(logging.Formatter):
         formatter is a subclass's, which may make its lines otherwise."""
         if type(self) is not TextFormatter:
             return None
-        return f"{self._time(created, msecs)} {level} {name}: {message}".rstrip()
+        # What comes before the message, made once for the lines of one millisecond (a batch
+        # of finished attempts logs in one): the stamp and its format were a sixth of a line.
+        key = (int(created), msecs, level, name)
+        head = self._head
+        if head[0] != key:
+            head = self._head = (key, f"{self._time(created, msecs)} {level} {name}: ")
+        return (head[1] + message).rstrip()
 
     def format(self, record: logging.LogRecord) -> str:
         # A jobs_trio line with nothing below it (no traceback field, no exception), as a worker

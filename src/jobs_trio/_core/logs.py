@@ -91,13 +91,14 @@ class AttemptLine:
     def log(self, job_id: str, attempt: int, seconds: float) -> None:
         if not logger.isEnabledFor(logging.INFO):
             return
-        seconds = round(seconds, 6)
         take_text = _ROUTE.text_taker(logging.INFO)
         if take_text is not None and type(attempt) is int and is_bare_ascii(job_id):
             _, created, msecs = _clock()
+            # _seconds shows 6 decimals: the same text as of the value rounded below.
             text = f"{self._head}{job_id}{self._middle}{attempt} seconds={_seconds(seconds)}"
             if take_text(logging.INFO, self.event, text, created, msecs):
                 return
+        seconds = round(seconds, 6)
         fields = {
             "job_id": job_id,
             "job": self.job,
@@ -111,11 +112,13 @@ class AttemptLine:
 def _seconds(seconds: float) -> str:
     """A duration rounded to 6 decimals as ``logfmt_value`` shows it (``0.000081``, ``0.5``,
     ``12.0``), made with one format where it took a repr and a rewrite of its e-notation: below
-    a billion seconds a value of 6 decimals or fewer has no shorter repr than its digits."""
+    a billion seconds a value of 6 decimals or fewer has no shorter repr than its digits. The
+    format rounds as ``round(seconds, 6)`` does (both from the exact binary value): a value
+    rounded first shows the same text."""
     if -1e9 < seconds < 1e9:
         text = f"{seconds:.6f}".rstrip("0")
         return text + "0" if text[-1] == "." else text
-    return logfmt_value(seconds)
+    return logfmt_value(round(seconds, 6))
 
 
 # A handler's way past the record for a line already rendered (``AttemptLine``): its
@@ -156,6 +159,16 @@ class _Route:
         return self._take_line
 
     def text_taker(self, level: int) -> TakeText | None:
+        # _handler_now's look, inline: asked at every finished attempt's line.
+        setup = _setup()
+        if setup != self._setup:
+            return self._decided_taker(level)
+        handler = self._handler
+        if handler is None or level < handler.level:
+            return None
+        return self._take_text
+
+    def _decided_taker(self, level: int) -> TakeText | None:
         handler = self._handler_now()
         if handler is None or level < handler.level:
             return None
@@ -166,39 +179,29 @@ _ROUTE: Final = _Route()
 
 
 def _setup() -> tuple[object, ...]:
-    """What ``_line_handler`` reads, by identity and size: equal while the decision stands."""
+    """What ``_line_handler`` reads, by identity and size: equal while the decision stands.
+    One flat tuple, sizes read from ``__dict__`` (``vars`` is the same dict by a call): read
+    at every line, a tuple built in two parts was a fifth of a line's cost (issue 44)."""
     root = logger.parent
     kind = type(logger)
-    head: tuple[object, ...] = (
-        root,
-        logger.handlers,
-        len(logger.handlers),
-        len(logger.filters),
-        logger.propagate,
-        len(vars(logger)),
-        kind.makeRecord,
-        kind.handle,
-        kind.callHandlers,
-        logging.getLogRecordFactory(),
-    )
+    own = logger.handlers
     if root is None:
-        return head
+        return (None, own, len(own), len(logger.filters), logger.propagate,
+                len(logger.__dict__), kind.makeRecord, kind.handle, kind.callHandlers,
+                logging.getLogRecordFactory())  # fmt: skip
     handlers = root.handlers
     if len(handlers) != 1:
-        return (*head, root.parent, handlers, len(handlers), len(root.filters))
-    [handler] = handlers
+        return (root, own, len(own), len(logger.filters), logger.propagate,
+                len(logger.__dict__), kind.makeRecord, kind.handle, kind.callHandlers,
+                logging.getLogRecordFactory(), root.parent, handlers, len(handlers),
+                len(root.filters))  # fmt: skip
+    handler = handlers[0]
     formatter = handler.formatter
-    return (
-        *head,
-        root.parent,
-        handlers,
-        len(root.filters),
-        handler,
-        len(handler.filters),
-        len(vars(handler)),
-        formatter,
-        len(vars(formatter)) if formatter is not None else 0,
-    )
+    return (root, own, len(own), len(logger.filters), logger.propagate, len(logger.__dict__),
+            kind.makeRecord, kind.handle, kind.callHandlers, logging.getLogRecordFactory(),
+            root.parent, handlers, len(root.filters), handler, len(handler.filters),
+            len(handler.__dict__), formatter,
+            len(formatter.__dict__) if formatter is not None else 0)  # fmt: skip
 
 
 def _line_taker(level: int) -> TakeLine | None:
