@@ -2,15 +2,24 @@
 # and metric labels that an unknown job name cannot multiply.
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs_trio import Backoff, JobsError, Registry
-from jobs_trio._core.boundary import INT4_MAX, MAX_ERROR_CHARS, MAX_SECONDS, storable_text
+from jobs_trio._core.boundary import (
+    INT4_MAX,
+    MAX_ERROR_CHARS,
+    MAX_SECONDS,
+    load_json,
+    storable_text,
+)
 from jobs_trio._core.errors import InvalidArgument
 from jobs_trio._core.records import Claim, JobState, NewJob, Retry, new_job_id
 from jobs_trio._run.attempt import _result_json, describe, run_attempt
@@ -249,3 +258,35 @@ async def test_unknown_job_names_share_one_metric_label(autojump_clock: object) 
 
 def test_jobs_error_is_the_base_of_every_boundary_error() -> None:
     assert issubclass(InvalidArgument, JobsError) and issubclass(ResultNotStorable, JobsError)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=20,
+)
+
+
+def loaded(load: Any, text: str) -> tuple[str, Any]:
+    """What ``load`` makes of ``text``: its value (repr: NaN equals itself there), or its error."""
+    try:
+        return ("value", repr(load(text)))
+    except Exception as exc:
+        return ("error", (type(exc), str(exc)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        JSON_VALUES.map(lambda v: json.dumps(v, separators=(",", ":"))),
+        JSON_VALUES.map(json.dumps),  # spaces inside
+        st.tuples(JSON_VALUES, st.sampled_from(["", " ", "\n", " x", "}", "[]"])).map(
+            lambda pair: pair[1] + json.dumps(pair[0]) + pair[1]
+        ),
+        st.text(),  # mostly not JSON: the same error
+    )
+)
+def test_a_stored_json_text_loads_as_json_loads_makes_it(text: str) -> None:
+    # load_json reads a payload per attempt by json's C scanner alone; whatever the text, its
+    # answer is json.loads' own: the same value, or the same error with the same message.
+    assert loaded(load_json, text) == loaded(json.loads, text)

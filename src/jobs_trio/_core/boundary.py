@@ -7,7 +7,8 @@ import datetime as dt
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from .errors import InvalidArgument, PayloadNotSerialisable, TooLarge
 
@@ -304,6 +305,27 @@ def _first_offender(value: object, path: str) -> tuple[str, str] | None:
             continue
         return (where, f"a {type(item).__name__} is not JSON-serialisable")
     return None
+
+
+def load_json(text: str) -> Any:
+    """``json.loads(text)``, the same value or the same error, at a quarter of its cost for the
+    text this project stores (compact, as ``dump_json`` makes it): the C scanner called
+    directly, where json.loads adds two whitespace matches and three calls around it, ~0.8 µs
+    of a no-op job's payload (issue 44). Any other text (whitespace around it, extra data, not
+    JSON at all) goes to json.loads itself, for its value or its error."""
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
+
+
+# json.loads' own decoder settings (none): the scanner json.loads ends up calling, set by
+# JSONDecoder.__init__ (typeshed does not declare it).
+_Scan = Callable[[str, int], tuple[Any, int]]
+_SCAN: Final[_Scan] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def dump_json(

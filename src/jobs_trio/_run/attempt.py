@@ -3,7 +3,6 @@
 # Apart because "what did this attempt end as" is answered here and nowhere else.
 from __future__ import annotations
 
-import json
 import logging
 import os
 import traceback
@@ -15,7 +14,7 @@ import attrs
 import outcome
 import trio
 
-from .._core.boundary import MAX_ERROR_CHARS, dump_json, storable_text
+from .._core.boundary import MAX_ERROR_CHARS, dump_json, load_json, storable_text
 from .._core.errors import AttemptCancelled, JobsError, ResultNotStorable
 from .._core.forked_child import end_if_forked, own_pid
 from .._core.logs import ExcInfo, log_event, log_exception
@@ -138,7 +137,7 @@ async def run_attempt(
     error: BaseException | None = None
     suspension: Suspension | None = None
     try:
-        payload = json.loads(claim.payload)
+        payload = load_json(claim.payload)
         restore = definition.restore_context
         if restore is None and definition.is_async and run.reason is None:
             # The common attempt (an async body, no restore hook, not cancelled before it
