@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
-from jobs_trio._core.records import JobState
-from jobs_trio.driver import Driver
+import attrs
+import pytest
+
+from jobs_trio._core.records import Complete, JobState
+from jobs_trio.driver import Driver, SettlesWithClaims
 from jobs_trio.testing._clock import ManualClock
 
 from .helpers import a_waiting_worker, claim_one, enqueue_one, new_job
@@ -132,3 +136,45 @@ async def test_wait_for_work_returns_at_once_when_work_is_due(driver: Driver) ->
     await enqueue_one(driver)
     with trio.fail_after(5):
         await driver.wait_for_work(["default"], timeout=60)
+
+
+async def test_each_field_of_a_claim_is_its_jobs_by_either_claim_call(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # Every field a claim carries, each a value no other field has, by claim() and by
+    # settle_and_claim(): a driver that maps its rows to claims by position (PostgreSQL's, for
+    # speed) would hand a swapped pair to the body.
+    context = '{"tenant":"t-7"}'
+    jobs = [
+        attrs.evolve(
+            new_job(f"field.{n}", queue=f"fields{n}", payload={"n": n}, attempts=4 + n, delay=5.0),
+            context=context,
+        )
+        for n in range(2)
+    ]
+    await driver.enqueue(jobs)
+    due = driver.now() + 5.0
+    manual_clock.advance(6.0)
+    first = await claim_one(driver, queue="fields0", lease=20.0)
+    settled = [Complete(first.lease, "null")]
+    if driver.capabilities.settles_with_claims:
+        both = cast(SettlesWithClaims, driver)
+        [done], [second] = await both.settle_and_claim(
+            settled, ["fields1"], 1, lease=20.0, worker_id="w1"
+        )
+    else:
+        [done] = await driver.settle(settled)
+        second = await claim_one(driver, queue="fields1", lease=20.0)
+    assert done == first.job_id
+    for n, claim in enumerate([first, second]):
+        job = jobs[n]
+        assert (claim.job_id, claim.name, claim.queue) == (job.job_id, f"field.{n}", f"fields{n}")
+        assert (json.loads(claim.payload), claim.attempt, claim.max_attempts) == (
+            {"n": n},
+            1,
+            4 + n,
+        )
+        assert claim.lease_until == pytest.approx(driver.now() + 20.0)
+        assert claim.due_at == pytest.approx(due)
+        assert (claim.context, claim.ahead, claim.alone) == (context, False, False)
+        assert claim.token and claim.token not in (claim.job_id, claim.name, claim.payload)
