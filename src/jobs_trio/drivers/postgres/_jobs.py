@@ -208,20 +208,26 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
                 # transaction (run below with transaction=True); the claim's own snapshot
                 # sees what the settles changed, a waiter they woke included.
                 # Every row locked first (waiting): none is ever skipped as busy here.
-                applied, _ = await _apply_settles(conn, sql, now, firsts, by_kind)
-                return applied, list(await conn.fetch(sql["claim"], *claiming)), False
+                written, _ = await _apply_settles(conn, sql, now, firsts, by_kind)
+                return written, list(await conn.fetch(sql["claim"], *claiming)), False
             # The usual batch, one kind: ONE statement settles and claims, one round trip.
             [(kind, group)] = by_kind.items()
             rows = await conn.fetch(
                 sql[f"settle_claim_{kind}"], *claiming, sql.channel, *_settle_columns(group)
             )
-            applied = {(row["id"], row["token"]) for row in rows if not row["claimed"]}
-            claimed = sorted(
-                (row for row in rows if row["claimed"]),
-                key=lambda row: (row["priority"], row["run_at"], row["id"]),
-            )
+            # One pass over the answer (a batch's settled rows, then its claims): three were
+            # a share of a no-op job (issue 44).
+            applied: set[tuple[JobId, str]] = set()
+            claimed: list[Any] = []
             # One snapshot: a job the settle made due now was not this claim's to see.
-            made_due = any(row["made_due"] for row in rows if not row["claimed"])
+            made_due = False
+            for row in rows:
+                if row["claimed"]:
+                    claimed.append(row)
+                else:
+                    applied.add((row["id"], row["token"]))
+                    made_due = made_due or bool(row["made_due"])
+            claimed.sort(key=lambda row: (row["priority"], row["run_at"], row["id"]))
             return applied, claimed, made_due
 
         applied, rows, made_due = await self.bridge.run(
