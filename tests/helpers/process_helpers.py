@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +118,33 @@ async def until(what: str, within: float, check: Callable[[], Awaitable[bool]]) 
             await trio.sleep(POLL)
         return
     pytest.fail(f"waited {within} s for: {what}")
+
+
+async def stop(process: trio.Process, within: float = 30.0) -> None:
+    """SIGSTOP ``process`` and return once every thread of it is stopped. The kernel stops a
+    process's threads one by one: the thread it hands the signal to stops the others when it
+    next runs, and on a loaded machine another may run on meanwhile (a relay's write thread
+    took the job store's lock and wrote its batch after the SIGSTOP, beside two busy loops)."""
+    process.send_signal(signal.SIGSTOP)
+
+    async def all_stopped() -> bool:
+        return threads_stopped(process.pid)
+
+    await until(f"process {process.pid} to stop", within, all_stopped)
+
+
+def threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state (T in /proc/<pid>/task/*/stat)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for task in tasks:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+            # The state follows the command's name, which is in parentheses and may hold any.
+            if stat[stat.rindex(")") + 2] not in "Tt":
+                return False
+    except FileNotFoundError:
+        return False  # gone (or a thread ended while read): not a stopped process
+    return True
 
 
 # A worker's start is not under test here, only that it comes: its imports and first connection

@@ -30,7 +30,7 @@ from jobs_trio._core.records import JobState
 from jobs_trio.driver import Driver
 from tests.apps.transaction_steps_app import registry_for, rows_table
 from tests.conftest import require_postgres
-from tests.helpers.process_helpers import ROOT, killed_on_exit, until
+from tests.helpers.process_helpers import ROOT, killed_on_exit, stop, until
 
 pytestmark = pytest.mark.slow
 
@@ -192,7 +192,7 @@ async def stop_holding_nothing(store: Store, process: trio.Process) -> None:
     stopped inside that renewal's write (a millisecond a second), on SQLite it would hold the
     file, and no other worker could write. Then it is let go and stopped again."""
     while True:
-        process.send_signal(signal.SIGSTOP)
+        await stop(process)  # every thread: the lifeline's may be writing
         if store.schema or sqlite_file_free(store):
             return  # PostgreSQL: a renewal is one statement, which the server completes alone
         process.send_signal(signal.SIGCONT)
@@ -290,7 +290,7 @@ async def test_a_sqlite_worker_stopped_inside_its_steps_transaction_holds_the_fi
             return bool(entries(store, "paused"))
 
         await until("the worker to pause inside step 4", 30, paused)
-        first.send_signal(signal.SIGSTOP)
+        await stop(first)
 
         async def lapsed() -> bool:
             job = await store.driver.get(job_id)  # a read: WAL readers pass the writer's lock

@@ -25,7 +25,7 @@ import jobs_trio
 from jobs_trio._core.metrics import Metrics
 from jobs_trio.driver import Driver
 from jobs_trio.drivers._rules import STALE_TICKET_FLOOR, STALE_TICKET_LEASES
-from tests.helpers.process_helpers import JOBS_TRIO, ROOT, until
+from tests.helpers.process_helpers import JOBS_TRIO, ROOT, stop, until
 from tests.outbox.test_relay_kill_processes import Databases, databases, opened
 
 pytestmark = pytest.mark.slow
@@ -155,7 +155,9 @@ async def test_a_relay_paused_past_its_lease_is_fenced_and_every_committed_row_r
                     return [h.rows for h in (await app_db.outbox_stats()).held] == [ROWS]
 
                 await until("the relay to take the rows", 10, held)
-                relay.process.send_signal(signal.SIGSTOP)
+                # Every thread stopped before the lock is let go: its write thread is held at
+                # the lock and must not take it once it is free.
+                await stop(relay.process)
             # Paused: once its lease lapses its rows are taken over, run, and pruned.
             taker = jobs_trio.Relay(
                 outbox, store, lease=LEASE, metrics=Metrics(CollectorRegistry())
