@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -286,6 +286,11 @@ def loaded(load: Any, text: str) -> tuple[str, Any]:
         st.text(),  # mostly not JSON: the same error
     )
 )
+@example('"\\u0000 \\ud800 \\u001b[31m"')  # escaped NUL, lone surrogate, terminal escape
+@example('"\ud800"')  # a lone surrogate itself in the text
+@example('"\x00"')  # a raw NUL: json refuses a control character in a string
+@example("\x1b[31m{}")
+@example("[" * 5000)  # deeper than the scanner recurses
 def test_a_stored_json_text_loads_as_json_loads_makes_it(text: str) -> None:
     # load_json reads a payload per attempt by json's C scanner alone; whatever the text, its
     # answer is json.loads' own: the same value, or the same error with the same message.

@@ -159,16 +159,6 @@ class _Route:
         return self._take_line
 
     def text_taker(self, level: int) -> TakeText | None:
-        # _handler_now's look, inline: asked at every finished attempt's line.
-        setup = _setup()
-        if setup != self._setup:
-            return self._decided_taker(level)
-        handler = self._handler
-        if handler is None or level < handler.level:
-            return None
-        return self._take_text
-
-    def _decided_taker(self, level: int) -> TakeText | None:
         handler = self._handler_now()
         if handler is None or level < handler.level:
             return None
