@@ -48,6 +48,7 @@ from .args import (
     whole,
 )
 from .bulk import add_bulk_commands
+from .collector import tune_for_worker
 from .cron import add_tasks_command
 from .declared_jobs import resolve
 from .find_registry import load_registry
@@ -231,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--no-tasks", action="store_true", help="do not fire cron tasks here")
     worker.add_argument(
+        "--python-gc",
+        action="store_true",
+        help="keep Python's garbage-collector settings (by default the worker freezes its"
+        " start-up's objects and collects young objects less often: docs/cli.md)",
+    )
+    worker.add_argument(
         "--grace", type=seconds, default=25.0, metavar="S", help="drain budget (default 25)"
     )
     worker.add_argument(
@@ -365,6 +372,10 @@ def _worker(args: argparse.Namespace) -> int:
     retention = retention_of(args)
     if stopped_at_start(args.early, "worker"):
         return 0
+    if args.early is not None:
+        # Only as the console script (its own process, which `early` marks): called in-process,
+        # as tests and embedding applications do, the process's collector is not the CLI's.
+        tune_for_worker(args.python_gc)
     return trio.run(_run_worker, url, registry, retention, args)
 
 
