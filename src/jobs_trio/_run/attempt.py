@@ -7,6 +7,7 @@ import logging
 import os
 import traceback
 import types
+from contextlib import AbstractContextManager
 from types import CodeType
 from typing import Any
 
@@ -31,13 +32,13 @@ from .._core.records import (
     Settlement,
     Suspend,
 )
-from .._core.run_context import restored, trace_of
-from .._core.tracing import attempt_span, tracing
+from .._core.run_context import RestoreContext, restored, trace_of
+from .._core.tracing import AttemptSpan, attempt_span, tracing
 from .._jobs.registry import JobDefinition, Registry
 from ..drivers.contract import Driver
 from .context import JobContext
 from .run_scope import CancelReason, RunScope
-from .steps import Steps, Suspension
+from .steps import Suspension
 from .thread_slots import ThreadSlots
 
 
@@ -113,7 +114,7 @@ async def run_attempt(
         if tracing():
             # One span per attempt (with OpenTelemetry and a tracer provider), a child of the
             # enqueue's span; the attempt runs inside it.
-            with attempt_span(claim, lambda: trace_of(claim.context)) as span:
+            with _span_of(claim) as span:
                 outcome = await run_attempt(
                     claim,
                     definition,
@@ -129,7 +130,7 @@ async def run_attempt(
     # The body runs in this frame, the attempt's run and its judgement one function: a second
     # coroutine for the judgement was a share of a no-op job's cost (issue 44). The lease
     # lifeline finds the claim of a body that blocks the loop here (judged_code).
-    ctx = JobContext(claim, run, lambda: Steps(driver, claim.lease, definition, run), worker_id)
+    ctx = JobContext(claim, run, worker_id, driver, definition)
     started = trio.current_time()
     # How the body ended: it returned (``result``), raised (``error``), suspended, or none of
     # those — it unwound with the run scope's own ``Cancelled``, or never started.
@@ -152,7 +153,7 @@ async def run_attempt(
             # The application's context variables are set around the body (and copied into a
             # sync body's thread by Trio); a restore hook that raises fails this attempt like
             # the body.
-            with restored(restore, lambda: ctx.context):
+            with _restored_around(restore, ctx):
                 # A run cancelled before its body started (a claim that committed after the
                 # drain was signalled) is handed back without running a line of it. Read before
                 # the clock starts: a timeout shorter than the clock's grain has passed by the
@@ -209,6 +210,23 @@ async def run_attempt(
             done = Complete(claim.lease, text, note)
             return Outcome(claim.job_id, claim.name, OutcomeKind.COMPLETED, done, None, seconds)
     return _verdict(claim, definition, run, returned, error, suspension, seconds, worker_id)
+
+
+# The two closures an attempt may need, made here: a closure inside run_attempt made each
+# variable it reads a cell of every attempt's frame, objects more a job for the garbage
+# collector to count (issue 44), though the common attempt makes neither.
+
+
+def _span_of(claim: Claim) -> AbstractContextManager[AttemptSpan]:
+    """The attempt's span; its parent read from the claim's context only if a span is made."""
+    return attempt_span(claim, lambda: trace_of(claim.context))
+
+
+def _restored_around(
+    restore: RestoreContext | None, ctx: JobContext
+) -> AbstractContextManager[Any]:
+    """The application's restore hook (if any), called with the run's context."""
+    return restored(restore, lambda: ctx.context)
 
 
 def judged_code() -> CodeType:

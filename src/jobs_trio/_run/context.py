@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import trio
@@ -14,27 +14,38 @@ from .._core.logs import logger
 from .._core.records import Claim
 from .._core.run_context import app_context
 from .run_scope import RunScope
+from .steps import Steps
 
 if TYPE_CHECKING:
-    from .steps import Steps
+    from .._jobs.registry import JobDefinition
+    from ..drivers.contract import Driver
 
 
 class JobContext:
     """``ctx.job_id``, ``ctx.name``, ``ctx.attempt``, ``ctx.step``, ``ctx.check_cancelled()``."""
 
     def __init__(
-        self, claim: Claim, run: RunScope, steps: Callable[[], Steps], worker_id: str
+        self,
+        claim: Claim,
+        run: RunScope,
+        worker_id: str,
+        driver: Driver,
+        definition: JobDefinition,
     ) -> None:
         self._claim = claim
         self._run = run
-        self._steps = steps
         self.worker_id = worker_id
+        # What the steps are made of, kept rather than a closure that makes them: a closure
+        # made its four variables cells of the attempt's frame, six objects more a job for the
+        # garbage collector to count (issue 44).
+        self._driver = driver
+        self._definition = definition
 
     # Made when a body first asks: most bodies use neither, and both were made per attempt.
     @functools.cached_property
     def step(self) -> Steps:
         """The durable steps of this attempt (docs/steps.md)."""
-        return self._steps()
+        return Steps(self._driver, self._claim.lease, self._definition, self._run)
 
     @functools.cached_property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:

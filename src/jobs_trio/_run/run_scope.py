@@ -13,6 +13,7 @@ import trio
 from .._core.errors import Aborted, HandedBack, JobsError, JobTimeout, SlotLost
 from .._core.forked_child import own_pid
 from .._core.records import Claim
+from .._core.shared_keys import share_keys
 
 
 class CancelReason(enum.StrEnum):
@@ -246,3 +247,6 @@ class RunScope:
                 " (`jobs-trio resume QUEUE`)",
             )
         return Aborted(f"{job} was told to stop ({reason})", fix="let it propagate")
+
+
+share_keys(RunScope, "claim", "timeout", "owner", "cancel_scope")

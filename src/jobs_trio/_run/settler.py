@@ -26,6 +26,7 @@ from .._core.records import (
     Settlement,
     Suspend,
 )
+from .._core.shared_keys import share_keys
 from ..drivers.contract import Driver, SettlesWithClaims
 from .outage import Outage
 
@@ -91,6 +92,9 @@ class _Pending:
     # that was written, announced as dropped). A plain attribute, read for each settlement a
     # claim takes.
     carriable = True
+
+
+share_keys(_Pending, "settlement")
 
 
 class Settler:
