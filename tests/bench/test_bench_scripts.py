@@ -225,6 +225,13 @@ SCRIPTS = {
         "--db {db} --jobs 300 --concurrency 10",
         (rf"c=10 {NUMBER} jobs/s, {NUMBER} µs CPU a job",),
     ),
+    # Under valgrind: ~50 times slower, so fewer jobs (CI's machine has valgrind and gcc; the
+    # script says so and measures nothing where they are missing).
+    "worker_instructions": Script(
+        "bench/worker_instructions.py",
+        "--db {db} --jobs 100 --concurrency 10",
+        (rf"c=10 {NUMBER} instructions a job|needs valgrind",),
+    ),
 }
 
 
