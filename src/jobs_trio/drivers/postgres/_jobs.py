@@ -40,7 +40,6 @@ from ._settle_statements import (
     _applied_in_order,
     _apply_settles,
     _by_kind,
-    _first_per_claim,
     _renewal,
     _renewed,
     _settle_columns,
@@ -66,9 +65,8 @@ class _PostgresBeside:
         return _renewed(rows).held
 
     def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
-        firsts = _first_per_claim(settlements)
-        by_kind = _by_kind(firsts)
-        apply = _settlement(self._sql, self._clock(), firsts, by_kind)
+        by_kind = _by_kind(settlements)
+        apply = _settlement(self._sql, self._clock(), by_kind)
 
         async def in_transaction(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
             async with conn.transaction():
@@ -192,14 +190,13 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         alone = ask.alone
         self._check_open()
         slots = ClaimSlots.of(queues, limit)
-        firsts = _first_per_claim(settlements)
-        if not firsts:
+        by_kind = _by_kind(settlements)
+        if not by_kind:
             return [], await self._ask_claim(ask)
         if not slots.caps:
             return await self.settle(settlements), []
         now = self.now()
         sql = self._sql
-        by_kind = _by_kind(firsts)
         claiming = _claim_arguments(now, slots, lease, worker_id, free, rescue, alone)
 
         async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
@@ -208,7 +205,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
                 # transaction (run below with transaction=True); the claim's own snapshot
                 # sees what the settles changed, a waiter they woke included.
                 # Every row locked first (waiting): none is ever skipped as busy here.
-                written, _ = await _apply_settles(conn, sql, now, firsts, by_kind)
+                written, _ = await _apply_settles(conn, sql, now, by_kind)
                 return written, list(await conn.fetch(sql["claim"], *claiming)), False
             # The usual batch, one kind: ONE statement settles and claims, one round trip.
             [(kind, group)] = by_kind.items()
@@ -399,12 +396,11 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
         self._check_open()
-        firsts = _first_per_claim(settlements)
-        if not firsts:
+        by_kind = _by_kind(settlements)
+        if not by_kind:
             await trio.lowlevel.checkpoint()
             return []
-        by_kind = _by_kind(firsts)
-        apply = _settlement(self._sql, self.now(), firsts, by_kind)
+        apply = _settlement(self._sql, self.now(), by_kind)
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied, busy = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)

@@ -13,16 +13,14 @@ from .._postgres_sql import Statements
 from .._rules import effect, history_outcome, kind_of
 
 
-def _first_per_claim(settlements: Sequence[Settlement]) -> dict[tuple[JobId, str], Settlement]:
-    """One settlement per claim: a second for the same lease in the batch would find the
-    token already cleared by the first, which is what applying them in order means."""
+def _by_kind(settlements: Sequence[Settlement]) -> dict[str, list[Settlement]]:
+    """Each kind's settlements, one per claim: a second for the same lease in the batch would
+    find the token already cleared by the first, which is what applying them in order means.
+    The (id, token) keys are dropped here, before the statement's round trip: kept through it,
+    they were an object per settlement in flight for the garbage collector (issue 44)."""
     firsts: dict[tuple[JobId, str], Settlement] = {}
     for s in settlements:
         firsts.setdefault((s.lease.job_id, s.lease.token), s)
-    return firsts
-
-
-def _by_kind(firsts: Mapping[tuple[JobId, str], Settlement]) -> dict[str, list[Settlement]]:
     by_kind: dict[str, list[Settlement]] = {}
     for s in firsts.values():
         by_kind.setdefault(kind_of(s).name, []).append(s)
@@ -65,13 +63,12 @@ def _renewed(rows: Sequence[Any]) -> RenewResult:
 def _settlement(
     sql: Statements,
     now: float,
-    firsts: Mapping[tuple[JobId, str], Settlement],
     by_kind: Mapping[str, Sequence[Settlement]],
 ) -> Callable[[Connection], Awaitable[tuple[set[tuple[JobId, str]], set[JobId]]]]:
     """Driver.settle's statements, as an operation on a connection."""
 
     async def apply(conn: Connection) -> tuple[set[tuple[JobId, str]], set[JobId]]:
-        return await _apply_settles(conn, sql, now, firsts, by_kind)
+        return await _apply_settles(conn, sql, now, by_kind)
 
     return apply
 
@@ -80,14 +77,14 @@ async def _apply_settles(
     conn: Connection,
     sql: Statements,
     now: float,
-    firsts: Mapping[tuple[JobId, str], Settlement],
     by_kind: Mapping[str, Sequence[Settlement]],
 ) -> tuple[set[tuple[JobId, str]], set[JobId]]:
     """Each kind's statement; answers what applied, and the job ids of the rows skipped for a
     lock another session holds (only a single kind's statement skips any: several kinds lock
     every row first, waiting at most the lock timeout)."""
     if len(by_kind) > 1:
-        await conn.execute(sql["lock_for_settle"], sorted({i for i, _ in firsts}))
+        ids = {s.lease.job_id for group in by_kind.values() for s in group}
+        await conn.execute(sql["lock_for_settle"], sorted(ids))
     applied: set[tuple[JobId, str]] = set()
     busy: set[JobId] = set()
     for kind, group in by_kind.items():
