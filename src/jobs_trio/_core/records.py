@@ -10,6 +10,8 @@ from typing import Any, Final
 
 import attrs
 
+from .fast_init import fast_init
+
 JobId = str
 ClaimToken = str
 
@@ -151,6 +153,7 @@ class Enqueued:
     created: bool  # False: a live job already held the key, and job_id is that job's
 
 
+@fast_init  # made for every job: see fast_init.py
 @attrs.frozen
 class Lease:
     """What every write of a run carries: a write whose token is no longer current is refused."""
@@ -159,6 +162,7 @@ class Lease:
     token: ClaimToken
 
 
+@fast_init  # made for every job: see fast_init.py
 @attrs.frozen
 class Claim:
     job_id: JobId
@@ -202,6 +206,7 @@ class RenewResult:
 # Settlements: how one attempt ends, written fenced by its lease.
 
 
+@fast_init  # made for every job: see fast_init.py
 @attrs.frozen
 class AttemptNote:
     """What the job's attempt history keeps of an attempt beside its ending (AttemptRecord):
@@ -213,6 +218,7 @@ class AttemptNote:
     traceback: str | None = None  # the tail of its error's traceback, when it raised
 
 
+@fast_init  # made for every job: see fast_init.py
 @attrs.frozen
 class Complete:
     lease: Lease

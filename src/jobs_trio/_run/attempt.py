@@ -17,6 +17,7 @@ import trio
 
 from .._core.boundary import MAX_ERROR_CHARS, dump_json, load_json, storable_text
 from .._core.errors import AttemptCancelled, JobsError, ResultNotStorable
+from .._core.fast_init import fast_init
 from .._core.forked_child import end_if_forked, own_pid
 from .._core.logs import ExcInfo, log_event, log_exception
 from .._core.operator_transitions import OPERATOR_CANCEL_ERROR
@@ -42,6 +43,7 @@ from .steps import Suspension
 from .thread_slots import ThreadSlots
 
 
+@fast_init  # made for every job: see fast_init.py
 @attrs.frozen
 class Outcome:
     job_id: str
