@@ -192,7 +192,7 @@ async def test_a_retry_forever_job_at_attempt_100_000_is_retried_after_the_cap()
         raise ValueError("again")
 
     claim = Claim(new_job_id(), "tok", "forever", "default", "null", 100_000, INT4_MAX, 0.0)
-    threads = ThreadSlots(1, lambda: None)
+    threads = ThreadSlots({"default": 1}, lambda: None)
     outcome = await run_attempt(
         claim,
         forever,

@@ -287,7 +287,7 @@ def _claim(job_id: str) -> Claim:
 
 async def test_a_timeout_counts_from_when_the_body_starts(mock_clock: Any) -> None:
     """A body waiting for a thread is not yet running: its timeout has not started."""
-    slots = ThreadSlots(1, lambda: None)
+    slots = ThreadSlots({"default": 1}, lambda: None)
     first, second = RunScope(_claim("a"), None), RunScope(_claim("b"), timeout=1.0)
     started, release = threading.Event(), threading.Event()
     answers: list[str] = []

@@ -134,8 +134,11 @@ class Slots:
         self.hold_limit = hold_limit
         self._start_run = start_run
         self._on_idle = on_idle
-        self.in_flight: Counter[str] = Counter()  # runs holding a slot
-        self.unstarted: Counter[str] = Counter()  # claims taken ahead, not yet given a slot
+        # Every queue's count is there from the start, at 0: a Counter's missing key is a call
+        # to its __missing__, at every claim placed and every slot freed (issue 44).
+        zero = dict.fromkeys(self.limits, 0)
+        self.in_flight: Counter[str] = Counter(zero)  # runs holding a slot
+        self.unstarted: Counter[str] = Counter(zero)  # claims taken ahead, not yet given a slot
         # Both, over every queue: counted as they change, where summing both Counters at every
         # run's end was a few per cent of a no-op job (issue 44).
         self._jobs = 0
@@ -154,9 +157,9 @@ class Slots:
         self.freed = trio.lowlevel.ParkingLot()
         # What claims in flight asked of each queue, and the free slots they told the
         # driver their jobs would run in (claim_sent()).
-        self._asking: Counter[str] = Counter()
-        self._promised: Counter[str] = Counter()
-        self.threads = ThreadSlots(sum(self.limits.values()), self._thread_ended)
+        self._asking: Counter[str] = Counter(zero)
+        self._promised: Counter[str] = Counter(zero)
+        self.threads = ThreadSlots(self.limits, self._thread_ended)
         self._lingering = self.threads.lingering_by_queue
 
     # -- what the claim loop asks -----------------------------------------------------------

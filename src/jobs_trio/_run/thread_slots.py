@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import trio
@@ -20,11 +20,13 @@ class ThreadSlots:
     cancel keeps its queue's slot until it really ends, so a worker never starts more threads
     than its concurrency and a job holding a slot never waits for a thread."""
 
-    def __init__(self, size: int, on_freed: Callable[[], object]) -> None:
-        self.limiter = trio.CapacityLimiter(size)
+    def __init__(self, limits: Mapping[str, int], on_freed: Callable[[], object]) -> None:
+        """``limits``: each queue's slots; as many threads at once as all of them."""
+        self.limiter = trio.CapacityLimiter(sum(limits.values()))
         # Threads of each queue abandoned at their cancel and still running: read by the
         # slots at every run's start and end, where a method call each was a share of it.
-        self.lingering_by_queue: Counter[str] = Counter()
+        # Each queue's at 0 from the start (a missing key is a __missing__ call).
+        self.lingering_by_queue: Counter[str] = Counter(dict.fromkeys(limits, 0))
         self._on_freed = on_freed
 
     def lingering(self, queue: str) -> int:
