@@ -136,7 +136,8 @@ def load_statements(schema: str) -> Statements:
 
 # The columns of a settlement's attempt note (postgres.py's settle_columns appends them last, in
 # this order): attempt, outcome, worker id, seconds, traceback.
-NOTE_TYPES = ("int[]", "text[]", "text[]", "float8[]", "text[]")
+# The text ones come as array literals (_settle_statements._text_array), cast from text.
+NOTE_TYPES = ("int[]", "text::text[]", "text::text[]", "float8[]", "text::text[]")
 
 
 def _note_columns(kind_rows: str) -> str:
@@ -168,7 +169,7 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
     settle_ids = f"${3 + CLAIM_PARAMETERS - 1}"
     claim_ctes = _fill(
         claim_with[claim_with.index("WITH lapsed") + len("WITH ") :],
-        {"{not_settling}": f"AND NOT (id = ANY({settle_ids}::text[]))"},
+        {"{not_settling}": f"AND NOT (id = ANY({settle_ids}::text::text[]))"},
     )
     # The settled rows are the first branch: the settle's locks (the one wait here, in id
     # order, as a settle alone takes them) are then taken before the claim locks anything.

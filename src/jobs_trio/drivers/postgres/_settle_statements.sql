@@ -13,6 +13,8 @@ SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE;
 -- claim's changes. $1 now, $2 the NOTIFY channel, $3 ids, $4 tokens, $5 whether each hands
 -- its attempt back (rules.SETTLEMENT_KINDS decides), $6… the kind's own (settle_columns), then
 -- the attempt notes' columns ({note_columns}: _postgres_sql.py numbers them after the kind's).
+-- $3, $4, $5 and the notes' text columns come as one array literal each ('{a,b}'), cast here
+-- ($3::text::text[]): _settle_statements.py's _text_array says why.
 WITH locked AS MATERIALIZED (
     -- In id order: a worker renews and settles on two connections at once (see renew).
     -- {skip_locked}: a settle alone skips a row another session holds locked (answered busy)
@@ -21,7 +23,7 @@ WITH locked AS MATERIALIZED (
     -- moment's lock, a concurrent claim's that read the row as ready). One carried by a claim
     -- waits (its claim must commit whole), at most the lock timeout, and the worker then gives
     -- its settlements to a settle alone.
-    SELECT id FROM {schema}.jobs WHERE id = ANY($3::text[]) ORDER BY id FOR UPDATE{skip_locked}
+    SELECT id FROM {schema}.jobs WHERE id = ANY($3::text::text[]) ORDER BY id FOR UPDATE{skip_locked}
 ), settled AS (
     UPDATE {schema}.jobs AS j
     SET {kind_set},
@@ -76,7 +78,7 @@ WITH locked AS MATERIALIZED (
                 THEN st.last_error END,
            h.traceback
     FROM settled AS st
-    JOIN unnest($3::text[], $4::text[], {note_columns})
+    JOIN unnest($3::text::text[], $4::text::text[], {note_columns})
         AS h(id, token, attempt, outcome, worker_id, seconds, traceback)
         ON h.id = st.id AND h.token = st.token
     WHERE h.attempt IS NOT NULL
@@ -92,14 +94,14 @@ UNION ALL
 -- not fenced either. Looked for only when some row was not locked (a one-time filter): the
 -- usual batch pays nothing for it.
 SELECT j.id, j.token, true FROM {schema}.jobs AS j
-WHERE (SELECT count(*) FROM locked) < cardinality($3::text[])
-  AND j.id = ANY ($3::text[]) AND j.state = 'running'
-  AND (j.id, j.token) IN (SELECT u.id, u.token FROM unnest($3::text[], $4::text[]) AS u(id, token))
+WHERE (SELECT count(*) FROM locked) < cardinality($3::text::text[])
+  AND j.id = ANY ($3::text::text[]) AND j.state = 'running'
+  AND (j.id, j.token) IN (SELECT u.id, u.token FROM unnest($3::text::text[], $4::text::text[]) AS u(id, token))
   AND j.id NOT IN (SELECT id FROM locked);
 
 -- name: settle_complete_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, handed_back, result);
+FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::text[]) AS u(id, token, handed_back, result);
 
 -- name: settle_complete_set
 state = 'completed', result = s.result;
@@ -107,7 +109,7 @@ state = 'completed', result = s.result;
 -- name: settle_retry_rows
 -- A NULL delay: an interrupted attempt, ready now at the run_at it had (its place in line).
 SELECT *, coalesce(delay, 0) <= 0 AS ready_now
-FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[])
+FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::float8[], $7::text[], $8::text[])
     AS u(id, token, handed_back, delay, error, cancelled);
 
 -- name: settle_retry_set
@@ -122,7 +124,7 @@ last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.error END;
 
 -- name: settle_dead_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, handed_back, error);
+FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::text[]) AS u(id, token, handed_back, error);
 
 -- name: settle_dead_set
 state = 'dead', last_error = s.error;
@@ -137,7 +139,7 @@ state = 'dead', last_error = s.error;
 SELECT *, delay <= 0 OR woken AS ready_now
 FROM (
     SELECT u.*, {schema}.suspend_sees_event(u.event, u.match, u.seen) AS woken
-    FROM unnest($3::text[], $4::text[], $5::bool[], $6::float8[], $7::text[], $8::text[],
+    FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::float8[], $7::text[], $8::text[],
                 $9::text[], $10::text[])
         AS u(id, token, handed_back, delay, event, match, cancelled, seen)
     OFFSET 0
@@ -155,7 +157,7 @@ last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE j.last_error END
 
 -- name: settle_park_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[], $7::text[])
+FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::text[], $7::text[])
     AS u(id, token, handed_back, reason, cancelled);
 
 -- name: settle_park_set
@@ -165,7 +167,7 @@ last_error = CASE WHEN j.cancel_requested THEN s.cancelled ELSE s.reason END;
 
 -- name: settle_cancel_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text[], $4::text[], $5::bool[], $6::text[]) AS u(id, token, handed_back, error);
+FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::text[]) AS u(id, token, handed_back, error);
 
 -- name: settle_cancel_set
 state = 'cancelled', last_error = s.error;

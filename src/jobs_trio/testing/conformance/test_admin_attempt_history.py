@@ -215,3 +215,44 @@ async def test_name_stats_sum_each_names_attempts_by_outcome_and_run_time(
     [dead] = await driver.list_jobs(name="report.build")
     await driver.delete(dead.id)
     assert [s.name for s in await driver.name_stats(since)] == ["mail.send"]
+
+
+# Text a note carries as its writer gave it, in one batch beside plain text: what an array
+# literal must quote or escape (issue 44: PostgreSQL sends these columns as one), and what it
+# must not take for a NULL.
+HOSTILE_TEXT = [
+    "w-plain",
+    "NULL",
+    "null",
+    "",
+    " leading and trailing ",
+    'quote " and backslash \\ and \\" both',
+    "{braces},commas,}",
+    "line\nbreak\ttab\r",
+    "émoji 🎉 and ‮ an override",
+    "\\",
+    '"',
+    "x" * 5000,
+]
+
+
+async def test_each_notes_text_comes_back_as_written_from_one_batch(driver: Driver) -> None:
+    jobs = [await enqueue_one(driver) for _ in HOSTILE_TEXT]
+    claims = [await claim_one(driver) for _ in jobs]
+    settled = [
+        Retry(
+            claim.lease,
+            60.0,
+            f"E: {text}",
+            note=AttemptNote(claim.attempt, text, 0.5, None if i % 3 == 0 else text),
+        )
+        for i, (claim, text) in enumerate(zip(claims, HOSTILE_TEXT, strict=True))
+    ]
+    assert sorted(await driver.settle(settled)) == sorted(c.job_id for c in claims)
+    for i, (claim, text) in enumerate(zip(claims, HOSTILE_TEXT, strict=True)):
+        [record] = await driver.load_attempts(claim.job_id)
+        assert (record.worker_id, record.traceback, record.error) == (
+            text,
+            None if i % 3 == 0 else text,
+            f"E: {text}",
+        )
