@@ -20,9 +20,10 @@ from jobs_trio._core.records import JobRecord, JobState
 from jobs_trio.driver import Driver
 
 ROOT = Path(__file__).resolve().parents[2]
-# The installed console script when there is one (what a user runs), else the same main().
+# The installed console script when there is one (what a user runs), else the same module it
+# runs (what holds the early signals and tunes the worker's collector: console.py).
 _SCRIPT = shutil.which("jobs-trio", path=str(Path(sys.executable).parent))
-JOBS_TRIO = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "jobs_trio._cli.main"]
+JOBS_TRIO = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "jobs_trio._cli.console"]
 POLL = 0.1
 # What a loaded machine adds to a process's timing that the code under test does not decide (a
 # core to run on, a signal's delivery, the interpreter's exit): two cores shared by the suite's

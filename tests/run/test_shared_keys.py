@@ -72,3 +72,24 @@ def test_share_keys_shares_what_a_class_without_it_does_not() -> None:
         one.late = one.later = 1
         assert _has_own_dict(one) is (cls is plain)
         del keep
+
+
+class _Slotted:
+    __slots__ = ("a",)
+
+
+class _Finalized:
+    def __del__(self) -> None:
+        pass
+
+
+class _Described:
+    @property
+    def a(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize(("cls", "names"), [(_Slotted, ()), (_Finalized, ()), (_Described, ("a",))])
+def test_share_keys_refuses_a_class_its_probe_would_act_on(cls: type, names: tuple[str]) -> None:
+    with pytest.raises(TypeError, match="share_keys"):
+        share_keys(cls, *names)

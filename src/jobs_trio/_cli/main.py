@@ -234,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--python-gc",
         action="store_true",
-        help="keep Python's garbage-collector settings (by default the worker freezes its"
-        " start-up's objects and collects young objects less often: docs/cli.md)",
+        help="keep Python's garbage-collector settings (by default the worker collects young"
+        " objects less often: docs/cli.md)",
     )
     worker.add_argument(
         "--grace", type=seconds, default=25.0, metavar="S", help="drain budget (default 25)"

@@ -19,6 +19,13 @@ def share_keys(cls: T, *set_in_init: str) -> T:
     a settled run's ``settling``) gave it a dict of its own: an object more per job for the
     garbage collector to count, and a claim's answer at concurrency 50 crossed its threshold
     more often (issue 44). Harmless where the interpreter lays instances out otherwise."""
+    # A probe must be inert: no finalizer to run on it half-made, no slots (an instance of a
+    # slotted class keeps no shared keys), and only plain attributes set on it.
+    if "__slots__" in vars(cls) or hasattr(cls, "__del__"):
+        raise TypeError(f"share_keys: {cls.__name__} has __slots__ or __del__")
+    for name in set_in_init:
+        if hasattr(getattr(cls, name, None), "__get__"):
+            raise TypeError(f"share_keys: {cls.__name__}.{name} is a descriptor on the class")
     names = list(set_in_init)
     for name, value in vars(cls).items():
         if name.startswith("__") or name in names:

@@ -211,7 +211,14 @@ async def run_attempt(
             note = AttemptNote(claim.attempt, worker_id, seconds)
             done = Complete(claim.lease, text, note)
             return Outcome(claim.job_id, claim.name, OutcomeKind.COMPLETED, done, None, seconds)
-    return _verdict(claim, definition, run, returned, error, suspension, seconds, worker_id)
+    try:
+        return _verdict(claim, definition, run, returned, error, suspension, seconds, worker_id)
+    finally:
+        # The error's traceback holds this frame, and this frame held the error: a cycle that
+        # kept every failed attempt's frames (its body's locals, its payload) until a garbage
+        # collection, which a worker process runs less often (docs/cli.md). Let go here, the
+        # failed attempt is freed once its outcome is.
+        error = suspension = None
 
 
 # The two closures an attempt may need, made here: a closure inside run_attempt made each
