@@ -13,7 +13,7 @@ pytest.importorskip("asyncpg")
 pytest.importorskip("trio_asyncio")
 
 from jobs_trio.drivers.postgres import open_postgres_driver
-from jobs_trio.drivers.postgres._settle_statements import _bool_array, _text_array
+from jobs_trio.drivers.postgres._settle_statements import _bool_array, _number_array, _text_array
 
 # What the literal syntax gives a meaning to, and some it does not; no NUL (PostgreSQL's text
 # holds none, whichever way it is sent).
@@ -63,3 +63,20 @@ async def test_every_list_of_text_reads_back_as_it_was(pg_schema: str) -> None:
             return list(await fetchval("SELECT $1::text::bool[]", _bool_array([True, False])))
 
         assert await driver.bridge.run(bools, what="bool literal") == [True, False]
+
+        # Numbers as their repr: each float reads back as the same float, to the last bit.
+        rng = random.Random(45)
+        floats: list[float | None] = [0.1, 1e-300, 5e-324, 1.7976931348623157e308, -0.0, None]
+        floats += [rng.uniform(0, 3600) for _ in range(200)] + [
+            rng.random() / 1e6 for _ in range(50)
+        ]
+        ints: list[int | None] = [0, 1, -5, 2**31 - 1, None]
+
+        async def numbers(conn: object) -> tuple[list[float | None], list[int | None]]:
+            fetchval = conn.fetchval  # type: ignore[attr-defined]
+            return (
+                list(await fetchval("SELECT $1::text::float8[]", _number_array(floats))),
+                list(await fetchval("SELECT $1::text::int[]", _number_array(ints))),
+            )
+
+        assert await driver.bridge.run(numbers, what="number literals") == (floats, ints)

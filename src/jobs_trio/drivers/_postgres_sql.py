@@ -136,8 +136,8 @@ def load_statements(schema: str) -> Statements:
 
 # The columns of a settlement's attempt note (postgres.py's settle_columns appends them last, in
 # this order): attempt, outcome, worker id, seconds, traceback.
-# The text ones come as array literals (_settle_statements._text_array), cast from text.
-NOTE_TYPES = ("int[]", "text::text[]", "text::text[]", "float8[]", "text::text[]")
+# Each comes as an array literal (_settle_statements._text_array), cast from text.
+NOTE_TYPES = ("text::int[]", "text::text[]", "text::text[]", "text::float8[]", "text::text[]")
 
 
 def _note_columns(kind_rows: str) -> str:

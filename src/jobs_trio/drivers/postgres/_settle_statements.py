@@ -131,7 +131,7 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     order rules.SETTLEMENT_KINDS names them), what each becomes under a pending cancel (a
     kind that would leave the job live: the SQL picks it by the row's flag), and its look's
     mark (a kind that reads events)."""
-    if type(group[0]) is Complete:
+    if isinstance(group[0], Complete):
         return _complete_columns(cast("Sequence[Complete]", group))
     effects = [effect(s) for s in group]
     columns: list[Any] = [
@@ -152,10 +152,10 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
     # Last, the attempt notes (postgres_sql.NOTE_TYPES): NULL where a settlement has none.
     notes = [s.note for s in group]
     columns += [
-        [None if n is None else n.attempt for n in notes],
+        _number_array([None if n is None else n.attempt for n in notes]),
         _text_array([history_outcome(s) for s in group]),
         _text_array([None if n is None else n.worker_id for n in notes]),
-        [None if n is None else n.seconds for n in notes],
+        _number_array([None if n is None else n.seconds for n in notes]),
         _text_array([None if n is None else n.traceback for n in notes]),
     ]
     return columns
@@ -191,11 +191,15 @@ def _complete_columns(group: Sequence[Complete]) -> list[Any]:
         _text_array(ids),
         _text_array(tokens),
         "{" + ",".join("f" * n) + "}",  # none hands its attempt back
-        results,
-        attempts,
+        # JSON's null, what most bodies return, is an element to quote (unquoted it is NULL):
+        # a batch of only those is made at once.
+        '{"' + '","'.join(["null"] * n) + '"}'
+        if results.count("null") == n
+        else _text_array(results),
+        _number_array(attempts),
         "{" + ",".join(["completed"] * n) + "}",
         _text_array(workers),
-        seconds,
+        _number_array(seconds),
         _text_array(tracebacks),
     ]
 
@@ -224,6 +228,14 @@ def _quoted(text: str) -> str:
     if type(text) is not str:
         raise TypeError(f"a text column's value is a {type(text).__name__}, not str: {text!r}")
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _number_array(values: Sequence[float | None]) -> str:
+    """``_text_array`` for numbers: each as its repr (an int's digits; a float's shortest text
+    that reads back as the same float, which PostgreSQL's float8 reads exactly), None as NULL."""
+    if None not in values:
+        return "{" + ",".join(map(repr, values)) + "}"
+    return "{" + ",".join(["NULL" if value is None else repr(value) for value in values]) + "}"
 
 
 def _bool_array(values: Sequence[bool]) -> str:

@@ -101,7 +101,8 @@ WHERE (SELECT count(*) FROM locked) < cardinality($3::text::text[])
 
 -- name: settle_complete_rows
 SELECT *, false AS ready_now
-FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::text[]) AS u(id, token, handed_back, result);
+FROM unnest($3::text::text[], $4::text::text[], $5::text::bool[], $6::text::text[])
+    AS u(id, token, handed_back, result);
 
 -- name: settle_complete_set
 state = 'completed', result = s.result;
