@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -55,6 +56,10 @@ _CANDIDATE: Final = (
 # A suspect (rules.is_suspect), as jobs_suspects' WHERE says it: SQLite uses a partial index
 # only for a query whose WHERE repeats the index's term.
 _SUSPECT: Final = f"orphans >= {SUSPECT_AT}"
+
+# Candidates and lapsed rows by (priority, run_at, id), their first three columns: a key made
+# in C, where a lambda called once a row was a share of each claim (issue 44).
+_CLAIM_ORDER = operator.itemgetter(0, 1, 2)
 
 
 def _renew_in(
@@ -139,7 +144,7 @@ def _claim_in(
                     " ORDER BY priority, run_at, id LIMIT 1",
                     (queue, state, now),
                 ).fetchall()
-        candidates = sorted(candidates, key=lambda row: (row[0], row[1], row[2]))[:1]
+        candidates = sorted(candidates, key=_CLAIM_ORDER)[:1]
     if not candidates:
         for queue, cap in asked.items():
             for state in WAITING_STATES:
@@ -149,7 +154,7 @@ def _claim_in(
                     " ORDER BY priority, run_at, id LIMIT ?",
                     (queue, state, now, cap),
                 ).fetchall()
-        candidates.sort(key=lambda row: (row[0], row[1], row[2]))
+        candidates.sort(key=_CLAIM_ORDER)
     taken = slots.take((row[6], row[2]) for row in candidates)
     limited = {row[2] for row in candidates if row[7]}
     queue_of = {row[2]: row[6] for row in candidates}
@@ -217,7 +222,7 @@ def _release_lapsed(
             " WHERE queue = ? AND state = 'running' AND lease_until <= ?",
             (queue, lapsed),
         ).fetchall()
-    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    rows.sort(key=_CLAIM_ORDER)
     history = []
     for row in rows[:most]:
         record = job_record(row[3:-4])
