@@ -2,7 +2,6 @@
 # statement, and what it answered. Apart from _jobs.py because a batch's encoding is its own craft.
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -190,36 +189,29 @@ def _complete_columns(group: Sequence[Complete]) -> list[Any]:
     return [
         _text_array(ids),
         _text_array(tokens),
-        "{" + ",".join("f" * n) + "}",  # none hands its attempt back
-        # JSON's null, what most bodies return, is an element to quote (unquoted it is NULL):
-        # a batch of only those is made at once.
-        '{"' + '","'.join(["null"] * n) + '"}'
-        if results.count("null") == n
-        else _text_array(results),
+        _bool_array([False] * n),  # none hands its attempt back
+        _text_array(results),
         _number_array(attempts),
-        "{" + ",".join(["completed"] * n) + "}",
+        _text_array(["completed"] * n),
         _text_array(workers),
         _number_array(seconds),
         _text_array(tracebacks),
     ]
 
 
-# An array of text as one parameter, the literal PostgreSQL reads ('{a,b,NULL}'), which the
+# An array of text as one parameter, the literal PostgreSQL reads ('{"a","b",NULL}'), which the
 # statement casts ($3::text::text[]): asyncpg's array encoder looks at every element for an
 # iterable inside it (two ABC checks a string, a Python call each), ~14 a completed job across
-# its columns, a few per cent of a no-op job (issue 44). Ids, tokens, worker ids and outcome
-# names are plain (no quote, brace, comma, backslash or space; not NULL): joined as they are,
-# checked by one match over the whole. Any other text is quoted; None is NULL.
-_PLAIN = re.compile(r'[^\s{}",\\]+(?:,[^\s{}",\\]+)*')
-
-
+# its columns, a few per cent of a no-op job (issue 44). Every element is quoted, so a comma,
+# brace, space or the word NULL in one is only text; with no quote or backslash anywhere (ids,
+# tokens, worker ids, outcome names, JSON's null, numbers) the whole is one join. Otherwise
+# each element is escaped; None is NULL.
 def _text_array(values: Sequence[str | None]) -> str:
     if None not in values:
-        joined = ",".join(cast("Sequence[str]", values))
-        if _PLAIN.fullmatch(joined) and "null" not in joined.lower():
-            return "{" + joined + "}"
-    elif values.count(None) == len(values):
-        return "{" + ",".join(["NULL"] * len(values)) + "}"
+        texts = cast("Sequence[str]", values)
+        whole = "".join(texts)
+        if '"' not in whole and "\\" not in whole:
+            return '{"' + '","'.join(texts) + '"}' if texts else "{}"
     return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
 
 
