@@ -220,6 +220,11 @@ SCRIPTS = {
             r"\([0-9]+ jobs; ",
         ),
     ),
+    "server_cpu": Script(
+        "bench/server_cpu.py",
+        "--db {db} --jobs 300 --batch 50 --reps 1",
+        (rf"batch 50: PostgreSQL {NUMBER} µs a job, client {NUMBER} µs",),
+    ),
     "worker_cpu": Script(
         "bench/worker_cpu.py",
         "--db {db} --jobs 300 --concurrency 10",

@@ -307,3 +307,58 @@ async def test_plans_made_while_the_table_was_empty_still_read_by_index(pg_schem
                 and node.get("Index Name") != "limit_rows_token"
             ]
         assert not unbounded_reads, "\n".join(unbounded_reads)
+
+
+def subplan(plan: dict[str, Any], name: str) -> Iterator[dict[str, Any]]:
+    """The node of ``plan`` that is its subplan ``name`` (``CTE settled``)."""
+    if plan.get("Subplan Name") == name:
+        yield plan
+    for child in plan.get("Plans", ()):
+        yield from subplan(child, name)
+
+
+def rescanned_per_row(plan: dict[str, Any]) -> Iterator[str]:
+    """Every batch-sized input a nested loop reads again for each of its outer rows (a CTE
+    or the batch's unnest on its inner side): a cost quadratic in the batch."""
+    children = plan.get("Plans", ())
+    if plan["Node Type"] == "Nested Loop":
+        for child in children:
+            if child.get("Parent Relationship") == "Inner" and child["Node Type"] in (
+                "CTE Scan",
+                "Function Scan",
+            ):
+                yield f"{child['Node Type']} on {child.get('Alias', '?')}"
+    for child in children:
+        yield from rescanned_per_row(child)
+
+
+@pytest.mark.parametrize("statistics", ["empty", "deep"])
+async def test_a_settle_reads_its_batch_once_whatever_the_statistics(
+    pg_schema: str, statistics: str
+) -> None:
+    """Issue 44: with the statistics of a table whose running jobs were few when analyzed, the
+    generic plan of every settle's UPDATE rescanned `locked` for each row of its batch (the IN
+    pulled up into a nested-loop semi-join), forming a whole-row copy of each row it read:
+    ~20% of the server's CPU a job at c=50."""
+    url = require_postgres()
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+    ) as driver:
+        if statistics == "deep":
+            await _seed(driver)
+        else:
+
+            async def analyze_empty(conn: Any) -> None:
+                await conn.execute(f'VACUUM ANALYZE "{driver.schema}".jobs')
+
+            await driver.bridge.run(analyze_empty, what="analyzing an empty table")
+        rescans = [
+            f"{name}: {scan}"
+            for name, args in HOT_PATH.items()
+            if name.startswith("settle_")
+            for settled in subplan(
+                await _plan(driver, name, args, "force_generic_plan", None), "CTE settled"
+            )
+            for scan in rescanned_per_row(settled)
+        ]
+        assert not rescans, "\n".join(rescans)

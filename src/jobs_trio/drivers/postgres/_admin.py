@@ -207,9 +207,15 @@ class PostgresAdmin(ListCalls, PostgresConnection):
                 turn, row["holder"], row["held_until"], row["ended_at"], now
             ):
                 return Pruned(turn=False)
-            deleted = len(
-                await conn.fetch(sql["prune_batch"], finished_before, dead_before, turn.limit)
-            )
+            gone = [
+                row["id"]
+                for row in await conn.fetch(
+                    sql["prune_batch"], finished_before, dead_before, turn.limit
+                )
+            ]
+            if gone:
+                await conn.execute(sql["prune_history"], gone)
+            deleted = len(gone)
             more = deleted >= turn.limit
             if more:
                 await conn.execute(sql["prune_turn_hold"], turn.holder, now + turn.hold)

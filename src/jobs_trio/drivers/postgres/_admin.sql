@@ -64,8 +64,10 @@ GROUP BY queue, state
 ORDER BY queue;
 
 -- name: delete_job
--- After lock_job and the check (a job not running): its step records and attempt history go
--- with it (ON DELETE CASCADE).
+-- After lock_job and the check (a job not running): its step records go with it (ON DELETE
+-- CASCADE), and its attempt history here (no key references the job since 0030). The row is
+-- locked and not running: no settle records an attempt of it meanwhile.
+WITH history AS (DELETE FROM {schema}.attempts WHERE job_id = $1)
 DELETE FROM {schema}.jobs WHERE id = $1;
 
 -- name: run_now
@@ -90,7 +92,8 @@ SELECT holder, held_until, ended_at FROM {schema}.prune_turn WHERE id = 1 FOR UP
 -- Up to $3 finished jobs: completed and cancelled ones last changed before $1, dead ones before
 -- $2 (NULL: kept). Each arm reads the partial index jobs_finished oldest first and stops at the
 -- limit. The DELETE repeats the state test: a job an operator re-ran since is live again, and
--- the row's new version fails it. Step records go with their job (ON DELETE CASCADE).
+-- the row's new version fails it. Step records go with their job (ON DELETE CASCADE);
+-- its attempt history, by prune_history after it.
 WITH doomed AS (
     (SELECT id FROM {schema}.jobs WHERE state = 'completed' AND updated_at < $1::float8
         ORDER BY updated_at LIMIT $3)
@@ -105,6 +108,13 @@ WITH doomed AS (
 DELETE FROM {schema}.jobs AS j USING doomed
 WHERE j.id = doomed.id AND j.state IN ('completed', 'cancelled', 'dead')
 RETURNING j.id;
+
+-- name: prune_history
+-- The attempt history of the jobs prune_batch deleted ($1), in its transaction. A statement of
+-- its own, not a CTE of the batch: its snapshot is newer than the batch's, so it also sees the
+-- record of an attempt that ended while the batch waited for its job's row (re-run by an
+-- operator, ended again); the rows are deleted now, so no attempt of them ends after it.
+DELETE FROM {schema}.attempts WHERE job_id = ANY($1::text[]);
 
 -- name: prune_turn_hold
 UPDATE {schema}.prune_turn SET holder = $1, held_until = $2::float8 WHERE id = 1;
