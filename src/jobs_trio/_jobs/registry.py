@@ -333,7 +333,10 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         of that many, in one transaction (the caller's ``connection=``, the current
         ``jobs_trio.transaction``, or one of its own where the driver has them), so that no
         statement grows with the batch (a million jobs in one statement ran past the
-        database's statement timeout), and each chunk logs ``jobs.enqueue.progress``."""
+        database's statement timeout), and each chunk logs ``jobs.enqueue.progress``.
+
+        The batch's jobs are claimed in the order given (they share their priority and run-at,
+        and their ids count up in that order)."""
         jobs = self.new_jobs(
             payloads, delay=delay, run_at=run_at, priority=priority, context=context
         )
