@@ -505,8 +505,8 @@ async def test_a_drain_landing_as_a_slot_is_handed_to_a_held_claim_hands_it_back
     promote = w._slots._promote
     granted: list[str] = []
 
-    def promote_then_drain(queue: str) -> None:
-        promote(queue)  # b is granted a's slot; its task has not run yet
+    def promote_then_drain(queue: str, now: float | None = None) -> None:
+        promote(queue, now)  # b is granted a's slot; its task has not run yet
         if w.stats().in_flight and not granted:
             granted.append(queue)
             w.accept("SIGTERM")

@@ -321,23 +321,27 @@ class Slots:
         self.in_flight[queue] -= 1
         self._jobs -= 1
         began = run.slot_taken_at
+        now = None
         if began is not None:
-            self._paces[queue].observe(trio.current_time() - began)
+            now = trio.current_time()
+            self._paces[queue].observe(now - began)
         if self._ahead_paused:
             self._ahead_paused.discard(queue)
         if self._waiting[queue]:
-            self._promote(queue)
+            # The slot's release and the next start, one reading of the clock (issue 44).
+            self._promote(queue, now)
         if not self._jobs:
             self._on_idle()
         # Asked first: an unpark_all with no one parked is a few calls, at every run's end.
         if self.freed:
             self.freed.unpark_all()
 
-    def _promote(self, queue: str) -> None:
+    def _promote(self, queue: str, now: float | None = None) -> None:
         """Hand the free slots of ``queue`` to its oldest held claims: the clock read once for
-        all of them, where it was read for each."""
+        all of them (``now``, when the caller has just read it), where it was read for each."""
         waiting = self._waiting[queue]
-        now = trio.current_time()
+        if now is None:
+            now = trio.current_time()
         # What frees no slot (a held claim's start takes one) is read once.
         room = self.limits[queue] - self._lingering[queue] - self._promised[queue]
         in_flight = self.in_flight
