@@ -22,6 +22,11 @@ from .._rules import (
 )
 from ._connection import _ATTEMPT_COLUMNS, _ATTEMPT_FIELDS, _FENCE
 
+# _complete_all writes a completion's history row in this order without an AttemptRecord.
+assert _ATTEMPT_FIELDS == (
+    "seq", "attempt", "outcome", "worker_id", "ended_at", "seconds", "error", "traceback"
+), _ATTEMPT_FIELDS  # fmt: skip
+
 # One attempt's history record (_history_row's values).
 _INSERT_HISTORY: Final = (
     f"INSERT OR REPLACE INTO attempts (job_id, slot, {_ATTEMPT_COLUMNS})"
@@ -93,8 +98,26 @@ def _complete_all(
             continue
         if row[1] is not None:
             _release_slot(conn, s.lease.token, now)
-        if s.note is not None:
-            history.append(_history_row(s, effect(s), row[2], now))
+        note = s.note
+        if note is not None:
+            # _history_row's row for a completion, made here: no Effect nor AttemptRecord per
+            # job in the driver's thread, whose Python holds the GIL the worker's loop needs
+            # (issue 44). A completion stores no error, and stands against a pending cancel.
+            seq = row[2]
+            history.append(
+                (
+                    s.lease.job_id,
+                    seq % ATTEMPT_HISTORY,
+                    seq,
+                    note.attempt,
+                    "completed",
+                    note.worker_id,
+                    now,
+                    note.seconds,
+                    None,
+                    note.traceback,
+                )
+            )
     if history:
         conn.executemany(_INSERT_HISTORY, history)
     return set(done)
