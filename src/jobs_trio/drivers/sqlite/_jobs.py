@@ -186,22 +186,25 @@ def _claim_in(
         ),
     ).fetchall()
     by_id.update((row[0], row) for row in rows)
+    # Each row looked up once and passed by position, in Claim's field order: in the driver's
+    # thread, whose Python holds the GIL the worker's loop needs (issue 44).
+    lease_until = now + lease
     return [
         Claim(
-            job_id=job_id,
-            token=by_id[job_id][1],
-            name=by_id[job_id][2],
-            queue=by_id[job_id][3],
-            payload=by_id[job_id][4],
-            attempt=by_id[job_id][5],
-            max_attempts=by_id[job_id][6],
-            lease_until=now + lease,
-            context=by_id[job_id][7],
-            ahead=job_id in ahead,
-            due_at=by_id[job_id][8],
-            alone=bool(by_id[job_id][9]),
+            job_id,
+            row[1],  # token
+            row[2],  # name
+            row[3],  # queue
+            row[4],  # payload
+            row[5],  # attempt
+            row[6],  # max_attempts
+            lease_until,
+            row[7],  # context
+            job_id in ahead,
+            row[8],  # due_at
+            bool(row[9]),  # alone
         )
-        for job_id in taken
+        for job_id, row in zip(taken, map(by_id.__getitem__, taken), strict=True)
     ]
 
 
