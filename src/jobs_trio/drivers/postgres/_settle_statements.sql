@@ -32,16 +32,17 @@ WITH locked AS MATERIALIZED (
         token = NULL, lease_until = NULL, worker_id = NULL, cancel_requested = false,
         alone = false, updated_at = $1, attempt_seq = j.attempt_seq + 1
     FROM ({kind_rows}) AS s
-    -- Joined by token (unique to one claim of one job), `locked` a hashed subplan: one probe
-    -- a row, under any statistics (issue 44). `IS TRUE` keeps each test out of the planner's
-    -- joins. A bare IN was pulled up into a semi-join, which the generic plan (estimating 10
-    -- rows) made a nested loop that rescanned `locked` for each row and formed a whole-row
-    -- copy of each row it read: quadratic in the batch, ~20% of the server's CPU a job at c=50
-    -- (bench/server_cpu.py). A bare id join let a plan made on an empty table walk the whole
-    -- primary key for each settle (tests/drivers/test_postgres_plans.py); with none, the rows
-    -- are read off jobs_leased, the running ones.
-    WHERE j.token = s.token AND (j.id = s.id) IS TRUE AND j.state = 'running'
-      AND (j.id IN (SELECT id FROM locked)) IS TRUE
+    -- The batch's rows by primary key (`= ANY (ARRAY(...))`, an index condition), or, in a
+    -- plan made while few jobs ran (a fresh table's), off jobs_leased, the running ones, each
+    -- tested by a hashed probe of `locked` first. Joined to the batch by token (unique to one
+    -- claim of one job). `IS TRUE` keeps the probe and the id test out of the planner's joins
+    -- (issue 44): a bare IN was pulled up into a semi-join, which a plan on such statistics
+    -- made a nested loop rescanning `locked` for each row of the batch, forming a whole-row
+    -- copy of each row it read, quadratic in the batch (~20% of the server's CPU a job at
+    -- c=50, bench/server_cpu.py); a bare id join let a plan made on an empty table walk the
+    -- whole primary key (tests/drivers/test_postgres_plans.py has each case).
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked)) AND (j.id IN (SELECT id FROM locked)) IS TRUE
+      AND j.token = s.token AND (j.id = s.id) IS TRUE AND j.state = 'running'
     RETURNING j.id, s.token, j.queue, s.ready_now AND j.state <> 'cancelled' AS ready_now,
               j.slot_key IS NOT NULL AS has_slot, j.state, j.last_error, j.attempt_seq
 ), released AS (
