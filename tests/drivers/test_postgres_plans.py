@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -187,6 +188,13 @@ def unbounded(node: dict[str, Any]) -> bool:
     )
 
 
+def _fresh_driver(pg_schema: str) -> AbstractAsyncContextManager[PostgresDriver]:
+    """A driver on a schema of its own, migrated, one pooled connection (whose plans are read)."""
+    return open_postgres_driver(
+        require_postgres(), schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
+    )
+
+
 async def _seed(driver: PostgresDriver) -> None:
     jobs = f'"{driver.schema}".jobs'
 
@@ -254,10 +262,7 @@ async def _plan(
 
 
 async def test_every_hot_path_statement_reads_a_deep_table_by_index(pg_schema: str) -> None:
-    url = require_postgres()
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with _fresh_driver(pg_schema) as driver:
         await _seed(driver)
         unbounded_reads = []
         for mode, sort in CONFIGURATIONS:
@@ -279,10 +284,7 @@ async def test_plans_made_while_the_table_was_empty_still_read_by_index(pg_schem
     now off in the pool), then, in their place, found its rows by id by walking the newest-first
     index whole (its second key column was the id until migration 0008): slower with every
     finished job, 17 ms a claim after 14,000 (issue 16's steady-load gap)."""
-    url = require_postgres()
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with _fresh_driver(pg_schema) as driver:
         jobs = f'"{driver.schema}".jobs'
 
         async def analyze_empty(conn: Any) -> None:
@@ -347,10 +349,7 @@ async def test_a_settle_reads_its_batch_once_whatever_the_statistics(
     generic plan of every settle's UPDATE rescanned `locked` for each row of its batch (the IN
     pulled up into a nested-loop semi-join), forming a whole-row copy of each row it read:
     ~20% of the server's CPU a job at c=50."""
-    url = require_postgres()
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with _fresh_driver(pg_schema) as driver:
         if statistics == "deep":
             await _seed(driver)
         else:
@@ -378,10 +377,7 @@ async def test_a_settle_finds_its_rows_by_id_in_a_fleet_with_many_jobs_in_flight
     by primary key: reading the running jobs' index instead costs every settle the whole
     fleet's in-flight work (5.4 ms a job for a settle of one, a review of issue 44 found, where
     the primary key took 1.2)."""
-    url = require_postgres()
-    async with open_postgres_driver(
-        url, schema=pg_schema, migrate=True, drop_schema_on_close=True, pool_size=1
-    ) as driver:
+    async with _fresh_driver(pg_schema) as driver:
         jobs = f'"{driver.schema}".jobs'
 
         async def seed(conn: Any) -> None:
