@@ -28,6 +28,37 @@ def process_cpu(pid: int) -> float | None:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15
 
 
+def postgres_cpu_by_pid() -> dict[int, float]:
+    """Seconds of CPU each process named ``postgres`` alive now has spent, by pid (empty where
+    /proc cannot tell)."""
+    spent: dict[int, float] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return spent
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() != "postgres":
+                    continue
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        cpu = process_cpu(pid)
+        if cpu is not None:
+            spent[pid] = cpu
+    return spent
+
+
+def postgres_spent(before: dict[int, float], after: dict[int, float]) -> float | None:
+    """The server's CPU between two ``postgres_cpu_by_pid`` reads: what each process alive at
+    the second read spent since the first (all of it, for one that started between them). A
+    process that ended between them is left out, where a difference of two sums would subtract
+    all it had spent (another workload's backend closing: a negative figure on a busy server)."""
+    if not after:
+        return None
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
 def postgres_cpu() -> float | None:
     """Seconds of CPU spent so far by the processes named ``postgres`` that are alive now (the
     server's backends and helpers: the local server's share of a workload), or None where

@@ -10,7 +10,8 @@ Enqueues N no-op jobs into a schema of its own (`bench_server_cpu`, dropped at t
 VACUUM ANALYZE, then loops as a worker at concurrency ``--batch`` does when every job is a
 no-op: ``settle_and_claim`` of the last batch's completions (each with its attempt note, as a
 worker writes them) and the next batch, until the queue is empty. Prints the CPU every process
-named ``postgres`` spent meanwhile, per job (10 ms ticks: use thousands of jobs), and the
+named ``postgres`` spent meanwhile, per job (10 ms ticks: use thousands of jobs; a process
+that ended meanwhile is left out, so on a busy server it reads a little low), and the
 client's. ``--reps`` repeats the whole (enqueue, loop) and prints each."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from typing import Any
 
 import trio
-from common import postgres_cpu
+from common import postgres_cpu_by_pid, postgres_spent
 
 import jobs_trio
 from jobs_trio._core.records import AttemptNote, Complete
@@ -45,7 +46,7 @@ async def one(args: argparse.Namespace) -> tuple[float, float, float]:
             await driver.bridge.run(  # type: ignore[attr-defined]
                 lambda conn: conn.execute(f"VACUUM ANALYZE {SCHEMA}.jobs"), what="analyze"
             )
-            server, cpu, wall = postgres_cpu(), time.process_time(), time.perf_counter()
+            server, cpu, wall = postgres_cpu_by_pid(), time.process_time(), time.perf_counter()
             done = 0
             claims = await driver.claim([QUEUE], args.batch, lease=30.0, worker_id=WORKER)
             while claims:
@@ -58,11 +59,10 @@ async def one(args: argparse.Namespace) -> tuple[float, float, float]:
                     settlements, [QUEUE], args.batch, lease=30.0, worker_id=WORKER
                 )
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            after = postgres_cpu()
+            spent = postgres_spent(server, postgres_cpu_by_pid())
             if done != args.jobs:
                 raise SystemExit(f"settled {done} of {args.jobs} jobs")
-            spent = (after - server) if after is not None and server is not None else float("nan")
-            return spent / done, cpu / done, done / wall
+            return (float("nan") if spent is None else spent / done), cpu / done, done / wall
         finally:
             await driver.bridge.run(  # type: ignore[attr-defined]
                 lambda conn: conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE"), what="drop"
