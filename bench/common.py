@@ -63,22 +63,8 @@ def postgres_cpu() -> float | None:
     """Seconds of CPU spent so far by the processes named ``postgres`` that are alive now (the
     server's backends and helpers: the local server's share of a workload), or None where
     /proc cannot tell. A backend that ends between two reads takes its share with it."""
-    total, seen = 0.0, False
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm") as comm:
-                if comm.read().strip() != "postgres":
-                    continue
-        except OSError:
-            continue  # ended meanwhile, or not ours to read
-        spent = process_cpu(int(pid))
-        if spent is not None:
-            total, seen = total + spent, True
-    return total if seen else None
+    spent = postgres_cpu_by_pid()
+    return sum(spent.values()) if spent else None
 
 
 @contextlib.contextmanager

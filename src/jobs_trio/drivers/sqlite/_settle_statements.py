@@ -22,11 +22,6 @@ from .._rules import (
 )
 from ._connection import _ATTEMPT_COLUMNS, _ATTEMPT_FIELDS, _FENCE
 
-# _complete_all writes a completion's history row in this order without an AttemptRecord.
-assert _ATTEMPT_FIELDS == (
-    "seq", "attempt", "outcome", "worker_id", "ended_at", "seconds", "error", "traceback"
-), _ATTEMPT_FIELDS  # fmt: skip
-
 # One attempt's history record (_history_row's values).
 _INSERT_HISTORY: Final = (
     f"INSERT OR REPLACE INTO attempts (job_id, slot, {_ATTEMPT_COLUMNS})"
@@ -102,7 +97,8 @@ def _complete_all(
         if note is not None:
             # _history_row's row for a completion, made here: no Effect nor AttemptRecord per
             # job in the driver's thread, whose Python holds the GIL the worker's loop needs
-            # (issue 44). A completion stores no error, and stands against a pending cancel.
+            # (issue 44). A completion stores no error, and stands against a pending cancel. In
+            # _ATTEMPT_FIELDS' order (the conformance suite's batch of completions checks it).
             seq = row[2]
             history.append(
                 (

@@ -36,6 +36,7 @@ async def test_each_ending_with_a_note_is_recorded_by_its_outcome(
 ) -> None:
     job_id = await enqueue_one(driver, attempts=5)
     endings: list[tuple[type, str, str | None]] = []
+    ended_at: list[float] = []
 
     async def end(make: object, outcome: str, error: str | None) -> None:
         claim = await claim_one(driver)
@@ -43,6 +44,7 @@ async def test_each_ending_with_a_note_is_recorded_by_its_outcome(
         settlement = make(claim.lease)  # type: ignore[operator]
         assert await driver.settle([noted(settlement, claim.attempt)]) == [job_id]
         endings.append((type(settlement), outcome, error))
+        ended_at.append(manual_clock.now)
 
     await end(lambda lease: Retry(lease, 0.0, "E1: flaky"), "retried", "E1: flaky")
     await end(
@@ -72,7 +74,42 @@ async def test_each_ending_with_a_note_is_recorded_by_its_outcome(
         error="E1: flaky",
         traceback="Traceback ...\nValueError: no",
     )
-    assert [r.ended_at for r in history] == sorted(r.ended_at for r in history)
+    assert [r.ended_at for r in history] == ended_at
+    # A completion's record whole.
+    assert history[-1] == AttemptRecord(
+        seq=5,
+        attempt=1,
+        outcome="completed",
+        worker_id="w-1",
+        ended_at=ended_at[-1],
+        seconds=1.5,
+        error=None,
+        traceback="Traceback ...\nValueError: no",
+    )
+
+
+async def test_a_batch_of_completions_records_each_whole(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    """Completions settled together: a driver may write them by a path of its own (SQLite's
+    batch builds each row without an AttemptRecord), and each record is still the one a single
+    completion leaves."""
+    first = await enqueue_one(driver, queue="a")
+    second = await enqueue_one(driver, queue="b")
+    claim_a = await claim_one(driver, "a")
+    claim_b = await claim_one(driver, "b")
+    manual_clock.advance(7)
+    await driver.settle(
+        [
+            noted(Complete(claim_a.lease, '{"n": 1}'), claim_a.attempt, seconds=0.25),
+            noted(Complete(claim_b.lease), claim_b.attempt, seconds=None),
+        ]
+    )
+    [a] = await driver.load_attempts(first)
+    [b] = await driver.load_attempts(second)
+    traceback = "Traceback ...\nValueError: no"
+    assert a == AttemptRecord(1, 1, "completed", "w-1", manual_clock.now, 0.25, None, traceback)
+    assert b == AttemptRecord(1, 1, "completed", "w-1", manual_clock.now, None, None, traceback)
 
 
 async def test_a_dead_letter_and_a_cancel_are_recorded(driver: Driver) -> None:
