@@ -13,7 +13,12 @@ pytest.importorskip("asyncpg")
 pytest.importorskip("trio_asyncio")
 
 from jobs_trio.drivers.postgres import open_postgres_driver
-from jobs_trio.drivers.postgres._settle_statements import _bool_array, _number_array, _text_array
+from jobs_trio.drivers.postgres._settle_statements import (
+    _bool_array,
+    _number_array,
+    _seconds_array,
+    _text_array,
+)
 
 # What the literal syntax gives a meaning to, and some it does not; no NUL (PostgreSQL's text
 # holds none, whichever way it is sent).
@@ -80,3 +85,30 @@ async def test_every_list_of_text_reads_back_as_it_was(pg_schema: str) -> None:
             )
 
         assert await driver.bridge.run(numbers, what="number literals") == (floats, ints)
+
+
+async def test_durations_read_back_to_the_nanosecond(pg_schema: str) -> None:
+    """An attempt's seconds go as whole nanoseconds (_seconds_array): each reads back within
+    half a nanosecond of what was measured, NULL as NULL, and a value no clock should give
+    (inf, nan) is still written rather than failing the settle."""
+    rng = random.Random(46)
+    seconds: list[float | None] = [0.0, 7.123456789e-06, 2.0, 1e-12, 86_400.5, None]
+    seconds += [rng.uniform(0, 3600) for _ in range(200)] + [rng.random() / 1e4 for _ in range(50)]
+    async with open_postgres_driver(
+        require_postgres(), schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+
+        async def read(conn: object, values: list[float | None]) -> list[float | None]:
+            fetchval = conn.fetchval  # type: ignore[attr-defined]
+            return list(await fetchval("SELECT $1::text::float8[]", _seconds_array(values)))
+
+        back = await driver.bridge.run(lambda conn: read(conn, seconds), what="seconds")
+        assert [v is None for v in back] == [v is None for v in seconds]
+        for sent, got in zip(seconds, back, strict=True):
+            if sent is not None:
+                assert got is not None, sent
+                assert abs(got - sent) <= 0.5e-9 + abs(sent) * 1e-15, (sent, got)
+        assert back[2] == 2.0  # a whole number of nanoseconds, exactly
+        odd = [float("inf"), 1.5]
+        assert await driver.bridge.run(lambda conn: read(conn, odd), what="odd") == odd
+        assert await driver.bridge.run(lambda conn: read(conn, []), what="none") == []

@@ -133,7 +133,8 @@ async def run_attempt(
     # coroutine for the judgement was a share of a no-op job's cost (issue 44). The lease
     # lifeline finds the claim of a body that blocks the loop here (judged_code).
     ctx = JobContext(claim, run, worker_id, driver, definition)
-    started = trio.current_time()
+    # When the body's time starts: None while it has not (a payload that does not decode).
+    started: float | None = None
     # How the body ended: it returned (``result``), raised (``error``), suspended, or none of
     # those — it unwound with the run scope's own ``Cancelled``, or never started.
     returned, result = False, None
@@ -149,9 +150,11 @@ async def run_attempt(
             # no-op job's verdict (issue 44).
             run.start_clock_at_entry()
             with run.cancel_scope:
+                started = run.clock_started_at()
                 result = await definition.fn(ctx, payload)
                 returned = True
         else:
+            started = trio.current_time()
             # The application's context variables are set around the body (and copied into a
             # sync body's thread by Trio); a restore hook that raises fails this attempt like
             # the body.
@@ -198,7 +201,8 @@ async def run_attempt(
             error = exc
     # A child the body forked that returned (or raised) here is not this attempt's worker.
     end_if_forked(run.owner, job_id=claim.job_id)
-    seconds = trio.current_time() - started
+    ended = run.ended_at = trio.current_time()
+    seconds = 0.0 if started is None else ended - started
     if returned and not run.abandoned:
         # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
         # that finished its work has nothing to redo); a lost lease still fences the write.

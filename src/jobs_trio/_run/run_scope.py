@@ -65,6 +65,9 @@ class RunScope:
     # When it took a slot of a queue whose claims ahead its pace sizes (Trio clock; None for
     # the others): the slot's time, read when it frees.
     slot_taken_at: float | None = None
+    # When its body ended (Trio clock), set by the attempt as it measures the body's time: the
+    # slot's release in the same scheduling step reads it rather than the clock (issue 44).
+    ended_at: float | None = None
     # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
     # from its thread while a body blocks the loop, where the Trio clock cannot be read.
     beside_until = -math.inf
@@ -102,6 +105,14 @@ class RunScope:
         if self.timeout is not None:
             self._timed = True
             self.cancel_scope.relative_deadline = self.timeout
+
+    def clock_started_at(self) -> float:
+        """When the body's clock started, read just inside the scope ``start_clock_at_entry``
+        set: the entry read Trio's clock to make the deadline, and a read of its own was one of
+        five a job made (issue 44)."""
+        if self.timeout is None:
+            return trio.current_time()
+        return self.cancel_scope.deadline - self.timeout
 
     def renewed_beside(self, now: float) -> None:
         """Move ``lease_deadline`` (Trio clock, ``now``) to where the lease lifeline's renewal

@@ -323,7 +323,8 @@ class Slots:
         began = run.slot_taken_at
         now = None
         if began is not None:
-            now = trio.current_time()
+            # Its body's end, when its attempt read it: in this same scheduling step.
+            now = run.ended_at if run.ended_at is not None else trio.current_time()
             self._paces[queue].observe(now - began)
         if self._ahead_paused:
             self._ahead_paused.discard(queue)

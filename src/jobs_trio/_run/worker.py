@@ -84,6 +84,10 @@ MIN_RESCUE_GRACE = 5.0
 # The level of an attempt's line, by its ending: INFO unless it needs a look.
 _LEVELS = {OutcomeKind.DEAD_LETTERED: logging.ERROR, OutcomeKind.PARKED: logging.WARNING}
 
+# A run's task's name (Trio's task tree, a debugger), given: left to Trio, it is made from the
+# function's module and qualified name at every spawn, a run per claimed job (issue 44).
+_RUN_TASK_NAME = "jobs_trio._run.worker.Worker._run_claim"  # the name Trio made
+
 # Scheduling passes a teardown whose wait for bodies was cut gives the bodies told to stop
 # before it abandons them: enough for a body, and a nursery of its own, to unwind.
 _UNWIND_PASSES = 3
@@ -680,7 +684,9 @@ class Worker:
             waited = self.driver.now() - run.claim.due_at
             if self._tally is not None:
                 self._tally.run_started(run.claim.queue, waited)
-        self._runs.start_soon(self._run_claim, run, definition, self._report, done)
+        self._runs.start_soon(
+            self._run_claim, run, definition, self._report, done, name=_RUN_TASK_NAME
+        )
 
     async def _run_claim(
         self,

@@ -18,6 +18,15 @@ def _by_kind(settlements: Sequence[Settlement]) -> dict[str, list[Settlement]]:
     find the token already cleared by the first, which is what applying them in order means.
     The (id, token) keys are dropped here, before the statement's round trip: kept through it,
     they were an object per settlement in flight for the garbage collector (issue 44)."""
+    if not settlements:
+        return {}
+    # The usual batch: one kind, one settlement a claim (tokens are made per claim, so
+    # distinct tokens are distinct claims), taken whole without a key made per settlement.
+    first = type(settlements[0])
+    if all(type(s) is first for s in settlements) and len(
+        {s.lease.token for s in settlements}
+    ) == len(settlements):
+        return {kind_of(settlements[0]).name: list(settlements)}
     firsts: dict[tuple[JobId, str], Settlement] = {}
     for s in settlements:
         firsts.setdefault((s.lease.job_id, s.lease.token), s)
@@ -116,6 +125,10 @@ def _applied_in_order(
 ) -> list[JobId]:
     """In the caller's order, each id once, as the memory driver answers: placed by the
     settlement that applied (by its token), not by a stale one of the same job before it."""
+    if len(applied) == len(settlements):
+        # As many applied as were sent (the answer names only the batch's rows): every one
+        # applied, and no two were one claim's.
+        return list(dict.fromkeys([s.lease.job_id for s in settlements]))
     return list(
         dict.fromkeys(
             s.lease.job_id for s in settlements if (s.lease.job_id, s.lease.token) in applied
@@ -154,7 +167,7 @@ def _settle_columns(group: Sequence[Settlement]) -> list[list[Any]]:
         _number_array([None if n is None else n.attempt for n in notes]),
         _text_array([history_outcome(s) for s in group]),
         _text_array([None if n is None else n.worker_id for n in notes]),
-        _number_array([None if n is None else n.seconds for n in notes]),
+        _seconds_array([None if n is None else n.seconds for n in notes]),
         _text_array([None if n is None else n.traceback for n in notes]),
     ]
     return columns
@@ -194,7 +207,7 @@ def _complete_columns(group: Sequence[Complete]) -> list[Any]:
         _number_array(attempts),
         _text_array(["completed"] * n),
         _text_array(workers),
-        _number_array(seconds),
+        _seconds_array(seconds),
         _text_array(tracebacks),
     ]
 
@@ -228,6 +241,25 @@ def _number_array(values: Sequence[float | None]) -> str:
     if None not in values:
         return "{" + ",".join(map(repr, values)) + "}"
     return "{" + ",".join(["NULL" if value is None else repr(value) for value in values]) + "}"
+
+
+def _seconds_array(values: Sequence[float | None]) -> str:
+    """An attempt's durations for a float8[] column: each as whole nanoseconds in e-notation
+    (``7123e-9``, which float8 reads as the double nearest 7.123 µs), None as NULL. A float's
+    repr (its shortest exact text) was 2% of a no-op job's worker CPU (issue 44); a duration
+    kept to the nanosecond keeps all a clock measured. Not a finite number (a clock gone
+    wrong): each as its repr, as ``_number_array`` writes it."""
+    try:
+        if not values:
+            return "{}"
+        if None not in values:
+            whole = cast("Sequence[float]", values)
+            return "{" + "e-9,".join([str(round(v * 1e9)) for v in whole]) + "e-9}"
+        return (
+            "{" + ",".join(["NULL" if v is None else f"{round(v * 1e9)}e-9" for v in values]) + "}"
+        )
+    except (OverflowError, ValueError):  # round() of inf or nan
+        return _number_array(values)
 
 
 def _bool_array(values: Sequence[bool]) -> str:
