@@ -63,3 +63,37 @@ async def test_a_running_worker_is_present_and_gone_once_stopped(autojump_clock:
         release.set()
         await w.stop()
     assert await driver.workers() == []
+
+
+async def test_an_attempts_seconds_are_its_bodys_time_whatever_its_timeout(
+    autojump_clock: object,
+) -> None:
+    """The body's time is read from the deadline its run scope set on entry (the clock read
+    once): a timeout too long for that float to give the start back reads the clock instead."""
+    registry = Registry()
+
+    @registry.job("short", timeout=60)
+    async def short(ctx: JobContext, payload: None) -> None:
+        await trio.sleep(2)
+
+    @registry.job("endless", timeout=1e300)
+    async def endless(ctx: JobContext, payload: None) -> None:
+        await trio.sleep(2)
+
+    @registry.job("untimed", timeout=None)
+    async def untimed(ctx: JobContext, payload: None) -> None:
+        await trio.sleep(2)
+
+    # An uneven time on the clock: a start read back from 0 + timeout would be exact anyway.
+    await trio.sleep(1234.5678)
+    driver = trio_driver()
+    ids = [await job.enqueue(driver) for job in (short, endless, untimed)]
+    w = worker(driver, registry, metrics=fresh_metrics())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(30)
+        await w.stop()
+    for job_id in ids:
+        [record] = await driver.load_attempts(job_id)
+        assert record.outcome == "completed"
+        assert record.seconds is not None and abs(record.seconds - 2) < 1e-6, record

@@ -15,6 +15,10 @@ from .._core.forked_child import own_pid
 from .._core.records import Claim
 from .._core.shared_keys import share_keys
 
+# The longest timeout whose deadline, less the timeout, still gives the time it was set at to
+# well under a microsecond (a deadline below ~2**21 s has a float step under a nanosecond).
+_EXACT_TIMEOUT = 1e6
+
 
 class CancelReason(enum.StrEnum):
     """Why a run was cancelled: the first reason given wins. The values are Trio's cancel
@@ -109,10 +113,12 @@ class RunScope:
     def clock_started_at(self) -> float:
         """When the body's clock started, read just inside the scope ``start_clock_at_entry``
         set: the entry read Trio's clock to make the deadline, and a read of its own was one of
-        five a job made (issue 44)."""
-        if self.timeout is None:
+        five a job made (issue 44). A timeout past ``_EXACT_TIMEOUT`` leaves the deadline's
+        float too coarse to give the start back (1e300 s: none of it): the clock is read."""
+        timeout = self.timeout
+        if timeout is None or timeout > _EXACT_TIMEOUT:
             return trio.current_time()
-        return self.cancel_scope.deadline - self.timeout
+        return self.cancel_scope.deadline - timeout
 
     def renewed_beside(self, now: float) -> None:
         """Move ``lease_deadline`` (Trio clock, ``now``) to where the lease lifeline's renewal
