@@ -388,6 +388,37 @@ async def test_a_worker_loop_writes_held_lines_when_it_waits_for_io(
         trio.lowlevel.remove_instrument(instrument)
 
 
+def test_a_busy_loop_writes_held_lines_when_it_waits_or_once_they_are_overdue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pass of the loop with tasks still to run (timeout 0) writes nothing held, unless the
+    # oldest held line has waited BATCH_SECONDS; a pass that waits writes all of it.
+    import time
+
+    from jobs_trio._cli.logging_flags import BATCH_SECONDS
+    from jobs_trio._core.logs import FlushHeldLines
+
+    _, written = cli_handler(monkeypatch)
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    instrument = FlushHeldLines()
+    log_event("jobs.attempt.completed", job="mail.send", attempt=1)
+    instrument.before_io_wait(0.0)
+    assert written == []
+    now[0] += BATCH_SECONDS / 2
+    log_event("jobs.attempt.completed", job="mail.send", attempt=2)
+    instrument.before_io_wait(0.0)
+    assert written == []
+    now[0] += BATCH_SECONDS / 2  # the first line's limit, though no new line came
+    instrument.before_io_wait(0.0)
+    assert len(written) == 1 and "attempt=1" in written[0] and "attempt=2" in written[0]
+    log_event("jobs.attempt.completed", job="mail.send", attempt=3)
+    instrument.before_io_wait(0.0)
+    assert len(written) == 1
+    instrument.before_io_wait(0.25)  # the loop waits: written at once
+    assert len(written) == 2 and "attempt=3" in written[1]
+
+
 @pytest.mark.parametrize(
     "fields",
     [

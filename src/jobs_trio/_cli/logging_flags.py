@@ -167,6 +167,12 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         ):
             self.flush()
 
+    def flush_overdue(self) -> None:
+        """``flush`` once the oldest line held has waited BATCH_SECONDS (logs.FlushHeldLines,
+        in a pass of the worker's loop that does not wait for I/O)."""
+        if self._held and time.monotonic() - self._first_held >= BATCH_SECONDS:
+            self.flush()
+
     def flush(self) -> None:
         self.acquire()
         try:
