@@ -97,3 +97,23 @@ async def test_an_attempts_seconds_are_its_bodys_time_whatever_its_timeout(
         [record] = await driver.load_attempts(job_id)
         assert record.outcome == "completed"
         assert record.seconds is not None and abs(record.seconds - 2) < 1e-6, record
+
+
+async def test_a_body_that_takes_no_time_reads_zero_seconds_never_less(
+    autojump_clock: object,
+) -> None:
+    """On a mock clock a no-op body takes no time: its start read back from its deadline is a
+    float's step off the entry, and its seconds must still read 0, not -1e-15 (found in
+    review: the history, the run-seconds histogram and the line all carried the negative)."""
+    registry = Registry()
+
+    @registry.job("noop")  # the default timeout, 60 s
+    async def noop(ctx: JobContext, payload: None) -> None:
+        return None
+
+    await trio.sleep(0.1)  # 0.1 + 60 - 60 is 0.1000000000000014
+    driver = trio_driver()
+    job_id = await noop.enqueue(driver)
+    [outcome] = await worker(driver, registry, metrics=fresh_metrics()).tick()
+    [record] = await driver.load_attempts(job_id)
+    assert outcome.seconds == 0.0 and record.seconds == 0.0

@@ -202,7 +202,9 @@ async def run_attempt(
     # A child the body forked that returned (or raised) here is not this attempt's worker.
     end_if_forked(run.owner, job_id=claim.job_id)
     ended = run.ended_at = trio.current_time()
-    seconds = 0.0 if started is None else ended - started
+    # Never below 0: a start read back from the deadline (clock_started_at) may sit a float's
+    # step past the entry, and a body that took no time on a mock clock read -1e-15 s.
+    seconds = 0.0 if started is None else max(ended - started, 0.0)
     if returned and not run.abandoned:
         # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
         # that finished its work has nothing to redo); a lost lease still fences the write.

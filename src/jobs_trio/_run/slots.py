@@ -323,7 +323,8 @@ class Slots:
         began = run.slot_taken_at
         now = None
         if began is not None:
-            # Its body's end, when its attempt read it: in this same scheduling step.
+            # Its body's end, as its attempt read it: in this same scheduling step (tick()
+            # writes its settlement in between, which its pace leaves out, as run()'s does).
             now = run.ended_at if run.ended_at is not None else trio.current_time()
             self._paces[queue].observe(now - began)
         if self._ahead_paused:
