@@ -30,9 +30,11 @@ def memory_driver() -> MemoryDriver:
 
 def new_worker(driver: Driver, registry: Registry, **options: Any) -> Worker:
     """A ``Worker`` for one test: its own metrics (a second worker in the process does not
-    collide on prometheus_client's default registry), no queue gauges, and a long safety poll
-    (the memory driver wakes a waiting worker itself; a short poll makes mock days cost many
-    idle wake-ups). ``options`` are ``Worker``'s and override these."""
+    collide on prometheus_client's default registry), no queue gauges, and a long pause after
+    a failed claim and between a failed write's retries (``poll_interval=600``: on a mock clock
+    a driver that fails does not spin through rounds). The safety poll stays at its default
+    (30 s): it is what finds a lease that lapsed unrenewed. ``options`` are ``Worker``'s and
+    override these."""
     options.setdefault("metrics", Metrics(CollectorRegistry()))
     options.setdefault("stats_interval", None)
     options.setdefault("poll_interval", 600.0)
