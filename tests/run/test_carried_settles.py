@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from jobs_trio import Registry, Worker
 from jobs_trio._core.errors import DriverError, ValueRefused
 from jobs_trio._core.records import Complete, JobState, Settlement
+from jobs_trio._run.settler import CARRY_WAIT
 from jobs_trio.drivers.memory import MemoryDriver
 from tests.helpers.worker_helpers import worker
 
@@ -220,3 +222,41 @@ async def test_a_drain_writes_what_waits_while_a_claim_hangs(autojump_clock: obj
             await w.stop()
     found = await driver.get(b)
     assert found is not None and found.state is JobState.COMPLETED, w.stats().abandoned
+
+
+class OneCallAtATime(CarryingDriver):
+    """A driver that serves one call at a time (SQLite's one connection): its claims are never
+    side by side, and each carrying claim takes three carry waits to answer."""
+
+    capabilities = attrs.evolve(CarryingDriver.capabilities, claims_side_by_side=False)
+
+    async def settle_and_claim(
+        self, settlements: Sequence[Settlement], *args: Any, **options: Any
+    ) -> tuple[Sequence[str], Any]:
+        await trio.sleep(3 * CARRY_WAIT)
+        return await super().settle_and_claim(settlements, *args, **options)
+
+
+async def test_one_call_at_a_time_a_claim_in_flight_carries_the_next_settles(
+    autojump_clock: object,
+) -> None:
+    # On SQLite a claim of a few hundred jobs took 10-20 ms, and settlements handed in while it
+    # was in flight were written alone at CARRY_WAIT: a write that could not start before the
+    # claim ended, and that the next claim (which would have carried them) then waited behind.
+    registry = Registry()
+    sleepy = sleepy_jobs(registry)
+    driver = OneCallAtATime()
+    jobs = [sleepy.new_job(0.01 * (n % 4 + 1)) for n in range(16)]
+    ids = [x.job_id for x in await driver.enqueue(jobs)]
+    w = worker(driver, registry, concurrency=4, claim_ahead=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        with trio.fail_after(30):
+            while len(driver.carried) + len(driver.alone) < len(ids) - 4:
+                await trio.sleep(0.01)
+        alone_while_claiming = list(driver.alone)
+        await w.stop()
+    assert set((await settled_states(driver)).values()) == {JobState.COMPLETED}
+    # Every settlement waited for the claim in flight and went with the next one.
+    assert alone_while_claiming == []
+    assert len(driver.carried) >= len(ids) - 4

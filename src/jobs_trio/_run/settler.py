@@ -118,9 +118,14 @@ class Settler:
         max_batch: int = 500,
         retry_cap: float = 1.0,
         carried_by_claims: bool = False,
+        one_call_at_a_time: bool = False,
         outage: Outage | None = None,
     ) -> None:
         self._driver = driver
+        # The driver serves one call at a time (SQLite's one connection): a write of its own
+        # sent while a claim is in flight waits behind that claim anyway, and the next claim
+        # then waits behind the write (see _leave_to_claims).
+        self._one_call_at_a_time = one_call_at_a_time
         self._outage = outage
         # A write that failed for an unreachable database is being retried: the worker's claim
         # loop waits (``flowing``) so that its finished work lands before its next claim.
@@ -419,9 +424,16 @@ class Settler:
         too, and wakes the claim loop). Bounded by looks with no claim in flight: a claim
         loop with no room claims nothing, and these are written here; and by CARRY_WAIT for
         each claim in flight: one that takes longer leaves them to be written alone, as they
-        are once claiming has stopped."""
+        are once claiming has stopped. Not by CARRY_WAIT where the driver serves one call at a
+        time: a write sent then could not start before the claim ends (a claim held up by a
+        locked file holds it up as long), and the next claim, which would have carried it,
+        would wait for it. On SQLite at c=10 a claim of ~300 jobs takes 10-20 ms, and a write
+        sent at CARRY_WAIT was a transaction in three (bench/worker_cpu.py --db sqlite:...)."""
         quiet = 0
         while quiet < _PASSES_FOR_A_CLAIM and not self._closed and not self._claims_stopped:
+            if self._claims_in_flight and self._one_call_at_a_time:
+                await self._claim_answered.park()
+                continue
             if self._claims_in_flight:
                 # Not past the bound: a claim that waits on a lock, or hangs on a stalled
                 # connection, must not hold up writes the database would take at once (a
