@@ -225,6 +225,15 @@ SCRIPTS = {
         "--db {db} --jobs 300 --batch 50 --reps 1",
         (rf"batch 50: PostgreSQL {NUMBER} µs a job, client {NUMBER} µs",),
     ),
+    "sqlite_door": Script(
+        "bench/sqlite_door.py",
+        "--jobs 300 --concurrency 10",
+        (
+            rf"sqlite c=10 {NUMBER} jobs/s: door in a transaction {NUMBER}% of the run",
+            rf"a door call \({NUMBER} calls",
+        ),
+        postgres=False,
+    ),
     "worker_cpu": Script(
         "bench/worker_cpu.py",
         "--db {db} --jobs 300 --concurrency 10",
