@@ -41,10 +41,18 @@ _REFUSAL_CHARS = 400
 # The scheduling passes with no claim in flight, each with a settlement handed in, that the
 # writer leaves for a claim to carry what waits before it writes it alone (_leave_to_claims).
 _PASSES_FOR_A_CLAIM = 2
-# And the longest it waits for a claim in flight to answer (seconds): a claim's round trip is
-# a millisecond or two when the database keeps up; one held up longer (a lock, a stall) is not
-# waited for.
+# And how long it waits for a claim in flight to answer (seconds): a claim's round trip is a
+# millisecond or two when the database keeps up; one held up longer (a lock, a stall) is not
+# waited for. At least CARRY_WAIT, and up to CARRY_ROUND_TRIPS of the worker's recent claims'
+# round trips (a running mean, each counted up to CARRY_WAIT_MOST), never past that bound: on
+# SQLite a claim of a few hundred jobs takes 10-20 ms, and a write sent at 20 ms could not start
+# before the claim ended (one connection) while the next claim, which would have carried it,
+# waited behind it (issue 44: one door call in three at c=10).
 CARRY_WAIT = 0.02
+CARRY_ROUND_TRIPS = 3
+CARRY_WAIT_MOST = 0.2
+# How fast that mean follows the claims: each claim's round trip counts this much.
+_ROUND_TRIP_WEIGHT = 0.25
 # A settlement whose row stays locked is logged once its backoff reaches this (its 4th try).
 _LOCK_WARN_AFTER = 0.4
 # Reads of a job's history to tell a write whose answer was lost (about 3 s of retries).
@@ -118,14 +126,9 @@ class Settler:
         max_batch: int = 500,
         retry_cap: float = 1.0,
         carried_by_claims: bool = False,
-        one_call_at_a_time: bool = False,
         outage: Outage | None = None,
     ) -> None:
         self._driver = driver
-        # The driver serves one call at a time (SQLite's one connection): a write of its own
-        # sent while a claim is in flight waits behind that claim anyway, and the next claim
-        # then waits behind the write (see _leave_to_claims).
-        self._one_call_at_a_time = one_call_at_a_time
         self._outage = outage
         # A write that failed for an unreachable database is being retried: the worker's claim
         # loop waits (``flowing``) so that its finished work lands before its next claim.
@@ -155,6 +158,9 @@ class Settler:
         # writer leaves a claim its chance to carry them (see _write_batches).
         self._claims_in_flight = 0
         self._handed_in = 0
+        # The running mean of the claims' round trips (Settler.claim), which the carry wait
+        # covers a few times over; None until a claim was answered.
+        self._round_trip: float | None = None
         self._claims_stopped = False
         self._claim_answered = trio.lowlevel.ParkingLot()
         self.peak = 0  # the most settlements ever waiting at once (checked against capacity)
@@ -285,8 +291,11 @@ class Settler:
         gave the caller when it decided to claim (else taken now)."""
         if carried is None:
             carried = self.take_for_claim()
+        sent_at = trio.current_time()
         if not carried:
-            return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+            claims = await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+            self._answered_after(sent_at)
+            return claims
         both = cast(SettlesWithClaims, driver)  # carried only when its capabilities say so
         tried_at = driver.now()
         # In flight (the writer leaves what waits to the next claim: _leave_to_claims) only
@@ -320,6 +329,7 @@ class Settler:
             raise
         else:
             self.written(carried, applied)
+            self._answered_after(sent_at)
             return claims
         finally:
             self._claims_in_flight -= 1
@@ -327,6 +337,21 @@ class Settler:
         # Refused: alone from now on, the writer isolates the refused settlement (it never
         # fails a claim again), and this claim goes without them.
         return await driver.claim(queues, limit, lease=lease, worker_id=worker_id, **options)
+
+    def _answered_after(self, sent_at: float) -> None:
+        """A claim sent at ``sent_at`` (Trio clock) was answered now: its round trip counts in
+        the mean the carry wait covers (``_carry_wait``), up to CARRY_WAIT_MOST, so that one
+        claim held up by a stall does not make every later wait its length."""
+        took = min(trio.current_time() - sent_at, CARRY_WAIT_MOST)
+        mean = self._round_trip
+        self._round_trip = took if mean is None else mean + _ROUND_TRIP_WEIGHT * (took - mean)
+
+    def _carry_wait(self) -> float:
+        """How long what waits is left to a claim in flight: see CARRY_WAIT."""
+        mean = self._round_trip
+        if mean is None:
+            return CARRY_WAIT
+        return min(max(CARRY_WAIT, CARRY_ROUND_TRIPS * mean), CARRY_WAIT_MOST)
 
     def take_for_claim(self) -> list[_Pending]:
         """The waiting settlements a claim may carry (none once the intake stopped: the
@@ -423,22 +448,15 @@ class Settler:
         meanwhile), and for a pass after each arrival (a run that hands one in frees its slot
         too, and wakes the claim loop). Bounded by looks with no claim in flight: a claim
         loop with no room claims nothing, and these are written here; and by CARRY_WAIT for
-        each claim in flight: one that takes longer leaves them to be written alone, as they
-        are once claiming has stopped. Not by CARRY_WAIT where the driver serves one call at a
-        time: a write sent then could not start before the claim ends (a claim held up by a
-        locked file holds it up as long), and the next claim, which would have carried it,
-        would wait for it. On SQLite at c=10 a claim of ~300 jobs takes 10-20 ms, and a write
-        sent at CARRY_WAIT was a transaction in three (bench/worker_cpu.py --db sqlite:...)."""
+        each claim in flight (or a few of its recent round trips, ``_carry_wait``): one that
+        takes longer leaves them to be written alone, as they are once claiming has stopped."""
         quiet = 0
         while quiet < _PASSES_FOR_A_CLAIM and not self._closed and not self._claims_stopped:
-            if self._claims_in_flight and self._one_call_at_a_time:
-                await self._claim_answered.park()
-                continue
             if self._claims_in_flight:
                 # Not past the bound: a claim that waits on a lock, or hangs on a stalled
                 # connection, must not hold up writes the database would take at once (a
                 # drain's budget could end with these unwritten: their jobs run again).
-                with trio.move_on_after(CARRY_WAIT):
+                with trio.move_on_after(self._carry_wait()):
                     await self._claim_answered.park()
                     continue
                 return

@@ -354,7 +354,6 @@ class Worker:
             self.driver,
             capacity=lambda: 2 * sum(n + ahead_of(q) for q, n in limits.items()),
             carried_by_claims=capabilities.settles_with_claims,
-            one_call_at_a_time=not capabilities.claims_side_by_side,
             retry_cap=self.options.poll_interval,
             outage=self._outage,
         )
