@@ -282,26 +282,11 @@ async def test_a_claim_that_hangs_after_slow_ones_holds_a_settlement_back_a_boun
         await trio.sleep(payload[1])
         ended[int(payload[0])] = trio.current_time()
 
-    class SlowThenHanging(SlowClaims):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hang = False
-            self.written_at: dict[str, float] = {}
-
-        async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
-            applied = await super().settle(settlements)
-            self.written_at.update((job_id, trio.current_time()) for job_id in applied)
-            return applied
-
-        async def settle_and_claim(
-            self, settlements: Sequence[Settlement], *args: Any, **options: Any
-        ) -> tuple[Sequence[str], Any]:
-            if self.hang:
-                await trio.sleep(40)
-                raise DriverError("no answer within 40 s (test)", fix="none")
-            return await super().settle_and_claim(settlements, *args, **options)
+    class SlowThenHanging(SlowClaims, HangingDriver):
+        """SlowClaims' claims, then HangingDriver's hangs once ``hang_next`` is set."""
 
     driver = SlowThenHanging()
+    driver.hang_next = 0
     await driver.enqueue([timed.new_job([n, 0.01]) for n in range(8)])
     w = worker(driver, registry, concurrency=2, claim_ahead=0, poll_interval=1.0)
     async with trio.open_nursery() as nursery:
@@ -309,7 +294,7 @@ async def test_a_claim_that_hangs_after_slow_ones_holds_a_settlement_back_a_boun
         with trio.fail_after(30):
             while len(driver.carried) + len(driver.alone) < 8:
                 await trio.sleep(0.01)
-        driver.hang = True  # every claim that carries a settlement from here hangs
+        driver.hang_next = 100  # every claim that carries a settlement from here hangs
         _, b = [
             x.job_id
             for x in await driver.enqueue([timed.new_job([100, 0.5]), timed.new_job([200, 2.0])])
