@@ -29,7 +29,7 @@ from worker_cpu import _drop
 
 import jobs_trio
 from jobs_trio._cli.logging_flags import configure_logging
-from jobs_trio._core.logs import _ROUTE, FlushHeldLines, _clock, _seconds
+from jobs_trio._core.logs import _ROUTE, AttemptLine, FlushHeldLines
 from jobs_trio._core.records import AttemptNote, Complete, Settlement
 
 QUEUE = "bench_worker_cpu"  # the worker's: one INFO line's text for both
@@ -65,10 +65,10 @@ async def main(args: argparse.Namespace) -> None:
 
 
 async def _floor(driver: Any, args: argparse.Namespace) -> None:
-    take_text = _ROUTE.text_taker(logging.INFO)  # decided once: nothing changes it here
+    take_attempt = _ROUTE.attempt_taker()  # decided once: nothing changes it here
     # Held lines written as the loop waits for I/O, as the worker writes them.
     trio.lowlevel.add_instrument(FlushHeldLines())
-    head, middle = "jobs.attempt.completed job_id=", f" job=bench.worker_cpu queue={QUEUE} attempt="
+    line = AttemptLine("jobs.attempt.completed", "bench.worker_cpu", QUEUE)
     done: list[Settlement] = []
     held: collections.deque[Any] = collections.deque()
     counts = {"completed": 0}
@@ -86,10 +86,8 @@ async def _floor(driver: Any, args: argparse.Namespace) -> None:
         seconds = trio.current_time() - started
         done.append(Complete(claim.lease, "null", AttemptNote(claim.attempt, worker_id, seconds)))
         counts["completed"] += 1
-        if take_text is not None:
-            _, created, msecs = _clock()
-            text = f"{head}{claim.job_id}{middle}{claim.attempt} seconds={_seconds(seconds)}"
-            take_text(logging.INFO, "jobs.attempt.completed", text, created, msecs)
+        if take_attempt is not None:
+            take_attempt(line, claim.job_id, claim.attempt, seconds)
         running -= 1
         finished += 1
         if held:

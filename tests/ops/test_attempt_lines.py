@@ -262,3 +262,23 @@ async def test_a_worker_logs_each_completion_once_with_its_fields(caught: Caught
     for record in done:
         assert set(record.fields) == {"job_id", "job", "queue", "attempt", "seconds"}  # type: ignore[attr-defined]
         assert record.levelno == logging.INFO
+
+
+def test_an_attempt_line_shows_infos_name_as_its_record_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The line made past the record names its level as logging names it now: an application
+    that renamed INFO (``logging.addLevelName``) sees the same name on every line."""
+    handler, written = lines_to(monkeypatch)
+    monkeypatch.setitem(logging._levelToName, logging.INFO, "NOTE")  # type: ignore[attr-defined]
+    monkeypatch.setitem(logging._nameToLevel, "NOTE", logging.INFO)  # type: ignore[attr-defined]
+    logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail").log("a1", 1, 0.5)
+    handler.flush()
+    record = logs._record(
+        logging.INFO,
+        "jobs.attempt.completed",
+        {**FIELDS, "job_id": "a1", "attempt": 1, "seconds": 0.5},
+    )
+    assert [line.split(" ", 3)[2] for line in written] == ["NOTE"]
+    assert handler.formatter is not None
+    assert written[0].split(" ", 2)[2] == handler.formatter.format(record).split(" ", 2)[2]

@@ -21,6 +21,7 @@ from .._core.log_format import (
     formatter,
     logfmt_pairs,
 )
+from .._core.logs import AttemptLine, _clock, seconds_text
 from .._core.logs import logger as _jobs_logger
 
 ENV_LOG_LEVEL = "JOBS_TRIO_LOG_LEVEL"
@@ -152,6 +153,28 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
                 raise
             except Exception:
                 pass  # as handleError does by default: a log line never fails its caller
+        return True
+
+    def take_attempt(self, line: AttemptLine, job_id: str, attempt: int, seconds: float) -> bool:
+        """An attempt's INFO line (logs.TakeAttempt): the line ``take_text`` writes for its
+        message, made and held in this one call."""
+        formatter = self.formatter
+        if type(formatter) is not TextFormatter:
+            return False  # a subclass may make its lines otherwise: the record's way
+        _, created, msecs = _clock()
+        text = (
+            f"{formatter.info_head(created, msecs)}{line.head}{job_id}{line.middle}{attempt}"
+            f" seconds={seconds_text(seconds)}"
+        )
+        with self.lock:  # type: ignore[union-attr]  # as in take_text
+            # _hold's steps for a batched line below WARNING, which this always is.
+            now = time.monotonic()
+            held = self._held
+            if not held:
+                self._first_held = now
+            held.append(text)
+            if now - self._first_held >= BATCH_SECONDS or len(held) >= _BATCH_LINES:
+                self.flush()
         return True
 
     def _hold(self, line: str, level: int, event: object) -> None:

@@ -99,6 +99,7 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._second: tuple[int, str] = (-1, "")
         self._head: tuple[tuple[int, float, str, str], str] = ((-1, 0.0, "", ""), "")
+        self._info: tuple[int, float, str] = (-1, 0.0, "")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt is not None:
@@ -129,6 +130,19 @@ class TextFormatter(logging.Formatter):
         if head[0] != key:
             head = self._head = (key, f"{self._time(created, msecs)} {level} {name}: ")
         return (head[1] + message).rstrip()
+
+    def info_head(self, created: float, msecs: float) -> str:
+        """What ``event_line`` puts before the message of a jobs_trio INFO line, kept for the
+        lines of one millisecond: a worker's line per finished attempt (its message never
+        ends in a blank, which event_line strips). The level's name is read with the stamp
+        (``logging.addLevelName`` may rename INFO)."""
+        second = int(created)
+        info = self._info
+        if info[0] != second or info[1] != msecs:
+            level = logging.getLevelName(logging.INFO)
+            head = f"{self._time(created, msecs)} {level} jobs_trio: "
+            info = self._info = (second, msecs, head)
+        return info[2]
 
     def format(self, record: logging.LogRecord) -> str:
         # A jobs_trio line with nothing below it (no traceback field, no exception), as a worker

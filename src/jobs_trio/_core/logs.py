@@ -81,23 +81,27 @@ class AttemptLine:
     field by field was a sixth of what a no-op job cost it (issue 44). The text and the record
     are the ones ``log_event`` makes of the same fields."""
 
-    __slots__ = ("_head", "_middle", "event", "job", "queue")
+    __slots__ = ("event", "head", "job", "middle", "queue")
 
     def __init__(self, event: str, job: str, queue: str) -> None:
         self.event, self.job, self.queue = event, job, queue
-        self._head = f"{event} job_id="
-        self._middle = f" {logfmt_pairs({'job': job, 'queue': queue})} attempt="
+        # The line's message is head + job_id + middle + attempt + " seconds=" + _seconds().
+        self.head = f"{event} job_id="
+        self.middle = f" {logfmt_pairs({'job': job, 'queue': queue})} attempt="
 
     def log(self, job_id: str, attempt: int, seconds: float) -> None:
         if not logger.isEnabledFor(logging.INFO):
             return
-        take_text = _ROUTE.text_taker(logging.INFO)
-        if take_text is not None and type(attempt) is int and is_bare_ascii(job_id):
-            _, created, msecs = _clock()
-            # _seconds shows 6 decimals: the same text as of the value rounded below.
-            text = f"{self._head}{job_id}{self._middle}{attempt} seconds={_seconds(seconds)}"
-            if take_text(logging.INFO, self.event, text, created, msecs):
-                return
+        take_attempt = _ROUTE.attempt_taker()
+        # A bare id and an int attempt: the message is the fixed parts and these, as
+        # logfmt_pairs would render the fields below (the handler makes it).
+        if (
+            take_attempt is not None
+            and type(attempt) is int
+            and is_bare_ascii(job_id)
+            and take_attempt(self, job_id, attempt, seconds)
+        ):
+            return
         seconds = round(seconds, 6)
         fields = {
             "job_id": job_id,
@@ -121,9 +125,18 @@ def _seconds(seconds: float) -> str:
     return logfmt_value(round(seconds, 6))
 
 
-# A handler's way past the record for a line already rendered (``AttemptLine``): its
-# ``take_text`` writes the line its formatter would make of a record with that message.
+# A handler's way past the record for a line already rendered: its ``take_text`` writes the
+# line its formatter would make of a record with that message.
 TakeText = Callable[[int, str, str, float, float], bool]
+# And for an attempt's INFO line (``AttemptLine``), made by the handler from the line's fixed
+# parts and its values in one call (``take_attempt``): the calls between rendering the message
+# and holding its line were most of a line's cost, at a line per finished attempt (issue 44).
+TakeAttempt = Callable[["AttemptLine", str, int, float], bool]
+
+
+def seconds_text(seconds: float) -> str:
+    """An attempt's seconds as its INFO line shows them (the handler's ``take_attempt``)."""
+    return _seconds(seconds)
 
 
 class _Route:
@@ -135,13 +148,14 @@ class _Route:
     integration, a tracer), propagation turned off: each changes the identity, and the next
     line decides again. A cache, so module state: one per process, like logging's own."""
 
-    __slots__ = ("_handler", "_setup", "_take_line", "_take_text")
+    __slots__ = ("_handler", "_setup", "_take_attempt", "_take_line", "_take_text")
 
     def __init__(self) -> None:
         self._setup: tuple[object, ...] | None = None
         self._handler: logging.Handler | None = None
         self._take_line: TakeLine | None = None
         self._take_text: TakeText | None = None
+        self._take_attempt: TakeAttempt | None = None
 
     def _handler_now(self) -> logging.Handler | None:
         setup = _setup()
@@ -150,6 +164,7 @@ class _Route:
             handler = self._handler = _line_handler()
             self._take_line = getattr(handler, "take_line", None)
             self._take_text = getattr(handler, "take_text", None)
+            self._take_attempt = getattr(handler, "take_attempt", None)
         return self._handler
 
     def taker(self, level: int) -> TakeLine | None:
@@ -163,6 +178,13 @@ class _Route:
         if handler is None or level < handler.level:
             return None
         return self._take_text
+
+    def attempt_taker(self) -> TakeAttempt | None:
+        """``take_attempt`` of the handler an INFO line goes to, if it takes one."""
+        handler = self._handler_now()
+        if handler is None or handler.level > logging.INFO:
+            return None
+        return self._take_attempt
 
 
 _ROUTE: Final = _Route()
