@@ -121,7 +121,7 @@ async def _floor(driver: Any, args: argparse.Namespace) -> None:
         flush()
 
 
-if __name__ == "__main__":
+def run_from_command_line() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--jobs", type=int, default=3000)
@@ -130,3 +130,7 @@ if __name__ == "__main__":
     options = parser.parse_args()
     configure_logging(argparse.Namespace(log_level="info", log_format="text"))
     trio.run(main, options)
+
+
+if __name__ == "__main__":
+    run_from_command_line()

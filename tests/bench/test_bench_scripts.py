@@ -246,6 +246,17 @@ SCRIPTS = {
         "--db {db} --jobs 100 --concurrency 10",
         (rf"c=10 {NUMBER} instructions a job|needs valgrind",),
     ),
+    # Traced: ~60 times slower, so fewer jobs; the floor's loop and the worker both.
+    "worker_ops": Script(
+        "bench/worker_ops.py",
+        "--db {db} --jobs 100 --concurrency 10 --top 3",
+        (rf"worker c=10 {NUMBER} steps a job", rf"{NUMBER}  jobs_trio\b"),
+    ),
+    "worker_ops_floor": Script(
+        "bench/worker_ops.py",
+        "--floor --db {db} --jobs 100 --concurrency 10 --top 3",
+        (rf"floor c=10 {NUMBER} steps a job",),
+    ),
 }
 
 

@@ -1,5 +1,5 @@
-# What a batch takes from the settler's queue: the same with its one-step path (all of a queue
-# that fits, issue 44) as with the loop that takes one at a time, for every mix of queue.
+# What a batch takes from the settler's queue, for every mix of queue: from the front, up to the
+# batch's size, never one job twice, and for a claim only what it may carry.
 from __future__ import annotations
 
 from hypothesis import given
@@ -50,7 +50,8 @@ def test_a_batch_takes_what_the_one_at_a_time_rule_takes(
 
 
 def test_a_queue_that_fits_with_one_job_twice_is_taken_up_to_the_second_run() -> None:
-    """The one-step path's own refusal: everything fits, but a job's second run must wait."""
+    """Everything fits in the batch, but a job's second run waits for the next (a driver
+    answers by job id: in one batch the fenced run would pass for written)."""
     settler = Settler(MemoryDriver(), max_batch=10)
     made = [pending(job, True, n) for n, job in enumerate("abca")]
     settler._queue.extend(made)

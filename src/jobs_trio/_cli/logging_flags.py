@@ -21,7 +21,7 @@ from .._core.log_format import (
     formatter,
     logfmt_pairs,
 )
-from .._core.logs import AttemptLine, _clock, seconds_text
+from .._core.logs import AttemptLine, record_clock, seconds_text
 from .._core.logs import logger as _jobs_logger
 
 ENV_LOG_LEVEL = "JOBS_TRIO_LOG_LEVEL"
@@ -161,7 +161,7 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         formatter = self.formatter
         if type(formatter) is not TextFormatter:
             return False  # a subclass may make its lines otherwise: the record's way
-        _, created, msecs = _clock()
+        _, created, msecs = record_clock()
         text = (
             f"{formatter.info_head(created, msecs)}{line.head}{job_id}{line.middle}{attempt}"
             f" seconds={seconds_text(seconds)}"

@@ -51,7 +51,7 @@ def log_event(event: str, level: int = logging.INFO, **fields: object) -> None:
         return
     take_line = _ROUTE.taker(level)
     if take_line is not None:
-        _, created, msecs = _clock()
+        _, created, msecs = record_clock()
         if take_line(level, event, fields, created, msecs):
             return
     logger.handle(_record(level, event, fields))
@@ -85,7 +85,7 @@ class AttemptLine:
 
     def __init__(self, event: str, job: str, queue: str) -> None:
         self.event, self.job, self.queue = event, job, queue
-        # The line's message is head + job_id + middle + attempt + " seconds=" + _seconds().
+        # The line's message is head + job_id + middle + attempt + " seconds=" + seconds_text().
         self.head = f"{event} job_id="
         self.middle = f" {logfmt_pairs({'job': job, 'queue': queue})} attempt="
 
@@ -113,7 +113,7 @@ class AttemptLine:
         logger.handle(_record(logging.INFO, self.event, fields))
 
 
-def _seconds(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
     """A duration rounded to 6 decimals as ``logfmt_value`` shows it (``0.000081``, ``0.5``,
     ``12.0``), made with one format where it took a repr and a rewrite of its e-notation: below
     a billion seconds a value of 6 decimals or fewer has no shorter repr than its digits. The
@@ -132,11 +132,6 @@ TakeText = Callable[[int, str, str, float, float], bool]
 # parts and its values in one call (``take_attempt``): the calls between rendering the message
 # and holding its line were most of a line's cost, at a line per finished attempt (issue 44).
 TakeAttempt = Callable[["AttemptLine", str, int, float], bool]
-
-
-def seconds_text(seconds: float) -> str:
-    """An attempt's seconds as its INFO line shows them (the handler's ``take_attempt``)."""
-    return _seconds(seconds)
 
 
 class _Route:
@@ -275,7 +270,7 @@ def _passes_as_logging_has_it() -> bool:
     )
 
 
-def _clock() -> tuple[float, float, float]:
+def record_clock() -> tuple[float, float, float]:
     """The clock as LogRecord reads it now: its reading (ns from 3.13, logging's start time's
     unit), ``created`` and ``msecs``."""
     if _NANOSECONDS:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
@@ -104,8 +103,6 @@ class _Pending:
 
 
 share_keys(_Pending, "settlement")
-_CARRIABLE = operator.attrgetter("carriable")
-_JOB_ID = operator.attrgetter("settlement.lease.job_id")
 
 
 class Settler:
@@ -521,18 +518,9 @@ class Settler:
         re-claim) never share a batch: a driver says which settlements applied by job id, so
         in one batch the fenced one would pass for written; the second waits for the next.
         A claim (not ``by_writer``) takes only carriable ones, up to the first that is not."""
-        queue, most = self._queue, self._max_batch
-        if len(queue) <= most:
-            # All of it, in one step, when the loop below would take all of it: nothing it
-            # stops at (every one carriable, no job twice). Looked at by C-level reads, where
-            # the loop's own bytecode was a share of a no-op job's settle (issue 44).
-            batch = list(queue)
-            carriable = by_writer or all(map(_CARRIABLE, batch))
-            if carriable and len(set(map(_JOB_ID, batch))) == len(batch):
-                queue.clear()
-                return batch
-        batch = []
+        batch: list[_Pending] = []
         jobs: set[JobId] = set()
+        queue, most = self._queue, self._max_batch
         while queue and len(batch) < most:
             pending = queue[0]
             job_id = pending.settlement.lease.job_id
@@ -674,12 +662,9 @@ class Settler:
         await self._write(batch)
 
     def _done(self, batch: list[_Pending], applied: set[JobId], *, reported: bool = False) -> None:
-        unwritten = self._unwritten
         for pending in batch:
-            settlement = pending.settlement
-            if settlement.lease.job_id in applied:
-                pending.applied = True
-            elif not reported:
+            pending.applied = pending.settlement.lease.job_id in applied
+            if not pending.applied and not reported:
                 # Fenced: the claim's lease had lapsed and the job is another run's now (or
                 # was buried). That run's ending stands; this one's is dropped, and must not
                 # be dropped without a word (a finished body's result included).
@@ -691,14 +676,7 @@ class Settler:
                     why="not written: this run's lease had lapsed and the job was taken by"
                     " another run (or buried) before its ending reached the database",
                 )
-            # _release's steps, in this loop: a call per settlement was a share of a no-op
-            # job's settle (issue 44).
-            unwritten.pop(id(pending), None)
-            pending.over = True
-            if pending.on_written is not None:
-                pending.on_written(settlement)
-            if pending.done is not None:
-                pending.done.set()
+            self._release(pending)
         self._written.unpark_all()
 
     def _release(self, pending: _Pending) -> None:
