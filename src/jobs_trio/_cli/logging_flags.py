@@ -138,21 +138,13 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         return self.take_text(level, event, message, created, msecs)
 
     def take_text(self, level: int, event: str, message: str, created: float, msecs: float) -> bool:
-        """A jobs_trio line rendered already (logs.TakeText): ``message`` is its record's."""
+        """A jobs_trio line rendered already (take_line's): ``message`` is its record's."""
         formatter = self.formatter
         assert isinstance(formatter, TextFormatter)  # takes_lines() said so
         line = formatter.event_line(created, msecs, logging.getLevelName(level), _LOGGER, message)
         if line is None:
             return False
-        # The handler's own lock taken directly: acquire() and release() are two calls more
-        # around it, at a line per finished attempt (issue 44).
-        with self.lock:  # type: ignore[union-attr]  # every Handler has one (createLock)
-            try:
-                self._hold(line, level, event)
-            except RecursionError:
-                raise
-            except Exception:
-                pass  # as handleError does by default: a log line never fails its caller
+        self._hold_taken(line, level, event)
         return True
 
     def take_attempt(self, line: AttemptLine, job_id: str, attempt: int, seconds: float) -> bool:
@@ -166,16 +158,20 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
             f"{formatter.info_head(created, msecs)}{line.head}{job_id}{line.middle}{attempt}"
             f" seconds={seconds_text(seconds)}"
         )
-        with self.lock:  # type: ignore[union-attr]  # as in take_text
-            # _hold's steps for a batched line below WARNING, which this always is.
-            now = time.monotonic()
-            held = self._held
-            if not held:
-                self._first_held = now
-            held.append(text)
-            if now - self._first_held >= BATCH_SECONDS or len(held) >= _BATCH_LINES:
-                self.flush()
+        self._hold_taken(text, logging.INFO, line.event)
         return True
+
+    def _hold_taken(self, line: str, level: int, event: str) -> None:
+        """Hold a line taken without its record. The handler's own lock taken directly:
+        acquire() and release() are two calls more around it, at a line per finished attempt
+        (issue 44)."""
+        with self.lock:  # type: ignore[union-attr]  # every Handler has one (createLock)
+            try:
+                self._hold(line, level, event)
+            except RecursionError:
+                raise
+            except Exception:
+                pass  # as handleError does by default: a log line never fails its caller
 
     def _hold(self, line: str, level: int, event: object) -> None:
         now = time.monotonic()

@@ -125,12 +125,10 @@ def seconds_text(seconds: float) -> str:
     return logfmt_value(round(seconds, 6))
 
 
-# A handler's way past the record for a line already rendered: its ``take_text`` writes the
-# line its formatter would make of a record with that message.
-TakeText = Callable[[int, str, str, float, float], bool]
-# And for an attempt's INFO line (``AttemptLine``), made by the handler from the line's fixed
-# parts and its values in one call (``take_attempt``): the calls between rendering the message
-# and holding its line were most of a line's cost, at a line per finished attempt (issue 44).
+# A handler's way past the record for an attempt's INFO line (``AttemptLine``): its
+# ``take_attempt`` makes the line from the line's fixed parts and its values, and holds it, in
+# one call: the calls between rendering the message and holding its line were most of a line's
+# cost, at a line per finished attempt (issue 44).
 TakeAttempt = Callable[["AttemptLine", str, int, float], bool]
 
 
@@ -143,13 +141,12 @@ class _Route:
     integration, a tracer), propagation turned off: each changes the identity, and the next
     line decides again. A cache, so module state: one per process, like logging's own."""
 
-    __slots__ = ("_handler", "_setup", "_take_attempt", "_take_line", "_take_text")
+    __slots__ = ("_handler", "_setup", "_take_attempt", "_take_line")
 
     def __init__(self) -> None:
         self._setup: tuple[object, ...] | None = None
         self._handler: logging.Handler | None = None
         self._take_line: TakeLine | None = None
-        self._take_text: TakeText | None = None
         self._take_attempt: TakeAttempt | None = None
 
     def _handler_now(self) -> logging.Handler | None:
@@ -158,7 +155,6 @@ class _Route:
             self._setup = setup
             handler = self._handler = _line_handler()
             self._take_line = getattr(handler, "take_line", None)
-            self._take_text = getattr(handler, "take_text", None)
             self._take_attempt = getattr(handler, "take_attempt", None)
         return self._handler
 
@@ -167,12 +163,6 @@ class _Route:
         if handler is None or level < handler.level:
             return None
         return self._take_line
-
-    def text_taker(self, level: int) -> TakeText | None:
-        handler = self._handler_now()
-        if handler is None or level < handler.level:
-            return None
-        return self._take_text
 
     def attempt_taker(self) -> TakeAttempt | None:
         """``take_attempt`` of the handler an INFO line goes to, if it takes one."""
