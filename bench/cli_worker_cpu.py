@@ -56,6 +56,11 @@ async def main(args: argparse.Namespace) -> None:
     registry: jobs_trio.Registry = importlib.import_module("cli_bench_jobs").registry
     job = registry.require("bench.cli")
     async with jobs_trio.open_driver(args.db, migrate=True, **where) as driver:
+        # Never later than the jobs fall due (their due time is counted from the enqueue's
+        # own clock read, after this one): the rate's clock starts there or at the worker's
+        # start, whichever is later, not a fixed due_in after the worker is up (it is up
+        # part-way through due_in, and the rate read the wait it skipped as work done).
+        due_at = time.perf_counter() + args.due_in
         await job.enqueue_many(driver, [{"i": i} for i in range(args.jobs)], delay=args.due_in)
         if not sqlite:
             await driver.bridge.run(  # type: ignore[attr-defined]
@@ -90,7 +95,7 @@ async def main(args: argparse.Namespace) -> None:
                     break
                 await trio.sleep(0.05)
         after, server_after = process_cpu(worker.pid), postgres_cpu()
-        wall = time.perf_counter() - began - args.due_in
+        wall = time.perf_counter() - max(began, due_at)
     finally:
         worker.send_signal(signal.SIGTERM)
         try:

@@ -104,17 +104,19 @@ class Sizes:
     window = 10.0
     cold_concurrency = 10  # the cold-planner workload runs at this concurrency only
     event_reps = 1  # drain and rescue: bounded waits and states, not rates; one repetition
-    # Latency under load: a worker at c=50. First fed all it takes (load_offer, 10,000 jobs/s,
-    # more than any library here sustains, load_cap a tick, with the feed skipping a tick while
-    # more than load_cap wait) for load_ramp s, then its rate read over the next load_calibrate
-    # s (until 2026-12-02 it was offered load_rate, 5,000 jobs/s, and a library that sustains
-    # more read as 5,000: PgQueuer's 4,995 was that cap); the backlog left drains (to
+    # Latency under load: a worker at c=50. First fed all it takes (load_offer, 30,000 jobs/s,
+    # more than any library here sustains, a tick's order bounded to leave at most twice
+    # load_cap waiting, and a tick skipped while more than load_cap wait) for load_ramp s,
+    # then its rate read over the next load_calibrate s (until 2026-12-02 it was offered
+    # load_rate, 5,000 jobs/s, and a library that sustains more read as 5,000: PgQueuer's
+    # 4,995 was that cap; until 2026-12-06 10,000, load_cap a tick, and in a fast hour both
+    # libraries read 8,800-9,500, near that cap again); the backlog left drains (to
     # load_cap / 2, load_drain s at most); then fed load_rate or load_share of that
     # rate, whichever is less, every load_tick (lowered by load_share again after each
     # load_settle s in which the queue still reached the cap, load_settle_tries at most), then
     # probe_jobs single enqueues probe_gap apart into the same queue.
     load_concurrency = 50
-    load_offer = 10_000.0  # load_cap a tick of load_tick
+    load_offer = 30_000.0  # 600 a tick of load_tick, bounded as said above
     load_drain = 20.0
     load_rate = 5_000.0
     load_share = 0.8
@@ -640,8 +642,9 @@ async def _rate(url: str, lib: str, seconds: float) -> float:
 async def _feed(
     feed: Proc, conn: asyncpg.Connection, lib: str, fed: dict[str, float], stop: asyncio.Event
 ) -> None:
-    """Every ``Sizes.load_tick`` s, order what ``fed["rate"]`` owes (fractions carried over)
-    unless more than ``Sizes.load_cap`` jobs wait; what a skipped tick owed is dropped, and a
+    """Every ``Sizes.load_tick`` s, order what ``fed["rate"]`` owes (fractions carried over),
+    up to twice ``Sizes.load_cap`` waiting, unless more than ``Sizes.load_cap`` jobs wait;
+    what a skipped tick owed, or the bound cut, is dropped, and a
     late tick is not made up for: the rate is what the feed reached, said beside it."""
     assert feed.proc.stdin is not None
     tick = Sizes.load_tick
@@ -651,16 +654,21 @@ async def _feed(
             due = max(due + tick, time.monotonic())
             owed += fed["rate"] * tick
             batch = int(owed)
-            if batch and await conn.fetchval(READY_SQL[lib]) > Sizes.load_cap:
+            waiting = await conn.fetchval(READY_SQL[lib]) if batch else 0
+            if batch and waiting > Sizes.load_cap:
                 fed["skipped"] += 1
                 owed = 0.0
             elif batch:
+                # Never past twice the cap waiting, as when the offer was the cap a tick: a
+                # deeper backlog slows some libraries' claims (PgQueuer's sustained fell from
+                # ~7,300 to ~6,000 jobs/s offered 600 a tick). What the bound cuts is dropped.
+                batch = min(batch, 2 * Sizes.load_cap - waiting)
+                owed -= int(owed)
                 feed.proc.stdin.write(f"{batch}\n".encode())
                 await feed.proc.stdin.drain()
                 if await feed.line(30) != "ok":
                     raise BenchError(f"{lib} load feed did not say ok{feed.tail()}")
                 fed["jobs"] += batch
-                owed -= batch
             await asyncio.sleep(max(0.0, due - time.monotonic()))
     finally:
         feed.proc.stdin.close()
