@@ -195,7 +195,12 @@ FIELDS: dict[str, Any] = {
 
 @pytest.mark.parametrize(
     ("job", "queue", "seconds"),
-    [("mail.send", "mail", 8.1e-05), ("two words", 'q"x', 12.0), ("é", "\x1b[31m", 0.5)],
+    [
+        ("mail.send", "mail", 8.1e-05),
+        ("two words", 'q"x', 12.0),
+        ("é", "\x1b[31m", 0.5),
+        ("nul\x00name", "lone\ud800", 1e-07),
+    ],
 )
 def test_an_attempt_line_is_what_its_record_would_be(
     monkeypatch: pytest.MonkeyPatch, job: str, queue: str, seconds: float
@@ -207,7 +212,8 @@ def test_an_attempt_line_is_what_its_record_would_be(
     monkeypatch.setattr(time, "time_ns", lambda: 1764669600_250_000_000)
     emitted: list[logging.LogRecord] = []
     monkeypatch.setattr(handler, "emit", emitted.append)
-    fields = {**FIELDS, "job": job, "queue": queue, "seconds": seconds}
+    # The record's seconds as the record's own path has them: rounded to 6 decimals.
+    fields = {**FIELDS, "job": job, "queue": queue, "seconds": round(seconds, 6)}
     logs.AttemptLine("jobs.attempt.completed", job, queue).log(
         fields["job_id"], fields["attempt"], seconds
     )

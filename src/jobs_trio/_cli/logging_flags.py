@@ -151,12 +151,11 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         """An attempt's INFO line (logs.TakeAttempt): the line ``take_text`` writes for its
         message, made and held in this one call."""
         formatter = self.formatter
-        if type(formatter) is not TextFormatter:
-            return False  # a subclass may make its lines otherwise: the record's way
+        assert isinstance(formatter, TextFormatter)  # takes_lines() said so
         _, created, msecs = record_clock()
         text = (
-            f"{formatter.info_head(created, msecs)}{line.head}{job_id}{line.middle}{attempt}"
-            f" seconds={seconds_text(seconds)}"
+            f"{formatter.info_head(created, msecs, _LOGGER)}{line.head}{job_id}{line.middle}"
+            f"{attempt} seconds={seconds_text(seconds)}"
         )
         self._hold_taken(text, logging.INFO, line.event)
         return True

@@ -99,7 +99,7 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._second: tuple[int, str] = (-1, "")
         self._head: tuple[tuple[int, float, str, str], str] = ((-1, 0.0, "", ""), "")
-        self._info: tuple[int, float, str] = (-1, 0.0, "")
+        self._info: tuple[int, float, str, str] = (-1, 0.0, "", "")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt is not None:
@@ -131,17 +131,17 @@ class TextFormatter(logging.Formatter):
             head = self._head = (key, f"{self._time(created, msecs)} {level} {name}: ")
         return (head[1] + message).rstrip()
 
-    def info_head(self, created: float, msecs: float) -> str:
-        """What ``event_line`` puts before the message of a jobs_trio INFO line, kept for the
-        lines of one millisecond: a worker's line per finished attempt (its message never
-        ends in a blank, which event_line strips). The level's name is read with the stamp
-        (``logging.addLevelName`` may rename INFO)."""
+    def info_head(self, created: float, msecs: float, name: str) -> str:
+        """What ``event_line`` puts before the message of an INFO line of logger ``name``, kept
+        for the lines of one millisecond: a worker's line per finished attempt (its message
+        never ends in a blank, which event_line strips). The level's name is read with the
+        stamp (``logging.addLevelName`` may rename INFO)."""
         second = int(created)
         info = self._info
-        if info[0] != second or info[1] != msecs:
+        if info[0] != second or info[1] != msecs or info[3] is not name:
             level = logging.getLevelName(logging.INFO)
-            head = f"{self._time(created, msecs)} {level} jobs_trio: "
-            info = self._info = (second, msecs, head)
+            head = f"{self._time(created, msecs)} {level} {name}: "
+            info = self._info = (second, msecs, head, name)
         return info[2]
 
     def format(self, record: logging.LogRecord) -> str:
