@@ -69,6 +69,16 @@ SCRIPTS = {
         "--db {db} --jobs 200 --concurrency 10 --due-in 1",
         (rf"jobs-trio worker c=10: {NUMBER} µs CPU a job",),
     ),
+    "cpu_targets": Script(
+        "bench/cpu_targets.py",
+        "--db {db} --jobs 200 --reps 1 --due-in 1",
+        (
+            rf"round 1: floor c=50 {NUMBER}, worker c=50 {NUMBER}, worker c=10 {NUMBER},",
+            rf"\| worker SQLite c=10 \| {NUMBER} \| {NUMBER} \| ≤ 110, (met|missed) \|",
+            rf"\| CLI SQLite c=10 \| {NUMBER} \| {NUMBER} \| ≤ 120, (met|missed) \|",
+            rf"worker c=50 over the floor in the same round: {NUMBER} \(median {NUMBER}\)",
+        ),
+    ),
     "floor_worker": Script(
         "bench/floor_worker.py",
         "--db {db} --jobs 300 --concurrency 10 --batch 20",
