@@ -4,6 +4,7 @@
 """Instructions a job, counted by callgrind while the worker of bench/worker_cpu.py runs.
 
     python bench/worker_instructions.py [--jobs 6000] [--concurrency 50] [--db URL]
+    python bench/worker_instructions.py --floor ...   # bench/floor_worker.py's loop instead
     PYTHONPATH=/old/tree/src python bench/worker_instructions.py ...   # another tree's
 
 bench/worker_cpu.py's CPU a job drifts ±6 µs between runs of the same tree on this machine (a
@@ -58,7 +59,24 @@ jobs_trio.open_worker = counted
 script = sys.argv[2]
 sys.argv = sys.argv[2:]
 sys.path.insert(0, str(__import__("pathlib").Path(script).parent))
-runpy.run_path(script, run_name="__main__")
+if script.endswith("floor_worker.py"):
+    # The floor's loop counted instead, as worker_ops.py --floor counts it: run as the module
+    # imported here (its _floor wrapped), not a fresh __main__.
+    import floor_worker
+
+    inner = floor_worker._floor
+
+    async def counted_floor(driver, options):
+        requests.on()
+        try:
+            await inner(driver, options)
+        finally:
+            requests.off()
+
+    floor_worker._floor = counted_floor
+    floor_worker.run_from_command_line()
+else:
+    runpy.run_path(script, run_name="__main__")
 """
 
 
@@ -67,6 +85,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=6000)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--db", default=None, help="as worker_cpu.py's (default: its own)")
+    parser.add_argument("--floor", action="store_true", help="floor_worker.py's loop instead")
     args = parser.parse_args()
     missing = [tool for tool in ("valgrind", "gcc") if shutil.which(tool) is None]
     header = Path("/usr/include/valgrind/callgrind.h")
@@ -84,7 +103,8 @@ def main() -> int:
             ["gcc", "-O2", "-shared", "-fPIC", "-o", library, work / "requests.c"], check=True
         )
         (work / "runner.py").write_text(RUNNER)
-        worker_cpu = [str(HERE / "worker_cpu.py"), "--jobs", str(args.jobs)]
+        script = "floor_worker.py" if args.floor else "worker_cpu.py"
+        worker_cpu = [str(HERE / script), "--jobs", str(args.jobs)]
         worker_cpu += ["--concurrency", str(args.concurrency)]
         if args.db:
             worker_cpu += ["--db", args.db]
@@ -107,14 +127,15 @@ def main() -> int:
         ]
         if run.returncode != 0 or len(dumps) != 1:
             print(run.stdout[-2000:], run.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"worker_cpu.py under valgrind failed (exit {run.returncode})")
+            raise SystemExit(f"{script} under valgrind failed (exit {run.returncode})")
         found = re.search(r"^totals: (\d+)", dumps[0], re.MULTILINE)
         assert found, "callgrind's dump has no totals line"
         total = int(found.group(1))
         import jobs_trio  # the tree measured: where its PYTHONPATH found it
 
         print(
-            f"c={args.concurrency} {total / args.jobs:,.0f} instructions a job"
+            f"{'floor ' if args.floor else ''}c={args.concurrency}"
+            f" {total / args.jobs:,.0f} instructions a job"
             f" ({args.jobs:,} jobs, {total:,} in the worker; {jobs_trio.__file__})"
         )
     return 0

@@ -256,6 +256,11 @@ SCRIPTS = {
         "--db {db} --jobs 100 --concurrency 10",
         (rf"c=10 {NUMBER} instructions a job|needs valgrind",),
     ),
+    "worker_instructions_floor": Script(
+        "bench/worker_instructions.py",
+        "--floor --db {db} --jobs 100 --concurrency 10",
+        (rf"floor c=10 {NUMBER} instructions a job|needs valgrind",),
+    ),
     # Traced: ~60 times slower, so fewer jobs; the floor's loop and the worker both.
     "worker_ops": Script(
         "bench/worker_ops.py",
