@@ -224,6 +224,30 @@ def test_an_attempt_line_is_what_its_record_would_be(
     assert written == [handler.formatter.format(record)]
 
 
+def test_a_line_taken_after_another_thread_set_another_formatter_goes_by_its_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The route decided on the CLI's text formatter; a formatter set since, between that
+    decision and the take (another thread), makes the take decline (the line then goes by its
+    record), never raise into the worker that logs it."""
+    handler, written = lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    take_attempt, take_text = handler.take_attempt, handler.take_text  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    assert take_attempt(line, "a1", 1, 0.5) is False
+    assert take_text(logging.INFO, "jobs.x", "jobs.x a=1", 1764669600.25, 250.0) is False
+    handler.setFormatter(type("Own", (TextFormatter,), {})())  # a subclass makes its own lines
+    assert take_attempt(line, "a2", 1, 0.5) is False
+    handler.flush()
+    assert written == []
+    line.log("a3", 1, 0.5)  # decided again: by its record, through the formatter now set
+    handler.flush()
+    [shown] = written
+    assert shown.endswith(
+        " jobs.attempt.completed job_id=a3 job=mail.send queue=mail attempt=1 seconds=0.5"
+    )
+
+
 def test_an_attempt_line_goes_by_its_record_once_the_setup_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

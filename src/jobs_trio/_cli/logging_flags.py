@@ -140,7 +140,8 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     def take_text(self, level: int, event: str, message: str, created: float, msecs: float) -> bool:
         """A jobs_trio line rendered already (take_line's): ``message`` is its record's."""
         formatter = self.formatter
-        assert isinstance(formatter, TextFormatter)  # takes_lines() said so
+        if type(formatter) is not TextFormatter:
+            return False  # see take_attempt
         line = formatter.event_line(created, msecs, logging.getLevelName(level), _LOGGER, message)
         if line is None:
             return False
@@ -151,7 +152,11 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         """An attempt's INFO line (logs.TakeAttempt): the line ``take_text`` writes for its
         message, made and held in this one call."""
         formatter = self.formatter
-        assert isinstance(formatter, TextFormatter)  # takes_lines() said so
+        if type(formatter) is not TextFormatter:
+            # takes_lines() said it was when the route was decided, but another thread may
+            # have set another since (the route decides again at the next line): this line
+            # goes by its record, never an error into the worker that logs it.
+            return False
         _, created, msecs = record_clock()
         text = (
             f"{formatter.info_head(created, msecs, _LOGGER)}{line.head}{job_id}{line.middle}"
