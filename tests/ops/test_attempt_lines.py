@@ -312,3 +312,109 @@ def test_an_attempt_line_shows_infos_name_as_its_record_would(
     assert [line.split(" ", 3)[2] for line in written] == ["NOTE"]
     assert handler.formatter is not None
     assert written[0].split(" ", 2)[2] == handler.formatter.format(record).split(" ", 2)[2]
+
+
+# Inside a worker's run (logs.lines_by_pass) the route looks at the logging setup once a pass of
+# its loop, not once a line (issue 44): a change is seen from the loop's next pass, a line from
+# any other thread still looks at each line, and after the worker every line looks again.
+
+
+def _ids(records: list[logging.LogRecord]) -> list[str]:
+    return [r.fields["job_id"] for r in records]  # type: ignore[attr-defined]
+
+
+async def test_in_a_workers_loop_a_setup_change_is_seen_from_the_next_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handler, written = lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    tracker = Caught()
+    with logs.lines_by_pass():
+        line.log("a1", 1, 0.5)  # this pass looked: past the record
+        monkeypatch.setattr(logging.getLogger("jobs_trio"), "handlers", [tracker])
+        line.log("a2", 1, 0.5)  # the same pass: where its look sent lines (documented)
+        await trio.sleep(0)  # the pass ends
+        line.log("a3", 1, 0.5)
+    assert _ids(tracker.records) == ["a3"]
+    handler.flush()
+    # Every line written once, whichever way it went (a3 by its record).
+    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2", "a3"]
+
+
+async def test_a_line_from_another_thread_looks_at_the_setup_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    tracker = Caught()
+
+    def elsewhere() -> None:
+        logging.getLogger("jobs_trio").handlers = [tracker]
+        line.log("t1", 1, 0.5)
+
+    monkeypatch.setattr(logging.getLogger("jobs_trio"), "handlers", [])
+    with logs.lines_by_pass():
+        line.log("a1", 1, 0.5)  # this pass looked, on the loop's thread
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()  # within the same pass: no checkpoint
+    assert _ids(tracker.records) == ["t1"]
+
+
+async def test_after_a_worker_each_line_looks_at_the_setup_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    tracker = Caught()
+    with logs.lines_by_pass():
+        with logs.lines_by_pass():  # two workers on one loop
+            line.log("a1", 1, 0.5)
+        line.log("a2", 1, 0.5)  # the other still runs: this pass looked
+        monkeypatch.setattr(logging.getLogger("jobs_trio"), "handlers", [tracker])
+        line.log("a3", 1, 0.5)
+    line.log("a4", 1, 0.5)  # no worker now, and no checkpoint since the change
+    assert _ids(tracker.records) == ["a4"]
+
+
+async def test_a_worker_whose_job_adds_a_filter_sends_the_next_jobs_lines_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As an application would do it: a job of a worker run under the CLI's handler adds a
+    filter to it; the lines of the jobs that end after it reach the filter, through the
+    record."""
+    import jobs_trio
+
+    handler, written = lines_to(monkeypatch)
+    seen: list[str] = []
+
+    def watch(record: logging.LogRecord) -> bool:
+        if getattr(record, "event", None) == "jobs.attempt.completed":
+            seen.append(record.fields["job_id"])  # type: ignore[attr-defined]
+        return True
+
+    registry = Registry()
+    ran: list[str] = []
+
+    @registry.job("mail.send", queue="mail")
+    async def send(ctx: jobs_trio.JobContext, payload: dict[str, int]) -> None:
+        ran.append(ctx.job_id)
+        if payload["n"] == 0:
+            handler.addFilter(watch)
+        await trio.sleep(0)
+
+    driver = trio_driver()
+    ids = await send.enqueue_many(driver, [{"n": n} for n in range(4)])
+    async with jobs_trio.open_worker(
+        driver, registry, concurrency=1, drain_on_shutdown=False, stats_interval=None
+    ):
+        with trio.fail_after(30):
+            while len([w for w in written if "jobs.attempt.completed" in w]) < 4:
+                handler.flush()
+                await trio.sleep(0.01)
+    # The one that added it (its line logged after its checkpoint, a pass later) and each
+    # job after it.
+    assert sorted(ran) == sorted(ids)
+    assert seen == ran[ran.index(ids[0]) :]

@@ -2,11 +2,13 @@
 # Apart so every module logs the same shape, and tests can match on the event name.
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from threading import get_ident
 from typing import Final
 
 import trio
@@ -134,29 +136,60 @@ TakeAttempt = Callable[["AttemptLine", str, int, float], bool]
 
 class _Route:
     """Where a jobs_trio line goes: to the one handler that takes lines without a record, or by
-    its record. Decided once and kept while the logging setup it was decided on stands: each
-    line looks at that setup's identity (``_setup``), a few attribute reads, where deciding
-    anew walked it with a call per check (issue 44). A handler or filter added or removed, a
+    its record. Decided once and kept while the logging setup it was decided on stands: a line
+    looks at that setup's identity (``_setup``), a few attribute reads, where deciding anew
+    walked it with a call per check (issue 44). A handler or filter added or removed, a
     handler's formatter set, a record factory, a logger method patched (Sentry's logging
     integration, a tracer), propagation turned off: each changes the identity, and the next
-    line decides again. A cache, so module state: one per process, like logging's own."""
+    look decides again. On the thread of a Trio loop a worker runs in (``lines_by_pass``) the
+    look is once a pass of that loop, not once a line: at a line per finished attempt it was
+    the twelfth part of a no-op job's instructions (issue 44). A cache, so module state: one
+    per process, like logging's own."""
 
-    __slots__ = ("_handler", "_setup", "_take_attempt", "_take_line")
+    __slots__ = ("_checked_in", "_handler", "_passes", "_setup", "_take_attempt", "_take_line")
 
     def __init__(self) -> None:
         self._setup: tuple[object, ...] | None = None
         self._handler: logging.Handler | None = None
         self._take_line: TakeLine | None = None
         self._take_attempt: TakeAttempt | None = None
+        # Threads whose Trio loop tells the route each pass (``lines_by_pass``), and how many
+        # workers there asked for it: a look at the setup there holds until the pass ends.
+        self._passes: dict[int, int] = {}
+        # The thread whose loop's current pass has looked at the setup (None: no pass has):
+        # cleared as any watched loop's pass ends, so at worst a look is made again.
+        self._checked_in: int | None = None
 
     def _handler_now(self) -> logging.Handler | None:
+        thread = get_ident()
+        if self._checked_in == thread:
+            return self._handler
         setup = _setup()
         if setup != self._setup:
             self._setup = setup
             handler = self._handler = _line_handler()
             self._take_line = getattr(handler, "take_line", None)
             self._take_attempt = getattr(handler, "take_attempt", None)
+        if thread in self._passes:
+            self._checked_in = thread
         return self._handler
+
+    def pass_ended(self) -> None:
+        """A watched loop's pass ends: the next line there (or anywhere) looks again."""
+        self._checked_in = None
+
+    def watch_passes(self) -> None:
+        thread = get_ident()
+        self._passes[thread] = self._passes.get(thread, 0) + 1
+
+    def unwatch_passes(self) -> None:
+        thread = get_ident()
+        left = self._passes.pop(thread, 1) - 1
+        if left:
+            self._passes[thread] = left
+        # Whatever is left watching, the next line looks: this thread's loop may run on
+        # without a worker telling the route its passes.
+        self._checked_in = None
 
     def taker(self, level: int) -> TakeLine | None:
         handler = self._handler_now()
@@ -333,3 +366,25 @@ class FlushHeldLines(trio.abc.Instrument):
         # jobs). Those lines wait for the next real wait, or their handler's own limit on a
         # held line's age, checked here too: a loop that never waits still writes them.
         flush_held_lines(overdue_only=timeout <= 0)
+        # A pass ends (whether or not the loop waits): the setup a line goes by is looked at
+        # again (the route's once-a-pass look).
+        _ROUTE.pass_ended()
+
+
+@contextlib.contextmanager
+def lines_by_pass() -> Iterator[None]:
+    """A worker's run, on its Trio loop's thread: the lines held back written each time the
+    loop waits (``FlushHeldLines``), and where a line goes decided once a pass of the loop
+    rather than at each line (``_Route``). A change to the logging setup made while it runs
+    is seen from the loop's next pass: a line logged later in the pass that made the change
+    (by the task that made it, or another) goes where the setup sent lines as that pass
+    looked. Lines from any other thread look at each line, as they do outside a worker."""
+    flush_lines = FlushHeldLines()
+    trio.lowlevel.add_instrument(flush_lines)
+    _ROUTE.watch_passes()
+    try:
+        yield
+    finally:
+        _ROUTE.unwatch_passes()
+        trio.lowlevel.remove_instrument(flush_lines)
+        flush_held_lines()

@@ -23,8 +23,7 @@ from .._core.forked_child import guard_forks, own_pid
 from .._core.instance_id import instance_id
 from .._core.logs import (
     AttemptLine,
-    FlushHeldLines,
-    flush_held_lines,
+    lines_by_pass,
     log_event,
     log_exception,
 )
@@ -366,94 +365,92 @@ class Worker:
         )
         torn_down = False
         # A handler that holds attempt lines back (the CLI's) writes them each time this run's
-        # loop waits for I/O: a pass at most, a drain included (logs.FlushHeldLines).
-        flush_lines = FlushHeldLines()
-        trio.lowlevel.add_instrument(flush_lines)
+        # loop waits for I/O: a pass at most, a drain included (logs.FlushHeldLines); and where
+        # a line goes is looked at once a pass (logs.lines_by_pass).
         try:
-            async with trio.open_nursery() as service:
-                await service.start(settler.run)
-                self._settler = settler
-                await service.start(
-                    functools.partial(
-                        renew_leases,
-                        self.driver,
-                        self._drain,
-                        lease=self.lease,
-                        interval=self.renew_interval,
-                        outage=self._outage,
+            with lines_by_pass():
+                async with trio.open_nursery() as service:
+                    await service.start(settler.run)
+                    self._settler = settler
+                    await service.start(
+                        functools.partial(
+                            renew_leases,
+                            self.driver,
+                            self._drain,
+                            lease=self.lease,
+                            interval=self.renew_interval,
+                            outage=self._outage,
+                        )
                     )
-                )
-                # The queues an operator paused: their jobs are not started here (the database
-                # gives no claim any, and the jobs of one held here go back as it is heard).
-                # The watch starts from none paused: what a last run heard may be stale.
-                self._slots.pause(frozenset())
-                await service.start(
-                    functools.partial(
-                        watch_pauses,
-                        self.driver,
-                        self.worker_id,
-                        self.queues,
-                        self._pauses_heard,
-                        every=self.options.safety_poll,
-                        retry_after=self.options.poll_interval,
+                    # The queues an operator paused: their jobs are not started here (the database
+                    # gives no claim any, and the jobs of one held here go back as it is heard).
+                    # The watch starts from none paused: what a last run heard may be stale.
+                    self._slots.pause(frozenset())
+                    await service.start(
+                        functools.partial(
+                            watch_pauses,
+                            self.driver,
+                            self.worker_id,
+                            self.queues,
+                            self._pauses_heard,
+                            every=self.options.safety_poll,
+                            retry_after=self.options.poll_interval,
+                        )
                     )
-                )
-                # Keeps the leases when a body blocks the loop, from a thread of its own.
-                await service.start(
-                    LeaseLifeline(
-                        self.driver,
-                        self.registry,
-                        self.worker_id,
-                        lease=self.lease,
-                        renew_interval=self.renew_interval,
-                        held=lambda: self._drain.held,
-                        unwritten=settler.unwritten,
-                    ).run
-                )
-                if self._stats_interval:
-                    service.start_soon(self._observe_queues, self._stats_interval)
-                    service.start_soon(
-                        announce_presence,
-                        self.driver,
-                        self._presence,
-                        self._stats_interval,
-                        self._goodbye_by,
+                    # Keeps the leases when a body blocks the loop, from a thread of its own.
+                    await service.start(
+                        LeaseLifeline(
+                            self.driver,
+                            self.registry,
+                            self.worker_id,
+                            lease=self.lease,
+                            renew_interval=self.renew_interval,
+                            held=lambda: self._drain.held,
+                            unwritten=settler.unwritten,
+                        ).run
                     )
-                if self._slots.claims_ahead():
-                    service.start_soon(self._slots.hand_back_overdue)
-                async with trio.open_nursery() as runs:
-                    self._runs = runs
-                    log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
-                    self._warn_of_undeclared_queues()
-                    task_status.started()
-                    # The budget covers the claim loop too: the claim it has in flight when
-                    # claiming stops is waited for under it, like every other wait of the
-                    # teardown (a slow database must not hold a drain past its grace). Under
-                    # its WRITES deadline: a claim that committed is an ending decided (its
-                    # runs are handed back), which a second signal must not cut to nothing.
-                    try:
-                        with self._budget.writes:
-                            async with trio.open_nursery() as claimers:
-                                for started in self._services:
-                                    await claimers.start(self._claims.until_stopped, started)
-                                claimers.start_soon(self._claims.run, settler)
-                            await self._teardown(settler)
-                    except BaseException:
-                        # Cancelled from outside, or failed: a sync body's thread is shielded
-                        # from its run scope, so stop waiting for it here, or this nursery
-                        # would wait for it forever.
-                        self._slots.drop_held(self._drain)
-                        for run in self._drain.held:
-                            run.abandon()
-                        raise
-                    self._end_teardown(settler)
-                    torn_down = True
-                    # Past here only when every run has ended; a run that ignores its
-                    # cancellation keeps this nursery open (the lifecycle ends the process).
-                    service.cancel_scope.cancel()
+                    if self._stats_interval:
+                        service.start_soon(self._observe_queues, self._stats_interval)
+                        service.start_soon(
+                            announce_presence,
+                            self.driver,
+                            self._presence,
+                            self._stats_interval,
+                            self._goodbye_by,
+                        )
+                    if self._slots.claims_ahead():
+                        service.start_soon(self._slots.hand_back_overdue)
+                    async with trio.open_nursery() as runs:
+                        self._runs = runs
+                        log_event("jobs.worker.started", worker=self.worker_id, queues=self.queues)
+                        self._warn_of_undeclared_queues()
+                        task_status.started()
+                        # The budget covers the claim loop too: the claim it has in flight when
+                        # claiming stops is waited for under it, like every other wait of the
+                        # teardown (a slow database must not hold a drain past its grace). Under
+                        # its WRITES deadline: a claim that committed is an ending decided (its
+                        # runs are handed back), which a second signal must not cut to nothing.
+                        try:
+                            with self._budget.writes:
+                                async with trio.open_nursery() as claimers:
+                                    for started in self._services:
+                                        await claimers.start(self._claims.until_stopped, started)
+                                    claimers.start_soon(self._claims.run, settler)
+                                await self._teardown(settler)
+                        except BaseException:
+                            # Cancelled from outside, or failed: a sync body's thread is shielded
+                            # from its run scope, so stop waiting for it here, or this nursery
+                            # would wait for it forever.
+                            self._slots.drop_held(self._drain)
+                            for run in self._drain.held:
+                                run.abandon()
+                            raise
+                        self._end_teardown(settler)
+                        torn_down = True
+                        # Past here only when every run has ended; a run that ignores its
+                        # cancellation keeps this nursery open (the lifecycle ends the process).
+                        service.cancel_scope.cancel()
         finally:
-            trio.lowlevel.remove_instrument(flush_lines)
-            flush_held_lines()
             # Only a run that failed before its teardown finishes it here: once torn down,
             # the worker may already have been started again, and that run's state is not
             # this one's to reset.
