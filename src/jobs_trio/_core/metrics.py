@@ -261,7 +261,8 @@ class Tally:
         waits = self.waits.get(queue)
         if waits is None:
             waits = self.waits[queue] = _Histogram(len(WAIT_BUCKETS))
-        waited = max(waited, 0.0)
+        if waited < 0.0:  # clocks apart (not max(): an object a job, issue 44)
+            waited = 0.0
         waits.counts[bisect.bisect_left(WAIT_BUCKETS, waited)] += 1
         waits.sum += waited
 

@@ -203,8 +203,9 @@ async def run_attempt(
     end_if_forked(run.owner, job_id=claim.job_id)
     ended = run.ended_at = trio.current_time()
     # Never below 0: a start read back from the deadline (clock_started_at) may sit a float's
-    # step past the entry, and a body that took no time on a mock clock read -1e-15 s.
-    seconds = 0.0 if started is None else max(ended - started, 0.0)
+    # step past the entry, and a body that took no time on a mock clock read -1e-15 s. (Not
+    # max(): its arguments' tuple iterator was one more object a job, issue 44.)
+    seconds = 0.0 if started is None or ended <= started else ended - started
     if returned and not run.abandoned:
         # Completed, whatever was asked of the scope meanwhile (a shielded or threaded body
         # that finished its work has nothing to redo); a lost lease still fences the write.

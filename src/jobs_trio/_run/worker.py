@@ -744,12 +744,7 @@ class Worker:
         made = self._on_written
         if made is not None and made[0] is lifecycle and made[1] is drain:
             return made[2]
-
-        def written(settlement: Settlement) -> None:
-            drain.release_token(settlement.lease.token)
-            if lifecycle is not None:
-                lifecycle.work_ended()
-
+        written = _release_when_written(drain, lifecycle)
         self._on_written = (lifecycle, drain, written)
         return written
 
@@ -876,3 +871,17 @@ async def open_worker(
                         await worker.stop()
                     raise
                 await worker.stop()
+
+
+def _release_when_written(
+    drain: Drain, lifecycle: Lifecycle | None
+) -> Callable[[Settlement], None]:
+    """``Worker._written``'s function, made here: made in that method, its two variables were
+    cells of every call's frame, two objects a job for the garbage collector (issue 44)."""
+
+    def written(settlement: Settlement) -> None:
+        drain.release_token(settlement.lease.token)
+        if lifecycle is not None:
+            lifecycle.work_ended()
+
+    return written
