@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import trio
+from common import CollectorTime
 from worker_cpu import _drop
 
 import jobs_trio
@@ -54,11 +55,13 @@ async def main(args: argparse.Namespace) -> None:
     try:
         async with jobs_trio.open_driver(args.db, **where) as driver:
             wall, cpu = time.perf_counter(), time.process_time()
-            await _floor(driver, args)
+            with CollectorTime() as collector:
+                await _floor(driver, args)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         print(
             f"floor c={args.concurrency} batch={args.batch} {args.jobs / wall:,.0f} jobs/s,"
-            f" {cpu / args.jobs * 1e6:,.0f} µs CPU a job (load {os.getloadavg()[0]:.2f})"
+            f" {cpu / args.jobs * 1e6:,.0f} µs CPU a job, {collector.per_job(args.jobs)}"
+            f" (load {os.getloadavg()[0]:.2f})"
         )
     finally:
         await _drop(args.db, sqlite, SCHEMA)

@@ -10,9 +10,10 @@
 Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu`, dropped at the end), runs
 VACUUM ANALYZE, then opens a worker (every default but concurrency) and times from its open to
 the last job's start: jobs/s and time.process_time per job (this process only; the kernel's
-share of its socket calls included), and the CPU every process named ``postgres`` on this
-machine spent meanwhile, per job (where /proc lets this user read it: 10 ms ticks, so use
-thousands of jobs). ``--profile FILE`` writes a cProfile of the worker."""
+share of its socket calls included; the garbage collector's share of it shown apart), and the
+CPU every process named ``postgres`` on this machine spent meanwhile, per job (where /proc lets
+this user read it: 10 ms ticks, so use thousands of jobs). ``--profile FILE`` writes a cProfile
+of the worker."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import time
 from typing import Any
 
 import trio
-from common import postgres_cpu
+from common import CollectorTime, postgres_cpu
 
 import jobs_trio
 from jobs_trio._cli.logging_flags import configure_logging
@@ -62,22 +63,24 @@ async def main(args: argparse.Namespace) -> None:
             # counted ~5 µs a job at 20,000 jobs (cli_worker_cpu.py excludes start-up too).
             open_worker = jobs_trio.open_worker
             server = postgres_cpu()
+            collector = CollectorTime()
             wall, cpu = time.perf_counter(), time.process_time()
             if profile:
                 profile.enable()
-            async with open_worker(
-                driver,
-                registry,
-                concurrency=args.concurrency,
-                drain_on_shutdown=False,
-                **({"claim_ahead": args.ahead} if args.ahead is not None else {}),
-            ):
-                await all_started.wait()
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                after = postgres_cpu()
-                if profile:
-                    profile.disable()
-                    profile.dump_stats(args.profile)
+            with collector:
+                async with open_worker(
+                    driver,
+                    registry,
+                    concurrency=args.concurrency,
+                    drain_on_shutdown=False,
+                    **({"claim_ahead": args.ahead} if args.ahead is not None else {}),
+                ):
+                    await all_started.wait()
+                    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    after = postgres_cpu()
+                    if profile:
+                        profile.disable()
+                        profile.dump_stats(args.profile)
         server_share = (
             f", PostgreSQL {(after - server) / args.jobs * 1e6:,.0f} µs"
             if server is not None and after is not None
@@ -85,7 +88,8 @@ async def main(args: argparse.Namespace) -> None:
         )
         print(
             f"c={args.concurrency} {args.jobs / wall:,.0f} jobs/s, {cpu / args.jobs * 1e6:,.0f} µs"
-            f" CPU a job{server_share} (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
+            f" CPU a job{server_share}, {collector.per_job(args.jobs)}"
+            f" (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
         )
     finally:
         await _drop(args.db, sqlite)

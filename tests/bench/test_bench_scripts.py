@@ -82,7 +82,10 @@ SCRIPTS = {
     "floor_worker": Script(
         "bench/floor_worker.py",
         "--db {db} --jobs 300 --concurrency 10 --batch 20",
-        (rf"floor c=10 batch=20 {NUMBER} jobs/s, {NUMBER} µs CPU a job",),
+        (
+            rf"floor c=10 batch=20 {NUMBER} jobs/s, {NUMBER} µs CPU a job,"
+            rf" GC {NUMBER} µs a job \(collections {NUMBER}/{NUMBER}/{NUMBER}\)",
+        ),
     ),
     "metrics_scrape": Script(
         "bench/metrics_scrape.py",
@@ -247,7 +250,10 @@ SCRIPTS = {
     "worker_cpu": Script(
         "bench/worker_cpu.py",
         "--db {db} --jobs 300 --concurrency 10",
-        (rf"c=10 {NUMBER} jobs/s, {NUMBER} µs CPU a job",),
+        (
+            rf"c=10 {NUMBER} jobs/s, {NUMBER} µs CPU a job.*,"
+            rf" GC {NUMBER} µs a job \(collections {NUMBER}/{NUMBER}/{NUMBER}\)",
+        ),
     ),
     # Under valgrind: ~50 times slower, so fewer jobs (CI's machine has valgrind and gcc; the
     # script says so and measures nothing where they are missing).
