@@ -418,3 +418,139 @@ async def test_a_worker_whose_job_adds_a_filter_sends_the_next_jobs_lines_throug
     # job after it.
     assert sorted(ran) == sorted(ids)
     assert seen == ran[ran.index(ids[0]) :]
+
+
+def test_in_guest_mode_the_hosts_own_lines_look_at_the_setup_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trio's guest mode runs the host's code on the loop's thread between passes: a line the
+    host logs there looks at the setup each time, and caches nothing for the next pass."""
+    import queue
+    import threading
+
+    lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    tracker = Caught()
+    callbacks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    finished = threading.Event()
+    outcomes: list[Any] = []
+    waiting = threading.Event()  # the guest waits for the host, its pass over
+    shared: dict[str, Any] = {}
+
+    async def guest() -> None:
+        with logs.lines_by_pass():
+            line.log("t0", 1, 0.5)
+            shared["token"] = trio.lowlevel.current_trio_token()
+            shared["host_done"] = host_done = trio.Event()
+            waiting.set()
+            await host_done.wait()
+            line.log("t1", 1, 0.5)
+
+    def done(outcome: Any) -> None:
+        outcomes.append(outcome)
+        finished.set()
+
+    trio.lowlevel.start_guest_run(
+        guest,
+        run_sync_soon_threadsafe=callbacks.put,
+        done_callback=done,
+        host_uses_signal_set_wakeup_fd=False,
+    )
+    acted = False
+    while not finished.is_set():
+        callbacks.get(timeout=30)()
+        if waiting.is_set() and not acted:
+            acted = True  # the host's own code, between the guest's passes
+            line.log("h1", 1, 0.5)
+            logging.getLogger("jobs_trio").handlers.append(tracker)
+            line.log("h2", 1, 0.5)
+            shared["token"].run_sync_soon(shared["host_done"].set)
+    logging.getLogger("jobs_trio").handlers.remove(tracker)
+    outcomes[0].unwrap()
+    assert _ids(tracker.records) == ["h2", "t1"]
+
+
+def test_a_registration_an_earlier_run_left_caches_nothing_in_a_later_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines_to(monkeypatch)
+    monkeypatch.setattr(logs._ROUTE, "_passes", {})
+    monkeypatch.setattr(logs._ROUTE, "_checked_in", None)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    tracker = Caught()
+
+    async def abandoned() -> None:
+        logs._ROUTE.watch_passes()  # as a guest run its host never finished leaves it
+
+    async def later() -> None:
+        line.log("a1", 1, 0.5)
+        monkeypatch.setattr(logging.getLogger("jobs_trio"), "handlers", [tracker])
+        line.log("a2", 1, 0.5)
+
+    trio.run(abandoned)
+    trio.run(later)
+    assert _ids(tracker.records) == ["a2"]
+
+
+async def test_lines_held_by_a_handler_replaced_within_a_pass_are_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI's handler replaced (configure_logging again) while it holds lines, and a line
+    logged in the same pass after it, which the pass's look still sends to the old one: both
+    written, in order, though nothing installed holds them now."""
+    _, written = lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    with logs.lines_by_pass():
+        line.log("a1", 1, 0.5)
+        configure_logging(argparse.Namespace(log_level="info", log_format="text"))
+        line.log("a2", 1, 0.5)
+        await trio.sleep(0)  # the pass ends: what the old handler holds is written
+        assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2"]
+        line.log("a3", 1, 0.5)
+    logs.flush_held_lines()
+    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2", "a3"]
+
+
+async def test_a_pass_ends_for_the_route_even_when_writing_held_lines_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trio drops an instrument whose hook raised: the pass the hook was ending still ends for
+    the route, and the worker's end does not fail on the instrument gone."""
+    handler, _ = lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    tracker = Caught()
+
+    failing = True
+    flush = handler.flush
+
+    def broken() -> None:
+        if failing:
+            raise OSError("the disk is full")
+        flush()
+
+    monkeypatch.setattr(handler, "flush", broken)
+    monkeypatch.setattr(handler, "flush_overdue", broken)
+    with logs.lines_by_pass():
+        line.log("a1", 1, 0.5)
+        monkeypatch.setattr(logging.getLogger("jobs_trio"), "handlers", [tracker])
+        await trio.sleep(0)  # the hook raises; Trio drops the instrument
+        failing = False
+        line.log("a2", 1, 0.5)
+        await trio.sleep(0)  # no instrument now: nothing ends the pass for the route
+        monkeypatch.setattr(logging.getLogger("jobs_trio"), "handlers", [])
+        line.log("a3", 1, 0.5)
+    assert _ids(tracker.records) == ["a2"]
+
+
+def test_lines_a_replaced_handler_holds_go_before_the_next_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside a worker: the next line looks, finds another handler, and writes what the one it
+    replaces holds first (nothing else would: it is no longer installed)."""
+    _, written = lines_to(monkeypatch)
+    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line.log("a1", 1, 0.5)  # held by the CLI's handler
+    configure_logging(argparse.Namespace(log_level="info", log_format="text"))
+    line.log("a2", 1, 0.5)
+    logs.flush_held_lines()
+    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2"]

@@ -153,9 +153,10 @@ class _Route:
         self._handler: logging.Handler | None = None
         self._take_line: TakeLine | None = None
         self._take_attempt: TakeAttempt | None = None
-        # Threads whose Trio loop tells the route each pass (``lines_by_pass``), and how many
-        # workers there asked for it: a look at the setup there holds until the pass ends.
-        self._passes: dict[int, int] = {}
+        # Threads whose Trio run tells the route each pass (``lines_by_pass``): the run's token
+        # and how many workers there asked for it. A look at the setup made by a task of that
+        # run holds until the pass ends.
+        self._passes: dict[int, tuple[trio.lowlevel.TrioToken, int]] = {}
         # The thread whose loop's current pass has looked at the setup (None: no pass has):
         # cleared as any watched loop's pass ends, so at worst a look is made again.
         self._checked_in: int | None = None
@@ -167,10 +168,16 @@ class _Route:
         setup = _setup()
         if setup != self._setup:
             self._setup = setup
+            before = self._handler
             handler = self._handler = _line_handler()
             self._take_line = getattr(handler, "take_line", None)
             self._take_attempt = getattr(handler, "take_attempt", None)
-        if thread in self._passes:
+            if before is not None and before is not handler:
+                # What it holds goes first, and is not lost with it (a handler replaced or
+                # removed is flushed by nothing else).
+                _write_held(before)
+        watched = self._passes.get(thread)
+        if watched is not None and _in_run_of(watched[0]):
             self._checked_in = thread
         return self._handler
 
@@ -179,17 +186,32 @@ class _Route:
         self._checked_in = None
 
     def watch_passes(self) -> None:
-        thread = get_ident()
-        self._passes[thread] = self._passes.get(thread, 0) + 1
+        """This thread's Trio run tells the route each pass (a worker's run begins)."""
+        thread, run = get_ident(), trio.lowlevel.current_trio_token()
+        watched = self._passes.get(thread)
+        # One left by an earlier run on this thread (a guest run its host abandoned) counts
+        # for nothing: only this run's passes end here now.
+        workers = watched[1] if watched is not None and watched[0] is run else 0
+        self._passes[thread] = (run, workers + 1)
+        self._checked_in = None
 
     def unwatch_passes(self) -> None:
-        thread = get_ident()
-        left = self._passes.pop(thread, 1) - 1
-        if left:
-            self._passes[thread] = left
+        """A worker's run ends: while none is left in this thread's run, lines look each time."""
+        thread, run = get_ident(), trio.lowlevel.current_trio_token()
+        watched = self._passes.get(thread)
+        if watched is not None and watched[0] is run:
+            if watched[1] > 1:
+                self._passes[thread] = (run, watched[1] - 1)
+            else:
+                del self._passes[thread]
         # Whatever is left watching, the next line looks: this thread's loop may run on
         # without a worker telling the route its passes.
         self._checked_in = None
+
+    @property
+    def handler(self) -> logging.Handler | None:
+        """The handler the last look sent lines to without their records (None: by records)."""
+        return self._handler
 
     def taker(self, level: int) -> TakeLine | None:
         handler = self._handler_now()
@@ -206,6 +228,13 @@ class _Route:
 
 
 _ROUTE: Final = _Route()
+
+
+def _in_run_of(run: trio.lowlevel.TrioToken) -> bool:
+    """Whether this is a task of the Trio run ``run`` is the token of: in guest mode the host's
+    own code runs on the same thread between passes, and a later run may follow an abandoned
+    one there; neither has its passes told to the route."""
+    return trio.lowlevel.in_trio_task() and trio.lowlevel.current_trio_token() is run
 
 
 def _setup() -> tuple[object, ...]:
@@ -340,16 +369,27 @@ def flush_held_lines(*, overdue_only: bool = False) -> None:
     every handler a jobs_trio line reaches; an application's own handlers are left alone.
     ``overdue_only``: only lines held as long as the handler holds any (its ``flush_overdue``;
     a handler without one writes all it holds)."""
+    reached = False
+    routed = _ROUTE.handler
     current: logging.Logger | None = logger
     while current is not None:
         for handler in current.handlers:
-            if getattr(handler, "holds_lines_back", False):
-                overdue = getattr(handler, "flush_overdue", None) if overdue_only else None
-                if overdue is not None:
-                    overdue()
-                else:
-                    handler.flush()
+            reached = reached or handler is routed
+            _write_held(handler, overdue_only=overdue_only)
         current = current.parent if current.propagate else None
+    if routed is not None and not reached:
+        # Removed since lines went to it without their records (until the next line looks
+        # again, within a worker's pass, they still do): what it holds is written all the same.
+        _write_held(routed)
+
+
+def _write_held(handler: logging.Handler, *, overdue_only: bool = False) -> None:
+    if getattr(handler, "holds_lines_back", False):
+        overdue = getattr(handler, "flush_overdue", None) if overdue_only else None
+        if overdue is not None:
+            overdue()
+        else:
+            handler.flush()
 
 
 class FlushHeldLines(trio.abc.Instrument):
@@ -365,13 +405,17 @@ class FlushHeldLines(trio.abc.Instrument):
         # at each such pass was ~2% of a no-op job's CPU at concurrency 10 (a pass ran ~10
         # jobs). Those lines wait for the next real wait, or their handler's own limit on a
         # held line's age, checked here too: a loop that never waits still writes them.
-        flush_held_lines(overdue_only=timeout <= 0)
-        # A pass ends (whether or not the loop waits): the setup a line goes by is looked at
-        # again (the route's once-a-pass look).
-        _ROUTE.pass_ended()
+        try:
+            flush_held_lines(overdue_only=timeout <= 0)
+        finally:
+            # A pass ends (whether or not the loop waits): the setup a line goes by is looked
+            # at again (the route's once-a-pass look), even if a write above failed (Trio then
+            # drops this instrument, and no pass of this run would end here again).
+            _ROUTE.pass_ended()
 
 
 @contextlib.contextmanager
+@trio.lowlevel.enable_ki_protection  # no Ctrl-C between a registration and its undoing
 def lines_by_pass() -> Iterator[None]:
     """A worker's run, on its Trio loop's thread: the lines held back written each time the
     loop waits (``FlushHeldLines``), and where a line goes decided once a pass of the loop
@@ -386,5 +430,6 @@ def lines_by_pass() -> Iterator[None]:
         yield
     finally:
         _ROUTE.unwatch_passes()
-        trio.lowlevel.remove_instrument(flush_lines)
+        with contextlib.suppress(KeyError):  # dropped by Trio already: its hook raised
+            trio.lowlevel.remove_instrument(flush_lines)
         flush_held_lines()
