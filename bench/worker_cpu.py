@@ -83,7 +83,7 @@ async def main(args: argparse.Namespace) -> None:
                         profile.dump_stats(args.profile)
         server_share = (
             f", PostgreSQL {(after - server) / args.jobs * 1e6:,.0f} µs"
-            if server is not None and after is not None
+            if server is not None and after is not None and not sqlite  # no server's share
             else ""
         )
         print(
