@@ -323,11 +323,19 @@ def _ids(records: list[logging.LogRecord]) -> list[str]:
     return [r.fields["job_id"] for r in records]  # type: ignore[attr-defined]
 
 
+def _written_ids(written: list[str]) -> list[str]:
+    return [w.split("job_id=")[1].split()[0] for w in written]
+
+
+def _mail_line() -> logs.AttemptLine:
+    return logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+
+
 async def test_in_a_workers_loop_a_setup_change_is_seen_from_the_next_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     handler, written = lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     tracker = Caught()
     with logs.lines_by_pass():
         line.log("a1", 1, 0.5)  # this pass looked: past the record
@@ -338,7 +346,7 @@ async def test_in_a_workers_loop_a_setup_change_is_seen_from_the_next_pass(
     assert _ids(tracker.records) == ["a3"]
     handler.flush()
     # Every line written once, whichever way it went (a3 by its record).
-    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2", "a3"]
+    assert _written_ids(written) == ["a1", "a2", "a3"]
 
 
 async def test_a_line_from_another_thread_looks_at_the_setup_each_time(
@@ -347,7 +355,7 @@ async def test_a_line_from_another_thread_looks_at_the_setup_each_time(
     import threading
 
     lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     tracker = Caught()
 
     def elsewhere() -> None:
@@ -367,7 +375,7 @@ async def test_after_a_worker_each_line_looks_at_the_setup_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     tracker = Caught()
     with logs.lines_by_pass():
         with logs.lines_by_pass():  # two workers on one loop
@@ -429,7 +437,7 @@ def test_in_guest_mode_the_hosts_own_lines_look_at_the_setup_each_time(
     import threading
 
     lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     tracker = Caught()
     callbacks: queue.SimpleQueue[Any] = queue.SimpleQueue()
     finished = threading.Event()
@@ -476,7 +484,7 @@ def test_a_registration_an_earlier_run_left_caches_nothing_in_a_later_one(
     lines_to(monkeypatch)
     monkeypatch.setattr(logs._ROUTE, "_passes", {})
     monkeypatch.setattr(logs._ROUTE, "_checked_in", None)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     tracker = Caught()
 
     async def abandoned() -> None:
@@ -499,16 +507,16 @@ async def test_lines_held_by_a_handler_replaced_within_a_pass_are_written(
     logged in the same pass after it, which the pass's look still sends to the old one: both
     written, in order, though nothing installed holds them now."""
     _, written = lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     with logs.lines_by_pass():
         line.log("a1", 1, 0.5)
         configure_logging(argparse.Namespace(log_level="info", log_format="text"))
         line.log("a2", 1, 0.5)
         await trio.sleep(0)  # the pass ends: what the old handler holds is written
-        assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2"]
+        assert _written_ids(written) == ["a1", "a2"]
         line.log("a3", 1, 0.5)
     logs.flush_held_lines()
-    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2", "a3"]
+    assert _written_ids(written) == ["a1", "a2", "a3"]
 
 
 async def test_a_pass_ends_for_the_route_even_when_writing_held_lines_fails(
@@ -517,7 +525,7 @@ async def test_a_pass_ends_for_the_route_even_when_writing_held_lines_fails(
     """Trio drops an instrument whose hook raised: the pass the hook was ending still ends for
     the route, and the worker's end does not fail on the instrument gone."""
     handler, _ = lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     tracker = Caught()
 
     failing = True
@@ -548,9 +556,9 @@ def test_lines_a_replaced_handler_holds_go_before_the_next_line(
     """Outside a worker: the next line looks, finds another handler, and writes what the one it
     replaces holds first (nothing else would: it is no longer installed)."""
     _, written = lines_to(monkeypatch)
-    line = logs.AttemptLine("jobs.attempt.completed", "mail.send", "mail")
+    line = _mail_line()
     line.log("a1", 1, 0.5)  # held by the CLI's handler
     configure_logging(argparse.Namespace(log_level="info", log_format="text"))
     line.log("a2", 1, 0.5)
     logs.flush_held_lines()
-    assert [w.split("job_id=")[1].split()[0] for w in written] == ["a1", "a2"]
+    assert _written_ids(written) == ["a1", "a2"]
