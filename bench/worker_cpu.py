@@ -77,6 +77,8 @@ async def main(args: argparse.Namespace) -> None:
                 ):
                     await all_started.wait()
                     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    # Read with the CPU, not after the worker's close: the same span.
+                    collected = collector.per_job(args.jobs)
                     after = postgres_cpu()
                     if profile:
                         profile.disable()
@@ -88,7 +90,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         print(
             f"c={args.concurrency} {args.jobs / wall:,.0f} jobs/s, {cpu / args.jobs * 1e6:,.0f} µs"
-            f" CPU a job{server_share}, {collector.per_job(args.jobs)}"
+            f" CPU a job{server_share}, {collected}"
             f" (load {os.getloadavg()[0]:.2f}; {jobs_trio.__file__})"
         )
     finally:
