@@ -16,6 +16,7 @@ import trio
 
 from .._core.errors import ConfigError, DriverError, ValueRefused
 from .._core.forked_child import end_if_forked, own_pid
+from ._gil_handoff import DoorConnection, GilHandoff
 from ._rules import driver_closed
 
 T = TypeVar("T")
@@ -84,6 +85,9 @@ class SqliteDoor:
         # The process this connection belongs to: a child forked by a job body shares its
         # file descriptor, and must never write through it (forked_child.py).
         self._owner = own_pid()
+        self._handoff = GilHandoff()
+        if isinstance(conn, DoorConnection):
+            conn.handoff = self._handoff
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -91,6 +95,13 @@ class SqliteDoor:
 
     def now(self) -> float:
         return self._clock()
+
+    def lending(self) -> contextlib.AbstractContextManager[None]:
+        """For the length of a call in a thread on this connection (the door's own, a caller's
+        statements): the loop lends the thread the GIL (_gil_handoff.py), where else it would
+        wait at each statement until the loop had nothing left to run."""
+        lending: contextlib.AbstractContextManager[None] = self._handoff.lending()
+        return lending
 
     def check_open(self) -> None:
         if self.closed:
@@ -141,6 +152,10 @@ class SqliteDoor:
                     await trio.sleep(pause * random.uniform(0.5, 1.0))
 
     async def _run_in_thread(self, work: Work[T], mode: Mode) -> T:
+        with self.lending():
+            return await self._in_flight(work, mode)
+
+    async def _in_flight(self, work: Work[T], mode: Mode) -> T:
         call: _Call[T] = _Call()
         try:
             return await trio.to_thread.run_sync(
@@ -303,6 +318,8 @@ def _in_thread(
         raise _RolledBack
     result = outcome.capture(_run_transaction, conn, call, work, now, mode)
     call.finish(result)
+    if isinstance(conn, DoorConnection):
+        conn.letting_go()  # the loop waiting to lend the GIL goes on: the thread is done
     return result.unwrap()
 
 

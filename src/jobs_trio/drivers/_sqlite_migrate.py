@@ -17,6 +17,7 @@ import trio
 
 from .._core.errors import ConfigError, SchemaVersionError
 from .._core.version import VERSION
+from ._gil_handoff import DoorConnection
 from ._migration_files import COMPATIBILITY_LEVEL, Migration, read_migrations
 from ._schema_compatibility import (
     MARK_FOR_0_1,
@@ -235,6 +236,8 @@ def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> s
             check_same_thread=False,
             cached_statements=256,
             uri=read_only,
+            # Its statements open the door's GIL handoff (_gil_handoff.py).
+            factory=DoorConnection,
         )
     except sqlite3.Error as exc:
         raise ConfigError(

@@ -232,16 +232,20 @@ class SqliteOps:
         *,
         limiter: trio.CapacityLimiter | None = None,
         busy_timeout: float = 0.0,
+        lending: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.conn = conn
         self._limiter = limiter
+        # The SQLite door's GIL handoff, for the driver's own connection (_gil_handoff.py).
+        self._lending = lending
         # Beyond the connection's own timeout: the SQLite driver's connection waits only a
         # short slice per statement (so a cancel is heard) and retries the rest from Trio.
         self._busy_timeout = busy_timeout
 
     async def _run(self, fn: Callable[[], Any]) -> Any:
         try:
-            return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+            with self._lending():
+                return await trio.to_thread.run_sync(fn, limiter=self._limiter)
         except sqlite3.ProgrammingError as exc:
             if "thread" not in str(exc):
                 raise

@@ -116,7 +116,12 @@ class SqliteConnection:
         other call of this driver waits for the block to end, as SQLite has one writer: keep
         the block short."""
         async with self._door.held() as conn:
-            ops = SqliteOps(conn, limiter=self._door.threads, busy_timeout=self._door.busy_timeout)
+            ops = SqliteOps(
+                conn,
+                limiter=self._door.threads,
+                busy_timeout=self._door.busy_timeout,
+                lending=self._door.lending,
+            )
             async with owned(Transaction(conn, ops)) as tx:
                 yield tx
 
@@ -146,9 +151,10 @@ class SqliteConnection:
             # block, one statement at a time: a savepoint's writes must not interleave another
             # task's statements of the same block.
             async with contextlib.nullcontext() if tx is None else tx.lock:
-                answer = await trio.to_thread.run_sync(
-                    run, limiter=self._door.threads if own else None
-                )
+                with self._door.lending() if own else contextlib.nullcontext():
+                    answer = await trio.to_thread.run_sync(
+                        run, limiter=self._door.threads if own else None
+                    )
         except Exception as exc:
             mapped = caller_error(self.path, exc)
             if mapped is None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 import attrs
@@ -44,15 +46,16 @@ from .._sqlite_migrate import open_beside
 from .._transaction import unwrap
 from ..contract import BesideConnection
 from ._connection import SqliteConnection, T, _paused, data_version
-from ._settle_statements import _INSERT_HISTORY, _attempt_values, _settle_all
+from ._settle_statements import (
+    _INSERT_HISTORY,
+    SettlePlan,
+    _attempt_values,
+    _settle_all,
+    settle_planned,
+)
 
 # What a claim reads back of each job it took, in Claim's order (both claim paths).
 _CLAIMED: Final = "id, token, name, queue, payload, attempts, max_attempts, context, run_at, alone"
-# What a claim reads of each candidate (_claim_in).
-_CANDIDATE: Final = (
-    "priority, run_at, id, state, attempts, max_attempts, queue,"
-    " slot_key IS NOT NULL OR rate_key IS NOT NULL"
-)
 # A suspect (rules.is_suspect), as jobs_suspects' WHERE says it: SQLite uses a partial index
 # only for a query whose WHERE repeats the index's term.
 _SUSPECT: Final = f"orphans >= {SUSPECT_AT}"
@@ -120,92 +123,293 @@ def _claim_in(
     *,
     lapsed_before: float = math.inf,
     alone: bool = False,
-) -> list[Claim]:
+) -> Taken:
     """The claim, inside the caller's transaction (claim, and settle_and_claim after its
     settles: a job settled there is no longer running, so never a lapsed one; one retried at
-    once is ready, and may be claimed as any ready job would be)."""
-    paused = _paused(conn)  # nothing of a paused queue is claimed, lapsed or not
-    asked = {queue: cap for queue, cap in slots.caps.items() if queue not in paused}
-    if lapsed_before != -math.inf:  # else no lapsed lease this time (after an outage)
-        _release_lapsed(conn, asked, min(now, lapsed_before), slots.total, now)
-    # Per queue and state, each read stops after `limit` rows in claim order (the
-    # jobs_claim index). The merge is Python's sort, so the order is the memory driver's to
-    # the letter. INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches
-    # run_at) and sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued,
-    # against 0.04 ms reading jobs_claim in order.
-    candidates: list[Any] = []
+    once is ready, and may be claimed as any ready job would be). Nothing of a paused queue is
+    claimed, lapsed or not. Its Claims are made on the Trio side (`Taken.claims`)."""
+    lease_until = now + lease
+    lapsed_at = min(now, lapsed_before) if lapsed_before != -math.inf else None
     if alone:
         # The due suspects first, off their own index (a handful): the first one alone.
-        for queue in asked:
-            for state in WAITING_STATES:
-                candidates += conn.execute(
-                    f"SELECT {_CANDIDATE} FROM jobs INDEXED BY jobs_suspects"
-                    f" WHERE queue = ? AND state = ? AND run_at <= ? AND {_SUSPECT}"
-                    " ORDER BY priority, run_at, id LIMIT 1",
-                    (queue, state, now),
-                ).fetchall()
-        candidates = sorted(candidates, key=_CLAIM_ORDER)[:1]
-    if not candidates:
-        for queue, cap in asked.items():
-            for state in WAITING_STATES:
-                candidates += conn.execute(
-                    f"SELECT {_CANDIDATE} FROM jobs INDEXED BY jobs_claim"
-                    f" WHERE queue = ? AND state = ? AND run_at <= ? AND NOT {_SUSPECT}"
-                    " ORDER BY priority, run_at, id LIMIT ?",
-                    (queue, state, now, cap),
-                ).fetchall()
-        candidates.sort(key=_CLAIM_ORDER)
-    taken = slots.take((row[6], row[2]) for row in candidates)
-    limited = {row[2] for row in candidates if row[7]}
-    queue_of = {row[2]: row[6] for row in candidates}
-    ahead = set(slots.ahead(((queue_of[i], i) for i in taken), free)) - limited
-    by_id: dict[str, Any] = {}
-    if limited & set(taken):
-        # Jobs with fleet limits: the shared rule decides them (_limit_rules.py).
-        by_id = _claim_limited(conn, [i for i in taken if i in limited], now, lease, worker_id)
-        taken = [i for i in taken if i not in limited or i in by_id]
-    unlimited = [i for i in taken if i not in by_id]
+        lapsed, found, _ = _look(conn, slots.caps, now, lapsed_at, suspects=True)
+        if lapsed:
+            _release_all_lapsed(conn, slots, lapsed_at, now)
+            _, found, _ = _look(conn, slots.caps, now, None, suspects=True)
+        lapsed_at = None
+        rows = _ranked(found)[:1]
+        if rows:
+            return _take_rows(conn, now, lease_until, slots, worker_id, free, rows)
+    lapsed, found, unusual = _look(conn, slots.caps, now, lapsed_at, suspects=False)
+    if lapsed:
+        _release_all_lapsed(conn, slots, lapsed_at, now)
+        _, found, unusual = _look(conn, slots.caps, now, None, suspects=False)
+    if found == "[]":
+        return Taken(lease_until)
+    if len(slots.caps) == 1 and not unusual:
+        # The common claim, taken by rank from the look's own text: the thread runs no Python
+        # between the two statements, which the worker's loop would wait for (issue 44).
+        ((queue, total),) = slots.caps.items()  # one queue: its cap is the claim's total
+        run_at_once = total if free is None else free.get(queue, 0)  # ranks past it: ahead
+        tokens = os.urandom(12 * total).hex()
+        conn.execute(_TAKE_RANKED, (lease_until, worker_id, now, found, run_at_once, tokens, total))
+        return Taken.ranked(lease_until, found, tokens, run_at_once, total)
+    return _take_rows(conn, now, lease_until, slots, worker_id, free, _ranked(found))
+
+
+def _take_rows(
+    conn: sqlite3.Connection,
+    now: float,
+    lease_until: float,
+    slots: ClaimSlots,
+    worker_id: str,
+    free: Mapping[str, int] | None,
+    rows: list[list[Any]],
+) -> Taken:
+    """The claim's general case: several queues, jobs with fleet limits or long payloads, a
+    suspect."""
+    if len(slots.caps) == 1:
+        taken = rows[: slots.total]  # one queue: its cap is the claim's total (ClaimSlots.of)
+    else:
+        taken = slots.take((row[_QUEUE_AT], row) for row in rows)
     if not taken:
-        return []
-    # One UPDATE for the batch; each row draws its own fresh token. A suspect is only ever
-    # taken alone (above), so it runs alone: marked, for the rescue that may find it lapsed.
-    rows = conn.execute(
-        "UPDATE jobs SET state = 'running', lease_until = ?, attempts = attempts + 1,"
-        " ahead = (id IN (SELECT value FROM json_each(?))),"
-        f" alone = {_SUSPECT},"
-        " worker_id = ?, token = lower(hex(randomblob(12))), wait_event = NULL, wait_key = NULL,"
-        " updated_at = ?"
-        " WHERE id IN (SELECT value FROM json_each(?))"
-        f" RETURNING {_CLAIMED}",
-        (
-            now + lease,
-            json.dumps(sorted(ahead)),
-            worker_id,
-            now,
-            json.dumps(unlimited),
-        ),
-    ).fetchall()
-    by_id.update((row[0], row) for row in rows)
-    # Each row looked up once and passed by position, in Claim's field order: in the driver's
-    # thread, whose Python holds the GIL the worker's loop needs (issue 44).
-    lease_until = now + lease
-    return [
-        Claim(
-            job_id,
-            row[1],  # token
-            row[2],  # name
-            row[3],  # queue
-            row[4],  # payload
-            row[5],  # attempt
-            row[6],  # max_attempts
-            lease_until,
-            row[7],  # context
-            job_id in ahead,
-            row[8],  # due_at
-            bool(row[9]),  # alone
+        return Taken(lease_until)
+    long = {row[_ID_AT]: row for row in taken if row[_PAYLOAD_AT] is None}
+    if long:  # past INLINE_PAYLOAD: each read on its own
+        for job_id, payload in conn.execute(
+            "SELECT id, payload FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(long)),),
+        ):
+            long[job_id][_PAYLOAD_AT] = payload
+    ahead = {row[_ID_AT] for row in slots.ahead(((row[_QUEUE_AT], row) for row in taken), free)}
+    limited = [row for row in taken if row[_LIMITED_AT]]
+    granted: dict[str, Any] = {}
+    if limited:
+        # Jobs with fleet limits: the shared rule decides them (_limit_rules.py), and none is
+        # marked ahead.
+        ids = [row[_ID_AT] for row in limited]
+        granted = _claim_limited(conn, ids, now, lease_until - now, worker_id)
+        ahead.difference_update(ids)
+        taken = [row for row in taken if not row[_LIMITED_AT] or row[_ID_AT] in granted]
+    unlimited = [row[_ID_AT] for row in taken if not row[_LIMITED_AT]]
+    tokens = os.urandom(12 * len(unlimited)).hex()
+    if unlimited:
+        # One UPDATE for the batch, each row its fresh token. A suspect is only ever taken
+        # alone (above), so it runs alone: marked, for the rescue that may find it lapsed.
+        conn.execute(
+            _TAKE,
+            (lease_until, worker_id, now, json.dumps(unlimited), json.dumps(list(ahead)), tokens),
         )
-        for job_id, row in zip(taken, map(by_id.__getitem__, taken), strict=True)
-    ]
+    return Taken(lease_until, taken, tokens, ahead, granted)
+
+
+def _ranked(found: str) -> list[list[Any]]:
+    """The look's rows, in claim order."""
+    rows: list[list[Any]] = json.loads(found)
+    rows.sort(key=_RANK)
+    return rows
+
+
+class Taken:
+    """What a claim took, as the door's thread read it. Its Claims are made on the Trio side
+    (`claims`): the worker's loop makes them itself, where in the thread it waited for them
+    (issue 44: the thread's Python holds the GIL the loop needs)."""
+
+    __slots__ = ("_ahead", "_granted", "_lease_until", "_ranked", "_rows", "_tokens")
+
+    def __init__(
+        self,
+        lease_until: float,
+        rows: Sequence[list[Any]] = (),
+        tokens: str = "",
+        ahead: AbstractSet[str] = frozenset(),
+        granted: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._lease_until = lease_until
+        self._rows = rows  # the candidates taken, in claim order (_CANDIDATE)
+        self._tokens = tokens  # the unlimited ones' tokens, 24 hex digits each, in order
+        self._ahead = ahead
+        self._granted = granted or {}  # the limited ones, as _claim_limited's UPDATE returned
+        self._ranked: tuple[str, int, int] | None = None
+
+    @classmethod
+    def ranked(
+        cls, lease_until: float, found: str, tokens: str, run_at_once: int, total: int
+    ) -> Taken:
+        """_TAKE_RANKED's claim: the look's text, and the ranks it took (up to ``total``;
+        those past ``run_at_once`` ahead)."""
+        taken = cls(lease_until, tokens=tokens)
+        taken._ranked = (found, run_at_once, total)
+        return taken
+
+    def claims(self) -> list[Claim]:
+        """In claim order; each by position in Claim's field order."""
+        rows, ahead = self._rows, self._ahead
+        if self._ranked is not None:
+            found, run_at_once, total = self._ranked
+            rows = _ranked(found)[:total]
+            ahead = {row[_ID_AT] for row in rows[run_at_once:]}
+        lease_until, tokens, granted = self._lease_until, self._tokens, self._granted
+        claims = []
+        k = 0
+        for row in rows:
+            job_id = row[_ID_AT]
+            got = granted.get(job_id)
+            if got is not None:  # _CLAIMED's columns
+                token, name, queue, payload, attempt, max_attempts = got[1:7]
+                claims.append(
+                    Claim(
+                        job_id,
+                        token,
+                        name,
+                        queue,
+                        payload,
+                        attempt,
+                        max_attempts,
+                        lease_until,
+                        got[7],  # context
+                        False,  # never ahead
+                        got[8],  # due_at
+                        bool(got[9]),  # alone
+                    )
+                )
+                continue
+            claims.append(
+                Claim(
+                    job_id,
+                    tokens[k : k + 24],
+                    row[8],  # name
+                    row[6],  # queue
+                    row[9],  # payload
+                    row[4] + 1,  # attempt
+                    row[5],  # max_attempts
+                    lease_until,
+                    row[10],  # context
+                    job_id in ahead,
+                    float(row[1]),  # due_at
+                    bool(row[11]),  # alone: a suspect
+                )
+            )
+            k += 24
+        return claims
+
+
+def _release_all_lapsed(
+    conn: sqlite3.Connection, slots: ClaimSlots, lapsed_at: float | None, now: float
+) -> None:
+    assert lapsed_at is not None
+    paused = _paused(conn)  # a paused queue's lapsed jobs wait for its resume
+    asked = {queue: cap for queue, cap in slots.caps.items() if queue not in paused}
+    _release_lapsed(conn, asked, lapsed_at, slots.total, now)
+
+
+# The longest payload a look carries in its text (characters); a longer one is null there and
+# read on its own (_take_rows): a look of 512 payloads of 256 MiB would pass SQLite's limit on
+# one value (1 GB), and the text of a claim's batch stays a few MiB at most.
+INLINE_PAYLOAD: Final = 8192
+
+
+# A claim's look, for every queue and waiting state at once, in one statement and one JSON
+# text: one step of SQLite's, where a row each was a step each, and at each the driver's thread
+# had to take the GIL back from the worker's loop (issue 44). Each read stops after its queue's
+# cap in claim order (the jobs_claim index; suspects off theirs) and the rows are ranked in
+# claim order across reads, so Python's sort by rank gives the memory driver's order to the
+# letter. INDEXED BY: left to itself SQLite picks jobs_next_due (it also matches run_at) and
+# sorts every due row before the LIMIT: 3.8 ms a claim at 20,000 queued, against 0.04 ms
+# reading jobs_claim in order. A row: priority, run_at (text of 17 digits: SQLite's JSON writes
+# a REAL with 15, which loses the last ones), id, state, attempts, max_attempts, queue, limited,
+# name, payload (null past INLINE_PAYLOAD), context, suspect, rank.
+_CANDIDATE: Final = (
+    "priority, printf('%!.17g', run_at), id, state, attempts, max_attempts, queue,"
+    " slot_key IS NOT NULL OR rate_key IS NOT NULL, name,"
+    f" CASE WHEN length(payload) <= {INLINE_PAYLOAD} THEN payload END, context, {_SUSPECT},"
+    f" run_at, length(payload) > {INLINE_PAYLOAD}"
+)
+_ID_AT: Final = 2
+_QUEUE_AT: Final = 6
+_LIMITED_AT: Final = 7
+_PAYLOAD_AT: Final = 9
+_RANK = operator.itemgetter(12)
+_NOT_PAUSED: Final = "NOT EXISTS (SELECT 1 FROM queue_pauses WHERE queue_pauses.queue = ?{n})"
+
+
+def _look_sql(queues: int, suspects: bool, lapsed: bool) -> str:
+    """_look's statement: ``queues`` queues' reads (parameters: queue, now, cap, lapsed_at)."""
+    index, which = ("jobs_suspects", "") if suspects else ("jobs_claim", "NOT ")
+    reads, lapses = [], []
+    each = 4 if lapsed else 3  # parameters of a queue: SQLite counts the highest one named
+    for k in range(queues):
+        queue, now, cap, lapsed_at = (each * k + n for n in range(1, 5))
+        for state in WAITING_STATES:
+            reads.append(
+                f"SELECT * FROM (SELECT {_CANDIDATE} FROM jobs INDEXED BY {index}"
+                f" WHERE queue = ?{queue} AND state = '{state.value}' AND run_at <= ?{now}"
+                f" AND {which}{_SUSPECT} AND {_NOT_PAUSED.format(n=queue)}"
+                f" ORDER BY priority, run_at, id LIMIT ?{cap})"
+            )
+        # INDEXED BY: once ANALYZE has run on a queue of ready jobs, its statistics say
+        # `state = 'running'` matches every row, and SQLite scans the whole table instead
+        # (_release_lapsed).
+        if lapsed:
+            lapses.append(
+                f"EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_next_due WHERE queue = ?{queue}"
+                f" AND state = 'running' AND lease_until <= ?{lapsed_at}"
+                f" AND {_NOT_PAUSED.format(n=queue)})"
+            )
+    columns = ", ".join(f"c{k}" for k in range(14))
+    shown = ", ".join(f"c{k}" for k in range(12))
+    return (
+        f"WITH c({columns}) AS ({' UNION ALL '.join(reads)})"
+        f" SELECT {' OR '.join(lapses) if lapsed else '0'},"
+        f" (SELECT json_group_array(json_array({shown}, r)) FROM"
+        " (SELECT *, row_number() OVER (ORDER BY c0, c12, c2) AS r FROM c)),"
+        " EXISTS (SELECT 1 FROM c WHERE c7 OR c13)"
+    )
+
+
+def _look(
+    conn: sqlite3.Connection,
+    caps: Mapping[str, int],
+    now: float,
+    lapsed_at: float | None,
+    *,
+    suspects: bool,
+) -> tuple[bool, str, bool]:
+    """Whether a job of ``caps``' queues has a lease lapsed by ``lapsed_at`` (never when
+    None); each queue's waiting jobs due by ``now`` (``suspects``: its due suspects, one
+    each), as _CANDIDATE's rows in a JSON text (`_ranked` reads it); and whether any of them
+    has fleet limits or a payload past INLINE_PAYLOAD (the claim's general case)."""
+    if not caps:
+        return False, "[]", False
+    params: list[Any] = []
+    for queue, cap in caps.items():
+        params += (queue, now, 1 if suspects else cap)
+        if lapsed_at is not None:
+            params.append(lapsed_at)
+    sql = _look_sql(len(caps), suspects, lapsed_at is not None)
+    lapsed, found, unusual = conn.execute(sql, params).fetchone()
+    return bool(lapsed), found, bool(unusual)
+
+
+# Claiming the common batch (_claim_in): from the look's text, the ranks up to its total (?7),
+# those past the ones run at once (?5) ahead, each the token at its rank (?6).
+_TAKE_RANKED: Final = (
+    "UPDATE jobs SET state = 'running', lease_until = ?1, attempts = attempts + 1,"
+    " ahead = (json_extract(u.value, '$[12]') > ?5),"
+    f" alone = {_SUSPECT}, worker_id = ?2,"
+    " token = substr(?6, json_extract(u.value, '$[12]') * 24 - 23, 24),"
+    " wait_event = NULL, wait_key = NULL, updated_at = ?3"
+    " FROM json_each(?4) AS u WHERE jobs.id = json_extract(u.value, '$[2]')"
+    " AND json_extract(u.value, '$[12]') <= ?7"
+)
+# Claiming the batch: its ids in claim order, those of them taken ahead, and their tokens.
+_TAKE: Final = (
+    "UPDATE jobs SET state = 'running', lease_until = ?1, attempts = attempts + 1,"
+    " ahead = (jobs.id IN (SELECT value FROM json_each(?5))),"
+    f" alone = {_SUSPECT}, worker_id = ?2, token = substr(?6, u.key * 24 + 1, 24),"
+    " wait_event = NULL, wait_key = NULL, updated_at = ?3"
+    " FROM json_each(?4) AS u WHERE jobs.id = u.value"
+)
 
 
 def _release_lapsed(
@@ -390,12 +594,13 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)
 
-        def work(conn: sqlite3.Connection, now: float) -> list[Claim]:
+        def work(conn: sqlite3.Connection, now: float) -> Taken:
             return _claim_in(
                 conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before, alone=alone
             )
 
-        return await self._transact(work)
+        taken = await self._transact(work)
+        return taken.claims()
 
     # Writes of a run, fenced by its lease.
 
@@ -440,12 +645,12 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         return await self._transact(work)
 
     async def settle(self, settlements: Sequence[Settlement]) -> Sequence[JobId]:
-        settlements = list(settlements)
+        plan = SettlePlan(settlements)
 
         def work(conn: sqlite3.Connection, now: float) -> list[JobId]:
             # In order, one transaction: a second settlement of the same lease in the batch
             # finds the token already cleared and applies nothing, as it would in two calls.
-            return _settle_all(conn, settlements, now)
+            return settle_planned(conn, plan, now)
 
         applied = await self._transact(work)
         self._wake()
@@ -456,22 +661,22 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
     ) -> tuple[Sequence[JobId], Sequence[Claim]]:
         queues, limit, lease, worker_id, free, rescue = ask.parts()
         alone = ask.alone
-        settlements = list(settlements)
+        plan = SettlePlan(settlements)
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)
 
-        def work(conn: sqlite3.Connection, now: float) -> tuple[list[JobId], list[Claim]]:
+        def work(conn: sqlite3.Connection, now: float) -> tuple[list[JobId], Taken]:
             # One transaction, one trip through the thread door and one commit where there
             # were two of each: the settles first, in order, as settle() applies them.
-            applied = _settle_all(conn, settlements, now)
-            claims = _claim_in(
+            applied = settle_planned(conn, plan, now)
+            taken = _claim_in(
                 conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before, alone=alone
             )
-            return applied, claims
+            return applied, taken
 
-        answers = await self._transact(work)
+        applied, taken = await self._transact(work)
         self._wake()
-        return answers
+        return applied, taken.claims()
 
     # Wake-ups.
 

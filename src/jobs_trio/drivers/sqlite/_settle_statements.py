@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import operator
 import sqlite3
 from collections.abc import Sequence
@@ -34,31 +35,97 @@ _INSERT_HISTORY: Final = (
 _attempt_values = operator.attrgetter(*_ATTEMPT_FIELDS)
 
 
+class SettlePlan:
+    """A batch of settlements made ready for the door's thread on the Trio side (`plan`): its
+    completions written together already as JSON, so that the thread, whose Python the
+    worker's loop waits for (issue 44), only runs statements."""
+
+    __slots__ = ("ids", "one_by_one", "settlements", "together", "together_ids")
+
+    def __init__(self, settlements: Sequence[Settlement]) -> None:
+        self.settlements = list(settlements)
+        self.ids = [s.lease.job_id for s in self.settlements]
+        # Where a job is settled twice, every one is written in its turn.
+        self.one_by_one = len(set(self.ids)) < len(self.ids)
+        self.together: str | None = None  # _complete_all's JSON
+        self.together_ids: list[JobId] = []
+        if self.one_by_one:
+            return
+        completes = [s for s in self.settlements if type(s) is Complete]
+        text = _together_json(completes)
+        if text is None and len(completes) >= 2:
+            completes = [s for s in completes if _together(s)]
+            text = _together_json(completes)
+        if text is not None:
+            self.together = text
+            self.together_ids = [s.lease.job_id for s in completes]
+
+
 def _settle_all(
     conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
 ) -> list[JobId]:
-    """``settlements`` in order, in the caller's transaction; answers the job ids that applied.
-    Completions of jobs the batch settles once are written together (_complete_all): a worker's
-    batch is mostly these, and an UPDATE and an INSERT per job were most of a settle's cost
-    (issue 35). Where a job is settled twice, every one is written in its turn."""
-    ids = [s.lease.job_id for s in settlements]
-    if len(set(ids)) < len(ids):
-        return [s.lease.job_id for s in settlements if _settle_one(conn, s, now)]
-    together = [s for s in settlements if type(s) is Complete and _plain_result(s.result)]
-    if len(together) < 2:
-        together = []  # one alone is one statement either way
-    applied = _complete_all(conn, together, now) if together else set()
-    written_together = {id(s) for s in together}
-    for s in settlements:
-        if id(s) not in written_together and _settle_one(conn, s, now):
-            applied.add(s.lease.job_id)
-    return [job_id for job_id in ids if job_id in applied]
+    """``settlements`` in order, in the caller's transaction (`settle_planned`)."""
+    return settle_planned(conn, SettlePlan(settlements), now)
 
 
-# The largest result written with others in one statement (_settle_all): a batch of them is a
-# few MiB of JSON at most, far inside SQLite's limit on one value (1 GB), which a batch of
-# 1 MiB results, twice as long escaped, could pass.
+def settle_planned(conn: sqlite3.Connection, plan: SettlePlan, now: float) -> list[JobId]:
+    """``plan``'s settlements in order, in the caller's transaction; answers the job ids that
+    applied. Completions of jobs the batch settles once are written together (_complete_all):
+    a worker's batch is mostly these, and an UPDATE and an INSERT per job were most of a
+    settle's cost (issue 35)."""
+    if plan.one_by_one:
+        return [s.lease.job_id for s in plan.settlements if _settle_one(conn, s, now)]
+    applied: set[JobId] = set()
+    written_together: set[JobId] = set()
+    if plan.together is not None:
+        applied = _complete_all(conn, plan.together, plan.together_ids, now)
+        written_together = set(plan.together_ids)
+    for s in plan.settlements:
+        job_id = s.lease.job_id
+        if job_id not in written_together and _settle_one(conn, s, now):
+            applied.add(job_id)
+    return [job_id for job_id in plan.ids if job_id in applied]
+
+
+# The largest result written with others in one statement (_settle_all), where a batch's JSON
+# is too long to pass whole: a batch of them is a few MiB of JSON at most, far inside SQLite's
+# limit on one value (1 GB), which a batch of 1 MiB results, twice as long escaped, could pass.
 _TOGETHER_AT_MOST = 64 * 1024
+_BATCH_AT_MOST = 16 * 1024 * 1024
+
+
+def _together_json(completes: Sequence[Complete]) -> str | None:
+    """_complete_all's JSON for ``completes``, [id, token, result, attempt, worker_id, seconds,
+    traceback] each (the note's fields null without one); None when fewer than two (one alone
+    is one statement either way), or where a text would not come through SQLite's JSON as it
+    is: no ``\\u`` escape at all means no text holds a NUL, a control character, anything
+    past ASCII or a lone surrogate (stored as bytes that cannot be read back)."""
+    if len(completes) < 2:
+        return None
+    rows: list[list[object]] = []
+    for s in completes:
+        note = s.note
+        if note is None:
+            rows.append([s.lease.job_id, s.lease.token, s.result, None, None, None, None])
+        else:
+            rows.append(
+                [
+                    s.lease.job_id,
+                    s.lease.token,
+                    s.result,
+                    note.attempt,
+                    note.worker_id,
+                    note.seconds,
+                    note.traceback,
+                ]
+            )
+    try:
+        text = json.dumps(rows, allow_nan=False)  # JSON has no NaN: such a note goes alone
+    except ValueError:
+        return None
+    if "\\u" in text or len(text) > _BATCH_AT_MOST:
+        return None
+    return text
 
 
 def _plain_result(result: str | None) -> bool:
@@ -70,53 +137,75 @@ def _plain_result(result: str | None) -> bool:
     )
 
 
+def _together(s: Complete) -> bool:
+    """Whether a completion may be written with others where its batch's JSON as a whole may
+    not (_together_json): its result and its note's texts pass _plain_result."""
+    note = s.note
+    return _plain_result(s.result) and (
+        note is None
+        or (
+            _plain_result(note.traceback)
+            and _plain_result(note.worker_id)
+            and (note.seconds is None or math.isfinite(note.seconds))
+        )
+    )
+
+
+# _complete_all's statements. Each is one step of SQLite's, whatever the batch's size: the
+# GIL is let go and taken back at each step, and each take costs the worker's loop a lend
+# (_gil_handoff.py; issue 44: a statement that returned a row per job took it back once a job).
+# Each reads the batch from _together_json's JSON, fenced as _FENCE is.
+_JOINED: Final = (
+    " FROM json_each(?{n}) AS u JOIN jobs ON jobs.id = json_extract(u.value, '$[0]')"
+    " AND jobs.token = json_extract(u.value, '$[1]') AND jobs.state = 'running'"
+)
+# The completions that do not apply, and those that do and hold a fleet slot (most batches:
+# none): [id, applies, token] each.
+_UNUSUAL: Final = (
+    "SELECT json_group_array(json_array(json_extract(u.value, '$[0]'), jobs.id IS NOT NULL,"
+    " json_extract(u.value, '$[1]')))"
+    " FROM json_each(?1) AS u LEFT JOIN jobs ON jobs.id = json_extract(u.value, '$[0]')"
+    " AND jobs.token = json_extract(u.value, '$[1]') AND jobs.state = 'running'"
+    " WHERE jobs.id IS NULL OR jobs.slot_key IS NOT NULL"
+)
+# Their history rows, before their UPDATE (the sequence number their ending takes is the
+# job's next): what _history_row makes for a completion, which stores no error and stands
+# against a pending cancel (the conformance suite's batch of completions checks the row).
+_INSERT_COMPLETED: Final = (
+    "INSERT OR REPLACE INTO attempts (job_id, slot, seq, attempt, outcome, worker_id,"
+    " ended_at, seconds, error, traceback)"
+    " SELECT jobs.id, (jobs.attempt_seq + 1) % ?1, jobs.attempt_seq + 1,"
+    " json_extract(u.value, '$[3]'), 'completed', json_extract(u.value, '$[4]'), ?2,"
+    " json_extract(u.value, '$[5]'), NULL, json_extract(u.value, '$[6]')"
+    + _JOINED.format(n=3)
+    + " WHERE json_extract(u.value, '$[3]') IS NOT NULL"
+)
+_COMPLETE: Final = (
+    "UPDATE jobs SET state = 'completed', result = json_extract(u.value, '$[2]'),"
+    " lease_until = NULL, worker_id = NULL, cancel_requested = 0, token = NULL,"
+    " updated_at = ?1, attempt_seq = attempt_seq + 1"
+    " FROM json_each(?2) AS u"
+    " WHERE jobs.id = json_extract(u.value, '$[0]')"
+    " AND jobs.token = json_extract(u.value, '$[1]') AND jobs.state = 'running'"
+)
+
+
 def _complete_all(
-    conn: sqlite3.Connection, completes: Sequence[Complete], now: float
+    conn: sqlite3.Connection, together: str, ids: Sequence[JobId], now: float
 ) -> set[JobId]:
-    """What _write_settlement writes for each completion, fenced the same way, in one UPDATE
-    for all and one INSERT for their history (each job once in ``completes``)."""
-    rows = conn.execute(
-        "UPDATE jobs SET state = 'completed', result = json_extract(u.value, '$[2]'),"
-        " lease_until = NULL, worker_id = NULL, cancel_requested = 0, token = NULL,"
-        " updated_at = ?, attempt_seq = attempt_seq + 1"
-        " FROM json_each(?) AS u"
-        " WHERE jobs.id = json_extract(u.value, '$[0]')"
-        " AND jobs.token = json_extract(u.value, '$[1]') AND jobs.state = 'running'"
-        " RETURNING jobs.id, jobs.slot_key, jobs.attempt_seq",
-        (now, json.dumps([[s.lease.job_id, s.lease.token, s.result] for s in completes])),
-    ).fetchall()
-    done = {row[0]: row for row in rows}
-    history = []
-    for s in completes:
-        row = done.get(s.lease.job_id)
-        if row is None:
-            continue
-        if row[1] is not None:
-            _release_slot(conn, s.lease.token, now)
-        note = s.note
-        if note is not None:
-            # _history_row's row for a completion, made here: no Effect nor AttemptRecord per
-            # job in the driver's thread, whose Python holds the GIL the worker's loop needs
-            # (issue 44). A completion stores no error, and stands against a pending cancel. In
-            # _ATTEMPT_FIELDS' order (the conformance suite's batch of completions checks it).
-            seq = row[2]
-            history.append(
-                (
-                    s.lease.job_id,
-                    seq % ATTEMPT_HISTORY,
-                    seq,
-                    note.attempt,
-                    "completed",
-                    note.worker_id,
-                    now,
-                    note.seconds,
-                    None,
-                    note.traceback,
-                )
-            )
-    if history:
-        conn.executemany(_INSERT_HISTORY, history)
-    return set(done)
+    """What _write_settlement writes for each completion of ``together`` (_together_json's,
+    each job once), fenced the same way: one UPDATE for all, one INSERT for their history."""
+    (unusual,) = conn.execute(_UNUSUAL, (together,)).fetchone()
+    conn.execute(_INSERT_COMPLETED, (ATTEMPT_HISTORY, now, together))
+    conn.execute(_COMPLETE, (now, together))
+    applied = set(ids)
+    if unusual != "[]":
+        for job_id, applies, token in json.loads(unusual):
+            if not applies:
+                applied.discard(job_id)
+            else:
+                _release_slot(conn, token, now)
+    return applied
 
 
 def _history_row(s: Settlement, change: Effect, seq: int, now: float) -> tuple[object, ...]:
