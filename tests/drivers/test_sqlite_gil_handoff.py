@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from jobs_trio.drivers import _gil_handoff
+from jobs_trio.drivers._gil_handoff import GilHandoff
 from jobs_trio.drivers.sqlite import open_sqlite_driver
 from jobs_trio.drivers.sqlite._jobs import INLINE_PAYLOAD
 from jobs_trio.testing.conformance.helpers import new_job
@@ -91,3 +93,38 @@ async def test_a_claim_brings_long_payloads_and_run_ats_as_stored(tmp_path: Path
     for claim in claims:
         assert json.loads(claim.payload) == payloads[claim.job_id]
         assert claim.due_at == stored[claim.job_id]  # to the last bit
+
+
+class _Clocks:
+    """The loop's clock and the door thread's CPU clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def clock_gettime(self, clock: int) -> float:
+        return self.cpu
+
+    def pthread_getcpuclockid(self, ident: int) -> int:
+        return 1
+
+
+def test_a_pass_lends_the_gil_only_to_a_thread_that_stood_still(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clocks = _Clocks()
+    monkeypatch.setattr(_gil_handoff, "time", clocks)
+    handoff = GilHandoff()
+    handoff.opening()  # the thread, before its statement: its clock known, the gate open
+    clocks.wall += 0.001
+    clocks.cpu += 0.001  # it ran all along (inside the statement)
+    handoff.before_io_wait(0)
+    assert not handoff._gate.locked(), "a pass waited on a thread that needed no GIL"
+    handoff.before_io_wait(0.5)  # a loop with nothing to run lends at its I/O wait anyway
+    assert not handoff._gate.locked()
+    clocks.wall += 0.001  # its clock stood still: it waits for the GIL
+    handoff.before_io_wait(0)
+    assert handoff._gate.locked(), "the pass did not lend the GIL to a waiting thread"

@@ -75,11 +75,16 @@ class GilHandoff(trio.abc.Instrument):
             return
         clock = self._clock
         if clock is not None:
-            ran, at = time.clock_gettime(clock), time.perf_counter()
-            stood = (at - self._at) - (ran - self._ran)
-            self._ran, self._at = ran, at
-            if stood < STILL:
-                return  # it ran all along: inside a statement, with no need of the GIL
+            try:
+                ran = time.clock_gettime(clock)
+            except OSError:  # its thread has ended (a call abandoned at its cancel): lend
+                self._clock = None
+            else:
+                at = time.perf_counter()
+                stood = (at - self._at) - (ran - self._ran)
+                self._ran, self._at = ran, at
+                if stood < STILL:
+                    return  # it ran all along: inside a statement, with no need of the GIL
         self._gate.acquire(timeout=LEND)
 
     def opening(self) -> None:
