@@ -2,6 +2,7 @@
 # Apart because it is the path every job takes; the other capabilities only read or nudge it.
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
@@ -48,9 +49,11 @@ from ..contract import BesideConnection
 from ._connection import SqliteConnection, T, _paused, data_version
 from ._settle_statements import (
     _INSERT_HISTORY,
+    NotAllApplied,
     SettlePlan,
     _attempt_values,
     _settle_all,
+    release_slot,
     settle_planned,
 )
 
@@ -123,27 +126,39 @@ def _claim_in(
     *,
     lapsed_before: float = math.inf,
     alone: bool = False,
+    settled: str | None = None,
 ) -> Taken:
     """The claim, inside the caller's transaction (claim, and settle_and_claim after its
     settles: a job settled there is no longer running, so never a lapsed one; one retried at
     once is ready, and may be claimed as any ready job would be). Nothing of a paused queue is
-    claimed, lapsed or not. Its Claims are made on the Trio side (`Taken.claims`)."""
+    claimed, lapsed or not. ``settled``: the completions a settle just wrote with
+    ``slots_after`` (their JSON), whose fleet slots the claim frees. Its Claims are made on the
+    Trio side (`Taken.claims`)."""
     lease_until = now + lease
     lapsed_at = min(now, lapsed_before) if lapsed_before != -math.inf else None
+
+    def look(suspects: bool) -> tuple[str, bool]:
+        # What the claim's first look finds to do first (rarely anything): the fleet slots the
+        # completions just settled hold, freed (settle_planned(slots_after=True)), and the
+        # lapsed leases handed back; then it looks again.
+        nonlocal lapsed_at, settled
+        lapsed, found, unusual, held = _look(conn, slots.caps, now, lapsed_at, settled, suspects)
+        if lapsed or held != "[]":
+            for token in json.loads(held):
+                release_slot(conn, token, now)
+            if lapsed:
+                _release_all_lapsed(conn, slots, lapsed_at, now)
+            _, found, unusual, _ = _look(conn, slots.caps, now, None, None, suspects)
+        lapsed_at = settled = None
+        return found, unusual
+
     if alone:
         # The due suspects first, off their own index (a handful): the first one alone.
-        lapsed, found, _ = _look(conn, slots.caps, now, lapsed_at, suspects=True)
-        if lapsed:
-            _release_all_lapsed(conn, slots, lapsed_at, now)
-            _, found, _ = _look(conn, slots.caps, now, None, suspects=True)
-        lapsed_at = None
+        found, _ = look(suspects=True)
         rows = _ranked(found)[:1]
         if rows:
             return _take_rows(conn, now, lease_until, slots, worker_id, free, rows)
-    lapsed, found, unusual = _look(conn, slots.caps, now, lapsed_at, suspects=False)
-    if lapsed:
-        _release_all_lapsed(conn, slots, lapsed_at, now)
-        _, found, unusual = _look(conn, slots.caps, now, None, suspects=False)
+    found, unusual = look(suspects=False)
     if found == "[]":
         return Taken(lease_until)
     if len(slots.caps) == 1 and not unusual:
@@ -333,8 +348,9 @@ _RANK = operator.itemgetter(12)
 _NOT_PAUSED: Final = "NOT EXISTS (SELECT 1 FROM queue_pauses WHERE queue_pauses.queue = ?{n})"
 
 
-def _look_sql(queues: int, suspects: bool, lapsed: bool) -> str:
-    """_look's statement: ``queues`` queues' reads (parameters: queue, now, cap, lapsed_at)."""
+def _look_sql(queues: int, suspects: bool, lapsed: bool, settled: bool) -> str:
+    """_look's statement: ``queues`` queues' reads (parameters: queue, now, cap, lapsed_at),
+    then the settled completions' JSON if ``settled``."""
     index, which = ("jobs_suspects", "") if suspects else ("jobs_claim", "NOT ")
     reads, lapses = [], []
     each = 4 if lapsed else 3  # parameters of a queue: SQLite counts the highest one named
@@ -363,7 +379,13 @@ def _look_sql(queues: int, suspects: bool, lapsed: bool) -> str:
         f" SELECT {' OR '.join(lapses) if lapsed else '0'},"
         f" (SELECT json_group_array(json_array({shown}, r)) FROM"
         " (SELECT *, row_number() OVER (ORDER BY c0, c12, c2) AS r FROM c)),"
-        " EXISTS (SELECT 1 FROM c WHERE c7 OR c13)"
+        " EXISTS (SELECT 1 FROM c WHERE c7 OR c13),"
+        + (
+            " (SELECT json_group_array(token) FROM limit_rows WHERE kind = 'slot' AND token IN"
+            f" (SELECT json_extract(value, '$[1]') FROM json_each(?{each * queues + 1})))"
+            if settled
+            else " '[]'"
+        )
     )
 
 
@@ -372,23 +394,26 @@ def _look(
     caps: Mapping[str, int],
     now: float,
     lapsed_at: float | None,
-    *,
+    settled: str | None,
     suspects: bool,
-) -> tuple[bool, str, bool]:
+) -> tuple[bool, str, bool, str]:
     """Whether a job of ``caps``' queues has a lease lapsed by ``lapsed_at`` (never when
     None); each queue's waiting jobs due by ``now`` (``suspects``: its due suspects, one
-    each), as _CANDIDATE's rows in a JSON text (`_ranked` reads it); and whether any of them
-    has fleet limits or a payload past INLINE_PAYLOAD (the claim's general case)."""
+    each), as _CANDIDATE's rows in a JSON text (`_ranked` reads it); whether any of them has
+    fleet limits or a payload past INLINE_PAYLOAD (the claim's general case); and the tokens
+    of the ``settled`` completions that hold a fleet slot, as a JSON text."""
     if not caps:
-        return False, "[]", False
+        return False, "[]", False, "[]"
     params: list[Any] = []
     for queue, cap in caps.items():
         params += (queue, now, 1 if suspects else cap)
         if lapsed_at is not None:
             params.append(lapsed_at)
-    sql = _look_sql(len(caps), suspects, lapsed_at is not None)
-    lapsed, found, unusual = conn.execute(sql, params).fetchone()
-    return bool(lapsed), found, bool(unusual)
+    if settled is not None:
+        params.append(settled)
+    sql = _look_sql(len(caps), suspects, lapsed_at is not None, settled is not None)
+    lapsed, found, unusual, held = conn.execute(sql, params).fetchone()
+    return bool(lapsed), found, bool(unusual), held
 
 
 # Claiming the common batch (_claim_in): from the look's text, the ranks up to its total (?7),
@@ -665,16 +690,32 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         slots = ClaimSlots.of(queues, limit)
         lapsed_before = _lapsed_before(self.now(), rescue)
 
-        def work(conn: sqlite3.Connection, now: float) -> tuple[list[JobId], Taken]:
+        def work(
+            conn: sqlite3.Connection, now: float, checked: bool = False
+        ) -> tuple[list[JobId], Taken]:
             # One transaction, one trip through the thread door and one commit where there
-            # were two of each: the settles first, in order, as settle() applies them.
-            applied = settle_planned(conn, plan, now)
+            # were two of each: the settles first, in order, as settle() applies them. The
+            # completions' fleet slots are freed by the claim's look (one statement fewer).
+            applied = settle_planned(conn, plan, now, slots_after=not checked)
             taken = _claim_in(
-                conn, now, slots, lease, worker_id, free, lapsed_before=lapsed_before, alone=alone
+                conn,
+                now,
+                slots,
+                lease,
+                worker_id,
+                free,
+                lapsed_before=lapsed_before,
+                alone=alone,
+                settled=None if checked else plan.together,
             )
             return applied, taken
 
-        applied, taken = await self._transact(work)
+        try:
+            applied, taken = await self._transact(work)
+        except NotAllApplied:
+            # A completion's lease no longer held (rolled back: nothing was written). Again,
+            # with each completion's lease looked at.
+            applied, taken = await self._transact(functools.partial(work, checked=True))
         self._wake()
         return applied, taken.claims()
 

@@ -68,23 +68,33 @@ def _settle_all(
     return settle_planned(conn, SettlePlan(settlements), now)
 
 
-def settle_planned(conn: sqlite3.Connection, plan: SettlePlan, now: float) -> list[JobId]:
+def settle_planned(
+    conn: sqlite3.Connection, plan: SettlePlan, now: float, *, slots_after: bool = False
+) -> list[JobId]:
     """``plan``'s settlements in order, in the caller's transaction; answers the job ids that
     applied. Completions of jobs the batch settles once are written together (_complete_all):
     a worker's batch is mostly these, and an UPDATE and an INSERT per job were most of a
-    settle's cost (issue 35)."""
+    settle's cost (issue 35). ``slots_after``: as _complete_all's."""
     if plan.one_by_one:
         return [s.lease.job_id for s in plan.settlements if _settle_one(conn, s, now)]
     applied: set[JobId] = set()
     written_together: set[JobId] = set()
     if plan.together is not None:
-        applied = _complete_all(conn, plan.together, plan.together_ids, now)
+        applied = _complete_all(
+            conn, plan.together, plan.together_ids, now, slots_after=slots_after
+        )
         written_together = set(plan.together_ids)
     for s in plan.settlements:
         job_id = s.lease.job_id
         if job_id not in written_together and _settle_one(conn, s, now):
             applied.add(job_id)
     return [job_id for job_id in plan.ids if job_id in applied]
+
+
+class NotAllApplied(Exception):
+    """A batch written with ``slots_after`` held a completion whose lease no longer held: which
+    one, its UPDATE cannot say. Raised inside the transaction, which is rolled back; the caller
+    writes the batch again without ``slots_after``."""
 
 
 # The largest result written with others in one statement (_settle_all), where a batch's JSON
@@ -191,20 +201,34 @@ _COMPLETE: Final = (
 
 
 def _complete_all(
-    conn: sqlite3.Connection, together: str, ids: Sequence[JobId], now: float
+    conn: sqlite3.Connection,
+    together: str,
+    ids: Sequence[JobId],
+    now: float,
+    *,
+    slots_after: bool = False,
 ) -> set[JobId]:
     """What _write_settlement writes for each completion of ``together`` (_together_json's,
-    each job once), fenced the same way: one UPDATE for all, one INSERT for their history."""
-    (unusual,) = conn.execute(_UNUSUAL, (together,)).fetchone()
+    each job once), fenced the same way: one UPDATE for all, one INSERT for their history.
+
+    ``slots_after`` (a settle that a claim follows in its transaction): one statement fewer,
+    so one turn fewer of the thread's at the GIL (_gil_handoff.py). The UPDATE's count says
+    whether every completion applied (if not, NotAllApplied); the fleet slots they hold are the
+    claim's to free, as its look finds them (_jobs._claim_in)."""
+    unusual = "[]"
+    if not slots_after:
+        (unusual,) = conn.execute(_UNUSUAL, (together,)).fetchone()
     conn.execute(_INSERT_COMPLETED, (ATTEMPT_HISTORY, now, together))
-    conn.execute(_COMPLETE, (now, together))
+    written = conn.execute(_COMPLETE, (now, together)).rowcount
+    if slots_after and written != len(ids):
+        raise NotAllApplied
     applied = set(ids)
     if unusual != "[]":
         for job_id, applies, token in json.loads(unusual):
             if not applies:
                 applied.discard(job_id)
             else:
-                _release_slot(conn, token, now)
+                release_slot(conn, token, now)
     return applied
 
 
@@ -251,7 +275,7 @@ def _write_settlement(conn: sqlite3.Connection, s: Settlement, now: float, also:
     if row is None:
         return False
     if row[0] is not None:
-        _release_slot(conn, s.lease.token, now)
+        release_slot(conn, s.lease.token, now)
     if s.note is not None:
         conn.execute(_INSERT_HISTORY, _history_row(s, change, row[1], now))
     return True
@@ -266,7 +290,7 @@ def _stored_past(conn: sqlite3.Connection, unseen: Unseen) -> bool:
     return bool(row[0])
 
 
-def _release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
+def release_slot(conn: sqlite3.Connection, token: str, now: float) -> None:
     """In the settle's transaction: the run's slot row is free, and the first job a claim put
     off waiting on that slot is due now."""
     for (key,) in conn.execute(

@@ -26,6 +26,7 @@ from jobs_trio.driver import Driver, SettlesWithClaims
 from jobs_trio.testing._clock import ManualClock
 
 from .helpers import claim_one, enqueue_one
+from .test_admin_attempt_history import noted
 from .test_fleet_limits import limited
 
 # Each kind of settlement as the call carries it, what its job's record then says, and what it
@@ -238,6 +239,57 @@ async def test_a_slot_the_settle_frees_goes_to_its_waiter_in_the_same_call(
     )
     assert list(applied) == [holder]
     assert [(c.job_id, c.attempt) for c in claimed] == [(waiter, 1)]
+
+
+async def test_slots_a_batch_of_completions_frees_go_to_their_waiters_in_the_same_call(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    # The same with several completions at once, which a driver may write together (SQLite
+    # frees their slots in the claim's own look: one statement fewer).
+    both = carrying(driver)
+    ids = [a.job_id for a in await driver.enqueue([limited(2, priority=n) for n in range(4)])]
+    claims = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert [c.job_id for c in claims] == ids[:2]  # the slots are full: two wait
+    manual_clock.advance(1)
+    applied, claimed = await both.settle_and_claim(
+        [Complete(c.lease, result="null") for c in claims],
+        ["default"],
+        10,
+        lease=30,
+        worker_id="w1",
+    )
+    assert list(applied) == ids[:2]
+    assert [(c.job_id, c.attempt) for c in claimed] == [(ids[2], 1), (ids[3], 1)]
+
+
+async def test_a_stale_completion_among_others_is_fenced_and_the_rest_apply(
+    driver: Driver, manual_clock: ManualClock
+) -> None:
+    both = carrying(driver)
+    job = await enqueue_one(driver, priority=0)
+    fresh = await enqueue_one(driver, priority=1)
+    other = await enqueue_one(driver, priority=2)
+    old = await claim_one(driver, lease=10)
+    manual_clock.advance(11)
+    [again] = await driver.claim(["default"], 1, lease=30, worker_id="w2")  # took it over
+    current = await claim_one(driver)
+    assert (again.job_id, current.job_id) == (job, fresh)
+    applied, claims = await both.settle_and_claim(
+        [noted(Complete(old.lease, result="1"), 1), noted(Complete(current.lease, result="2"), 1)],
+        ["default"],
+        5,
+        lease=30,
+        worker_id="w1",
+    )
+    assert list(applied) == [fresh]
+    assert [c.job_id for c in claims] == [other]
+    held, done = await driver.get(job), await driver.get(fresh)
+    assert held is not None and (held.state, held.worker_id) == (JobState.RUNNING, "w2")
+    assert done is not None and (done.state, done.result) == (JobState.COMPLETED, 2)
+    # The stale one recorded no ending (its lapse did: the takeover's orphaning).
+    assert "completed" not in [a.outcome for a in await driver.load_attempts(job)]
+    [ending] = await driver.load_attempts(fresh)
+    assert (ending.seq, ending.outcome, ending.seconds) == (1, "completed", 1.5)
 
 
 async def test_a_refused_carried_lone_surrogate_is_a_value_refusal(driver: Driver) -> None:
