@@ -25,7 +25,7 @@ from jobs_trio._core.records import (
 from jobs_trio.driver import Driver, SettlesWithClaims
 from jobs_trio.testing._clock import ManualClock
 
-from .helpers import claim_one, enqueue_one
+from .helpers import a_claim_taken_over, claim_one, enqueue_one
 from .test_admin_attempt_history import noted
 from .test_fleet_limits import limited
 
@@ -266,14 +266,11 @@ async def test_a_stale_completion_among_others_is_fenced_and_the_rest_apply(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
     both = carrying(driver)
-    job = await enqueue_one(driver, priority=0)
+    job, old, again = await a_claim_taken_over(driver, manual_clock)
     fresh = await enqueue_one(driver, priority=1)
     other = await enqueue_one(driver, priority=2)
-    old = await claim_one(driver, lease=10)
-    manual_clock.advance(11)
-    [again] = await driver.claim(["default"], 1, lease=30, worker_id="w2")  # took it over
     current = await claim_one(driver)
-    assert (again.job_id, current.job_id) == (job, fresh)
+    assert current.job_id == fresh
     applied, claims = await both.settle_and_claim(
         [noted(Complete(old.lease, result="1"), 1), noted(Complete(current.lease, result="2"), 1)],
         ["default"],
@@ -284,7 +281,7 @@ async def test_a_stale_completion_among_others_is_fenced_and_the_rest_apply(
     assert list(applied) == [fresh]
     assert [c.job_id for c in claims] == [other]
     held, done = await driver.get(job), await driver.get(fresh)
-    assert held is not None and (held.state, held.worker_id) == (JobState.RUNNING, "w2")
+    assert held is not None and (held.state, held.attempts) == (JobState.RUNNING, again.attempt)
     assert done is not None and (done.state, done.result) == (JobState.COMPLETED, 2)
     # The stale one recorded no ending (its lapse did: the takeover's orphaning).
     assert "completed" not in [a.outcome for a in await driver.load_attempts(job)]
