@@ -1,6 +1,5 @@
-# Lets the SQLite door's thread take the GIL while the Trio loop has work: at a pass of the loop
-# the thread waits at, the loop lets the GIL go until the thread's next statement. Apart because
-# this is CPython's scheduling, not SQLite's.
+# The Trio loop lends the SQLite door's thread the GIL, at a pass the thread waits for it.
+# Apart from the door because it is about CPython's scheduling of threads, not SQLite's.
 """Why the loop lends the GIL (issue 44).
 
 CPython 3.11 hands the GIL to a waiting thread only when its holder blocks, or when the waiter
