@@ -128,3 +128,23 @@ def test_a_pass_lends_the_gil_only_to_a_thread_that_stood_still(
     clocks.wall += 0.001  # its clock stood still: it waits for the GIL
     handoff.before_io_wait(0)
     assert handoff._gate.locked(), "the pass did not lend the GIL to a waiting thread"
+
+
+def test_a_thread_that_did_not_run_while_lent_the_gil_is_lent_it_less(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It waits for its disk (a COMMIT's fsync): each lend meanwhile would cost the loop LEND.
+    clocks = _Clocks()
+    monkeypatch.setattr(_gil_handoff, "time", clocks)
+    handoff = GilHandoff()
+    handoff.opening()
+    handoff._gate.acquire()  # inside its statement
+    clocks.wall += 0.001
+    handoff.before_io_wait(0)  # lends, in vain: the gate stays shut, its clock stands still
+    handoff._gate.release()  # its next statement
+    clocks.wall += 0.001
+    handoff.before_io_wait(0)
+    assert not handoff._gate.locked(), "the pass lent again at once"
+    clocks.wall += 0.001
+    handoff.before_io_wait(0)
+    assert handoff._gate.locked(), "the pass after it did not lend"

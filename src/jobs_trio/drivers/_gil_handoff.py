@@ -36,6 +36,8 @@ LEND: Final = 50e-6
 # (or for its disk): only then does a pass lend it (timed-out lends at c=10: 1,700 a 30,000 jobs
 # without the look, 760 with). Without a thread CPU clock (macOS) every pass lends.
 STILL: Final = 30e-6
+# The most passes in a row that do not lend to a thread that waits for its disk.
+IDLE_MOST: Final = 4
 _CLOCKS: Final = hasattr(time, "pthread_getcpuclockid")
 
 
@@ -51,6 +53,11 @@ class GilHandoff(trio.abc.Instrument):
         self._clock: int | None = None  # the thread's CPU clock, once it ran a statement
         self._ran = 0.0  # its CPU time, and the loop's clock, at the last pass that looked
         self._at = 0.0
+        # Passes that lend nothing: a thread that did not run while lent the GIL waits for its
+        # disk (a COMMIT's fsync), and each lend meanwhile would cost the loop LEND for
+        # nothing. The passes skipped double at each such lend, up to IDLE_MOST.
+        self._skip = 0
+        self._backoff = 0
 
     @contextlib.contextmanager
     def lending(self) -> Iterator[None]:
@@ -73,18 +80,28 @@ class GilHandoff(trio.abc.Instrument):
         if timeout:  # nothing to run: the loop's wait for I/O lets the GIL go anyway
             return
         clock = self._clock
-        if clock is not None:
-            try:
-                ran = time.clock_gettime(clock)
-            except OSError:  # its thread has ended (a call abandoned at its cancel): lend
-                self._clock = None
-            else:
-                at = time.perf_counter()
-                stood = (at - self._at) - (ran - self._ran)
-                self._ran, self._at = ran, at
-                if stood < STILL:
-                    return  # it ran all along: inside a statement, with no need of the GIL
-        self._gate.acquire(timeout=LEND)
+        if clock is None:
+            self._gate.acquire(timeout=LEND)
+            return
+        try:
+            ran = time.clock_gettime(clock)
+        except OSError:  # its thread has ended (a call abandoned at its cancel)
+            self._clock = None
+            return
+        at = time.perf_counter()
+        stood = (at - self._at) - (ran - self._ran)
+        self._ran, self._at = ran, at
+        if stood < STILL:
+            self._backoff = 0
+            return  # it ran all along: inside a statement, with no need of the GIL
+        if self._skip:
+            self._skip -= 1
+            return
+        if self._gate.acquire(timeout=LEND) or time.clock_gettime(clock) != ran:
+            self._backoff = 0  # it took the GIL
+        else:
+            self._backoff = min(2 * self._backoff or 1, IDLE_MOST)
+            self._skip = self._backoff
 
     def opening(self) -> None:
         """Thread side, holding the GIL, just before it lets it go (a statement, or its call's
