@@ -112,13 +112,20 @@ class _Clocks:
         return 1
 
 
-def test_a_pass_lends_the_gil_only_to_a_thread_that_stood_still(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _opened(monkeypatch: pytest.MonkeyPatch) -> tuple[GilHandoff, _Clocks]:
+    """A handoff on clocks moved by hand, as its thread leaves it just before a statement: its
+    clock known, the gate open."""
     clocks = _Clocks()
     monkeypatch.setattr(_gil_handoff, "time", clocks)
     handoff = GilHandoff()
-    handoff.opening()  # the thread, before its statement: its clock known, the gate open
+    handoff.opening()
+    return handoff, clocks
+
+
+def test_a_pass_lends_the_gil_only_to_a_thread_that_stood_still(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handoff, clocks = _opened(monkeypatch)
     clocks.wall += 0.001
     clocks.cpu += 0.001  # it ran all along (inside the statement)
     handoff.before_io_wait(0)
@@ -134,10 +141,7 @@ def test_a_thread_that_did_not_run_while_lent_the_gil_is_lent_it_less(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # It waits for its disk (a COMMIT's fsync): each lend meanwhile would cost the loop LEND.
-    clocks = _Clocks()
-    monkeypatch.setattr(_gil_handoff, "time", clocks)
-    handoff = GilHandoff()
-    handoff.opening()
+    handoff, clocks = _opened(monkeypatch)
     handoff._gate.acquire()  # inside its statement
     clocks.wall += 0.001
     handoff.before_io_wait(0)  # lends, in vain: the gate stays shut, its clock stands still

@@ -348,6 +348,7 @@ _RANK = operator.itemgetter(12)
 _NOT_PAUSED: Final = "NOT EXISTS (SELECT 1 FROM queue_pauses WHERE queue_pauses.queue = ?{n})"
 
 
+@functools.cache  # a handful of shapes a worker, each built once, not once a claim
 def _look_sql(queues: int, suspects: bool, lapsed: bool, settled: bool) -> str:
     """_look's statement: ``queues`` queues' reads (parameters: queue, now, cap, lapsed_at),
     then the settled completions' JSON if ``settled``."""

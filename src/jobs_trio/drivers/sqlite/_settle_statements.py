@@ -36,9 +36,9 @@ _attempt_values = operator.attrgetter(*_ATTEMPT_FIELDS)
 
 
 class SettlePlan:
-    """A batch of settlements made ready for the door's thread on the Trio side (`plan`): its
-    completions written together already as JSON, so that the thread, whose Python the
-    worker's loop waits for (issue 44), only runs statements."""
+    """A batch of settlements made ready on the Trio side for the door's thread
+    (`settle_planned`): its completions written together already as JSON, so that the thread,
+    whose Python the worker's loop waits for (issue 44), only runs statements."""
 
     __slots__ = ("ids", "one_by_one", "settlements", "together", "together_ids")
 
