@@ -44,12 +44,17 @@ class CountingDriver(MemoryDriver):
         return claims
 
     async def wait_for_work(
-        self, queues: Sequence[str], timeout: float, *, alone: bool = False
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        rescue_from: float | None = None,
+        alone: bool = False,
     ) -> None:
         if self.deaf:
             await trio.sleep(timeout)
         else:
-            await super().wait_for_work(queues, timeout, alone=alone)
+            await super().wait_for_work(queues, timeout, rescue_from=rescue_from, alone=alone)
 
 
 def blocking_registry(queues: Sequence[str]) -> tuple[Registry, dict[str, trio.Event], set[str]]:
@@ -152,11 +157,9 @@ async def test_jobs_a_short_claim_returned_start_before_the_loop_looks_for_more(
     seen_at_look: list[set[str]] = []
 
     class Looking(CountingDriver):
-        async def wait_for_work(
-            self, queues: Sequence[str], timeout: float, *, alone: bool = False
-        ) -> None:
+        async def wait_for_work(self, queues: Sequence[str], timeout: float, **kw: Any) -> None:
             seen_at_look.append(set(running))
-            await super().wait_for_work(queues, timeout, alone=alone)
+            await super().wait_for_work(queues, timeout, **kw)
 
     driver = Looking()
     w = worker(driver, registry, concurrency=3, safety_poll=30.0)

@@ -108,6 +108,9 @@ def load_statements(schema: str) -> Statements:
         by_name[name] = _fill(enqueue_with, {"{on_conflict}": conflict})
     claim_with, claim_answer = by_name["claim"], by_name.pop("claim_answer")
     by_name["claim"] = _fill(f"{claim_with}\n{claim_answer}", {"{not_settling}": ""})
+    unrescued_with = by_name["claim_unrescued"]
+    unrescued_answer = by_name.pop("claim_unrescued_answer")
+    by_name["claim_unrescued"] = f"{unrescued_with}\n{unrescued_answer}"
     settle_answer = by_name.pop("settle_answer")
     for kind in SETTLE_KINDS:
         kind_rows = by_name.pop(f"settle_{kind}_rows")
@@ -124,6 +127,9 @@ def load_statements(schema: str) -> Statements:
         waits = _fill(settle_with, {"{skip_locked}": ""})
         by_name[f"settle_wait_{kind}"] = f"{waits}\n{settle_answer}"
         by_name[f"settle_claim_{kind}"] = _settle_then_claim(waits, claim_with, claim_answer)
+        by_name[f"settle_claim_unrescued_{kind}"] = _settle_then_claim(
+            waits, unrescued_with, unrescued_answer
+        )
     del by_name["settle"]
     return Statements(
         schema=schema,
@@ -149,6 +155,8 @@ def _note_columns(kind_rows: str) -> str:
 # The claim's parameters come first in settle_claim_<kind>; the settle's follow them.
 CLAIM_PARAMETERS = 14
 _PARAMETER = re.compile(r"\$(\d+)")
+# Where a claim's CTEs begin (after its comments): they follow the settle's in settle_claim_*.
+_FIRST_WITH = re.compile(r"^WITH ", re.MULTILINE)
 
 
 def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> str:
@@ -168,7 +176,7 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
     settle_ctes = _PARAMETER.sub(after_the_claims, settle_with)
     settle_ids = f"${3 + CLAIM_PARAMETERS - 1}"
     claim_ctes = _fill(
-        claim_with[claim_with.index("WITH lapsed") + len("WITH ") :],
+        _ctes_of(claim_with),
         {"{not_settling}": f"AND NOT (id = ANY({settle_ids}::text::text[]))"},
     )
     # The settled rows are the first branch: the settle's locks (the one wait here, in id
@@ -188,6 +196,14 @@ def _settle_then_claim(settle_with: str, claim_with: str, claim_answer: str) -> 
         "SELECT true, id, token, name, queue, payload, attempts, max_attempts, lease_until,"
         " priority, run_at, context, ahead, alone, released, orphans, 0 FROM claim_rows"
     )
+
+
+def _ctes_of(statement: str) -> str:
+    """A claim statement's CTEs without its comments and its WITH: to follow other CTEs."""
+    found = _FIRST_WITH.search(statement)
+    if found is None:
+        raise ValueError("a claim statement begins WITH its CTEs")
+    return statement[found.end() :]
 
 
 def _fill(sql: str, fill: Mapping[str, str]) -> str:

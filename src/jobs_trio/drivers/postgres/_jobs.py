@@ -51,6 +51,10 @@ from ._settle_statements import (
 # lambda called once a row was a share of each answer (issue 44).
 _CLAIM_ORDER = operator.itemgetter("priority", "run_at", "id")
 
+# How long a look for due work (wait_for_work) is seen through after the wait was cancelled;
+# past it, the look is cancelled (_wait_for_work says why).
+LOOK_SEEN_THROUGH = 0.25
+
 
 class _PostgresBeside:
     """The lease lifeline's own connection: plain asyncio, on a loop of its own in the
@@ -167,13 +171,13 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             return []
         now = self.now()
         sql = self._sql
+        statement = sql["claim" if rescue else "claim_unrescued"]
 
         async def take(conn: Connection) -> list[Any]:
             # One statement: the claim and the hand-back of lapsed jobs commit together.
             return list(
                 await conn.fetch(
-                    sql["claim"],
-                    *_claim_arguments(now, slots, lease, worker_id, free, rescue, alone),
+                    statement, *_claim_arguments(now, slots, lease, worker_id, free, rescue, alone)
                 )
             )
 
@@ -203,6 +207,9 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         now = self.now()
         sql = self._sql
         claiming = _claim_arguments(now, slots, lease, worker_id, free, rescue, alone)
+        # With no lapsed job to hand back, the smaller statements (claim_unrescued, _jobs.sql).
+        unrescued = "" if rescue else "_unrescued"
+        claim, settle_claim = f"claim{unrescued}", f"settle_claim{unrescued}_"
 
         async def both(conn: Connection) -> tuple[set[tuple[JobId, str]], list[Any], bool]:
             if len(by_kind) > 1:
@@ -211,11 +218,14 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
                 # sees what the settles changed, a waiter they woke included.
                 # Every row locked first (waiting): none is ever skipped as busy here.
                 written, _ = await _apply_settles(conn, sql, now, by_kind)
-                return written, list(await conn.fetch(sql["claim"], *claiming)), False
+                return written, list(await conn.fetch(sql[claim], *claiming)), False
             # The usual batch, one kind: ONE statement settles and claims, one round trip.
             [(kind, group)] = by_kind.items()
             rows = await conn.fetch(
-                sql[f"settle_claim_{kind}"], *claiming, sql.channel, *_settle_columns(group)
+                sql[settle_claim + kind],
+                *claiming,
+                sql.channel,
+                *_settle_columns(group),
             )
             # One pass over the answer (a batch's settled rows, then its claims): three were
             # a share of a no-op job (issue 44).
@@ -434,7 +444,21 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             # notifies us, and one committed before it is seen by it.
             await self._listener.listen()
             try:
-                due_in = await self._next_due_in(queues, rescue_from, alone)
+                # A look in flight is seen through, not cancelled: cancelled, asyncpg asks the
+                # server to cancel it on a connection of its own and waits for the statement's
+                # end, 6-12 ms under load where its answer was due in about one (the claim loop
+                # ends this wait when a slot frees or the worker goes idle, whatever it is
+                # doing: the probe under load waited for it, issue 44). Bounded: a look still
+                # unanswered after LOOK_SEEN_THROUGH is cancelled as before, so a stalled
+                # server holds a stopping worker that much longer at most.
+                with trio.CancelScope(shield=True) as look:
+                    look.deadline = trio.current_time() + LOOK_SEEN_THROUGH
+                    due_in = await self._next_due_in(queues, rescue_from, alone)
+                if look.cancelled_caught:
+                    raise DriverError(
+                        f"no answer to the look for due work within {LOOK_SEEN_THROUGH:g} s",
+                        fix="the database is slow to answer; the worker polls meanwhile",
+                    )
             except DriverError as exc:
                 # The database is away: fall back to polling on the timeout, so the caller's
                 # next claim finds out whether it came back.

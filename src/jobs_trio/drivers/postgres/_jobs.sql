@@ -267,6 +267,83 @@ SELECT r.id, NULL, r.name, NULL, r.last_error, l.attempts, NULL, NULL, l.priorit
 FROM handed_back AS r JOIN lapsed AS l ON l.id = r.id
 ORDER BY priority, run_at, id;
 
+-- name: claim_unrescued
+-- `claim` with no lapsed job to hand back (Driver.claim's rescue=False): the same candidates,
+-- suspect and claimed rows and the same answer's columns, without the lapsed walk, the hand-back
+-- and its history. A worker rescues lapsed jobs once a second at most (claim_loop.RESCUE_EVERY),
+-- and its other claims are this one: the server's work for a claim is most of an idle worker's
+-- wake-up, and its plan's size (three modifying CTEs, every index of jobs opened twice, the
+-- locks a generic plan takes at bind) was ~0.2 ms of it (bench/RESULTS.md, issue 44).
+-- `params` is never read (PostgreSQL drops it): it gives the parameters this claim does not use
+-- their types, so that every claim statement takes the same fourteen (settle_claim_* too).
+WITH params AS (SELECT $6::text, $7::text, $10::float8, $11::text, $12::text, $14::text),
+suspect AS MATERIALIZED (
+    -- As in `claim`, with no lapsed job to stand back for.
+    SELECT s.id, s.priority, s.run_at, s.limited, q.free < 1 AS ahead
+    FROM unnest($2::text[], $9::int[]) AS q(name, free)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at, slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+        FROM {schema}.jobs
+        WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
+          AND orphans >= {suspect_at}
+        ORDER BY priority, run_at, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+    WHERE $13 AND q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
+    ORDER BY s.priority, s.run_at, s.id
+    LIMIT 1
+), candidates AS MATERIALIZED (
+    SELECT id, priority, run_at, limited, ahead FROM suspect
+    UNION ALL
+    (SELECT c.id, c.priority, c.run_at, c.limited, c.ahead
+    FROM unnest($2::text[], $8::int[], $9::int[]) AS q(name, n, free)
+    CROSS JOIN LATERAL (
+        SELECT w.id, w.priority, w.run_at, w.limited,
+               row_number() OVER (ORDER BY w.priority, w.run_at, w.id) > q.free AS ahead
+        FROM (
+            SELECT id, priority, run_at,
+                   slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
+            FROM {schema}.jobs
+            WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
+              AND orphans < {suspect_at}
+            ORDER BY priority, run_at, id
+            LIMIT q.n
+            FOR UPDATE SKIP LOCKED
+        ) AS w
+    ) AS c
+    WHERE q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
+      AND NOT EXISTS (SELECT 1 FROM suspect)
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT $3)
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        ahead = j.id IN (SELECT id FROM candidates WHERE ahead),
+        alone = j.orphans >= {suspect_at},
+        lease_until = $1::float8 + $4::float8,
+        worker_id = $5,
+        token = gen_random_uuid()::text,
+        wait_event = NULL,
+        wait_key = NULL,
+        updated_at = $1
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
+    RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
+              j.lease_until, j.priority, j.run_at, j.context, j.ahead, j.alone
+)
+
+-- name: claim_unrescued_answer
+-- `claim_answer` without its hand-backs (there are none).
+SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
+       context, ahead, alone, NULL::text AS released, NULL::int AS orphans
+FROM claimed
+UNION ALL
+SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL, false, false,
+       NULL, NULL
+FROM candidates WHERE limited
+ORDER BY priority, run_at, id;
+
 -- name: claim_limited_jobs
 -- The limited candidates of a claim, locked again in a transaction of their own (claim order;
 -- another claimer may have taken one since: skipped) with the limits their rows carry.

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from jobs_trio._core.records import Complete, JobRecord, JobState
 from jobs_trio.driver import Driver
 from jobs_trio.drivers._rules import KILLED_WORKER_ERROR, SUSPECT_AT
@@ -15,14 +17,22 @@ async def _get(driver: Driver, job_id: str) -> JobRecord:
     return record
 
 
+# Every claim below with and without rescue (a worker's claims between its rescues take no lapsed
+# job, claim_loop.RESCUE_EVERY: a statement of its own on PostgreSQL) answers alike.
+@pytest.mark.parametrize("rescue", [True, False])
 async def test_claims_past_a_queues_free_slots_are_marked_ahead(
-    driver: Driver, manual_clock: ManualClock
+    driver: Driver, manual_clock: ManualClock, rescue: bool
 ) -> None:
     for queue in ("a", "a", "a", "b", "b"):
         await enqueue_one(driver, queue=queue)
         manual_clock.advance(1)
     claims = await driver.claim(
-        ["a", "b"], {"a": 3, "b": 2}, lease=30, worker_id="w", free={"a": 1, "b": 2}
+        ["a", "b"],
+        {"a": 3, "b": 2},
+        lease=30,
+        worker_id="w",
+        free={"a": 1, "b": 2},
+        rescue=rescue,
     )
     # In claim order within each queue: a's first has its slot, the two after it are ahead.
     assert [(c.queue, c.ahead) for c in claims] == [
@@ -33,7 +43,7 @@ async def test_claims_past_a_queues_free_slots_are_marked_ahead(
         ("b", False),
     ]
     await enqueue_one(driver, queue="a")
-    [plain] = await driver.claim(["a"], 1, lease=30, worker_id="w")
+    [plain] = await driver.claim(["a"], 1, lease=30, worker_id="w", rescue=rescue)
     assert not plain.ahead  # no free= told: every claim has its slot
 
 
@@ -141,8 +151,11 @@ async def test_retry_of_a_dead_job_renews_the_bound_on_lapses_handed_back(
     assert (await _get(driver, job_id)).orphans == 0
 
 
+# Every claim below with and without rescue (a worker's claims between its rescues take no lapsed
+# job, claim_loop.RESCUE_EVERY: a statement of its own on PostgreSQL) answers alike.
+@pytest.mark.parametrize("rescue", [True, False])
 async def test_settle_and_claim_marks_claims_ahead_too(
-    driver: Driver, manual_clock: ManualClock
+    driver: Driver, manual_clock: ManualClock, rescue: bool
 ) -> None:
     needs_claims_alone(driver)
     if not driver.capabilities.settles_with_claims:
@@ -159,6 +172,7 @@ async def test_settle_and_claim_marks_claims_ahead_too(
         lease=10,
         worker_id="w",
         free={"default": 1},
+        rescue=rescue,
     )
     assert applied == [done.job_id]
     assert [c.ahead for c in claims] == [False, True, True]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from jobs_trio._core.records import JobState
 from jobs_trio.driver import Driver
 from jobs_trio.testing._clock import ManualClock
@@ -11,8 +13,11 @@ from jobs_trio.testing._clock import ManualClock
 from .helpers import enqueue_one
 
 
+# Every claim below with and without rescue (a worker's claims between its rescues take no lapsed
+# job, claim_loop.RESCUE_EVERY: a statement of its own on PostgreSQL) answers alike.
+@pytest.mark.parametrize("rescue", [True, False])
 async def test_a_mapping_limit_caps_each_queue_on_its_own(
-    driver: Driver, manual_clock: ManualClock
+    driver: Driver, manual_clock: ManualClock, rescue: bool
 ) -> None:
     deep = []
     for _ in range(5):
@@ -22,7 +27,11 @@ async def test_a_mapping_limit_caps_each_queue_on_its_own(
     other = await enqueue_one(driver, queue="other", priority=0)
 
     claims = await driver.claim(
-        ["deep", "shallow", "other"], {"deep": 2, "shallow": 3}, lease=10, worker_id="w"
+        ["deep", "shallow", "other"],
+        {"deep": 2, "shallow": 3},
+        lease=10,
+        worker_id="w",
+        rescue=rescue,
     )
 
     # With one total of 5, best first, the deep queue's better jobs would have taken all five.

@@ -56,8 +56,11 @@ async def test_a_lapsed_job_is_handed_back_orphaned_its_attempt_not_counted(
     assert history.error == ORPHANED_ERROR.format(orphans=1)
 
 
+# Every claim below with and without rescue (a worker's claims between its rescues take no lapsed
+# job, claim_loop.RESCUE_EVERY: a statement of its own on PostgreSQL) answers alike.
+@pytest.mark.parametrize("rescue", [True, False])
 async def test_a_job_orphaned_twice_is_claimed_only_alone_and_nothing_beside_it(
-    driver: Driver, manual_clock: ManualClock
+    driver: Driver, manual_clock: ManualClock, rescue: bool
 ) -> None:
     needs_claims_alone(driver)
     suspect = await enqueue_one(driver, queue="q")
@@ -67,14 +70,14 @@ async def test_a_job_orphaned_twice_is_claimed_only_alone_and_nothing_beside_it(
     others = [await enqueue_one(driver, queue="q") for _ in range(3)]
 
     # A worker running something takes the ordinary jobs, never the suspect.
-    busy = await driver.claim(["q"], 10, lease=10, worker_id="busy")
+    busy = await driver.claim(["q"], 10, lease=10, worker_id="busy", rescue=rescue)
     assert sorted(c.job_id for c in busy) == sorted(others)
     more = [await enqueue_one(driver, queue="q") for _ in range(2)]
     # One that runs nothing takes the suspect, alone, though more is due and it asked for 10.
-    [alone] = await driver.claim(["q"], 10, lease=10, worker_id="idle", alone=True)
+    [alone] = await driver.claim(["q"], 10, lease=10, worker_id="idle", alone=True, rescue=rescue)
     assert alone.job_id == suspect and alone.alone and alone.attempt == 1
     # No suspect is left: the next claim alone takes ordinary jobs as any claim does.
-    rest = await driver.claim(["q"], 10, lease=10, worker_id="idle2", alone=True)
+    rest = await driver.claim(["q"], 10, lease=10, worker_id="idle2", alone=True, rescue=rescue)
     assert sorted(c.job_id for c in rest) == sorted(more) and not any(c.alone for c in rest)
 
 
