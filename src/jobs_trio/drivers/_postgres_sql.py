@@ -106,10 +106,19 @@ def load_statements(schema: str) -> Statements:
     for name in ("enqueue", "enqueue_once"):
         conflict = _strip_comments(by_name.pop(f"{name}_conflict"))
         by_name[name] = _fill(enqueue_with, {"{on_conflict}": conflict})
-    claim_with, claim_answer = by_name["claim"], by_name.pop("claim_answer")
+    # Two claim statements, one with lapsed jobs to hand back and one without, share what they
+    # take after those and the first rows of their answer.
+    takes = _strip_comments(by_name.pop("claim_takes"))
+    answer_takes = {"{claim_answer_takes}": _strip_comments(by_name.pop("claim_answer_takes"))}
+    claim_with = _fill(
+        by_name["claim"], {"{claim_takes}": _fill(takes, {"{after_lapsed}": _AFTER_LAPSED})}
+    )
+    claim_answer = _fill(by_name.pop("claim_answer"), answer_takes)
     by_name["claim"] = _fill(f"{claim_with}\n{claim_answer}", {"{not_settling}": ""})
-    unrescued_with = by_name["claim_unrescued"]
-    unrescued_answer = by_name.pop("claim_unrescued_answer")
+    unrescued_with = _fill(
+        by_name["claim_unrescued"], {"{claim_takes}": _fill(takes, {"{after_lapsed}": ""})}
+    )
+    unrescued_answer = _fill(by_name.pop("claim_unrescued_answer"), answer_takes)
     by_name["claim_unrescued"] = f"{unrescued_with}\n{unrescued_answer}"
     settle_answer = by_name.pop("settle_answer")
     for kind in SETTLE_KINDS:
@@ -151,6 +160,9 @@ def _note_columns(kind_rows: str) -> str:
     last = max(int(n) for n in _PARAMETER.findall(kind_rows))
     return ", ".join(f"${last + 1 + i}::{sql_type}" for i, sql_type in enumerate(NOTE_TYPES))
 
+
+# `claim`'s guard, in claim_takes, that nothing is taken beside a lapsed job it hands back.
+_AFTER_LAPSED = " AND NOT EXISTS (SELECT 1 FROM lapsed)"
 
 # The claim's parameters come first in settle_claim_<kind>; the settle's follow them.
 CLAIM_PARAMETERS = 14

@@ -189,7 +189,43 @@ WITH lapsed AS MATERIALIZED (
     SET seq = excluded.seq, attempt = excluded.attempt, outcome = excluded.outcome,
         worker_id = excluded.worker_id, seconds = excluded.seconds,
         ended_at = excluded.ended_at, error = excluded.error, traceback = excluded.traceback
-), suspect AS MATERIALIZED (
+), {claim_takes}
+-- name: claim_answer
+-- The claims, the limited candidates (NULL token), and the jobs handed back (`released` says
+-- what they became: ready, cancelled or dead, or `unstarted` for a job taken ahead handed back as
+-- it was; `attempts` is the attempt that ended, `context` the worker
+-- it ended on, `payload` its last_error), for the driver's log line.
+{claim_answer_takes}
+UNION ALL
+SELECT r.id, NULL, r.name, NULL, r.last_error, l.attempts, NULL, NULL, l.priority, l.run_at,
+       l.worker_id, false, false, CASE WHEN l.unstarted THEN 'unstarted' ELSE r.state END,
+       r.orphans
+FROM handed_back AS r JOIN lapsed AS l ON l.id = r.id
+ORDER BY priority, run_at, id;
+
+-- name: claim_unrescued
+-- `claim` with no lapsed job to hand back (Driver.claim's rescue=False): the same candidates,
+-- suspect and claimed rows and the same answer's columns, without the lapsed walk, the hand-back
+-- and its history. A worker rescues lapsed jobs once a second at most (claim_loop.RESCUE_EVERY),
+-- and its other claims are this one: the server's work for a claim is most of an idle worker's
+-- wake-up, and its plan's size (three modifying CTEs, every index of jobs opened twice, the
+-- locks a generic plan takes at bind) was ~0.2 ms of it (bench/RESULTS.md, issue 44).
+-- `params` is never read (PostgreSQL drops it): it gives the parameters this claim does not use
+-- their types, so that every claim statement takes the same fourteen (settle_claim_* too).
+WITH params AS (SELECT $6::text, $7::text, $10::float8, $11::text, $12::text, $14::text),
+{claim_takes}
+
+-- name: claim_unrescued_answer
+-- `claim_answer` without its hand-backs (there are none).
+{claim_answer_takes}
+ORDER BY priority, run_at, id;
+
+-- name: claim_takes
+-- What every claim statement takes after its lapsed jobs, if any: a suspect alone ($13) or due
+-- jobs best first, and the claimed rows. In `claim` nothing is taken beside a lapsed job
+-- handed back (its statement's snapshot predates the hand-back): its two guards for that
+-- stand where the placeholder for them stands here.
+suspect AS MATERIALIZED (
     -- Ahead as any claim's first job of its queue is: when its queue has no free slot ($9).
     SELECT s.id, s.priority, s.run_at, s.limited, q.free < 1 AS ahead
     FROM unnest($2::text[], $9::int[]) AS q(name, free)
@@ -202,8 +238,7 @@ WITH lapsed AS MATERIALIZED (
         LIMIT 1
         FOR UPDATE SKIP LOCKED
     ) AS s
-    WHERE $13 AND q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
-      AND NOT EXISTS (SELECT 1 FROM lapsed)
+    WHERE $13 AND q.name NOT IN (SELECT queue FROM {schema}.queue_pauses){after_lapsed}
     ORDER BY s.priority, s.run_at, s.id
     LIMIT 1
 ), candidates AS MATERIALIZED (
@@ -226,7 +261,7 @@ WITH lapsed AS MATERIALIZED (
         ) AS w
     ) AS c
     WHERE q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
-      AND NOT EXISTS (SELECT 1 FROM suspect) AND NOT EXISTS (SELECT 1 FROM lapsed)
+      AND NOT EXISTS (SELECT 1 FROM suspect){after_lapsed}
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $3)
 ), claimed AS (
@@ -248,11 +283,9 @@ WITH lapsed AS MATERIALIZED (
     RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
               j.lease_until, j.priority, j.run_at, j.context, j.ahead, j.alone
 )
--- name: claim_answer
--- The claims, the limited candidates (NULL token), and the jobs handed back (`released` says
--- what they became: ready, cancelled or dead, or `unstarted` for a job taken ahead handed back as
--- it was; `attempts` is the attempt that ended, `context` the worker
--- it ended on, `payload` its last_error), for the driver's log line.
+
+-- name: claim_answer_takes
+-- The claims, and the limited candidates (NULL token): the answer's first rows.
 SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
        context, ahead, alone, NULL::text AS released, NULL::int AS orphans
 FROM claimed
@@ -260,89 +293,6 @@ UNION ALL
 SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL, false, false,
        NULL, NULL
 FROM candidates WHERE limited
-UNION ALL
-SELECT r.id, NULL, r.name, NULL, r.last_error, l.attempts, NULL, NULL, l.priority, l.run_at,
-       l.worker_id, false, false, CASE WHEN l.unstarted THEN 'unstarted' ELSE r.state END,
-       r.orphans
-FROM handed_back AS r JOIN lapsed AS l ON l.id = r.id
-ORDER BY priority, run_at, id;
-
--- name: claim_unrescued
--- `claim` with no lapsed job to hand back (Driver.claim's rescue=False): the same candidates,
--- suspect and claimed rows and the same answer's columns, without the lapsed walk, the hand-back
--- and its history. A worker rescues lapsed jobs once a second at most (claim_loop.RESCUE_EVERY),
--- and its other claims are this one: the server's work for a claim is most of an idle worker's
--- wake-up, and its plan's size (three modifying CTEs, every index of jobs opened twice, the
--- locks a generic plan takes at bind) was ~0.2 ms of it (bench/RESULTS.md, issue 44).
--- `params` is never read (PostgreSQL drops it): it gives the parameters this claim does not use
--- their types, so that every claim statement takes the same fourteen (settle_claim_* too).
-WITH params AS (SELECT $6::text, $7::text, $10::float8, $11::text, $12::text, $14::text),
-suspect AS MATERIALIZED (
-    -- As in `claim`, with no lapsed job to stand back for.
-    SELECT s.id, s.priority, s.run_at, s.limited, q.free < 1 AS ahead
-    FROM unnest($2::text[], $9::int[]) AS q(name, free)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_at, slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
-        FROM {schema}.jobs
-        WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
-          AND orphans >= {suspect_at}
-        ORDER BY priority, run_at, id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED
-    ) AS s
-    WHERE $13 AND q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
-    ORDER BY s.priority, s.run_at, s.id
-    LIMIT 1
-), candidates AS MATERIALIZED (
-    SELECT id, priority, run_at, limited, ahead FROM suspect
-    UNION ALL
-    (SELECT c.id, c.priority, c.run_at, c.limited, c.ahead
-    FROM unnest($2::text[], $8::int[], $9::int[]) AS q(name, n, free)
-    CROSS JOIN LATERAL (
-        SELECT w.id, w.priority, w.run_at, w.limited,
-               row_number() OVER (ORDER BY w.priority, w.run_at, w.id) > q.free AS ahead
-        FROM (
-            SELECT id, priority, run_at,
-                   slot_key IS NOT NULL OR rate_key IS NOT NULL AS limited
-            FROM {schema}.jobs
-            WHERE queue = q.name AND state IN {waiting_states} AND run_at <= $1
-              AND orphans < {suspect_at}
-            ORDER BY priority, run_at, id
-            LIMIT q.n
-            FOR UPDATE SKIP LOCKED
-        ) AS w
-    ) AS c
-    WHERE q.name NOT IN (SELECT queue FROM {schema}.queue_pauses)
-      AND NOT EXISTS (SELECT 1 FROM suspect)
-    ORDER BY c.priority, c.run_at, c.id
-    LIMIT $3)
-), claimed AS (
-    UPDATE {schema}.jobs AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        ahead = j.id IN (SELECT id FROM candidates WHERE ahead),
-        alone = j.orphans >= {suspect_at},
-        lease_until = $1::float8 + $4::float8,
-        worker_id = $5,
-        token = gen_random_uuid()::text,
-        wait_event = NULL,
-        wait_key = NULL,
-        updated_at = $1
-    WHERE j.id = ANY (ARRAY(SELECT id FROM candidates WHERE NOT limited))
-    RETURNING j.id, j.token, j.name, j.queue, j.payload, j.attempts, j.max_attempts,
-              j.lease_until, j.priority, j.run_at, j.context, j.ahead, j.alone
-)
-
--- name: claim_unrescued_answer
--- `claim_answer` without its hand-backs (there are none).
-SELECT id, token, name, queue, payload, attempts, max_attempts, lease_until, priority, run_at,
-       context, ahead, alone, NULL::text AS released, NULL::int AS orphans
-FROM claimed
-UNION ALL
-SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, priority, run_at, NULL, false, false,
-       NULL, NULL
-FROM candidates WHERE limited
-ORDER BY priority, run_at, id;
 
 -- name: claim_limited_jobs
 -- The limited candidates of a claim, locked again in a transaction of their own (claim order;
