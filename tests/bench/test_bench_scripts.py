@@ -233,6 +233,15 @@ SCRIPTS = {
             r"\([0-9]+ jobs; ",
         ),
     ),
+    "probe_path": Script(
+        "bench/probe_path.py",
+        "--rate 500 --n 20 --gap 0.03 --warmup 0.5",
+        (
+            rf"return->sent +p50 +-?{NUMBER} p75 +-?{NUMBER} p90 +-?{NUMBER} ms",
+            rf"call->start +p50 +{NUMBER} p75 +{NUMBER} p90 +{NUMBER} ms",
+            r"\([0-9]+ of 20 probes; ",
+        ),
+    ),
     "server_cpu": Script(
         "bench/server_cpu.py",
         "--db {db} --jobs 300 --batch 50 --reps 1",
