@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from wake_path import ADMIN, admin
+from wake_path import a_database
 
 import jobs_trio
 from jobs_trio._cli.logging_flags import configure_logging
@@ -103,12 +103,7 @@ def quantiles(values: Sequence[float]) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
-    url = ADMIN.rsplit("/", 1)[0] + "/" + NAME
-    await admin(f"DROP DATABASE IF EXISTS {NAME}")
-    await admin(f"CREATE DATABASE {NAME}")
-    try:
-        async with jobs_trio.open_driver(url, migrate=True):
-            pass
+    async with a_database(NAME) as url:
         patch()
         configure_logging(argparse.Namespace(log_level="info", log_format="text"))
         async with (
@@ -127,8 +122,6 @@ async def main(args: argparse.Namespace) -> None:
             )
             await trio.sleep(0.5)
             stop.set()
-    finally:
-        await admin(f"DROP DATABASE IF EXISTS {NAME}")
     answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
     stages: dict[str, list[float]] = {
         k: [] for k in ("call", "return->sent", "round trip", "answered->start", "call->start")

@@ -15,11 +15,13 @@ PYTHONPATH=<tree>/src."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +90,22 @@ async def admin(sql: str) -> None:
     await trio.to_thread.run_sync(run)
 
 
-async def main(args: argparse.Namespace) -> None:
-    url = ADMIN.rsplit("/", 1)[0] + "/" + NAME
-    await admin(f"DROP DATABASE IF EXISTS {NAME}")
-    await admin(f"CREATE DATABASE {NAME}")
+@contextlib.asynccontextmanager
+async def a_database(name: str) -> AsyncIterator[str]:
+    """A fresh database ``name`` with jobs_trio's schema (its URL), dropped after."""
+    url = ADMIN.rsplit("/", 1)[0] + "/" + name
+    await admin(f"DROP DATABASE IF EXISTS {name}")
+    await admin(f"CREATE DATABASE {name}")
     try:
         async with jobs_trio.open_driver(url, migrate=True):
             pass
+        yield url
+    finally:
+        await admin(f"DROP DATABASE IF EXISTS {name}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    async with a_database(NAME) as url:
         patch()
         async with (
             jobs_trio.open_driver(url) as driver,
@@ -108,8 +119,6 @@ async def main(args: argparse.Namespace) -> None:
                 cwd=str(HERE),
             )
             await trio.sleep(0.5)
-    finally:
-        await admin(f"DROP DATABASE IF EXISTS {NAME}")
     answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
     stages = {"called": answer["called"], "returned": answer["returned"], **marks}
     n = min(len(v) for v in stages.values())
