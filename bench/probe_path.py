@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from wake_path import a_database
+from wake_path import a_database, single_enqueues
 
 import jobs_trio
 from jobs_trio._cli.logging_flags import configure_logging
@@ -114,15 +114,9 @@ async def main(args: argparse.Namespace) -> None:
             stop = trio.Event()
             nursery.start_soon(feed, url, args.rate, stop)
             await trio.sleep(args.warmup)
-            probe = [sys.executable, str(HERE / "lib_jobs_trio.py"), "latency", "--db", url]
-            done = await trio.run_process(
-                [*probe, "--n", str(args.n), "--gap", str(args.gap)],
-                capture_stdout=True,
-                cwd=str(HERE),
-            )
+            answer = await single_enqueues(url, args.n, args.gap)
             await trio.sleep(0.5)
             stop.set()
-    answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
     stages: dict[str, list[float]] = {
         k: [] for k in ("call", "return->sent", "round trip", "answered->start", "call->start")
     }

@@ -104,6 +104,17 @@ async def a_database(name: str) -> AsyncIterator[str]:
         await admin(f"DROP DATABASE IF EXISTS {name}")
 
 
+async def single_enqueues(url: str, n: int, gap: float) -> dict[str, Any]:
+    """``n`` enqueues ``gap`` apart from bench/lib_jobs_trio.py's latency command, in a process of
+    its own: its answer (each call's start and return, ``called`` and ``returned``)."""
+    command = [sys.executable, str(HERE / "lib_jobs_trio.py"), "latency", "--db", url]
+    done = await trio.run_process(
+        [*command, "--n", str(n), "--gap", str(gap)], capture_stdout=True, cwd=str(HERE)
+    )
+    answer: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return answer
+
+
 async def main(args: argparse.Namespace) -> None:
     async with a_database(NAME) as url:
         patch()
@@ -112,14 +123,8 @@ async def main(args: argparse.Namespace) -> None:
             jobs_trio.open_worker(driver, registry, concurrency=10, drain_on_shutdown=False),
         ):
             await trio.sleep(0.5)  # idle, as bench/run.py's latency workload leaves it
-            feed = [sys.executable, str(HERE / "lib_jobs_trio.py"), "latency", "--db", url]
-            done = await trio.run_process(
-                [*feed, "--n", str(args.n), "--gap", str(args.gap)],
-                capture_stdout=True,
-                cwd=str(HERE),
-            )
+            answer = await single_enqueues(url, args.n, args.gap)
             await trio.sleep(0.5)
-    answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
     stages = {"called": answer["called"], "returned": answer["returned"], **marks}
     n = min(len(v) for v in stages.values())
     for a, b in (
