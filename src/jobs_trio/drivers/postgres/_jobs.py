@@ -51,10 +51,6 @@ from ._settle_statements import (
 # lambda called once a row was a share of each answer (issue 44).
 _CLAIM_ORDER = operator.itemgetter("priority", "run_at", "id")
 
-# How long a look for due work (wait_for_work) is seen through after the wait was cancelled;
-# past it, the look is cancelled (_wait_for_work says why).
-LOOK_SEEN_THROUGH = 0.25
-
 
 class _PostgresBeside:
     """The lease lifeline's own connection: plain asyncio, on a loop of its own in the
@@ -444,21 +440,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             # notifies us, and one committed before it is seen by it.
             await self._listener.listen()
             try:
-                # A look in flight is seen through, not cancelled: cancelled, asyncpg asks the
-                # server to cancel it on a connection of its own and waits for the statement's
-                # end, 6-12 ms under load where its answer was due in about one (the claim loop
-                # ends this wait when a slot frees or the worker goes idle, whatever it is
-                # doing: the probe under load waited for it, issue 44). Bounded: a look still
-                # unanswered after LOOK_SEEN_THROUGH is cancelled as before, so a stalled
-                # server holds a stopping worker that much longer at most.
-                with trio.CancelScope(shield=True) as look:
-                    look.deadline = trio.current_time() + LOOK_SEEN_THROUGH
-                    due_in = await self._next_due_in(queues, rescue_from, alone)
-                if look.cancelled_caught:
-                    raise DriverError(
-                        f"no answer to the look for due work within {LOOK_SEEN_THROUGH:g} s",
-                        fix="the database is slow to answer; the worker polls meanwhile",
-                    )
+                due_in = await self._next_due_in(queues, rescue_from, alone)
             except DriverError as exc:
                 # The database is away: fall back to polling on the timeout, so the caller's
                 # next claim finds out whether it came back.
