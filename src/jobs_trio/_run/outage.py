@@ -21,7 +21,8 @@ class Outage:
     watchdog stopped. Claimed the moment the database is back, those jobs ran again (issue 32:
     36 of 3,000 finished bodies run twice after PostgreSQL stopped for 20 s, every lapsed one
     charged an attempt). So for ``grace`` seconds from the end of an outage this worker SAW, it
-    rescues no lapsed job (``rescue()``): their runners, alive and back too, write first.
+    rescues no lapsed job (``rescue_at()``, read by the claim loop): their runners, alive and
+    back too, write first.
 
     Only an outage of at least ``long`` seconds counts: a shorter one lapses no lease (the
     renewals around it reach the database), and a connection killed now and then (a failover,
@@ -59,10 +60,6 @@ class Outage:
                 why="jobs whose leases lapsed in the outage are left to their own workers"
                 " (their results and hand-backs) for one lease before this worker takes them",
             )
-
-    def rescue(self) -> bool:
-        """Whether a claim may take lapsed jobs now."""
-        return trio.current_time() >= self.rescue_at()
 
     def rescue_at(self) -> float:
         """From when a claim may take lapsed jobs (Trio clock; infinite while unreachable)."""
