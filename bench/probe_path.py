@@ -40,6 +40,8 @@ registry = jobs_trio.Registry()
 started: dict[int, float] = {}
 # Every claim's (sent, answered, probes it brought), monotonic.
 claims: list[tuple[float, float, list[int]]] = []
+# The worker's calls by kind: claims alone, claims that carried settlements, settles alone.
+calls = {"_claim": 0, "_settle_and_claim": 0, "settle": 0}
 
 
 # bench/lib_jobs_trio.py's job name and queue: the feed and the probe enqueue these.
@@ -50,12 +52,21 @@ async def handler(ctx: jobs_trio.JobContext, payload: dict[str, Any]) -> None:
 
 
 def patch() -> None:
-    """Timestamps around the driver's two claim calls (this process's only)."""
+    """Timestamps around the driver's two claim calls (this process's only), and its calls
+    counted by kind."""
+    settle = postgres.PostgresDriver.settle
+
+    async def counted_settle(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["settle"] += 1
+        return await settle(self, *args, **kwargs)
+
+    postgres.PostgresDriver.settle = counted_settle  # type: ignore[method-assign]
     for name, answer in (("_claim", lambda r: r), ("_settle_and_claim", lambda r: r[1])):
         original = getattr(postgres.PostgresDriver, name)
 
-        def timed(original: Any, answer: Any) -> Any:
+        def timed(original: Any, answer: Any, name: str) -> Any:
             async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                calls[name] += 1
                 sent = time.monotonic()
                 result = await original(self, *args, **kwargs)
                 probes = [json.loads(c.payload)["i"] for c in answer(result) if '"i"' in c.payload]
@@ -64,7 +75,7 @@ def patch() -> None:
 
             return call
 
-        setattr(postgres.PostgresDriver, name, timed(original, answer))
+        setattr(postgres.PostgresDriver, name, timed(original, answer, name))
 
 
 async def feed(url: str, rate: float, stop: trio.Event) -> None:
@@ -139,6 +150,11 @@ async def main(args: argparse.Namespace) -> None:
     for key, values in stages.items():
         print(f"{key:16} {quantiles(values)} ms")
     print(f"({len(rows)} of {args.n} probes; load {args.rate:g} jobs/s; {jobs_trio.__file__})")
+    # Whether settlements rode on the claims (one round trip for both) or went alone.
+    print(
+        f"calls: {calls['_claim']:,} claims alone, {calls['_settle_and_claim']:,} that carried"
+        f" settlements, {calls['settle']:,} settles alone"
+    )
     for row in sorted(rows, key=lambda r: -r[-1])[:3]:
         print("slow: " + ", ".join(f"{k} {v * 1000:.2f}" for k, v in zip(stages, row, strict=True)))
 
