@@ -20,7 +20,7 @@ from jobs_trio._core.backoff import Backoff
 from jobs_trio._core.errors import ValueRefused
 from jobs_trio._core.records import Complete, JobState, Retry
 from jobs_trio._run.attempt import Outcome
-from jobs_trio._run.budget import WRITE_FLOOR
+from jobs_trio._run.budget import ALONE_RESERVE, WRITE_FLOOR
 from jobs_trio._run.lifecycle import Lifecycle
 from jobs_trio._run.run_scope import CancelReason, RunScope
 from jobs_trio.drivers.memory import MemoryDriver
@@ -34,7 +34,7 @@ LEASE = 30.0
 
 class Bodies:
     """What the bodies tell the machine: the gates rules open, which bodies are running now,
-    and which (job, attempt) returned — written from the Trio thread and from body threads."""
+    and which claims' bodies returned — written from the Trio thread and from body threads."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -43,7 +43,10 @@ class Bodies:
         self.shield_opens = trio.Event()  # "shielded" bodies: when a rule says
         self.running: dict[str, int] = {}  # job id -> bodies of it running now
         self.running_claims: dict[str, tuple[str, int]] = {}  # token -> (job id, bodies running)
-        self.returned: set[tuple[str, int]] = set()
+        # By claim token, not (job, attempt): a lapsed job is orphaned with its attempt given
+        # back, so its next claim runs the same attempt number again, and the verdict of that
+        # run was checked against the return of the one before it (a false failure).
+        self.returned: set[str] = set()
         self.live_threads = 0  # "thread" bodies not yet ended
         self.live_deaf = 0  # "deaf_thread" bodies not yet ended
 
@@ -59,7 +62,7 @@ class Bodies:
             job_id, n = self.running_claims[ctx._claim.token]
             self.running_claims[ctx._claim.token] = (job_id, n - 1)
             if returned:
-                self.returned.add((ctx.job_id, ctx.attempt))
+                self.returned.add(ctx._claim.token)
 
 
 def declare_jobs(registry: Registry, bodies: Bodies) -> None:
@@ -231,7 +234,7 @@ class ShutdownMachine(RuleBasedStateMachine):
         # the worker was started again.
         drained_at = self.drained_at_of.get(generation)
         self.verdicts.append((outcome, run, generation, drained_at, started))
-        if (claim.job_id, claim.attempt) in self.bodies.returned:
+        if claim.token in self.bodies.returned:
             self.returned_verdicts.append((outcome, run))
         return outcome
 
@@ -286,9 +289,13 @@ class ShutdownMachine(RuleBasedStateMachine):
         self.trio.spawn(self.worker.stop)
 
     def _bound(self, at: float) -> None:
-        """The worker's budget is bound to ``at`` now (its decided writes' floor with it)."""
-        self.binds.append(at)
-        self.write_binds.append(max(at, self.trio.clock.current_time() + WRITE_FLOOR))
+        """The worker's budget is bound to ``at`` now (its decided writes' floor with it). With
+        a suspect held alone, its bodies' wait ends ALONE_RESERVE before its writes' (Budget):
+        a job orphaned twice (lapsed past a clock jump) is claimed alone."""
+        writes = max(at, self.trio.clock.current_time() + WRITE_FLOOR)
+        alone = any(run.claim.alone for run in self.worker._drain.held)
+        self.write_binds.append(writes)
+        self.binds.append(min(at, min(self.write_binds) - ALONE_RESERVE) if alone else at)
 
     def _signal(self, lifecycle: Lifecycle, bind_at: float) -> None:
         self._bound(bind_at)
