@@ -525,3 +525,27 @@ async def test_worker_processes_on_one_file_never_share_a_job(tmp_path: Path) ->
     claimed = [job_id for out in outputs for job_id in json.loads(out)]
     assert len(claimed) == len(set(claimed)) == 300
     assert set(claimed) == ids
+
+
+async def test_a_worker_of_three_hundred_queues_runs_a_job_of_each_end(tmp_path: Path) -> None:
+    # A queue a tenant: a worker that serves 300 queues claims over all of them at once, which
+    # on SQLite failed every claim ("too many terms in compound SELECT": one statement read
+    # each queue twice) and the worker ran nothing, logging claim-failed forever.
+    from jobs_trio import Registry, open_worker
+
+    registry = Registry()
+    ran: list[str] = []
+    for n in range(300):
+
+        @registry.job(f"job{n}", queue=f"tenant-{n}")
+        async def body(ctx: Any, payload: str) -> None:
+            ran.append(payload)
+
+    async with open_sqlite_driver(f"sqlite:///{tmp_path / 'jobs.db'}") as driver:
+        for n in (0, 150, 299):
+            await registry.require(f"job{n}").enqueue(driver, f"tenant-{n}")
+        with trio.fail_after(30):
+            async with open_worker(driver, registry, concurrency=10, drain_on_shutdown=False):
+                while len(ran) < 3:
+                    await trio.sleep(0.05)
+    assert sorted(ran) == ["tenant-0", "tenant-150", "tenant-299"]

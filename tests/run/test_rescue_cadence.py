@@ -10,7 +10,7 @@ import trio
 
 from jobs_trio import Registry
 from jobs_trio._core.records import Claim
-from jobs_trio._run.claim_loop import RESCUE_EVERY
+from jobs_trio._run.claim_loop import RESCUE_AGAIN, RESCUE_EVERY
 from tests.helpers.worker_helpers import worker
 from tests.run.test_claim_loop import CountingDriver
 
@@ -81,5 +81,82 @@ async def test_a_busy_workers_claims_rescue_once_a_cadence(autojump_clock: Any) 
         nursery.cancel_scope.cancel()
     rescuing = [at for at, rescue in driver.rescues if rescue]
     assert len(driver.rescues) > 30  # many claims...
-    assert len(rescuing) <= 3 / RESCUE_EVERY + 1  # ...of which one a cadence rescued
-    assert all(b - a >= RESCUE_EVERY for a, b in itertools.pairwise(rescuing))
+    # ...of which one a cadence rescued: RESCUE_EVERY apart, or RESCUE_AGAIN after a rescuing
+    # claim that came back full (more lapsed jobs may wait), never two at one moment.
+    assert len(rescuing) <= 3 / RESCUE_AGAIN + 1
+    assert len(rescuing) < len(driver.rescues) / 2
+    assert all(b - a >= RESCUE_AGAIN for a, b in itertools.pairwise(rescuing))
+
+
+async def test_a_lapse_in_a_queue_whose_slot_frees_rarely_is_rescued_within_the_cadence(
+    autojump_clock: Any,
+) -> None:
+    # Queue A's slots free all the time, B's one slot every 0.25 s. A rescue walks only the
+    # queues its claim names: with one clock for all queues, the claim that rescued once a
+    # second was nearly always an A-only one, and B's lapsed job waited out B's whole backlog
+    # (40 jobs, 9.5 s). Each queue's own clock rescues it at B's first claim past its cadence.
+    driver = RescueCounting()
+    registry = Registry()
+    started: dict[str, float] = {}
+
+    @registry.job("slow", queue="b")
+    async def slow_body(ctx: Any, payload: str) -> None:
+        started.setdefault(payload, trio.current_time())
+        await trio.sleep(0.237)  # never at the moment an A job ends (0.013 s apart)
+
+    @registry.job("fast", queue="a")
+    async def fast(ctx: Any, payload: int) -> None:
+        await trio.sleep(0.013)
+
+    slow = registry.require("slow")
+    await slow.enqueue_many(driver, ["lapsed"])
+    await driver.claim(["b"], 1, lease=0.5, worker_id="dead")
+    await trio.sleep(0.01)  # the backlog after it in line: handed back, it runs next
+    await slow.enqueue_many(driver, [f"b{n}" for n in range(40)])
+    w = worker(driver, registry, concurrency={"a": 4, "b": 1}, claim_ahead=0, safety_poll=30.0)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+
+            async def feed() -> None:
+                while True:
+                    await registry.require("fast").enqueue_many(driver, list(range(20)))
+                    await trio.sleep(0.031)
+
+            nursery.start_soon(feed)
+            while "lapsed" not in started:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    # Lapsed at 0.51; B's claims come a run (0.237 s) apart, and the first past its queue's
+    # cadence rescues it.
+    assert started["lapsed"] < 0.51 + RESCUE_EVERY + 2 * 0.237
+
+
+async def test_a_rescue_that_fills_its_claim_rescues_again_at_the_next_claim(
+    autojump_clock: Any,
+) -> None:
+    # A rescue hands back at most what its claim asks: ten jobs a dead worker held, found by a
+    # worker of one slot, came back one a second. A queue whose rescuing claim came back full
+    # is rescued again RESCUE_AGAIN later: the ten come back in about a second.
+    driver = RescueCounting()
+    registry = Registry()
+    started: dict[str, float] = {}
+
+    @registry.job("j")
+    async def body(ctx: Any, payload: str) -> None:
+        started[payload] = trio.current_time()
+        await trio.sleep(0.01)
+
+    await registry.require("j").enqueue_many(driver, [f"l{n}" for n in range(10)])
+    assert len(await driver.claim(["default"], 10, lease=0.3, worker_id="dead")) == 10
+    await trio.sleep(0.4)  # all ten lapsed
+    driver.rescues.clear()
+    w = worker(driver, registry, concurrency=1, claim_ahead=0, safety_poll=30.0)
+    begun = trio.current_time()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            while len(started) < 10:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    assert max(started.values()) - begun <= 10 * (RESCUE_AGAIN + 0.01) + 0.1

@@ -229,6 +229,54 @@ async def test_a_write_whose_answer_was_lost_is_not_reported_fenced_when_it_had_
     assert (r.state, r.result) == (JobState.COMPLETED, "done")
 
 
+async def test_a_batch_written_in_part_then_refused_reports_no_written_result_as_fenced(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # PostgreSQL writes a batch's rows at once and then, apart, one another session held locked
+    # a moment: when only that second write is refused, the others are written already. The
+    # settler took the refusal as "nothing written", wrote them again by halves, met the fence,
+    # and reported two finished results as dropped (found by review).
+    class WritesPartThenRefuses(MemoryDriver):
+        def __init__(self) -> None:
+            super().__init__(clock=trio.current_time)
+
+        async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+            poison = [s for s in settlements if isinstance(s, Complete) and s.result == '"bad"']
+            if poison and len(settlements) > 1:
+                await super().settle([s for s in settlements if s not in poison])
+                raise ValueRefused("refused (test)", fix="nothing")
+            if poison:
+                raise ValueRefused("refused (test)", fix="nothing")
+            return await super().settle(settlements)
+
+    driver = WritesPartThenRefuses()
+    settler = Settler(driver)
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    for _ in range(3):
+        await x.enqueue(driver)
+    claims = await driver.claim(["default"], 3, lease=30, worker_id="w")
+    results = ['"ok"', '"bad"', '"ok"']
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        pendings = [
+            settler.hand_in(Complete(c.lease, text, AttemptNote(c.attempt, "w", 0.1)))
+            for c, text in zip(claims, results, strict=True)
+        ]
+        applied = [await settler.confirmed(p) for p in pendings]
+        settler.stop_intake()
+    assert applied == [True, True, True]  # the refused one by the dead-letter in its place
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert "jobs.settle.fenced" not in events
+    assert events.count("jobs.settle.written-earlier") == 2
+    states = [(await record(driver, c.job_id)).state for c in claims]
+    assert states == [JobState.COMPLETED, JobState.DEAD, JobState.COMPLETED]
+
+
 async def test_settlements_a_claim_carried_past_a_locked_row_are_kept_or_retried_not_rewritten(
     autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:

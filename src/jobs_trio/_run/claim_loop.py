@@ -8,7 +8,7 @@ import logging
 import math
 import operator
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import trio
@@ -26,11 +26,19 @@ from .worker_options import WorkerOptions
 _MOST_IN_FLIGHT = 2
 
 # A worker's claims rescue lapsed jobs (hand them back at their place in line, the orphan rule's
-# count) once in this many seconds at most; the others claim with rescue=False. A lapse is found
-# a lease after its worker died, and this adds at most a second to that; a claim that rescues
-# is the larger statement on PostgreSQL, ~0.2 ms more of the server's time on every claim, most
-# of it on an idle worker's wake-up (issue 44, the probe under load).
+# count) once in this many seconds at most a queue; the others claim with rescue=False. A lapse
+# is found a lease after its worker died, and this adds at most a second to that; a claim that
+# rescues is the larger statement on PostgreSQL, ~0.2 ms more of the server's time on every
+# claim, most of it on an idle worker's wake-up (issue 44, the probe under load). Kept per
+# queue: a rescue walks only the queues its claim names, and one clock for all of them let a
+# queue whose slots free rarely (never named by the one claim a second that rescued) starve a
+# lapsed job of it for as long as its backlog lasted.
 RESCUE_EVERY = 1.0
+# A rescue hands back at most what its claim asks (Driver.claim): a queue whose rescuing claim
+# came back full may have more lapsed jobs, and is rescued again this soon (a dead worker's ten
+# jobs came back to a worker of one slot one a second). Not at its next claim: under a steady
+# load most claims come back full, and each would be the larger statement again.
+RESCUE_AGAIN = 0.1
 
 # A claim answer's per-claim reads, made in C (map): a generator expression stepped once a
 # claim was as much again, at answers of a hundred claims or more (issue 44).
@@ -88,8 +96,9 @@ class ClaimLoop:
         # if this process dies then, the suspect killed it, and nobody else is charged.
         self._alone_in_flight = False
         self._alone: set[ClaimToken] = set()
-        # When a claim last rescued lapsed jobs (Trio clock; RESCUE_EVERY).
-        self._rescued_at = -math.inf
+        # From when a claim naming each queue may rescue its lapsed jobs again (Trio clock;
+        # RESCUE_EVERY, RESCUE_AGAIN); a queue not in it may now.
+        self._rescue_due: dict[str, float] = {}
 
     async def run(self, settler: Settler) -> None:
         async with trio.open_nursery() as claims:
@@ -228,6 +237,10 @@ class ClaimLoop:
         except DriverError as exc:
             self._answer_lost = True
             self._deep = False  # no answer says work is waiting
+            if options.get("rescue", True):
+                # Its rescue may not have happened: the next claim the outage allows rescues.
+                for queue in free:
+                    self._rescue_due.pop(queue, None)
             self._slots.claim_answered(free, promised)
             self._slots.fill(free)
             try:
@@ -240,6 +253,7 @@ class ClaimLoop:
             self._answered()
             raise
         self._outage.reached(sent_at)
+        rescued = options.get("rescue", True) and self._driver.capabilities.rescue_on_request
         if any(map(_ALONE, claims)):  # per item in C: a generator's step a claim was not
             self._alone.update(claim.token for claim in claims if claim.alone)
         # In one pass: the claim's share ends and its jobs take the slots it kept for them.
@@ -249,6 +263,11 @@ class ClaimLoop:
         got = Counter(map(_QUEUE, claims))
         self._slots.answer_placed(free, got, trio.current_time() - sent_at)
         self._came_up_short = [q for q, n in free.items() if got[q] < n]
+        if rescued:
+            due, again = self._rescue_due, sent_at + RESCUE_AGAIN
+            for queue, n in free.items():
+                if got[queue] >= n and due.get(queue, -math.inf) > again:
+                    due[queue] = again
         self._deep = not self._came_up_short
         self._had_claims = bool(claims)
         self._answered()
@@ -307,16 +326,22 @@ class ClaimLoop:
             options["free"] = free
         if self._driver.capabilities.rescue_on_request:
             now = trio.current_time()
-            if now < self._rescue_at():
+            if now < self._rescue_at(want):
                 options["rescue"] = False
             else:
-                self._rescued_at = now
+                # Its walk covers the queues it names: their clocks start again, the others'
+                # stay due for the first claim that names them.
+                due = self._rescue_due
+                for queue in want:
+                    due[queue] = now + RESCUE_EVERY
         return options
 
-    def _rescue_at(self) -> float:
-        """From when a claim may rescue lapsed jobs (Trio clock): after an outage, its grace
-        (outage.py); else RESCUE_EVERY after the last claim that did."""
-        return max(self._outage.rescue_at(), self._rescued_at + RESCUE_EVERY)
+    def _rescue_at(self, queues: Iterable[str]) -> float:
+        """From when a claim naming ``queues`` may rescue lapsed jobs (Trio clock): after an
+        outage, its grace (outage.py); else when the first of them is due again."""
+        due = self._rescue_due
+        soonest = min([due.get(queue, -math.inf) for queue in queues], default=-math.inf)
+        return max(self._outage.rescue_at(), soonest)
 
     async def _wait_for_work_or_slot(self, came_up_short: Sequence[str]) -> None:
         """Wait until new work may be due in a queue whose claim came up short (the driver's
@@ -360,7 +385,7 @@ class ClaimLoop:
         """The driver's wake-up. While this worker rescues no lapsed job (after an outage), a
         lapsed lease is no work for it until it does (``rescue_from``): else the wake-up would
         answer at once, every time, to a claim that may not take it."""
-        rescue_at = self._rescue_at()
+        rescue_at = self._rescue_at(queues)
         now = trio.current_time()
         timeout = self._options.safety_poll
         # A suspect is work only for a worker that runs nothing (the orphan rule): else a busy

@@ -541,6 +541,7 @@ class Settler:
             try:
                 applied = set(await self._driver.settle([p.settlement for p in batch]))
             except ValueRefused as exc:
+                _may_have_written(batch, tried_at)
                 await self._isolate(batch, exc)
                 return
             except RowLocked as exc:
@@ -579,6 +580,7 @@ class Settler:
                 # Not a failure we know (a driver bug, a value it chokes on): treated as a
                 # refusal, so it can cost at most the one settlement that causes it.
                 self._reached(sent_at)
+                _may_have_written(batch, tried_at)
                 await self._isolate(batch, exc)
                 return
             self._reached(sent_at)
@@ -686,6 +688,19 @@ class Settler:
             pending.on_written(pending.settlement)
         if pending.done is not None:
             pending.done.set()
+
+
+def _may_have_written(batch: list[_Pending], tried_at: float) -> None:
+    """A write of ``batch`` was refused: part of it may have committed all the same (a
+    PostgreSQL settle writes the rows it can at once, then waits for a locked one, and only
+    that second statement was refused), so what the fence refuses when it is written again is
+    read back (_written_before), not reported fenced: a finished result that was written,
+    announced as dropped. One settlement alone was written whole or not at all."""
+    if len(batch) > 1:
+        for pending in batch:
+            if pending.uncertain_since is None:
+                pending.uncertain_since = tried_at
+                pending.carriable = False
 
 
 def _is_this_attempt(record: AttemptRecord, note: AttemptNote, since: float) -> bool:

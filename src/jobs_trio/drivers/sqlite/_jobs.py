@@ -166,7 +166,11 @@ def _claim_in(
         # between the two statements, which the worker's loop would wait for (issue 44).
         ((queue, total),) = slots.caps.items()  # one queue: its cap is the claim's total
         run_at_once = total if free is None else free.get(queue, 0)  # ranks past it: ahead
-        tokens = os.urandom(12 * total).hex()
+        # A token for each rank it may take: no more than the rows found, which a limit far
+        # past them (10**7: a second and 360 MB of random bytes) must not cost. Counted
+        # without parsing the text: every boundary between two rows is "],[" (a row's own
+        # text may hold more), so this bounds the rows from above.
+        tokens = os.urandom(12 * min(total, found.count("],[") + 1)).hex()
         conn.execute(_TAKE_RANKED, (lease_until, worker_id, now, found, run_at_once, tokens, total))
         return Taken.ranked(lease_until, found, tokens, run_at_once, total)
     return _take_rows(conn, now, lease_until, slots, worker_id, free, _ranked(found))
@@ -344,7 +348,12 @@ _ID_AT: Final = 2
 _QUEUE_AT: Final = 6
 _LIMITED_AT: Final = 7
 _PAYLOAD_AT: Final = 9
-_RANK = operator.itemgetter(12)
+_RANK_AT: Final = 12
+_RANK = operator.itemgetter(_RANK_AT)
+# The queues one look reads: SQLite compounds at most 500 SELECTs in a statement
+# (SQLITE_MAX_COMPOUND_SELECT) and a look reads each queue twice (its waiting states), so a
+# claim over more queues looks in parts (a worker of 300 queues failed every claim).
+_LOOK_QUEUES_AT_MOST: Final = 100
 _NOT_PAUSED: Final = "NOT EXISTS (SELECT 1 FROM queue_pauses WHERE queue_pauses.queue = ?{n})"
 
 
@@ -405,6 +414,8 @@ def _look(
     of the ``settled`` completions that hold a fleet slot, as a JSON text."""
     if not caps:
         return False, "[]", False, "[]"
+    if len(caps) > _LOOK_QUEUES_AT_MOST:
+        return _look_in_parts(conn, caps, now, lapsed_at, settled, suspects)
     params: list[Any] = []
     for queue, cap in caps.items():
         params += (queue, now, 1 if suspects else cap)
@@ -415,6 +426,36 @@ def _look(
     sql = _look_sql(len(caps), suspects, lapsed_at is not None, settled is not None)
     lapsed, found, unusual, held = conn.execute(sql, params).fetchone()
     return bool(lapsed), found, bool(unusual), held
+
+
+def _look_in_parts(
+    conn: sqlite3.Connection,
+    caps: Mapping[str, int],
+    now: float,
+    lapsed_at: float | None,
+    settled: str | None,
+    suspects: bool,
+) -> tuple[bool, str, bool, str]:
+    """_look over more queues than one statement reads: a look a part, their rows ranked
+    again as one look ranks them (priority, run-at, id; the run-at's 17 digits give back its
+    REAL exactly), the settled completions' slots read by the first part alone."""
+    parts = list(caps.items())
+    lapsed = unusual = False
+    held = "[]"
+    rows: list[list[Any]] = []
+    for start in range(0, len(parts), _LOOK_QUEUES_AT_MOST):
+        part = dict(parts[start : start + _LOOK_QUEUES_AT_MOST])
+        part_lapsed, found, part_unusual, part_held = _look(
+            conn, part, now, lapsed_at, settled if start == 0 else None, suspects
+        )
+        lapsed, unusual = lapsed or part_lapsed, unusual or part_unusual
+        if start == 0:
+            held = part_held
+        rows += json.loads(found)
+    rows.sort(key=lambda row: (row[0], float(row[1]), row[_ID_AT]))
+    for rank, row in enumerate(rows, 1):
+        row[_RANK_AT] = rank
+    return lapsed, json.dumps(rows) if rows else "[]", unusual, held
 
 
 # Claiming the common batch (_claim_in): from the look's text, the ranks up to its total (?7),
@@ -696,8 +737,11 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         ) -> tuple[list[JobId], Taken]:
             # One transaction, one trip through the thread door and one commit where there
             # were two of each: the settles first, in order, as settle() applies them. The
-            # completions' fleet slots are freed by the claim's look (one statement fewer).
-            applied = settle_planned(conn, plan, now, slots_after=not checked)
+            # completions' fleet slots are freed by the claim's look (one statement fewer),
+            # where a look runs: a claim that asks for nothing looks at nothing, and a slot
+            # left to it stayed held until its lease ran out.
+            later = not checked and bool(slots.caps)
+            applied = settle_planned(conn, plan, now, slots_after=later)
             taken = _claim_in(
                 conn,
                 now,
@@ -707,7 +751,7 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
                 free,
                 lapsed_before=lapsed_before,
                 alone=alone,
-                settled=None if checked else plan.together,
+                settled=plan.together if later else None,
             )
             return applied, taken
 

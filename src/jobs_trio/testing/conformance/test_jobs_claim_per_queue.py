@@ -67,3 +67,31 @@ async def test_a_mapping_with_no_free_slot_claims_nothing(driver: Driver) -> Non
     await enqueue_one(driver, queue="a")
     assert await driver.claim(["a"], {"a": 0}, lease=10, worker_id="w") == []
     assert await driver.claim(["a"], {}, lease=10, worker_id="w") == []
+
+
+@pytest.mark.parametrize("rescue", [True, False])
+async def test_a_claim_over_three_hundred_queues_takes_their_jobs_in_claim_order(
+    driver: Driver, manual_clock: ManualClock, rescue: bool
+) -> None:
+    # A worker may serve hundreds of queues (a queue a tenant): one claim names them all. SQLite
+    # reads them in parts (a statement compounds at most 500 reads), and the parts' rows are
+    # ranked again as one read ranks them: priority, then run-at, then id, across queues.
+    queues = [f"tenant-{n}" for n in range(300)]
+    ids = {}
+    for n in (299, 0, 150, 101, 100, 250):
+        ids[n] = await enqueue_one(driver, queue=queues[n], priority=0 if n == 250 else 1)
+        manual_clock.advance(1)
+
+    claims = await driver.claim(queues, 5, lease=10, worker_id="w", rescue=rescue)
+
+    assert [c.job_id for c in claims] == [ids[n] for n in (250, 299, 0, 150, 101)]
+    assert [c.queue for c in claims] == [queues[n] for n in (250, 299, 0, 150, 101)]
+
+
+async def test_a_limit_far_past_the_jobs_due_takes_what_is_due(driver: Driver) -> None:
+    # A limit is a cap, never a size to prepare for: SQLite made a token for every job the limit
+    # allowed (2**31 - 1 of them: 25 GB of random bytes, a MemoryError) before taking three.
+    ids = [await enqueue_one(driver) for _ in range(3)]
+    claims = await driver.claim(["default"], 2**31 - 1, lease=10, worker_id="w")
+    assert sorted(c.job_id for c in claims) == sorted(ids)
+    assert len({c.token for c in claims}) == 3

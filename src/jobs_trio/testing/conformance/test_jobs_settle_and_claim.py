@@ -262,6 +262,29 @@ async def test_slots_a_batch_of_completions_frees_go_to_their_waiters_in_the_sam
     assert [(c.job_id, c.attempt) for c in claimed] == [(ids[2], 1), (ids[3], 1)]
 
 
+@pytest.mark.parametrize("limit", [0, {"default": 0}])
+async def test_slots_freed_by_completions_carried_on_a_claim_for_nothing(
+    driver: Driver, limit: int | dict[str, int]
+) -> None:
+    # A claim that asks for nothing (its queues' slots all taken) still frees the fleet slots of
+    # the completions it carries: SQLite left them to the claim's look, which a claim for
+    # nothing does not run, and the waiter was put off until the slots' leases ran out.
+    both = carrying(driver)
+    ids = [a.job_id for a in await driver.enqueue([limited(2, priority=n) for n in range(3)])]
+    claims = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert [c.job_id for c in claims] == ids[:2]  # the slots are full: the third waits
+    applied, claimed = await both.settle_and_claim(
+        [Complete(c.lease, result="null") for c in claims],
+        ["default"],
+        limit,
+        lease=30,
+        worker_id="w1",
+    )
+    assert (list(applied), list(claimed)) == (ids[:2], [])
+    again = await driver.claim(["default"], 10, lease=30, worker_id="w1")
+    assert [c.job_id for c in again] == [ids[2]]
+
+
 async def test_a_stale_completion_among_others_is_fenced_and_the_rest_apply(
     driver: Driver, manual_clock: ManualClock
 ) -> None:
