@@ -91,7 +91,7 @@ async def test_a_busy_workers_claims_rescue_once_a_cadence(autojump_clock: Any) 
 async def test_a_lapse_in_a_queue_whose_slot_frees_rarely_is_rescued_within_the_cadence(
     autojump_clock: Any,
 ) -> None:
-    # Queue A's slots free all the time, B's one slot every 0.25 s. A rescue walks only the
+    # Queue A's slots free all the time, B's one slot every 0.237 s. A rescue walks only the
     # queues its claim names: with one clock for all queues, the claim that rescued once a
     # second was nearly always an A-only one, and B's lapsed job waited out B's whole backlog
     # (40 jobs, 9.5 s). Each queue's own clock rescues it at B's first claim past its cadence.
@@ -132,7 +132,7 @@ async def test_a_lapse_in_a_queue_whose_slot_frees_rarely_is_rescued_within_the_
     assert started["lapsed"] < 0.51 + RESCUE_EVERY + 2 * 0.237
 
 
-async def test_a_rescue_that_fills_its_claim_rescues_again_at_the_next_claim(
+async def test_a_queue_whose_rescue_came_back_full_is_rescued_again_soon(
     autojump_clock: Any,
 ) -> None:
     # A rescue hands back at most what its claim asks: ten jobs a dead worker held, found by a

@@ -415,7 +415,26 @@ def _look(
     if not caps:
         return False, "[]", False, "[]"
     if len(caps) > _LOOK_QUEUES_AT_MOST:
-        return _look_in_parts(conn, caps, now, lapsed_at, settled, suspects)
+        # A look a part, their rows ranked again as one look ranks them (priority, run-at, id:
+        # the run-at's 17 digits give back its REAL exactly), the settled completions' slots
+        # read by the first part alone.
+        parts = list(caps.items())
+        lapsed = unusual = False
+        held = "[]"
+        rows: list[list[Any]] = []
+        for start in range(0, len(parts), _LOOK_QUEUES_AT_MOST):
+            part = dict(parts[start : start + _LOOK_QUEUES_AT_MOST])
+            part_lapsed, found, part_unusual, part_held = _look(
+                conn, part, now, lapsed_at, settled if start == 0 else None, suspects
+            )
+            lapsed, unusual = lapsed or part_lapsed, unusual or part_unusual
+            if start == 0:
+                held = part_held
+            rows += json.loads(found)
+        rows.sort(key=lambda row: (row[0], float(row[1]), row[_ID_AT]))
+        for rank, row in enumerate(rows, 1):
+            row[_RANK_AT] = rank
+        return lapsed, json.dumps(rows) if rows else "[]", unusual, held
     params: list[Any] = []
     for queue, cap in caps.items():
         params += (queue, now, 1 if suspects else cap)
@@ -426,36 +445,6 @@ def _look(
     sql = _look_sql(len(caps), suspects, lapsed_at is not None, settled is not None)
     lapsed, found, unusual, held = conn.execute(sql, params).fetchone()
     return bool(lapsed), found, bool(unusual), held
-
-
-def _look_in_parts(
-    conn: sqlite3.Connection,
-    caps: Mapping[str, int],
-    now: float,
-    lapsed_at: float | None,
-    settled: str | None,
-    suspects: bool,
-) -> tuple[bool, str, bool, str]:
-    """_look over more queues than one statement reads: a look a part, their rows ranked
-    again as one look ranks them (priority, run-at, id; the run-at's 17 digits give back its
-    REAL exactly), the settled completions' slots read by the first part alone."""
-    parts = list(caps.items())
-    lapsed = unusual = False
-    held = "[]"
-    rows: list[list[Any]] = []
-    for start in range(0, len(parts), _LOOK_QUEUES_AT_MOST):
-        part = dict(parts[start : start + _LOOK_QUEUES_AT_MOST])
-        part_lapsed, found, part_unusual, part_held = _look(
-            conn, part, now, lapsed_at, settled if start == 0 else None, suspects
-        )
-        lapsed, unusual = lapsed or part_lapsed, unusual or part_unusual
-        if start == 0:
-            held = part_held
-        rows += json.loads(found)
-    rows.sort(key=lambda row: (row[0], float(row[1]), row[_ID_AT]))
-    for rank, row in enumerate(rows, 1):
-        row[_RANK_AT] = rank
-    return lapsed, json.dumps(rows) if rows else "[]", unusual, held
 
 
 # Claiming the common batch (_claim_in): from the look's text, the ranks up to its total (?7),
