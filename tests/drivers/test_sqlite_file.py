@@ -59,3 +59,23 @@ async def test_the_driver_keeps_statement_journals_in_memory_checkpoints_seldom_
         )
     # MEMORY, 8,000 pages, FULL kept, 16 MiB (negative: KiB)
     assert settings == (2, WAL_AUTOCHECKPOINT, 2, -CACHE_KIB)
+
+
+def test_a_statement_sqlite_refuses_is_not_called_a_disk_fault() -> None:
+    # SQLite's own refusal of a statement (a limit of its own, a missing table) is no fault of
+    # the disk, and a retry fails the same way: a claim over 300 queues said "check the disk
+    # (space, permissions)", and the call "can be retried".
+    from jobs_trio.drivers._sqlite_door import file_error
+
+    conn = sqlite3.connect(":memory:")
+    refusals = [" UNION ALL ".join(["SELECT 1"] * 501), "SELECT * FROM jobs"]
+    for sql in refusals:
+        try:
+            conn.execute(sql)
+        except sqlite3.OperationalError as exc:
+            error = file_error("/tmp/x.db", exc)
+        else:
+            raise AssertionError(f"SQLite ran {sql[:40]!r}")
+        assert "refused a statement" in str(error)
+        assert "check the disk" not in error.fix and "retry fails the same way" in error.fix
+        assert "jobs-trio migrate" in error.fix

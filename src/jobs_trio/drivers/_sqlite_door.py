@@ -234,6 +234,16 @@ def file_error(path: str, exc: sqlite3.Error) -> Exception:
             " backup, a DB browser, a transaction left open), or raise the busy timeout"
             " (busy_timeout=, or sqlite3.connect's timeout= for your own connection)",
         )
+    if code == sqlite3.SQLITE_ERROR:
+        # SQLite refused the statement itself (no such table, a limit of its own): the disk
+        # is not at fault, and a retry fails the same way. A claim over 300 queues said "check
+        # the disk" here, which sent its reader the wrong way.
+        return DriverError(
+            f"SQLite refused a statement on {path!r}: {exc}",
+            fix="not a disk fault, and a retry fails the same way: a missing table or column"
+            " means the file was made by another program or an older jobs_trio (`jobs-trio"
+            " migrate --db URL`); anything else is a jobs_trio bug, to report with this message",
+        )
     return DriverError(
         f"SQLite failed on {path!r}: {exc}",
         fix="check the disk (space, permissions) and the file; the call can be retried",
