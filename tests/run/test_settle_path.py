@@ -277,6 +277,101 @@ async def test_a_batch_written_in_part_then_refused_reports_no_written_result_as
     assert states == [JobState.COMPLETED, JobState.DEAD, JobState.COMPLETED]
 
 
+@pytest.mark.parametrize("rescuer", ["another-worker", "this-worker-again"])
+async def test_a_write_in_doubt_whose_job_was_rescued_meanwhile_is_reported_fenced(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture, rescuer: str
+) -> None:
+    # X's write is in doubt (its batch refused, which may have written part of it) and is
+    # refused by the fence when written again: X's lease lapsed meanwhile and a claim rescued it.
+    # The rescue's history record names X's attempt and worker ("orphaned"), and a rerun here
+    # of the same attempt records alike: read back as "written earlier", X's result, never
+    # stored, was reported written (found by review).
+    worker_id = "w" if rescuer == "this-worker-again" else "v"
+
+    class Refuses(MemoryDriver):
+        def __init__(self) -> None:
+            super().__init__(clock=trio.current_time)
+
+        async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+            bad = [s for s in settlements if isinstance(s, Complete) and s.result == '"bad"']
+            if bad and len(settlements) > 1:
+                await trio.sleep(2.0)  # X's lease (1 s) lapses; a claim rescues X
+                for c in await self.claim(["default"], 1, lease=30, worker_id=worker_id):
+                    if worker_id == "w":  # ...and runs it again, as the same attempt
+                        rerun = Complete(c.lease, '"second run"', AttemptNote(c.attempt, "w", 0.1))
+                        await super().settle([rerun])
+                raise ValueRefused("refused (test)", fix="nothing")
+            if bad:
+                raise ValueRefused("refused (test)", fix="nothing")
+            return await super().settle(settlements)
+
+    driver = Refuses()
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    await x.enqueue(driver)
+    await x.enqueue(driver)
+    cx, cy = await driver.claim(["default"], 2, lease=1.0, worker_id="w")
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    settler = Settler(driver)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        px = settler.hand_in(Complete(cx.lease, '"first run"', AttemptNote(cx.attempt, "w", 0.1)))
+        py = settler.hand_in(Complete(cy.lease, '"bad"', AttemptNote(cy.attempt, "w", 0.1)))
+        applied_x = await settler.confirmed(px)
+        await settler.confirmed(py)
+        settler.stop_intake()
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert (await record(driver, cx.job_id)).result != "first run"
+    assert applied_x is False
+    assert "jobs.settle.written-earlier" not in events and "jobs.settle.fenced" in events
+
+
+async def test_a_write_lost_in_an_outage_whose_job_was_rescued_is_reported_fenced(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same after a lost answer: this worker's writes fail for 5 s, and another worker
+    # rescues its job at 2 s (docs/model.md: such a result is reported fenced).
+    class Away(MemoryDriver):
+        def __init__(self) -> None:
+            super().__init__(clock=trio.current_time)
+            self.down_until = 0.0
+
+        async def settle(self, settlements: Sequence[Settlement]) -> Sequence[str]:
+            if trio.current_time() < self.down_until:
+                await trio.sleep(0.01)
+                raise DriverError("connection lost (test)", fix="nothing")
+            return await super().settle(settlements)
+
+    driver = Away()
+    registry = Registry()
+
+    @registry.job("x")
+    async def x(ctx: object, payload: None) -> None: ...
+
+    await x.enqueue(driver)
+    [c] = await driver.claim(["default"], 1, lease=1.0, worker_id="w")
+    driver.down_until = trio.current_time() + 5.0
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    settler = Settler(driver)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(settler.run)
+        p = settler.hand_in(Complete(c.lease, '"first run"', AttemptNote(c.attempt, "w", 0.1)))
+
+        async def another_worker() -> None:
+            await trio.sleep(2.0)  # the lease lapsed at 1.0
+            assert await driver.claim(["default"], 1, lease=30, worker_id="v")
+
+        nursery.start_soon(another_worker)
+        applied = await settler.confirmed(p)
+        settler.stop_intake()
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert (await record(driver, c.job_id)).result != "first run"
+    assert applied is False and "jobs.settle.fenced" in events
+
+
 async def test_settlements_a_claim_carried_past_a_locked_row_are_kept_or_retried_not_rewritten(
     autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:

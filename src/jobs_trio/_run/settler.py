@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import trio
 
-from .._core.boundary import storable_text
+from .._core.boundary import load_json, storable_text
 from .._core.errors import DriverError, JobsError, RowLocked, ValueRefused
 from .._core.logs import log_event
 from .._core.records import (
@@ -21,12 +21,15 @@ from .._core.records import (
     Complete,
     DeadLetter,
     JobId,
+    JobState,
+    OutcomeKind,
     Park,
     Retry,
     Settlement,
     Suspend,
 )
 from .._core.shared_keys import share_keys
+from ..drivers._rules import history_outcome
 from ..drivers.contract import Driver, SettlesWithClaims
 from .outage import Outage
 
@@ -57,6 +60,8 @@ _ROUND_TRIP_WEIGHT = 0.25
 _LOCK_WARN_AFTER = 0.4
 # Reads of a job's history to tell a write whose answer was lost (about 3 s of retries).
 _READ_BACK_TRIES = 8
+# What a read back answers (_read_back): a history, or a job's record.
+_Read = TypeVar("_Read")
 
 
 class _Pending:
@@ -592,7 +597,8 @@ class Settler:
     async def _written_before(self, batch: list[_Pending], applied: set[JobId]) -> set[JobId]:
         """The settlements of ``batch`` the fence refused now that an earlier try of theirs,
         whose answer was lost, had written: the job's newest history record is this attempt's,
-        by this worker, ended since that try. Not a fenced ending (reported as one, it read as
+        by this worker, ended since that try as it ended (_is_this_attempt), and a completed
+        job holds its result. Not a fenced ending (reported as one, it read as
         a finished result dropped, issue 32); a settlement without a note cannot be told, and
         a read that fails leaves it reported fenced."""
         found: set[JobId] = set()
@@ -601,25 +607,36 @@ class Settler:
             since = pending.uncertain_since
             if job_id in applied or note is None or since is None:
                 continue
-            history = await self._read_history(job_id)
-            if history and _is_this_attempt(history[-1], note, since):
-                found.add(job_id)
-                log_event(
-                    "jobs.settle.written-earlier",
-                    job_id=job_id,
-                    settlement=type(pending.settlement).__name__,
-                    why="an earlier try of this write committed, but its answer was lost",
-                )
+            settlement = pending.settlement
+            history = await self._read_back(self._driver.load_attempts, job_id)
+            if not (history and _is_this_attempt(history[-1], settlement, note, since)):
+                continue
+            if isinstance(settlement, Complete):
+                # A rerun of the same attempt here, ended in the same seconds, records alike:
+                # the job holds this result, or it was not this write.
+                job = await self._read_back(self._driver.get, job_id)
+                held = None if job is None else (job.state, job.result)
+                if held != (JobState.COMPLETED, _stored_value(settlement.result)):
+                    continue
+            found.add(job_id)
+            log_event(
+                "jobs.settle.written-earlier",
+                job_id=job_id,
+                settlement=type(settlement).__name__,
+                why="an earlier try of this write committed, but its answer was lost",
+            )
         return found
 
-    async def _read_history(self, job_id: JobId) -> Sequence[AttemptRecord] | None:
-        """The job's attempt history, read again while the database does not answer (it
-        answered the write a moment ago: just after an outage, another pooled connection may
-        still be a dead one), a few times; None when it never answered."""
+    async def _read_back(
+        self, read: Callable[[JobId], Awaitable[_Read | None]], job_id: JobId
+    ) -> _Read | None:
+        """``read(job_id)`` (the job's history, or its record), again while the database does
+        not answer (it answered the write a moment ago: just after an outage, another pooled
+        connection may still be a dead one), a few times; None when it never answered."""
         delay = 0.05
         for tries_left in reversed(range(_READ_BACK_TRIES)):
             try:
-                return await self._driver.load_attempts(job_id)
+                return await read(job_id)
             except DriverError:
                 if not tries_left:
                     return None
@@ -703,12 +720,41 @@ def _may_have_written(batch: list[_Pending], tried_at: float) -> None:
                 pending.carriable = False
 
 
-def _is_this_attempt(record: AttemptRecord, note: AttemptNote, since: float) -> bool:
-    return (
+def _stored_value(result: str | None) -> Any:
+    """A completion's result as a job's record reads it back (JobRecord.result: its JSON
+    decoded, text that is not JSON as the text)."""
+    if result is None:
+        return None
+    try:
+        return load_json(result)
+    except ValueError:
+        return result
+
+
+# How far apart a note's seconds and its record's may read: PostgreSQL stores them as whole
+# nanoseconds.
+_SECONDS_STORED_WITHIN = 2e-9
+
+
+def _is_this_attempt(
+    record: AttemptRecord, settlement: Settlement, note: AttemptNote, since: float
+) -> bool:
+    """Whether ``record`` is what ``settlement`` wrote: its attempt, worker and time, and its
+    ending and body's seconds too. The first three alone matched a rescue's record (another
+    claim found the lease lapsed: an orphaning names the lapsed run's attempt and worker, with
+    no seconds) and a rerun of the same attempt here, and reported a result that was never
+    stored as written (found by review)."""
+    if not (
         record.attempt == note.attempt
         and record.worker_id == note.worker_id
         and record.ended_at >= since
-    )
+        # An operator's pending cancel records any ending as cancelled.
+        and record.outcome in (history_outcome(settlement), OutcomeKind.CANCELLED.value)
+    ):
+        return False
+    if record.seconds is None or note.seconds is None:
+        return record.seconds is None and note.seconds is None
+    return abs(record.seconds - note.seconds) <= _SECONDS_STORED_WITHIN
 
 
 def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> Settlement | None:

@@ -206,8 +206,9 @@ ORDER BY priority, run_at, id;
 -- name: claim_unrescued
 -- `claim` with no lapsed job to hand back (Driver.claim's rescue=False): the same candidates,
 -- suspect and claimed rows and the same answer's columns, without the lapsed walk, the hand-back
--- and its history. A worker rescues lapsed jobs once a second at most (claim_loop.RESCUE_EVERY),
--- and its other claims are this one: the server's work for a claim is most of an idle worker's
+-- and its history. A worker rescues a queue's lapsed jobs once a second at most
+-- (claim_loop.RESCUE_EVERY; a tenth of a second while its rescuing claims come back full,
+-- RESCUE_AGAIN), and its other claims are this one: the server's work for a claim is most of an idle worker's
 -- wake-up, and its plan's size (three modifying CTEs, every index of jobs opened twice, the
 -- locks a generic plan takes at bind) was ~0.2 ms of it (bench/RESULTS.md, issue 44).
 -- `params` is never read (PostgreSQL drops it): it gives the parameters this claim does not use
