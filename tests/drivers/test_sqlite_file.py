@@ -79,3 +79,38 @@ def test_a_statement_sqlite_refuses_is_not_called_a_disk_fault() -> None:
         assert "refused a statement" in str(error)
         assert "check the disk" not in error.fix and "retry fails the same way" in error.fix
         assert "jobs-trio migrate" in error.fix
+
+
+async def test_a_second_connection_leaves_this_process_counted_as_the_files_user(
+    tmp_path: Path,
+) -> None:
+    # A second connection of the process (the lease lifeline's, a producer's in another thread,
+    # a second driver) read the file's header with a descriptor of its own and closed it, which
+    # drops every POSIX lock the process holds on the file. The next process to close the file
+    # then took itself for its last user: it checkpointed and deleted the WAL this process went
+    # on writing to, and those commits were lost (found by review, in real processes).
+    import subprocess
+    import sys
+
+    from jobs_trio.drivers._sqlite_migrate import open_beside
+    from jobs_trio.testing.conformance.helpers import new_job
+
+    path = tmp_path / "jobs.db"
+    count = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+        " print(c.execute('SELECT count(*) FROM jobs').fetchone()[0]); c.close()"
+    )
+
+    def another_process_counts() -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", count, str(path)], capture_output=True, text=True, check=True
+        )
+        return int(done.stdout)
+
+    async with open_sqlite_driver(f"sqlite:///{path}") as driver:
+        await driver.enqueue([new_job()])
+        open_beside(str(path), 5.0).close()
+        assert another_process_counts() == 1
+        assert (tmp_path / "jobs.db-wal").exists()  # not deleted under this process
+        await driver.enqueue([new_job()])
+        assert another_process_counts() == 2  # what it writes next, another process sees

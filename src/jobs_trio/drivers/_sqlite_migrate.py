@@ -38,7 +38,6 @@ APPLICATION_ID: Final = 0x4A54524F  # "JTRO"
 # RETURNING (3.35) is used by claim, renew and save_step.
 MIN_SQLITE: Final = (3, 35, 0)
 
-_SQLITE_HEADER: Final = b"SQLite format 3\x00"
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
@@ -114,23 +113,32 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-def _header(path: str) -> bytes | None:
-    """The file's first bytes, or None when there is no file. Read ourselves: SQLite would only
-    notice a foreign file at the first statement, after the open had become a write to it."""
-    try:
-        with open(path, "rb") as file:
-            return file.read(len(_SQLITE_HEADER))
-    except FileNotFoundError:
+def _reads_as_sqlite(path: str) -> bool | None:
+    """Whether SQLite reads the file at ``path`` as a database (an empty file is one it may
+    start), None when there is no file. Asked of SQLite through a read-only connection, never
+    by opening the file ourselves: a write connection would notice a foreign file only at its
+    first statement, and closing a descriptor of our own on the file drops every POSIX lock
+    this process holds on it, its other connections' included (SQLite keeps its descriptors
+    open while a lock is held). Without its lock a worker's connection was not counted: the
+    next process to close the file took itself for the last, checkpointed and deleted the WAL
+    the worker went on writing to, and its commits were lost and the file corrupted."""
+    if not os.path.exists(path):
         return None
-    except OSError as exc:
+    uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_NOTADB:
+            return False
         raise ConfigError(
             f"cannot read the SQLite database file {path!r}: {exc}",
             fix="check the path and its permissions",
         ) from exc
+    return True
 
 
-def _is_sqlite(head: bytes) -> bool:
-    return not head or head == _SQLITE_HEADER  # an empty file is a database SQLite may start
+_NOT_READ_AS_SQLITE: Final = "SQLite does not read it as a database (its header is not SQLite's)"
 
 
 # What a file is: the public check.
@@ -165,13 +173,11 @@ def identify(path: str) -> SqliteFile:
     a read-only connection: nothing is created, migrated or written (a WAL file's reader may
     add the -wal and -shm files beside it, as any reader does). A file this user cannot read is
     a `ConfigError`."""
-    head = _header(path)
-    if head is None:
+    reads = _reads_as_sqlite(path)
+    if reads is None:
         return SqliteFile(path, FileKind.MISSING)
-    if not _is_sqlite(head):
-        return SqliteFile(
-            path, FileKind.NOT_SQLITE, problem="it does not start with the SQLite header"
-        )
+    if not reads:
+        return SqliteFile(path, FileKind.NOT_SQLITE, problem=_NOT_READ_AS_SQLITE)
     try:
         uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
@@ -214,11 +220,9 @@ def _kind(app_id: int, version: int, tables: tuple[str, ...]) -> FileKind:
 def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> sqlite3.Connection:
     if read_only or not create:
         _refuse_a_missing_file(path)
-    head = _header(path)
-    if head is not None and not _is_sqlite(head):
+    if _reads_as_sqlite(path) is False:
         raise ConfigError(
-            f"{path!r} is not a SQLite database (it does not start with the SQLite header); "
-            "it was left untouched",
+            f"{path!r} is not a SQLite database ({_NOT_READ_AS_SQLITE}); it was left untouched",
             fix="point the URL at a new file or at an existing jobs_trio database",
         )
     if not read_only:
