@@ -114,3 +114,28 @@ async def test_a_second_connection_leaves_this_process_counted_as_the_files_user
         assert (tmp_path / "jobs.db-wal").exists()  # not deleted under this process
         await driver.enqueue([new_job()])
         assert another_process_counts() == 2  # what it writes next, another process sees
+
+
+async def test_a_file_a_killed_process_left_a_hot_journal_beside_opens_to_write(
+    tmp_path: Path,
+) -> None:
+    # A process killed inside a write of a file still in rollback-journal mode (a new file's
+    # first migration) leaves a hot journal, which the next connection to write rolls back.
+    # The look before an open used a read-only connection, which cannot, and refused the file.
+    import subprocess
+    import sys
+
+    path = tmp_path / "jobs.db"
+    killed_mid_write = (
+        "import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+        " c.execute('CREATE TABLE t(x)'); c.execute('DROP TABLE t');"
+        " c.execute('PRAGMA cache_size = 1'); c.execute('BEGIN IMMEDIATE');"
+        " c.execute('CREATE TABLE t(x)');"
+        " c.executemany('INSERT INTO t VALUES (?)', [(os.urandom(2000),) for _ in range(200)]);"
+        " os._exit(9)"
+    )
+    subprocess.run([sys.executable, "-c", killed_mid_write, str(path)], check=False)
+    assert (tmp_path / "jobs.db-journal").exists()
+    async with open_sqlite_driver(f"sqlite:///{path}") as driver:
+        assert await driver.claim(["default"], 1, lease=10, worker_id="w") == []
+    assert not (tmp_path / "jobs.db-journal").exists()

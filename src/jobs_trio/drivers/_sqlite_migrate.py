@@ -113,28 +113,33 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-def _reads_as_sqlite(path: str) -> bool | None:
+def _reads_as_sqlite(path: str, *, write: bool = False) -> bool | None:
     """Whether SQLite reads the file at ``path`` as a database (an empty file is one it may
-    start), None when there is no file. Asked of SQLite through a read-only connection, never
+    start), None when there is no file. Asked of SQLite through a connection of its own, never
     by opening the file ourselves: a write connection would notice a foreign file only at its
     first statement, and closing a descriptor of our own on the file drops every POSIX lock
     this process holds on it, its other connections' included (SQLite keeps its descriptors
     open while a lock is held). Without its lock a worker's connection was not counted: the
     next process to close the file took itself for the last, checkpointed and deleted the WAL
-    the worker went on writing to, and its commits were lost and the file corrupted."""
+    the worker went on writing to, and its commits were lost and the file corrupted.
+
+    ``write``: the look of an open to write, which may roll back a journal a killed process
+    left (a read-only look cannot, and refused the file). It never waits for a lock, and says
+    only "not a database": anything else it meets (a lock, a journal, a permission) is left
+    to the connection that follows, which says it as it would have."""
     if not os.path.exists(path):
         return None
-    uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
-    try:
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-            conn.execute("PRAGMA schema_version").fetchone()
-    except sqlite3.DatabaseError as exc:
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_NOTADB:
-            return False
+    if os.path.isdir(path):
         raise ConfigError(
-            f"cannot read the SQLite database file {path!r}: {exc}",
-            fix="check the path and its permissions",
-        ) from exc
+            f"{path!r} is a directory, not a SQLite database file",
+            fix="point the URL at a file inside it (sqlite:///folder/jobs.db)",
+        )
+    uri = pathlib.Path(path).absolute().as_uri() + ("?mode=rw" if write else "?mode=ro")
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=0)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        return getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_NOTADB
     return True
 
 
@@ -220,7 +225,7 @@ def _kind(app_id: int, version: int, tables: tuple[str, ...]) -> FileKind:
 def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> sqlite3.Connection:
     if read_only or not create:
         _refuse_a_missing_file(path)
-    if _reads_as_sqlite(path) is False:
+    if _reads_as_sqlite(path, write=not read_only) is False:
         raise ConfigError(
             f"{path!r} is not a SQLite database ({_NOT_READ_AS_SQLITE}); it was left untouched",
             fix="point the URL at a new file or at an existing jobs_trio database",
