@@ -424,3 +424,33 @@ async def test_an_aborted_callers_transaction_is_named_as_such(pg_url: str, pg_s
         conn.rollback()
         producer.enqueue(welcome, {"to": "a"}, connection=conn)
         conn.commit()
+
+
+async def test_a_producer_used_again_in_a_forked_child_loses_nothing(sqlite_url: str) -> None:
+    # A web server that forks its workers after the app made its producer: the child wrote
+    # through the parent's kept connection, without the parent's file locks (a fork does not
+    # inherit them), and the parent's close deleted the WAL the child wrote to. The child's
+    # enqueues returned ids and were lost (found by review).
+    import os
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    producer = Producer(sqlite_url)
+    producer.enqueue(welcome, {"to": "parent@example.com"})
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: waits for the parent's close, enqueues, reports, leaves
+        os.close(write)
+        os.read(read, 1)
+        try:  # and leaves as a server's worker process does, without a close
+            for n in range(5):
+                producer.enqueue(welcome, {"to": f"child{n}@example.com"})
+        finally:
+            os._exit(0)
+    os.close(read)
+    producer.close()
+    os.write(write, b"x")
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 6
