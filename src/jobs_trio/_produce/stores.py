@@ -14,7 +14,7 @@ import attrs
 from .._core.errors import ConfigError
 from .._core.redaction import redact_url
 from ..drivers._postgres_pool import session_settings
-from ..drivers._postgres_pooler import DIRECT, SESSION, Pooler
+from ..drivers._postgres_pooler import DIRECT, SESSION, TRANSACTION, Pooler
 from ..drivers._postgres_sql import Statements, load_statements
 from ..drivers._sqlite_migrate import (
     FileKind,
@@ -79,6 +79,11 @@ class PostgresStore:
         }
         if self.pooler.mode == DIRECT:
             options["options"] = " ".join(f"-c {k}={v}" for k, v in self.timeouts.items())
+        if self.pooler.mode == TRANSACTION:
+            # psycopg prepares a statement from its fifth use, on the server connection of that
+            # moment: in transaction mode the next transaction may be another's, and a write in
+            # seven failed ("prepared statement _pg3_... does not exist / already exists").
+            options["prepare_threshold"] = None
         return options
 
     def session_sets(self) -> str | None:
