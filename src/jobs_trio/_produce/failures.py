@@ -40,6 +40,13 @@ def postgres_failure(exc: BaseException, *, where: str, schema: str) -> JobsErro
             f"the transaction on {where} was already aborted by an earlier error of its own: {exc}",
             fix="roll it back (or back to your savepoint) first, then enqueue; nothing was written",
         )
+    if sqlstate in _TRANSACTION_CONFLICTS:
+        return DriverError(
+            f"PostgreSQL ended the transaction of the producer's write at {where} in a conflict"
+            f" with another one: [{sqlstate}] {exc}",
+            fix="roll your transaction back and run it again from its start (in it, this write"
+            " fails the same way); in a transaction of the producer's own, retry the call",
+        )
     if sqlstate in ROW_LOCK_STATES:
         return RowLocked(
             f"the producer's write at {where} waited on a lock held elsewhere: {exc}",
@@ -56,6 +63,11 @@ def postgres_failure(exc: BaseException, *, where: str, schema: str) -> JobsErro
         fix="check that the server is up and the URL right; the call can be retried (nothing"
         " was committed unless the failure came while committing: a key makes a retry safe)",
     )
+
+
+# A serialization failure (REPEATABLE READ, SERIALIZABLE): the transaction it ended must run
+# again from its start. "The call can be retried" failed the same way, inside it.
+_TRANSACTION_CONFLICTS = frozenset({"40001"})
 
 
 @contextlib.contextmanager

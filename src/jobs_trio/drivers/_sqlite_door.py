@@ -225,6 +225,15 @@ def file_error(path: str, exc: sqlite3.Error) -> Exception:
             fix="make the file and its folder writable by this user (SQLite writes -wal"
             " and -shm files beside it); show, list and stats need only to read it",
         )
+    if getattr(exc, "sqlite_errorcode", 0) == _BUSY_SNAPSHOT:
+        # Raised at once, never waited for: a transaction that read the file before another
+        # connection wrote it cannot write on that older snapshot.
+        return DriverError(
+            f"the transaction on {path!r} read the file before another connection wrote it, and"
+            f" cannot write on what it read: {exc}",
+            fix="roll the transaction back and run it again from its start; retrying this call"
+            " inside it fails the same way (BEGIN IMMEDIATE takes the write lock before reading)",
+        )
     if _is_busy(exc):
         # A connection's own busy timeout ran out (a producer's, an application's): not a disk
         # fault, another writer holding the file.
@@ -331,6 +340,10 @@ def _in_thread(
     if isinstance(conn, DoorConnection):
         conn.letting_go()  # the loop waiting to lend the GIL goes on: the thread is done
     return result.unwrap()
+
+
+# SQLITE_BUSY_SNAPSHOT (extended code): sqlite3 has no name for it before Python 3.12's.
+_BUSY_SNAPSHOT = sqlite3.SQLITE_BUSY | (2 << 8)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
