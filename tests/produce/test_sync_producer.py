@@ -465,14 +465,13 @@ async def test_a_serialization_failure_in_the_callers_transaction_says_to_run_it
     # same way inside it (found by review): the transaction must run again from its start.
     import psycopg
 
-    with Producer(pg_url, schema=pg_schema) as producer:
-        with psycopg.connect(pg_url) as conn:
-            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            conn.execute("SELECT 1")  # the snapshot, taken here
-            producer.enqueue(welcome, {"to": "a"}, key="k")  # committed since, by another
-            with pytest.raises(DriverError) as raised:
-                producer.enqueue(welcome, {"to": "a"}, key="k", connection=conn)
-            conn.rollback()
+    with Producer(pg_url, schema=pg_schema) as producer, psycopg.connect(pg_url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT 1")  # the snapshot, taken here
+        producer.enqueue(welcome, {"to": "a"}, key="k")  # committed since, by another
+        with pytest.raises(DriverError) as raised:
+            producer.enqueue(welcome, {"to": "a"}, key="k", connection=conn)
+        conn.rollback()
     assert "40001" in str(raised.value)
     assert "run it again from its start" in raised.value.fix
 
@@ -484,13 +483,15 @@ async def test_a_write_on_a_snapshot_older_than_the_file_says_to_run_it_again(
     # write: SQLite says so at once (SQLITE_BUSY_SNAPSHOT), which read as "stayed locked past
     # the busy timeout: raise the busy timeout" (found by review).
     path = sqlite_url.removeprefix("sqlite:///")
-    with Producer(sqlite_url) as producer:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-            conn.execute("BEGIN")
-            conn.execute("SELECT count(*) FROM jobs").fetchone()  # the snapshot, taken here
-            producer.enqueue(welcome, {"to": "other"})  # another connection writes the file
-            with pytest.raises(DriverError) as raised:
-                producer.enqueue(welcome, {"to": "a"}, connection=conn)
-            conn.execute("ROLLBACK")
+    with (
+        Producer(sqlite_url) as producer,
+        contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn,
+    ):
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM jobs").fetchone()  # the snapshot, taken here
+        producer.enqueue(welcome, {"to": "other"})  # another connection writes the file
+        with pytest.raises(DriverError) as raised:
+            producer.enqueue(welcome, {"to": "a"}, connection=conn)
+        conn.execute("ROLLBACK")
     assert "run it again from its start" in raised.value.fix
     assert "busy timeout" not in raised.value.fix.split(";")[0]
