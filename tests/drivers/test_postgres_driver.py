@@ -826,13 +826,16 @@ async def test_a_settle_past_a_locked_row_writes_the_rest_and_names_the_locked_o
 # --- claims with fleet limits ---
 
 
-async def test_a_failed_limited_claim_keeps_the_claims_already_committed(
+async def test_a_refused_limited_claim_keeps_the_claims_already_committed(
     url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The claim's first statement commits the unlimited jobs; the limited ones are decided in
-    a transaction of their own. When that one fails, the committed claims still reach the
-    worker (else they would sit claimed till their leases lapsed, an attempt spent each) and
-    the limited job stays ready, untouched."""
+    a transaction of their own. When that one is refused (it wrote nothing), the committed
+    claims still reach the worker (else they would sit claimed till their leases lapsed, an
+    attempt spent each) and the limited job stays ready, untouched. When it failed with no
+    answer (it may have committed), the call raises: the worker gives back every job it does
+    not hold, uncounted (hand_back_unheld), where those a lost commit took sat a lease long
+    and were orphaned on a live worker (found by review)."""
     import attrs
 
     from jobs_trio._core.records import JobLimits
@@ -846,13 +849,26 @@ async def test_a_failed_limited_claim_keeps_the_claims_already_committed(
         )
 
         async def refused(*args: Any) -> Any:
-            raise DriverError("lost the connection (test)", fix="none")
+            raise RowLocked("a lock held elsewhere (test)", fix="none")
 
         monkeypatch.setattr(driver, "_claim_limited", refused)
         claims = await driver.claim(["default"], 10, lease=30, worker_id="w")
         assert [c.job_id for c in claims] == [free.job_id]
         record = await driver.get(limited.job_id)
         assert record is not None and (record.state, record.attempts) == (JobState.READY, 0)
+
+        async def lost(*args: Any) -> Any:
+            raise DriverError("lost the connection (test)", fix="none")
+
+        monkeypatch.setattr(driver, "_claim_limited", lost)
+        other = (await driver.enqueue([new_job(priority=0)]))[0].job_id
+        with pytest.raises(DriverError):
+            await driver.claim(["default"], 10, lease=30, worker_id="w")
+        given = await driver.hand_back_unheld("w", ["default"], [claims[0].token])
+        assert list(given) == [other]
+        monkeypatch.undo()
+        again = await driver.claim(["default"], 10, lease=30, worker_id="w")
+        assert (other, 1) in [(c.job_id, c.attempt) for c in again]  # its attempt given back
 
 
 async def test_enqueues_refused_before_reaching_the_server_let_other_tasks_run(
@@ -1013,3 +1029,50 @@ async def test_an_operation_nothing_answers_fails_retryably_and_the_next_gets_a_
         with trio.fail_after(20):  # a new connection, through the proxy, which passes it
             record = await driver.get(job.job_id)
         assert record is not None and record.state is JobState.READY
+
+
+async def test_a_lost_answer_to_the_claim_after_a_rescue_gives_its_jobs_back_at_once(
+    url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A claim that rescues lapsed jobs hands them back and claims nothing (its snapshot is
+    # older); the driver then claims them. When that second claim committed and its answer was
+    # lost, the driver logged it and answered nothing: the jobs sat running under this live
+    # worker a lease long, then were orphaned on it, a second orphaning for nothing (a suspect
+    # dead-lettered X_KILLED_WORKER). Raised, the worker gives back what it does not hold.
+    import jobs_trio
+
+    registry = jobs_trio.Registry()
+    ran: list[int] = []
+
+    @registry.job("rescued")
+    async def rescued(ctx: Any, payload: int) -> None:
+        ran.append(ctx.attempt)
+
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    async with open_postgres_driver(
+        url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        job_id = await rescued.enqueue(driver, 1)
+        assert await driver.claim(["default"], 1, lease=0.2, worker_id="died")
+        await trio.sleep(0.3)  # its lease lapsed: the worker below rescues it
+        real_claim, lost = driver.claim, []
+
+        async def claim(*args: Any, **kw: Any) -> Any:
+            claims = await real_claim(*args, **kw)
+            if kw.get("rescue") is False and claims and not lost:  # the claim after the rescue
+                lost.append(claims)
+                raise DriverError("the connection was lost (test)", fix="retry")
+            return claims
+
+        driver.claim = claim  # type: ignore[method-assign]
+        with trio.fail_after(20):
+            async with jobs_trio.open_worker(
+                driver, registry, lease=10, stats_interval=None, drain_on_shutdown=False
+            ):
+                while not ran:
+                    await trio.sleep(0.05)
+        record = await driver.get(job_id)
+    assert lost and [c.job_id for c in lost[0]] == [job_id]
+    assert record is not None and record.state is JobState.COMPLETED
+    assert record.orphans == 1  # its first worker's death, and nothing for this one
+    assert "jobs.worker.claim-answer-lost" in [getattr(r, "event", "") for r in caplog.records]

@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from jobs_trio import Registry
+from jobs_trio._core.errors import DriverError
 from jobs_trio._core.records import Claim
 from jobs_trio._run.claim_loop import RESCUE_AGAIN, RESCUE_EVERY
 from tests.helpers.worker_helpers import worker
@@ -160,3 +161,36 @@ async def test_a_queue_whose_rescue_came_back_full_is_rescued_again_soon(
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
     assert max(started.values()) - begun <= 10 * (RESCUE_AGAIN + 0.01) + 0.1
+
+
+async def test_one_failed_claim_with_a_short_lease_does_not_hold_the_rescue_back(
+    autojump_clock: Any,
+) -> None:
+    # With a lease of 3 s the renewals come a second apart, and a gap that long counts as an
+    # outage (no rescue for a grace after it). One dropped claim, then a pause of the whole poll
+    # interval (1 s) before the next, made such a gap: a dead worker's job waited 5 s.
+    class FailsOnce(RescueCounting):
+        failed = False
+
+        async def claim(self, *args: Any, **kw: Any) -> Sequence[Claim]:
+            if not self.failed and trio.current_time() > 0:
+                self.failed = True
+                raise DriverError("the connection was lost (test)", fix="retry")
+            return await super().claim(*args, **kw)
+
+    driver = FailsOnce()
+    registry = Registry()
+    started = _started_at(registry, "j")
+    await registry.require("j").enqueue_many(driver, ["lapsed"])
+    await driver.claim(["default"], 1, lease=0.5, worker_id="dead")
+    await trio.sleep(0.6)  # lapsed; the next claim fails, once
+    w = worker(driver, registry, concurrency=2, lease=3.0, poll_interval=1.0, safety_poll=30.0)
+    begun = trio.current_time()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            while "lapsed" not in started:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    assert driver.failed
+    assert started["lapsed"] - begun < 1.0

@@ -281,7 +281,10 @@ class ClaimLoop:
         self._outage.unreachable()
         log_event("jobs.worker.claim-failed", logging.WARNING, queues=tuple(queues), error=str(exc))
         with self.idle_wait():
-            await trio.sleep(self._options.poll_interval)
+            # Tried again before the gap would count as an outage (Outage.long, the renewal
+            # interval): with a lease of 3 s or less, one dropped connection and a pause of a
+            # whole poll interval held this worker's rescues back for the outage's grace.
+            await trio.sleep(min(self._options.poll_interval, self._outage.long / 2))
 
     async def _hand_back_unheld(self) -> bool:
         """After a claim that failed with no answer: the jobs it may have taken, running under

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from ..._core.errors import DriverError, JobsError, RowLocked
+from ..._core.errors import DriverError, JobsError, RowLocked, ValueRefused
 from ..._core.logs import log_event
 from ..._core.records import (
     Claim,
@@ -272,9 +272,12 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         """After settle_and_claim's statement made jobs due now (a retry or suspension without
         delay, a freed fleet slot's waiter): the free capacity it left, claimed as settle() then
         claim() would have (the statement's one snapshot could not see them). The settles
-        committed already, so a failure here costs only this claim (those jobs stay due, for
-        the next), never the settles: the caller would write them again, and read them as
-        fenced."""
+        committed already, so a refusal here costs only this claim (those jobs stay due, for
+        the next), never the settles. A failure with no answer is the caller's: this claim may
+        have committed, and its jobs, held by nobody, sat running a lease long and were
+        orphaned on this live worker (a suspect dead-lettered X_KILLED_WORKER); raised, the
+        worker gives back what it does not hold (Worker's lost answer, hand_back_unheld), and
+        the settler reads back what it carried before it calls a settlement fenced."""
         taken = Counter(c.queue for c in claims)
         rest: int | dict[str, int]
         if isinstance(limit, int):
@@ -299,6 +302,8 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
                 )
             )
         except JobsError as exc:
+            if _may_have_committed(exc):
+                raise
             log_event(
                 "jobs.driver.made-due-claim-failed", logging.WARNING, queues=queues, error=str(exc)
             )
@@ -309,9 +314,10 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
     ) -> list[Claim]:
         """The claim statement's rows as claims, in its order. A NULL token is a candidate with
         fleet limits, left for a transaction of its own (_claim_limited); the rest committed
-        already, so a failure there costs only the limited ones their turn (they stay ready,
+        already, so a refusal there costs only the limited ones their turn (they stay ready,
         untouched), never the claims already made (they would sit claimed till their lease
-        lapsed, each an attempt spent)."""
+        lapsed, each an attempt spent). A failure with no answer (its commit may have landed)
+        is raised: the worker gives back what it does not hold (_claim_made_due says why)."""
         # One pass over the answer: a claim statement answers up to a batch of rows per round
         # trip, and three passes and keyword arguments per claim were ~1 µs a no-op job.
         kept: list[Any] = []
@@ -334,6 +340,8 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
             try:
                 granted = await self._claim_limited(limited, now, lease, worker_id)
             except JobsError as exc:
+                if _may_have_committed(exc):
+                    raise
                 log_event(
                     "jobs.driver.limited-claim-failed",
                     logging.WARNING,
@@ -473,3 +481,9 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
 
         soonest = await self.bridge.run(read, what="wait_for_work")
         return math.inf if soonest is None else soonest - self.now()
+
+
+def _may_have_committed(exc: JobsError) -> bool:
+    """Whether a claim that raised ``exc`` may have committed all the same: a failure with no
+    answer (the connection dropped), not a refusal (a value, a lock), which wrote nothing."""
+    return isinstance(exc, DriverError) and not isinstance(exc, (ValueRefused, RowLocked))
