@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -41,6 +41,24 @@ def _started_at(registry: Registry, name: str, queue: str = "default") -> dict[s
     return started
 
 
+async def _run_until(
+    w: Any,
+    done: Callable[[], bool],
+    *,
+    beside: Callable[[], Awaitable[None]] | None = None,
+    within: float = 30,
+) -> None:
+    """Run worker ``w`` (and ``beside``, a task of the test's) until ``done()``."""
+    with trio.fail_after(within):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w.run)
+            if beside is not None:
+                nursery.start_soon(beside)
+            while not done():
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_lapse_inside_the_cadence_is_taken_at_the_next_rescue_without_a_spin(
     autojump_clock: Any,
 ) -> None:
@@ -53,12 +71,7 @@ async def test_a_lapse_inside_the_cadence_is_taken_at_the_next_rescue_without_a_
     await driver.claim(["default"], 1, lease=0.4, worker_id="dead")
     driver.rescues.clear()
     w = worker(driver, registry, concurrency=2, safety_poll=30.0)
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(w.run)
-            while "lapsed" not in started:
-                await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+    await _run_until(w, lambda: "lapsed" in started, within=10)
     assert RESCUE_EVERY <= started["lapsed"] < RESCUE_EVERY + 0.1
     # The first claim at start, the rescue at RESCUE_EVERY: nothing between.
     assert [rescue for at, rescue in driver.rescues if at < RESCUE_EVERY] == [True]
@@ -115,19 +128,13 @@ async def test_a_lapse_in_a_queue_whose_slot_frees_rarely_is_rescued_within_the_
     await trio.sleep(0.01)  # the backlog after it in line: handed back, it runs next
     await slow.enqueue_many(driver, [f"b{n}" for n in range(40)])
     w = worker(driver, registry, concurrency={"a": 4, "b": 1}, claim_ahead=0, safety_poll=30.0)
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(w.run)
 
-            async def feed() -> None:
-                while True:
-                    await registry.require("fast").enqueue_many(driver, list(range(20)))
-                    await trio.sleep(0.031)
+    async def feed() -> None:
+        while True:
+            await registry.require("fast").enqueue_many(driver, list(range(20)))
+            await trio.sleep(0.031)
 
-            nursery.start_soon(feed)
-            while "lapsed" not in started:
-                await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+    await _run_until(w, lambda: "lapsed" in started, beside=feed, within=20)
     # Lapsed at 0.51; B's claims come a run (0.237 s) apart, and the first past its queue's
     # cadence rescues it.
     assert started["lapsed"] < 0.51 + RESCUE_EVERY + 2 * 0.237
@@ -154,12 +161,7 @@ async def test_a_queue_whose_rescue_came_back_full_is_rescued_again_soon(
     driver.rescues.clear()
     w = worker(driver, registry, concurrency=1, claim_ahead=0, safety_poll=30.0)
     begun = trio.current_time()
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(w.run)
-            while len(started) < 10:
-                await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+    await _run_until(w, lambda: len(started) == 10)
     assert max(started.values()) - begun <= 10 * (RESCUE_AGAIN + 0.01) + 0.1
 
 
@@ -186,11 +188,6 @@ async def test_one_failed_claim_with_a_short_lease_does_not_hold_the_rescue_back
     await trio.sleep(0.6)  # lapsed; the next claim fails, once
     w = worker(driver, registry, concurrency=2, lease=3.0, poll_interval=1.0, safety_poll=30.0)
     begun = trio.current_time()
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(w.run)
-            while "lapsed" not in started:
-                await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+    await _run_until(w, lambda: "lapsed" in started)
     assert driver.failed
     assert started["lapsed"] - begun < 1.0
