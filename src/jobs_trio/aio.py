@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, TypeVar, Unpack, overload
 
+from ._core.boundary import check_int
 from ._core.records import JobId
 from ._jobs.events import event_text
 from ._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition
@@ -60,6 +61,9 @@ class Producer:
         busy_timeout: float = 5.0,
         pool_size: int = 4,
     ) -> None:
+        # The connections it keeps: checked here, where it is given (0 failed at the first
+        # write, with no code).
+        pool_size = check_int(pool_size, argument="pool_size", low=1, high=1000)
         self._store = store_for(url, schema=schema, busy_timeout=busy_timeout)
         self._pool_size = pool_size
         self._pool: Any = None

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, TypeVar, Unpack, overload
 
+from ._core.boundary import check_int
 from ._core.records import JobId
 from ._jobs.events import event_text
 from ._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition
@@ -56,6 +57,9 @@ class Producer:
         busy_timeout: float = 5.0,
         keep: int = 2,
     ) -> None:
+        # The connections it keeps: checked here, where it is given (0 failed at the first
+        # write, with no code).
+        keep = check_int(keep, argument="keep", low=0, high=1000)
         self._store = store_for(url, schema=schema, busy_timeout=busy_timeout)
         self._checked = False
         store = self._store

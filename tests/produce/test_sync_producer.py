@@ -495,3 +495,39 @@ async def test_a_write_on_a_snapshot_older_than_the_file_says_to_run_it_again(
         conn.execute("ROLLBACK")
     assert "run it again from its start" in raised.value.fix
     assert "busy timeout" not in raised.value.fix.split(";")[0]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"busy_timeout": float("nan")},
+        {"busy_timeout": float("inf")},
+        {"busy_timeout": "5"},
+        {"busy_timeout": -1},
+        {"keep": -1},
+        {"keep": "2"},
+    ],
+)
+def test_a_producers_options_are_checked_where_they_are_given(
+    options: dict[str, Any], tmp_path: Path
+) -> None:
+    # They failed at the first write, with a bare ValueError, OverflowError or TypeError and no
+    # code (found by review); the driver's busy_timeout is checked the same way.
+    from jobs_trio.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as refused:
+        Producer(f"sqlite:///{tmp_path / 'jobs.db'}", **options)
+    assert next(iter(options)) in str(refused.value) and refused.value.fix
+
+
+async def test_the_asyncio_producers_pool_size_and_the_drivers_busy_timeout_are_checked(
+    tmp_path: Path,
+) -> None:
+    from jobs_trio.aio import Producer as AsyncProducer
+    from jobs_trio.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="pool_size"):
+        AsyncProducer(f"sqlite:///{tmp_path / 'jobs.db'}", pool_size=0)
+    with pytest.raises(InvalidArgument, match="busy_timeout"):
+        async with jobs_trio.open_driver(f"sqlite:///{tmp_path / 'jobs.db'}", busy_timeout=1e12):
+            pass

@@ -18,6 +18,7 @@ from ..drivers._postgres_pooler import DIRECT, SESSION, TRANSACTION, Pooler
 from ..drivers._postgres_sql import Statements, load_statements
 from ..drivers._sqlite_migrate import (
     FileKind,
+    check_busy_timeout,
     check_readable,
     identify,
     open_beside,
@@ -112,7 +113,7 @@ def store_for(url: str, *, schema: str, busy_timeout: float) -> Store:
     if not isinstance(url, str):
         raise ConfigError(f"url={url!r} is not a str", fix="pass the URL the workers use")
     if url.startswith("sqlite:"):
-        return SqliteStore(sqlite_path(url), busy_timeout)
+        return SqliteStore(sqlite_path(url), check_busy_timeout(busy_timeout))
     if url.startswith(("postgresql://", "postgres://")):
         timeouts = {k: v for k, v in session_settings(url).items() if k in _TIMEOUTS}
         return PostgresStore(url, load_statements(schema), Pooler.of(url), timeouts)

@@ -15,6 +15,7 @@ from typing import Final
 import attrs
 import trio
 
+from .._core.boundary import check_seconds
 from .._core.errors import ConfigError, SchemaVersionError
 from .._core.version import VERSION
 from ._gil_handoff import DoorConnection
@@ -89,6 +90,18 @@ SCHEMA_VERSION: Final = KNOWN[-1].version
 
 
 # The URL and the file, before any connection is made.
+
+
+# The longest busy_timeout taken: SQLite's own is an int of milliseconds (PRAGMA busy_timeout),
+# and a wait of more than a day is a lock nobody will let go.
+MAX_BUSY_TIMEOUT: Final = 86_400.0
+
+
+def check_busy_timeout(value: object) -> float:
+    """``busy_timeout=`` as a driver or a producer takes it: seconds from 0 to a day. Checked
+    where it is given: a NaN, an infinity or a str failed at the first write, with a bare
+    ValueError or OverflowError and no code."""
+    return check_seconds(value, argument="busy_timeout", high=MAX_BUSY_TIMEOUT)
 
 
 def sqlite_path(url: str) -> str:
@@ -310,6 +323,7 @@ async def open_sqlite_file(
     or upgraded and switched to WAL) before it is handed out, and the versions its open
     applied; closed on the way out. `open_sqlite_driver` documents the options."""
     path = sqlite_path(url)
+    busy_timeout = check_busy_timeout(busy_timeout)
     if sqlite3.sqlite_version_info < MIN_SQLITE:
         raise ConfigError(
             f"the SQLite library is {sqlite3.sqlite_version}; the driver needs"
