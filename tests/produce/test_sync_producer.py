@@ -531,3 +531,21 @@ async def test_the_asyncio_producers_pool_size_and_the_drivers_busy_timeout_are_
     with pytest.raises(InvalidArgument, match="busy_timeout"):
         async with jobs_trio.open_driver(f"sqlite:///{tmp_path / 'jobs.db'}", busy_timeout=1e12):
             pass
+
+
+@pytest.mark.parametrize("kind", ["another application's", "not sqlite", "new"])
+def test_a_file_that_is_no_jobs_trio_database_is_refused_with_the_fix_that_fits(
+    kind: str, tmp_path: Path
+) -> None:
+    # `jobs-trio migrate` makes a new file one; another application's file or one that is not
+    # SQLite's it refuses too, so saying to run it there sent the reader round (found by review).
+    path = tmp_path / "jobs.db"
+    if kind == "not sqlite":
+        path.write_text("hello")
+    else:
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            if kind != "new":
+                conn.execute("CREATE TABLE orders (id INTEGER)")
+    with pytest.raises(ConfigError) as refused:
+        Producer(f"sqlite:///{path}").enqueue(welcome, {"to": "a"})
+    assert ("jobs-trio migrate" in refused.value.fix) == (kind == "new")

@@ -40,7 +40,13 @@ class SqliteStore:
         """Refuse a file that is not a jobs_trio database at this release's schema: a producer
         never creates or migrates one (a worker, or `jobs-trio migrate`, does)."""
         found = identify(self.path)
-        fix = f"run `jobs-trio migrate --db sqlite:///{self.path}` (or start a worker) first"
+        if found.kind in (FileKind.MISSING, FileKind.NEW):
+            fix = f"run `jobs-trio migrate --db sqlite:///{self.path}` (or start a worker) first"
+        else:
+            # Another application's file, or not SQLite's: migrate refuses it too, and said to
+            # run it sent the reader round in a circle.
+            fix = "point the URL at the jobs_trio database the workers use; this file was left"
+            " untouched"
         if found.kind is not FileKind.JOBS_TRIO:
             raise ConfigError(
                 f"{self.path!r} is not a jobs_trio database ({found.kind.value})", fix=fix
