@@ -10,7 +10,7 @@ from typing import Any, TypeVar, cast
 
 import trio
 
-from .._core.boundary import load_json, storable_text
+from .._core.boundary import storable_text
 from .._core.errors import DriverError, JobsError, RowLocked, ValueRefused
 from .._core.logs import log_event
 from .._core.records import (
@@ -29,6 +29,7 @@ from .._core.records import (
     Suspend,
 )
 from .._core.shared_keys import share_keys
+from ..drivers._rows import stored_value
 from ..drivers._rules import history_outcome
 from ..drivers.contract import Driver, SettlesWithClaims
 from .outage import Outage
@@ -572,10 +573,7 @@ class Settler:
                 # these finished jobs are written before a claim (anyone's) takes them again.
                 if self._outage is not None:
                     self._outage.unreachable()
-                for pending in batch:
-                    if pending.uncertain_since is None:
-                        pending.uncertain_since = tried_at
-                        pending.carriable = False
+                _mark_uncertain(batch, tried_at)
                 self.stalled = True
                 log_event("jobs.settle.retrying", logging.WARNING, jobs=len(batch), error=str(exc))
                 await trio.sleep(delay)
@@ -616,7 +614,7 @@ class Settler:
                 # the job holds this result, or it was not this write.
                 job = await self._read_back(self._driver.get, job_id)
                 held = None if job is None else (job.state, job.result)
-                if held != (JobState.COMPLETED, _stored_value(settlement.result)):
+                if held != (JobState.COMPLETED, stored_value(settlement.result)):
                     continue
             found.add(job_id)
             log_event(
@@ -714,21 +712,17 @@ def _may_have_written(batch: list[_Pending], tried_at: float) -> None:
     read back (_written_before), not reported fenced: a finished result that was written,
     announced as dropped. One settlement alone was written whole or not at all."""
     if len(batch) > 1:
-        for pending in batch:
-            if pending.uncertain_since is None:
-                pending.uncertain_since = tried_at
-                pending.carriable = False
+        _mark_uncertain(batch, tried_at)
 
 
-def _stored_value(result: str | None) -> Any:
-    """A completion's result as a job's record reads it back (JobRecord.result: its JSON
-    decoded, text that is not JSON as the text)."""
-    if result is None:
-        return None
-    try:
-        return load_json(result)
-    except ValueError:
-        return result
+def _mark_uncertain(batch: list[_Pending], tried_at: float) -> None:
+    """``batch`` may have been written by a try at ``tried_at`` (the driver's clock) that
+    answered nothing to go by: the writer's alone from here (never carried by a claim), and
+    read back when the fence refuses it (_written_before)."""
+    for pending in batch:
+        if pending.uncertain_since is None:
+            pending.uncertain_since = tried_at
+            pending.carriable = False
 
 
 # How far apart a note's seconds and its record's may read: PostgreSQL stores them as whole
