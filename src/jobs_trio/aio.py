@@ -14,7 +14,6 @@ See docs/howto-producers.md."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 from collections.abc import Iterable
 from types import TracebackType
@@ -154,7 +153,10 @@ class Producer:
                 raise wrong_client(client, "a SQLite store", "a sqlite3 connection to its file")
             await self._check_sqlite(store)
             return await on_callers_sqlite(
-                conn, functools.partial(write_sqlite, store, conn, write, own=False)
+                conn,
+                lambda leave_open: write_sqlite(
+                    store, conn, write, own=False, leave_open=leave_open
+                ),
             )
         if connection is None:
             pool = await self._own_pool(store)

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import sqlite3
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +194,164 @@ async def cancelled_then_reused(path: str) -> None:
         conn.commit()
 
 
+async def _timed_out(enqueue: Any, tries: int, begin: Any, end: Any) -> dict[str, list[str]]:
+    """``tries`` requests, each writing a row of its own (``begin``) and enqueueing under a
+    timeout in one transaction, then committing it whatever the enqueue did (``end``: a handler
+    that logs the timeout and goes on). The timeouts run from 0 to twice the slowest of five
+    untimed enqueues, so that some cut the write short and some come after it, on a busy
+    machine too. Answers the emails of the enqueues that returned and timed out."""
+    returned, timed_out = [], []
+    slowest = 0.0
+    for i in range(5):
+        email = f"u{i}@x"
+        await begin(email)
+        started = time.perf_counter()
+        await enqueue(email)
+        slowest = max(slowest, time.perf_counter() - started)
+        returned.append(email)
+        await end()
+    rng = random.Random(44)
+    for i in range(tries):
+        email = f"t{i}@x"
+        await begin(email)
+        try:
+            await asyncio.wait_for(enqueue(email), rng.uniform(0, 2 * slowest))
+        except TimeoutError:
+            timed_out.append(email)
+        else:
+            returned.append(email)
+        await end()
+    return {"returned": returned, "timed_out": timed_out}
+
+
+async def _postgres_client(kind: str, url: str) -> tuple[Any, Any]:
+    """An asyncpg or psycopg (async, autocommit: BEGIN and COMMIT as statements) connection, and
+    a function that runs a statement with ``$n`` arguments on it and answers its rows."""
+    if kind == "asyncpg":
+        import asyncpg
+
+        aconn = await asyncpg.connect(url)
+        return aconn, aconn.fetch
+    import psycopg
+
+    pconn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+    async def sql(query: str, *args: object) -> list[Any]:
+        cursor = await pconn.execute(query.replace("$1", "%s"), args or None)
+        return await cursor.fetchall() if cursor.description is not None else []
+
+    return pconn, sql
+
+
+async def timed_out_then_committed(kind: str, target: str, tries: int) -> dict[str, list[str]]:
+    """The enqueues of ``_timed_out`` on a caller's ``kind`` connection ("sqlite3" on the file
+    ``target``, "asyncpg" or "psycopg-async" on ``target`` as URL#schema), and the emails of the
+    jobs and of the requests' own rows committed."""
+    if kind == "sqlite3":
+        conn = sqlite3.connect(target, check_same_thread=False)  # written from a worker thread
+        conn.execute("CREATE TABLE requests (email TEXT)")
+
+        async def nothing(email: str) -> None:
+            conn.execute("INSERT INTO requests VALUES (?)", (email,))  # the DB-API begins
+
+        async def commit() -> None:
+            conn.commit()
+
+        async with jobs_trio.aio.Producer(f"sqlite:///{target}") as producer:
+            seen = await _timed_out(
+                lambda email: fastapi_style_signup(producer, email, conn), tries, nothing, commit
+            )
+        rows = conn.execute("SELECT payload FROM jobs").fetchall()
+        requests = conn.execute("SELECT email FROM requests").fetchall()
+        conn.close()
+    else:
+        url, schema = target.rsplit("#", 1)
+        conn, sql = await _postgres_client(kind, url)
+        await sql(f"CREATE TABLE {schema}.requests (email text)")
+
+        async def begin(email: str) -> None:
+            await sql("BEGIN")
+            await sql(f"INSERT INTO {schema}.requests VALUES ($1)", email)
+
+        async def commit() -> None:
+            await sql("COMMIT")
+
+        async with jobs_trio.aio.Producer(url, schema=schema) as producer:
+            seen = await _timed_out(
+                lambda email: fastapi_style_signup(producer, email, conn), tries, begin, commit
+            )
+        rows = await sql(f"SELECT payload::text FROM {schema}.jobs")
+        requests = await sql(f"SELECT email FROM {schema}.requests")
+        await conn.close()
+    return {
+        **seen,
+        "committed": sorted(json.loads(row[0])["to"] for row in rows),
+        "requests": sorted(row[0] for row in requests),
+    }
+
+
+async def large_timed_out(path: str) -> dict[str, Any]:
+    """A request that writes its own row, then enqueues 100,000 jobs on its sqlite3 connection
+    under a timeout that comes while they are written, and commits whatever the enqueue did."""
+    conn = sqlite3.connect(path, check_same_thread=False)  # written from a worker thread
+    conn.execute("CREATE TABLE requests (email TEXT)")
+    async with jobs_trio.aio.Producer(f"sqlite:///{path}") as producer:
+        await producer.enqueue(welcome, {"to": "first@x"})  # the file checked, once
+        conn.execute("INSERT INTO requests VALUES ('large@x')")
+        payloads = [{"to": f"m{i}@x"} for i in range(100_000)]
+        try:
+            await asyncio.wait_for(producer.enqueue_many(welcome, payloads, connection=conn), 0.05)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        conn.commit()
+    return {
+        "timed_out": timed_out,
+        "requests": conn.execute("SELECT count(*) FROM requests").fetchone()[0],
+        "jobs": conn.execute("SELECT count(*) FROM jobs").fetchone()[0],
+    }
+
+
+async def cancelled_mid_statement(path: str) -> dict[str, Any]:
+    """A request that writes its own row, then a producer's write on its sqlite3 connection
+    whose statement runs for a while, cancelled while it runs; the request then commits."""
+    from jobs_trio._produce.awaiting import on_callers_sqlite
+    from jobs_trio.drivers._sqlite_enqueue import write_in
+
+    conn = sqlite3.connect(path, check_same_thread=False)  # written from a worker thread
+    conn.execute("CREATE TABLE requests (email TEXT)")
+    conn.execute("CREATE TABLE filler (n INTEGER)")
+    conn.commit()
+    conn.execute("INSERT INTO requests VALUES ('slow@x')")  # the DB-API begins the transaction
+    running = threading.Event()
+
+    def long_write(c: sqlite3.Connection) -> str:
+        running.set()
+        c.execute(
+            "INSERT INTO filler WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n"
+            " LIMIT 2000000) SELECT i FROM n"
+        )
+        return "written"
+
+    write = asyncio.ensure_future(
+        on_callers_sqlite(conn, lambda open_: write_in(conn, long_write, leave_open=open_))
+    )
+    if not await asyncio.to_thread(running.wait, 30):
+        raise SystemExit(f"the write never ran: {write}")
+    write.cancel()
+    try:
+        await write
+        cancelled = False
+    except asyncio.CancelledError:
+        cancelled = True
+    conn.commit()
+    return {
+        "cancelled": cancelled,
+        "requests": conn.execute("SELECT count(*) FROM requests").fetchone()[0],
+        "filler": conn.execute("SELECT count(*) FROM filler").fetchone()[0],
+    }
+
+
 def main(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "aio-handlers":
@@ -206,6 +367,15 @@ def main(argv: list[str]) -> None:
         asyncio.run(cancelled_then_reused(path))  # which waits for every worker thread
         with sqlite3.connect(path) as conn:
             print(conn.execute("SELECT count(*) FROM jobs").fetchone()[0], flush=True)
+    elif mode == "mid-statement":
+        [path] = rest
+        print(json.dumps(asyncio.run(cancelled_mid_statement(path))))
+    elif mode == "large-timed-out":
+        [path] = rest
+        print(json.dumps(asyncio.run(large_timed_out(path))))
+    elif mode == "timed-out":
+        kind, target, tries = rest
+        print(json.dumps(asyncio.run(timed_out_then_committed(kind, target, int(tries)))))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -20,15 +20,22 @@ from .writes import Write
 _SAVEPOINT = "jobs_trio_write"
 
 
-def write_sqlite(store: SqliteStore, conn: sqlite3.Connection, write: Write, *, own: bool) -> Any:
+def write_sqlite(
+    store: SqliteStore,
+    conn: sqlite3.Connection,
+    write: Write,
+    *,
+    own: bool,
+    leave_open: bool = False,
+) -> Any:
     """``write`` on ``conn``: the producer's own (autocommit: a transaction of its own) or the
     application's (checked to be on the store's file; its transaction joined, or not: see
-    callers.joins_callers)."""
+    callers.joins_callers). ``leave_open``: as ``write_in``'s."""
     now = time.time()
     try:
         if not own:
             refuse_another_file(conn, store.path)
-        return write_in(conn, lambda c: write.on_sqlite(c, now))
+        return write_in(conn, lambda c: write.on_sqlite(c, now), leave_open=leave_open)
     except JobsError:
         raise
     except Exception as exc:

@@ -18,6 +18,8 @@ from ._sqlite_door import REFUSED, file_error
 
 T = TypeVar("T")
 
+_SAVEPOINT = "jobs_trio_write"
+
 
 def _limit_columns(limits: JobLimits | None) -> tuple[object, ...]:
     """slot_key, slots, rate_key, starts, per: all NULL for a job without limits."""
@@ -146,12 +148,18 @@ def joins_callers(connection: sqlite3.Connection) -> bool:
     return connection.isolation_level is not None
 
 
-def write_in(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+def write_in(
+    connection: sqlite3.Connection,
+    work: Callable[[sqlite3.Connection], T],
+    *,
+    leave_open: bool = False,
+) -> T:
     """Run ``work`` on ``connection``: in the caller's transaction when it has one
     (``joins_callers``), inside a savepoint so that a failure here undoes only these writes and
     the transaction goes on; else in one of its own, committed here. A transaction begun here
     is BEGIN IMMEDIATE: the write lock first, so the writes never fail half-way on a lock
-    upgrade."""
+    upgrade. ``leave_open``: a savepoint whose work succeeded is left for the caller to end
+    (``end_savepoint``), who decides once it knows whether its await was cancelled."""
     if not joins_callers(connection):
         connection.execute("BEGIN IMMEDIATE")
         # COMMIT and ROLLBACK as statements, not the DB-API's commit()/rollback(): on a
@@ -168,16 +176,25 @@ def write_in(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection]
     if not connection.in_transaction:
         # The transaction the DB-API would open before this write; the caller commits it.
         connection.execute("BEGIN IMMEDIATE")
-    connection.execute("SAVEPOINT jobs_trio_write")
+    connection.execute(f"SAVEPOINT {_SAVEPOINT}")
     try:
         answer = work(connection)
     except BaseException:
-        if connection.in_transaction:  # else SQLite rolled it all back: nothing to undo here
-            connection.execute("ROLLBACK TO SAVEPOINT jobs_trio_write")
-            connection.execute("RELEASE SAVEPOINT jobs_trio_write")
+        end_savepoint(connection, keep=False)
         raise
-    connection.execute("RELEASE SAVEPOINT jobs_trio_write")
+    if not leave_open:
+        end_savepoint(connection, keep=True)
     return answer
+
+
+def end_savepoint(connection: sqlite3.Connection, *, keep: bool) -> None:
+    """End the write's savepoint in the caller's transaction: its rows kept (released into the
+    transaction) or undone. Never waits for the file: the caller's transaction holds its lock."""
+    if not connection.in_transaction:
+        return  # SQLite rolled the whole transaction back by itself: nothing is left to end
+    if not keep:
+        connection.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    connection.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
 
 
 def caller_error(path: str, exc: Exception) -> Exception | None:
