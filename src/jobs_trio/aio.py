@@ -29,7 +29,7 @@ from ._produce.awaiting import (
     psycopg_async_fetch,
     write_postgres,
 )
-from ._produce.blocking import write_sqlite
+from ._produce.blocking import write_sqlite, write_sqlite_own
 from ._produce.callers import Client, client_of, wrong_client
 from ._produce.failures import postgres_failures
 from ._produce.keeper import Keeper
@@ -179,8 +179,7 @@ class Producer:
         if not self._checked:
             store.check()
             self._checked = True
-        with self._sqlite.connection() as (conn, _):
-            return write_sqlite(store, conn, write, own=True)
+        return write_sqlite_own(store, self._sqlite, write)
 
     async def _own_pool(self, store: PostgresStore) -> Any:
         async with self._pool_lock:

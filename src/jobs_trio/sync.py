@@ -27,6 +27,7 @@ from ._produce.blocking import (
     write_psycopg,
     write_psycopg_own,
     write_sqlite,
+    write_sqlite_own,
 )
 from ._produce.callers import Client, client_of, wrong_client
 from ._produce.failures import postgres_failures
@@ -158,8 +159,7 @@ class Producer:
         if isinstance(store, SqliteStore):
             assert self._sqlite is not None
             self._check(None, where=store.path)
-            with self._sqlite.connection() as (conn, _):
-                return write_sqlite(store, conn, write, own=True)
+            return write_sqlite_own(store, self._sqlite, write)
         assert self._psycopg is not None
         fresh = False
         while True:

@@ -11,9 +11,11 @@ from typing import Any
 
 from .._core.errors import JobsError
 from ..drivers._postgres_plan import Query, Rows, run_plan
+from ..drivers._sqlite_door import moved_away
 from ..drivers._sqlite_enqueue import caller_error, refuse_another_file, write_in
 from .callers import Client, joins_callers
 from .failures import postgres_failure, postgres_failures
+from .keeper import Keeper
 from .stores import PostgresStore, SqliteStore
 from .writes import Write
 
@@ -43,6 +45,26 @@ def write_sqlite(
         if mapped is None:
             raise
         raise mapped from exc
+
+
+def write_sqlite_own(store: SqliteStore, keeper: Keeper[sqlite3.Connection], write: Write) -> Any:
+    """``write`` on a connection of the producer's own. A kept connection whose file was
+    replaced or deleted since it opened is closed and a new one opened on the file at the path
+    now, checked again: written through, its jobs went to the unlinked file and were lost, each
+    with its id answered."""
+    for fresh in (False, True):
+        try:
+            with keeper.connection(fresh=fresh) as (conn, reused):
+                if reused and moved_away(conn):
+                    raise _Moved  # the keeper closes it
+                return write_sqlite(store, conn, write, own=True)
+        except _Moved:
+            store.check()  # a missing file, or one that is not a jobs_trio database, refused
+    raise AssertionError("a fresh connection is never one that moved")
+
+
+class _Moved(Exception):
+    """A kept connection's file is not the one at its path any more."""
 
 
 def psycopg_fetch(cursor: Any) -> Any:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import sqlite3
 import threading
@@ -310,10 +311,52 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
+def file_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path`` now; None when there is none. A stat, never
+    an open: closing a descriptor of the file would drop the process's SQLite locks on it."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
+def remember_file(conn: sqlite3.Connection, path: str) -> None:
+    """Note on ``conn`` (a DoorConnection just opened) which file ``path`` named: an absolute
+    path, as a job body's chdir must not make it another."""
+    if isinstance(conn, DoorConnection):
+        absolute = os.path.abspath(path)
+        conn.opened = (absolute, file_identity(absolute))
+
+
+def moved_away(conn: sqlite3.Connection) -> bool:
+    """Whether the file ``conn`` opened is no longer the one at its path: replaced (a restore, a
+    deploy that copies a database in) or deleted. SQLite does not say: in WAL mode it goes on
+    writing to the unlinked file, and every commit after is lost when the connection closes."""
+    opened = conn.opened if isinstance(conn, DoorConnection) else None
+    return opened is not None and file_identity(opened[0]) != opened[1]
+
+
+def moved_error(path: str) -> ConfigError:
+    return ConfigError(
+        f"the SQLite database {path!r} was replaced or deleted after this process opened it:"
+        " what it would write now goes to a file no one else reads, and is lost when it exits",
+        fix="restart the process on the file now at that path (a worker's running jobs are"
+        " handed back by their leases in the old file, not the new one); to move a database,"
+        " stop its workers first",
+    )
+
+
 def _run_transaction(
     conn: sqlite3.Connection, call: _Call[T], work: Work[T], now: float, mode: Mode
 ) -> T:
     _rollback(conn)  # a transaction some earlier failure left open (see _rollback)
+    if moved_away(conn):
+        # Before anything is written: a claim, a completion or an enqueue committed to the
+        # unlinked file would be answered as done and lost. The idle look (bare) too: a worker
+        # listening to the old file never hears of the new one's jobs.
+        assert isinstance(conn, DoorConnection) and conn.opened is not None
+        raise moved_error(conn.opened[0])
     if mode == "bare":
         return work(conn, now)
     conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")

@@ -30,7 +30,7 @@ from ._schema_compatibility import (
     note_ahead,
     refuse_incompatible,
 )
-from ._sqlite_door import BUSY_SLICE, SqliteDoor
+from ._sqlite_door import BUSY_SLICE, SqliteDoor, remember_file
 
 # Written into the file header (PRAGMA application_id): how a file says it is a jobs_trio
 # database, so a file of another application is refused instead of having tables added to it.
@@ -266,6 +266,7 @@ def _connect(path: str, busy_timeout: float, read_only: bool, create: bool) -> s
             f"cannot open the SQLite database {path!r}: {exc}",
             fix="check that the folder exists and is writable by this user",
         ) from exc
+    remember_file(conn, path)
     return conn
 
 
