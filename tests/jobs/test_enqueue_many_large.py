@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import jobs_trio
 from jobs_trio import JobState, Registry
@@ -116,3 +118,81 @@ async def test_a_million_jobs_in_one_enqueue_many_are_all_stored(kind: str, tmp_
         ids = await bulk.enqueue_many(driver, [None] * 1_000_000)
         assert len(ids) == len(set(ids)) == 1_000_000
         assert await ready_count(driver) == 1_000_000
+
+
+class CountsCalls:
+    """``driver``, counting the jobs of each enqueue call."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._driver, name)
+
+    async def enqueue(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> Sequence[Enqueued]:
+        self.sizes.append(len(jobs))
+        return await self._driver.enqueue(jobs, connection=connection)
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_batch_of_large_payloads_is_cut_by_its_size_too(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20,000 payloads at the 1 MiB limit were one statement of 20 GB, past PostgreSQL's 1 GB
+    message limit (a psycopg producer's connection was closed by the server with 1,100 of
+    them). A bound of 1,000 characters here stands for the real one's 64 Mi."""
+    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK_CHARS", 1_000)
+    registry = Registry()
+    bulk = bulk_job(registry)
+    payloads = [{"i": i, "text": "x" * 290} for i in range(10)]  # ~320 characters with context
+    async with store(kind, tmp_path) as driver:
+        counting = CountsCalls(driver)
+        ids = await bulk.enqueue_many(counting, payloads, context={"tenant": "t1"})
+        assert counting.sizes == [3, 3, 3, 1]
+        stored = [await driver.get(job_id) for job_id in ids]
+        assert [json.loads(job.payload)["i"] for job in stored if job] == list(range(10))
+
+
+def test_a_job_past_the_size_bound_alone_is_a_chunk_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK_CHARS", 100)
+    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK", 4)
+    bulk = bulk_job(Registry())
+    jobs = bulk.new_jobs(["x" * 200, "a", "b", "c", "d", "e", "x" * 95, "f"])
+    sizes = [len(chunk) for chunk in registry_module.enqueue_chunks(jobs)]
+    # The 202-character job alone; four at the row bound; "e" and the 97-character one fill the
+    # 100 exactly; every job in one chunk, in order.
+    assert sizes == [1, 4, 2, 1]
+    assert [job for chunk in registry_module.enqueue_chunks(jobs) for job in chunk] == jobs
+
+
+@pytest.mark.postgres
+async def test_a_producers_batch_of_large_payloads_is_cut_by_its_size_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The producers' plan cuts as the driver does (the psycopg producer above)."""
+    from jobs_trio._produce import writes
+    from jobs_trio.sync import Producer
+
+    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK_CHARS", 1_000)
+    sizes: list[int] = []
+    real_plan = writes.enqueue_plan
+
+    def counted(sql: Any, now: float, jobs: Sequence[NewJob]) -> Any:
+        sizes.append(len(jobs))
+        return real_plan(sql, now, jobs)
+
+    monkeypatch.setattr(writes, "enqueue_plan", counted)
+    bulk = bulk_job(Registry())
+    schema = f"jt_{uuid.uuid4().hex[:12]}"
+    url = require_postgres()
+    async with jobs_trio.open_driver(url, schema=schema, migrate=True, drop_schema_on_close=True):
+        with Producer(url, schema=schema) as producer:
+            ids = await trio.to_thread.run_sync(
+                lambda: producer.enqueue_many(bulk, [{"text": "x" * 300}] * 10)
+            )
+    assert len(set(ids)) == 10 and sizes == [3, 3, 3, 1]

@@ -107,6 +107,11 @@ _LIVE_VALUES = frozenset(state.value for state in LIVE_STATES)
 # The most jobs one enqueue_many writes in one driver call (one statement on PostgreSQL): a
 # statement of 20,000 rows takes about a second here, far inside any statement timeout.
 ENQUEUE_CHUNK = 20_000
+# And at most this many characters of payload and context (at most four bytes each): PostgreSQL
+# refuses a message past 1 GB, and 20,000 payloads at the 1 MiB limit are 20 GB. A psycopg
+# producer's enqueue_many of 1,100 payloads of 1 MiB had its connection closed by the server,
+# with a fix that said to retry it.
+ENQUEUE_CHUNK_CHARS = 64 * 1024 * 1024
 OnDuplicate = Literal["existing", "raise"]
 
 
@@ -329,11 +334,12 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         """Write many jobs at once, all or none: every payload is checked before anything is
         written, so one bad payload writes none. Every job carries the same ``context``.
 
-        Up to ``ENQUEUE_CHUNK`` jobs are one driver call. A larger batch is written in chunks
-        of that many, in one transaction (the caller's ``connection=``, the current
-        ``jobs_trio.transaction``, or one of its own where the driver has them), so that no
-        statement grows with the batch (a million jobs in one statement ran past the
-        database's statement timeout), and each chunk logs ``jobs.enqueue.progress``.
+        Up to ``ENQUEUE_CHUNK`` jobs (and 64 Mi characters of payload) are one driver call. A
+        larger batch is written in chunks of that many, in one transaction (the caller's
+        ``connection=``, the current ``jobs_trio.transaction``, or one of its own where the
+        driver has them), so that no statement grows with the batch (a million jobs in one
+        statement ran past the database's statement timeout), and each chunk logs
+        ``jobs.enqueue.progress``.
 
         The batch's jobs are claimed in the order given (they share their priority and run-at,
         and their ids count up in that order)."""
@@ -343,25 +349,44 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         if not jobs:
             return []
         target = joined(connection)
-        if len(jobs) <= ENQUEUE_CHUNK:
+        chunks = enqueue_chunks(jobs)
+        if len(chunks) == 1:
             answers = await driver.enqueue(jobs, connection=target)
             return [a.job_id for a in answers]
         if target is None and has_transactions(driver):
             async with transaction(driver) as tx:
-                return await self._in_chunks(driver, jobs, tx)
-        return await self._in_chunks(driver, jobs, target)
+                return await self._in_chunks(driver, chunks, len(jobs), tx)
+        return await self._in_chunks(driver, chunks, len(jobs), target)
 
     async def _in_chunks(
-        self, driver: Driver | Outbox, jobs: Sequence[NewJob], connection: object | None
+        self,
+        driver: Driver | Outbox,
+        chunks: list[Sequence[NewJob]],
+        total: int,
+        connection: object | None,
     ) -> list[JobId]:
         ids: list[JobId] = []
-        for start in range(0, len(jobs), ENQUEUE_CHUNK):
-            answers = await driver.enqueue(
-                jobs[start : start + ENQUEUE_CHUNK], connection=connection
-            )
+        for chunk in chunks:
+            answers = await driver.enqueue(chunk, connection=connection)
             ids.extend(a.job_id for a in answers)
-            log_event("jobs.enqueue.progress", job=self.name, written=len(ids), of=len(jobs))
+            log_event("jobs.enqueue.progress", job=self.name, written=len(ids), of=total)
         return ids
+
+
+def enqueue_chunks(jobs: Sequence[NewJob]) -> list[Sequence[NewJob]]:
+    """``jobs`` cut into the driver calls (statements, on PostgreSQL) that write them: in order,
+    each of at most ``ENQUEUE_CHUNK`` jobs and ``ENQUEUE_CHUNK_CHARS`` characters of payload and
+    context (a job past that alone is a call of its own)."""
+    chunks: list[Sequence[NewJob]] = []
+    start = chars = 0
+    for i, job in enumerate(jobs):
+        size = len(job.payload) + (len(job.context) if job.context else 0)
+        if i > start and (i - start == ENQUEUE_CHUNK or chars + size > ENQUEUE_CHUNK_CHARS):
+            chunks.append(jobs[start:i])
+            start, chars = i, 0
+        chars += size
+    chunks.append(jobs[start:])
+    return chunks
 
 
 class JobDecorator(Protocol):

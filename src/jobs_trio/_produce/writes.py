@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from .._core.records import Enqueued, JobId, NewJob
-from .._jobs.registry import ENQUEUE_CHUNK, EnqueueManyOptions, EnqueueOptions, JobDefinition
+from .._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition, enqueue_chunks
 from ..drivers._postgres_plan import Plan, enqueue_plan, event_plan
 from ..drivers._postgres_sql import Statements
 from ..drivers._sqlite_enqueue import insert_jobs, store_event
@@ -27,11 +27,10 @@ class EnqueueWrite:
         return insert_jobs(conn, self.jobs, now)
 
     def plan(self, sql: Statements, now: float) -> Plan:
-        # In statements of at most ENQUEUE_CHUNK rows, as enqueue_many's chunks: no statement
-        # grows with the batch (one of a million rows ran past the statement timeout).
+        # In enqueue_many's chunks: no statement grows with the batch (one of a million rows ran
+        # past the statement timeout; one of 1 GB past PostgreSQL's message limit).
         answers: list[Enqueued] = []
-        for start in range(0, len(self.jobs), ENQUEUE_CHUNK):
-            chunk = self.jobs[start : start + ENQUEUE_CHUNK]
+        for chunk in enqueue_chunks(self.jobs):
             answers += yield from enqueue_plan(sql, now, chunk)
         return answers
 
