@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, TypeVar, Unpack, overload
@@ -23,20 +24,13 @@ from ._core.boundary import check_int
 from ._core.records import JobId
 from ._jobs.events import event_text
 from ._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition
-from ._produce.awaiting import (
-    on_callers_sqlite,
-    open_pool,
-    psycopg_async_fetch,
-    write_postgres,
-)
+from ._produce.awaiting import Turns, on_callers_sqlite, open_pool, write_postgres
 from ._produce.blocking import write_sqlite, write_sqlite_own
 from ._produce.callers import Client, client_of, wrong_client
-from ._produce.failures import postgres_failures
 from ._produce.keeper import Keeper
 from ._produce.stores import PostgresStore, SqliteStore, store_for
 from ._produce.writes import EventWrite, Write, many_jobs, one_job, one_job_answer
 from .drivers._postgres_migrate import judge_schema, recorded_plan
-from .drivers._postgres_plan import fetch_on, run_plan_async
 
 __all__ = ["Producer"]
 
@@ -67,6 +61,7 @@ class Producer:
         self._pool_size = pool_size
         self._pool: Any = None
         self._pool_lock = asyncio.Lock()
+        self._turns = Turns()
         self._checked = False
         store = self._store
         self._sqlite: Keeper[sqlite3.Connection] | None = (
@@ -152,17 +147,17 @@ class Producer:
             if client is not Client.SQLITE:
                 raise wrong_client(client, "a SQLite store", "a sqlite3 connection to its file")
             await self._check_sqlite(store)
-            return await on_callers_sqlite(
-                conn,
-                lambda leave_open: write_sqlite(
-                    store, conn, write, own=False, leave_open=leave_open
-                ),
-            )
+            async with self._turns.of(conn):
+                return await on_callers_sqlite(
+                    conn,
+                    lambda leave_open, cancelled: write_sqlite(
+                        store, conn, write, own=False, leave_open=leave_open, cancelled=cancelled
+                    ),
+                )
         if connection is None:
             pool = await self._own_pool(store)
             async with pool.acquire() as conn:
-                await self._check_postgres(store, Client.ASYNCPG, conn, where=store.shown)
-                return await write_postgres(store, Client.ASYNCPG, conn, write, where=store.shown)
+                return await self._write_postgres(store, Client.ASYNCPG, conn, write, store.shown)
         client, conn = client_of(connection)
         if client not in (Client.ASYNCPG, Client.PSYCOPG_ASYNC):
             raise wrong_client(
@@ -170,9 +165,23 @@ class Producer:
                 "PostgreSQL from asyncio code",
                 "an asyncpg connection or a psycopg (3) AsyncConnection",
             )
-        where = "the caller's connection"
-        await self._check_postgres(store, client, conn, where=where)
-        return await write_postgres(store, client, conn, write, where=where)
+        async with self._turns.of(conn):
+            return await self._write_postgres(store, client, conn, write, "the caller's connection")
+
+    async def _write_postgres(
+        self, store: PostgresStore, client: Client, conn: Any, write: Write, where: str
+    ) -> Any:
+        """The schema checked (once: not migrated, or migrated by a newer release, is refused),
+        then ``write``, each guarded against a cancel as a write is (awaiting.guarded): the
+        check's statements on the caller's connection are in its transaction too."""
+        if not self._checked:
+            recorded = await write_postgres(
+                store, client, conn, recorded_plan(store.sql), where=where
+            )
+            judge_schema(store.sql, recorded)
+            self._checked = True
+        plan = write.plan(store.sql, time.time())
+        return await write_postgres(store, client, conn, plan, where=where)
 
     def _write_sqlite_own(self, store: SqliteStore, write: Write) -> Any:
         assert self._sqlite is not None
@@ -191,24 +200,3 @@ class Producer:
         if not self._checked:
             await asyncio.to_thread(store.check)
             self._checked = True
-
-    async def _check_postgres(
-        self, store: PostgresStore, client: Client, conn: Any, *, where: str
-    ) -> None:
-        """Refuse a schema that is not migrated, or migrated by a newer release, once."""
-        if self._checked:
-            return
-        plan = recorded_plan(store.sql)
-        with postgres_failures(where=where, schema=store.sql.schema):
-            if client is Client.ASYNCPG:
-                recorded = await run_plan_async(plan, lambda query: fetch_on(conn, query))
-            else:
-                import psycopg
-
-                cursor = psycopg.AsyncRawCursor(conn)
-                try:
-                    recorded = await run_plan_async(plan, psycopg_async_fetch(cursor))
-                finally:
-                    await cursor.close()
-        judge_schema(store.sql, recorded)
-        self._checked = True

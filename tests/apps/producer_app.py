@@ -198,16 +198,17 @@ async def _timed_out(enqueue: Any, tries: int, begin: Any, end: Any) -> dict[str
     """``tries`` requests, each writing a row of its own (``begin``) and enqueueing under a
     timeout in one transaction, then committing it whatever the enqueue did (``end``: a handler
     that logs the timeout and goes on). The timeouts run from 0 to twice the slowest of five
-    untimed enqueues, so that some cut the write short and some come after it, on a busy
-    machine too. Answers the emails of the enqueues that returned and timed out."""
+    untimed enqueues after the first, so that some cut the write short and some come after it,
+    on a busy machine too. Answers the emails of the enqueues that returned and timed out."""
     returned, timed_out = [], []
     slowest = 0.0
-    for i in range(5):
+    for i in range(6):
         email = f"u{i}@x"
         await begin(email)
         started = time.perf_counter()
         await enqueue(email)
-        slowest = max(slowest, time.perf_counter() - started)
+        if i:  # not the first: it checks the store too
+            slowest = max(slowest, time.perf_counter() - started)
         returned.append(email)
         await end()
     rng = random.Random(44)
@@ -245,8 +246,9 @@ async def _postgres_client(kind: str, url: str) -> tuple[Any, Any]:
 
 async def timed_out_then_committed(kind: str, target: str, tries: int) -> dict[str, list[str]]:
     """The enqueues of ``_timed_out`` on a caller's ``kind`` connection ("sqlite3" on the file
-    ``target``, "asyncpg" or "psycopg-async" on ``target`` as URL#schema), and the emails of the
-    jobs and of the requests' own rows committed."""
+    ``target``, "asyncpg" or "psycopg-async" on ``target`` as URL#schema, either with
+    "-autocommit": no transaction of the request's), and the emails of the jobs and of the
+    requests' own rows committed."""
     if kind == "sqlite3":
         conn = sqlite3.connect(target, check_same_thread=False)  # written from a worker thread
         conn.execute("CREATE TABLE requests (email TEXT)")
@@ -261,28 +263,36 @@ async def timed_out_then_committed(kind: str, target: str, tries: int) -> dict[s
             seen = await _timed_out(
                 lambda email: fastapi_style_signup(producer, email, conn), tries, nothing, commit
             )
-        rows = conn.execute("SELECT payload FROM jobs").fetchall()
-        requests = conn.execute("SELECT email FROM requests").fetchall()
         conn.close()
+        # Read on a connection of its own: the caller's would see what it left uncommitted.
+        with contextlib.closing(sqlite3.connect(target)) as reader:
+            rows = reader.execute("SELECT payload FROM jobs").fetchall()
+            requests = reader.execute("SELECT email FROM requests").fetchall()
     else:
         url, schema = target.rsplit("#", 1)
-        conn, sql = await _postgres_client(kind, url)
+        # "-autocommit": the request has no transaction; each write commits on its own.
+        outside = kind.endswith("-autocommit")
+        conn, sql = await _postgres_client(kind.removesuffix("-autocommit"), url)
         await sql(f"CREATE TABLE {schema}.requests (email text)")
 
         async def begin(email: str) -> None:
-            await sql("BEGIN")
+            if not outside:
+                await sql("BEGIN")
             await sql(f"INSERT INTO {schema}.requests VALUES ($1)", email)
 
         async def commit() -> None:
-            await sql("COMMIT")
+            if not outside:
+                await sql("COMMIT")
 
         async with jobs_trio.aio.Producer(url, schema=schema) as producer:
             seen = await _timed_out(
                 lambda email: fastapi_style_signup(producer, email, conn), tries, begin, commit
             )
+        await conn.close()
+        reader, sql = await _postgres_client("asyncpg", url)
         rows = await sql(f"SELECT payload::text FROM {schema}.jobs")
         requests = await sql(f"SELECT email FROM {schema}.requests")
-        await conn.close()
+        await reader.close()
     return {
         **seen,
         "committed": sorted(json.loads(row[0])["to"] for row in rows),
@@ -334,7 +344,7 @@ async def cancelled_mid_statement(path: str) -> dict[str, Any]:
         return "written"
 
     write = asyncio.ensure_future(
-        on_callers_sqlite(conn, lambda open_: write_in(conn, long_write, leave_open=open_))
+        on_callers_sqlite(conn, lambda open_, _: write_in(conn, long_write, leave_open=open_))
     )
     if not await asyncio.to_thread(running.wait, 30):
         raise SystemExit(f"the write never ran: {write}")
@@ -350,6 +360,116 @@ async def cancelled_mid_statement(path: str) -> dict[str, Any]:
         "requests": conn.execute("SELECT count(*) FROM requests").fetchone()[0],
         "filler": conn.execute("SELECT count(*) FROM filler").fetchone()[0],
     }
+
+
+async def gathered(kind: str, target: str, tries: int) -> dict[str, list[str]]:
+    """``tries`` requests, each writing its own row and then two enqueues gathered on its one
+    ``kind`` connection ("sqlite3", or "psycopg-async" on URL#schema), the first under a
+    timeout, the second a moment later; then it commits."""
+    if kind == "sqlite3":
+        conn: Any = sqlite3.connect(target, check_same_thread=False)
+        url, sql = f"sqlite:///{target}", None
+        conn.execute("CREATE TABLE requests (email TEXT)")
+        options: dict[str, str] = {}
+    else:
+        url, schema = target.rsplit("#", 1)
+        conn, sql = await _postgres_client(kind, url)
+        await sql(f"CREATE TABLE {schema}.requests (email text)")
+        options = {"schema": schema}
+    table = "requests" if sql is None else f"{options['schema']}.requests"
+    jobs = "jobs" if sql is None else f"{options['schema']}.jobs"
+
+    async def run(statement: str, *args: object) -> list[Any]:
+        if sql is None:
+            return conn.execute(statement.replace("$1", "?"), args).fetchall()  # type: ignore[no-any-return]
+        return await sql(statement, *args)  # type: ignore[no-any-return]
+
+    returned, timed_out = [], []
+    rng = random.Random(7)
+    async with jobs_trio.aio.Producer(url, **options) as producer:
+        await fastapi_style_signup(producer, "warm@x")  # the store checked
+        started = time.perf_counter()
+        await fastapi_style_signup(producer, "warm@x")
+        slowest = 2 * (time.perf_counter() - started)
+        for i in range(tries):
+            if sql is not None:
+                await run("BEGIN")
+            await run(f"INSERT INTO {table} VALUES ($1)", f"r{i}")
+
+            async def first(email: str = f"a{i}@x") -> None:
+                try:
+                    await asyncio.wait_for(
+                        fastapi_style_signup(producer, email, conn), rng.uniform(0, slowest)
+                    )
+                except TimeoutError:
+                    timed_out.append(email)
+                else:
+                    returned.append(email)
+
+            async def second(email: str = f"b{i}@x") -> None:
+                await asyncio.sleep(rng.uniform(0, slowest / 2))
+                await fastapi_style_signup(producer, email, conn)
+                returned.append(email)
+
+            await asyncio.gather(first(), second())
+            if sql is None:
+                conn.commit()
+            else:
+                await run("COMMIT")
+    rows = await run(f"SELECT payload FROM {jobs}")
+    requests = await run(f"SELECT email FROM {table}")
+    await conn.close() if sql is not None else conn.close()
+    return {
+        "returned": returned,
+        "timed_out": timed_out,
+        "committed": sorted(
+            json.loads(row[0])["to"] for row in rows if json.loads(row[0])["to"] != "warm@x"
+        ),
+        "requests": sorted(row[0] for row in requests),
+    }
+
+
+async def lock_waited(what: str, kind: str, target: str) -> dict[str, Any]:
+    """An enqueue in a request's transaction on its ``kind`` connection that waits for a lock
+    another transaction holds (``what``: "key", the same key's live job uncommitted; "check",
+    the schema's tables, as a migration would hold them, at a producer's first call), under a
+    0.5 s timeout: whether it timed out in time, and what the request's commit kept."""
+    import asyncpg
+
+    url, schema = target.rsplit("#", 1)
+    holder = await asyncpg.connect(url)
+    conn, sql = await _postgres_client(kind, url)
+    await sql(f"CREATE TABLE {schema}.requests (email text)")
+    async with jobs_trio.aio.Producer(url, schema=schema) as producer:
+        await holder.execute("BEGIN")
+        if what == "key":
+            await producer.enqueue(welcome, {"to": "held@x"}, key="k", connection=holder)
+        else:
+            await holder.execute(
+                f"LOCK TABLE {schema}.schema_history, {schema}.migrations IN ACCESS EXCLUSIVE MODE"
+            )
+        await sql("BEGIN")
+        await sql(f"INSERT INTO {schema}.requests VALUES ('waited@x')")
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(
+                producer.enqueue(welcome, {"to": "waited@x"}, key="k", connection=conn), 0.5
+            )
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        took = time.monotonic() - started
+        await sql("COMMIT")
+        await holder.execute("ROLLBACK")
+    answer = {
+        "timed_out": timed_out,
+        "within_5s": took < 5,
+        "jobs": (await sql(f"SELECT count(*) FROM {schema}.jobs"))[0][0],
+        "requests": (await sql(f"SELECT count(*) FROM {schema}.requests"))[0][0],
+    }
+    await conn.close()
+    await holder.close()
+    return answer
 
 
 def main(argv: list[str]) -> None:
@@ -370,6 +490,12 @@ def main(argv: list[str]) -> None:
     elif mode == "mid-statement":
         [path] = rest
         print(json.dumps(asyncio.run(cancelled_mid_statement(path))))
+    elif mode == "gathered":
+        kind, target, tries = rest
+        print(json.dumps(asyncio.run(gathered(kind, target, int(tries)))))
+    elif mode == "lock-waited":
+        what, kind, target = rest
+        print(json.dumps(asyncio.run(lock_waited(what, kind, target))))
     elif mode == "large-timed-out":
         [path] = rest
         print(json.dumps(asyncio.run(large_timed_out(path))))

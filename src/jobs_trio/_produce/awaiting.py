@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
-import time
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..drivers._postgres_plan import Plan, Query, Rows, fetch_on, run_plan_async
@@ -18,7 +18,6 @@ from ..drivers._sqlite_enqueue import joins_callers as sqlite_joins_callers
 from .callers import Client, joins_callers
 from .failures import postgres_failure, postgres_failures
 from .stores import PostgresStore
-from .writes import Write
 
 _SAVEPOINT = "jobs_trio_write"
 
@@ -41,49 +40,73 @@ def psycopg_async_fetch(cursor: Any) -> Fetch:
     return fetch
 
 
-async def in_savepoint(fetch: Fetch, plan: Plan) -> Any:
-    """``plan`` inside a savepoint of the caller's transaction: a failure undoes only these
-    writes, and the caller's transaction goes on. A cancel never cuts a statement short: the
-    client would cancel it on the server, and the rollback to the savepoint that followed was
-    refused (another operation in progress) and passed over, so a timed-out enqueue's job
-    (18 of 53 in tests/produce/test_aio_cancel.py) stayed in a transaction its caller then
-    committed. The write is waited out instead, then undone when it succeeded. So an await that
-    raised wrote nothing, and one that answered an id wrote its job into the transaction."""
+async def guarded(fetch: Fetch, plan: Plan, *, joined: bool) -> Any:
+    """``plan`` on the caller's connection, in a savepoint of its transaction (``joined``) or in
+    a transaction of its own, so that a cancel never leaves the caller's transaction broken nor
+    a cancelled job in it.
 
-    async def undo() -> None:
+    The plan runs as a task of its own. A cancel of the caller's await is passed to it while
+    its plan runs (a statement in flight, a lock wait, is cancelled on the server), and it is
+    then waited out while it undoes what it wrote, so the caller's connection is handed back
+    between statements, its transaction as it was. Cut short on its own, a statement's cancel
+    left the connection busy, the rollback to the savepoint was refused and passed over, and a
+    timed-out job stayed in a transaction its caller then committed (18 of 53 on asyncpg, 24
+    of 68 on psycopg). The BEGIN or SAVEPOINT is never cut short: whether it ran would not be
+    known, and a rollback to a savepoint that is not there fails the caller's transaction (a
+    BEGIN cut short left an asyncpg connection in a transaction no one committed).
+
+    The savepoint is never released (the caller's COMMIT or ROLLBACK ends it, or a savepoint of
+    theirs around it): a release is one more round trip after the write, and a cancel that came
+    during it found the job written with nothing left to undo it by. So the outcome is decided
+    with no await after the last statement: an await that raised wrote nothing into the
+    caller's transaction, one that answered wrote its job. In a transaction of its own the
+    COMMIT is that last statement: a cancel that comes during it may find the job committed."""
+    begin, end, undo = (
+        (f"SAVEPOINT {_SAVEPOINT}", None, (f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}",))
+        if joined
+        else ("BEGIN", "COMMIT", ("ROLLBACK",))
+    )
+    planning = False  # the one stretch a cancel is passed into
+    stop = False  # the caller's await was cancelled: no plan starts after this
+
+    async def undone() -> None:
         with contextlib.suppress(Exception):  # a broken connection has nothing to undo
-            await fetch(Query(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", ()))
-            await fetch(Query(f"RELEASE SAVEPOINT {_SAVEPOINT}", ()))
+            for sql in undo:
+                await fetch(Query(sql, ()))
 
     async def write() -> Any:
-        await fetch(Query(f"SAVEPOINT {_SAVEPOINT}", ()))
+        nonlocal planning
+        await fetch(Query(begin, ()))
         try:
-            return await run_plan_async(plan, fetch)
+            if stop:
+                raise asyncio.CancelledError
+            planning = True
+            answer = await run_plan_async(plan, fetch)
+            planning = False
+            if end is not None:
+                if stop:  # cancelled as the plan's last answer came: not committed
+                    raise asyncio.CancelledError
+                await fetch(Query(end, ()))
         except BaseException:
-            await undo()
+            planning = False
+            # Its own task: a cancel that comes while this undoes must not cut the undo short
+            # (a failed statement's transaction stays failed until it is done).
+            await _waited_out(asyncio.ensure_future(undone()))
             raise
+        return answer
 
     written = asyncio.ensure_future(write())
     try:
-        answer = await asyncio.shield(written)
+        return await asyncio.shield(written)
     except asyncio.CancelledError:
+        stop = True
+        if planning:
+            written.cancel()
         await _waited_out(written)
-        if not written.cancelled() and written.exception() is None:
-            await _waited_out(asyncio.ensure_future(undo()))
+        if joined and not written.cancelled() and written.exception() is None:
+            # Written before the cancel reached it: undone here.
+            await _waited_out(asyncio.ensure_future(undone()))
         raise
-    released = asyncio.ensure_future(fetch(Query(f"RELEASE SAVEPOINT {_SAVEPOINT}", ())))
-    try:
-        await asyncio.shield(released)
-    except asyncio.CancelledError:
-        await _waited_out(released)  # the connection is the caller's: never left mid-statement
-        if released.cancelled() or released.exception() is not None:
-            raise
-        # Released: the job is in the caller's transaction, and nothing can take it out but
-        # the whole transaction. A cancel raised now would tell a caller that goes on to
-        # commit (a handler that logs its timeout) that nothing was written: it came too late,
-        # and the id is answered as if it had come after (asyncio.timeout and wait_for then
-        # return it; an anyio scope cancels again at the caller's next await).
-    return answer
 
 
 async def _waited_out(task: asyncio.Future[Any]) -> None:
@@ -94,53 +117,82 @@ async def _waited_out(task: asyncio.Future[Any]) -> None:
             await asyncio.wait({task})
 
 
+class Turns:
+    """One write of this producer at a time on each caller's connection. The write's
+    savepoint (and on sqlite3 its end, on the loop) must not interleave another's on the same
+    connection: a cancelled one's rollback undid the other's savepoint, whose release then
+    kept the cancelled one's job (two enqueues gathered on one connection, one timed out).
+    Keyed by the connection's id while a write on it is in flight or waiting, and holding the
+    connection meanwhile, so that no id is reused (a sqlite3 connection has no weak
+    reference)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[object, asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def of(self, conn: object) -> AsyncIterator[None]:
+        key = id(conn)
+        entry = self._held.get(key)
+        if entry is None:
+            entry = self._held[key] = (conn, asyncio.Lock(), [0])
+        _, lock, waiting = entry
+        waiting[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            waiting[0] -= 1
+            if not waiting[0]:
+                del self._held[key]
+
+
 async def write_postgres(
-    store: PostgresStore, client: Client, conn: Any, write: Write, *, where: str
+    store: PostgresStore, client: Client, conn: Any, plan: Plan, *, where: str
 ) -> Any:
-    """``write`` on an application's asyncpg or psycopg async connection: inside its
-    transaction, or in one of its own (callers.joins_callers)."""
-    plan = write.plan(store.sql, time.time())
+    """``plan`` (a write's, the schema's check) on an asyncpg or psycopg async connection: inside
+    its transaction, or in one of its own (callers.joins_callers); see ``guarded``."""
+    joined = joins_callers(client, conn)
     with postgres_failures(where=where, schema=store.sql.schema):
         if client is Client.ASYNCPG:
-            fetch: Fetch = functools.partial(fetch_on, conn)
-            if joins_callers(client, conn):
-                return await in_savepoint(fetch, plan)
-            async with conn.transaction():
-                return await run_plan_async(plan, fetch)
+            return await guarded(functools.partial(fetch_on, conn), plan, joined=joined)
         import psycopg
 
-        async with contextlib.AsyncExitStack() as stack:
-            cursor = psycopg.AsyncRawCursor(conn)
-            stack.push_async_callback(cursor.close)
-            fetch = psycopg_async_fetch(cursor)
-            if joins_callers(client, conn):
-                return await in_savepoint(fetch, plan)
-            async with conn.transaction():
-                return await run_plan_async(plan, fetch)
+        cursor = psycopg.AsyncRawCursor(conn)
+        try:
+            return await guarded(psycopg_async_fetch(cursor), plan, joined=joined)
+        finally:
+            await cursor.close()
 
 
-async def on_callers_sqlite(conn: sqlite3.Connection, write: Callable[[bool], T]) -> T:
+async def on_callers_sqlite(
+    conn: sqlite3.Connection, write: Callable[[bool, threading.Event], T]
+) -> T:
     """``write`` (on the application's sqlite3 connection ``conn``) in a worker thread. A
     cancel is passed on only once the thread has let go of ``conn``: asyncio alone would hand
     the caller its connection back while the thread still wrote on it, and the caller's
     rollback, landing between two of the write's statements, would leave the rest to commit
     with its next transaction (a job of a cancelled request).
 
-    ``write(leave_open)``: in the caller's transaction, the thread leaves its savepoint open
-    and it is ended here, on the loop's thread, where no cancel can come between the look and
-    the end: released when the await was not cancelled, rolled back when it was. (Released in
-    the thread, a cancel that came after the release, 28 of 42 timeouts in
+    ``write(leave_open, cancelled)``: in the caller's transaction, the thread leaves its
+    savepoint open and it is ended here, on the loop's thread, where no cancel can come between
+    the look and the end: released when the await was not cancelled, rolled back when it was.
+    (Released in the thread, a cancel that came after the release, 28 of 42 timeouts in
     tests/produce/test_aio_cancel.py, reached a caller whose transaction held the job, which
     its commit then wrote.) Its statement is left to finish, never interrupted: SQLite rolls
     an interrupted INSERT's whole transaction back, the caller's own rows with it, and the
     caller's COMMIT then says nothing. A transaction of the write's own (a connection in
-    autocommit) is interrupted meanwhile (SQLite's busy wait is not interruptible: a write
-    waiting for the file's lock is waited out, up to the connection's busy timeout)."""
+    autocommit) is interrupted meanwhile, and rolled back rather than committed once
+    ``cancelled`` is set: only a cancel that comes during its COMMIT finds the job written.
+    (SQLite's busy wait is not interruptible: a write waiting for the file's lock is waited
+    out, up to the connection's busy timeout.) The thread's future is not a task, so that an
+    ``asyncio.run`` ending cancels the caller, not the wait for the thread."""
     joined = sqlite_joins_callers(conn)
-    thread = asyncio.ensure_future(asyncio.to_thread(write, joined))
+    cancelled = threading.Event()
+    thread = asyncio.get_running_loop().run_in_executor(None, write, joined, cancelled)
     try:
         answer = await asyncio.shield(thread)
     except asyncio.CancelledError:
+        cancelled.set()
         while not thread.done():
             if not joined:
                 conn.interrupt()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -29,15 +30,18 @@ def write_sqlite(
     *,
     own: bool,
     leave_open: bool = False,
+    cancelled: threading.Event | None = None,
 ) -> Any:
     """``write`` on ``conn``: the producer's own (autocommit: a transaction of its own) or the
     application's (checked to be on the store's file; its transaction joined, or not: see
-    callers.joins_callers). ``leave_open``: as ``write_in``'s."""
+    callers.joins_callers). ``leave_open`` and ``cancelled``: as ``write_in``'s."""
     now = time.time()
     try:
         if not own:
             refuse_another_file(conn, store.path)
-        return write_in(conn, lambda c: write.on_sqlite(c, now), leave_open=leave_open)
+        return write_in(
+            conn, lambda c: write.on_sqlite(c, now), leave_open=leave_open, cancelled=cancelled
+        )
     except JobsError:
         raise
     except Exception as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -153,13 +154,16 @@ def write_in(
     work: Callable[[sqlite3.Connection], T],
     *,
     leave_open: bool = False,
+    cancelled: threading.Event | None = None,
 ) -> T:
     """Run ``work`` on ``connection``: in the caller's transaction when it has one
     (``joins_callers``), inside a savepoint so that a failure here undoes only these writes and
     the transaction goes on; else in one of its own, committed here. A transaction begun here
     is BEGIN IMMEDIATE: the write lock first, so the writes never fail half-way on a lock
     upgrade. ``leave_open``: a savepoint whose work succeeded is left for the caller to end
-    (``end_savepoint``), who decides once it knows whether its await was cancelled."""
+    (``end_savepoint``), who decides once it knows whether its await was cancelled.
+    ``cancelled``: set by a caller whose await was cancelled; a transaction of this write's own
+    is rolled back rather than committed once it is (``WriteCancelled``)."""
     if not joins_callers(connection):
         connection.execute("BEGIN IMMEDIATE")
         # COMMIT and ROLLBACK as statements, not the DB-API's commit()/rollback(): on a
@@ -167,6 +171,8 @@ def write_in(
         # would stay uncommitted, the file's write lock held, until the connection closed.
         try:
             answer = work(connection)
+            if cancelled is not None and cancelled.is_set():
+                raise WriteCancelled
         except BaseException:
             if connection.in_transaction:  # SQLite rolls back by itself on a few errors
                 connection.execute("ROLLBACK")
@@ -185,6 +191,11 @@ def write_in(
     if not leave_open:
         end_savepoint(connection, keep=True)
     return answer
+
+
+class WriteCancelled(Exception):
+    """The caller's await was cancelled before the write's own transaction committed: it was
+    rolled back instead."""
 
 
 def end_savepoint(connection: sqlite3.Connection, *, keep: bool) -> None:
