@@ -14,7 +14,9 @@ See docs/howto-producers.md."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable
 from types import TracebackType
@@ -24,7 +26,13 @@ from ._core.boundary import check_int
 from ._core.records import JobId
 from ._jobs.events import event_text
 from ._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition
-from ._produce.awaiting import Turns, on_callers_sqlite, open_pool, write_postgres
+from ._produce.awaiting import (
+    Turns,
+    on_callers_sqlite,
+    open_pool,
+    sqlite_in_thread,
+    write_postgres,
+)
 from ._produce.blocking import write_sqlite, write_sqlite_own
 from ._produce.callers import Client, client_of, wrong_client
 from ._produce.keeper import Keeper
@@ -142,7 +150,10 @@ class Producer:
         store = self._store
         if isinstance(store, SqliteStore):
             if connection is None:
-                return await asyncio.to_thread(self._write_sqlite_own, store, write)
+                answer, _ = await sqlite_in_thread(
+                    functools.partial(self._write_sqlite_own, store, write), interrupt=None
+                )
+                return answer
             client, conn = client_of(connection)
             if client is not Client.SQLITE:
                 raise wrong_client(client, "a SQLite store", "a sqlite3 connection to its file")
@@ -183,12 +194,14 @@ class Producer:
         plan = write.plan(store.sql, time.time())
         return await write_postgres(store, client, conn, plan, where=where)
 
-    def _write_sqlite_own(self, store: SqliteStore, write: Write) -> Any:
+    def _write_sqlite_own(
+        self, store: SqliteStore, write: Write, cancelled: threading.Event
+    ) -> Any:
         assert self._sqlite is not None
         if not self._checked:
             store.check()
             self._checked = True
-        return write_sqlite_own(store, self._sqlite, write)
+        return write_sqlite_own(store, self._sqlite, write, cancelled)
 
     async def _own_pool(self, store: PostgresStore) -> Any:
         async with self._pool_lock:

@@ -249,8 +249,13 @@ async def timed_out_then_committed(kind: str, target: str, tries: int) -> dict[s
     ``target``, "asyncpg" or "psycopg-async" on ``target`` as URL#schema, either with
     "-autocommit": no transaction of the request's), and the emails of the jobs and of the
     requests' own rows committed."""
-    if kind == "sqlite3":
-        conn = sqlite3.connect(target, check_same_thread=False)  # written from a worker thread
+    if kind.startswith("sqlite3"):
+        conn = sqlite3.connect(
+            target,
+            check_same_thread=False,  # written from a worker thread
+            # "-autocommit": each statement commits on its own (the write in one of its own).
+            isolation_level=None if kind.endswith("-autocommit") else "DEFERRED",
+        )
         conn.execute("CREATE TABLE requests (email TEXT)")
 
         async def nothing(email: str) -> None:
@@ -472,6 +477,48 @@ async def lock_waited(what: str, kind: str, target: str) -> dict[str, Any]:
     return answer
 
 
+async def many_in_one(kind: str, target: str, count: int) -> dict[str, int]:
+    """``count`` enqueues in one transaction on a caller's ``kind`` connection: how deep the
+    session's memory contexts go and how many locks it holds at the end, and the jobs
+    committed."""
+    url, schema = target.rsplit("#", 1)
+    conn, sql = await _postgres_client(kind, url)
+    async with jobs_trio.aio.Producer(url, schema=schema) as producer:
+        await sql("BEGIN")
+        for i in range(count):
+            await fastapi_style_signup(producer, f"m{i}@x", conn)
+        # Each savepoint left open nests in the one before (its memory context a level down)
+        # and keeps a lock of its own in the server's shared lock table.
+        [[depth]] = await sql("SELECT max(level) FROM pg_backend_memory_contexts")
+        [[locks]] = await sql("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()")
+        await sql("COMMIT")
+        [[jobs]] = await sql(f"SELECT count(*) FROM {schema}.jobs")
+    await conn.close()
+    return {"depth": depth, "locks": locks, "jobs": jobs}
+
+
+async def own_write_timed_out(path: str) -> dict[str, Any]:
+    """A producer's own write (no connection=) that waits for the file's write lock, which
+    another connection holds for 1 s, under a 0.3 s timeout: whether it timed out, and the jobs
+    in the file once the lock is let go."""
+    async with jobs_trio.aio.Producer(f"sqlite:///{path}") as producer:
+        await producer.enqueue(welcome, {"to": "first@x"})  # the file checked, once
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN IMMEDIATE")
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.0, blocker.execute, "ROLLBACK")
+        try:
+            await asyncio.wait_for(producer.enqueue(welcome, {"to": "late@x"}), 0.3)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        await asyncio.sleep(1.5)  # the lock let go, and any write still under way done
+        blocker.close()
+    with contextlib.closing(sqlite3.connect(path)) as reader:
+        jobs = reader.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    return {"timed_out": timed_out, "jobs": jobs}
+
+
 def main(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "aio-handlers":
@@ -496,6 +543,12 @@ def main(argv: list[str]) -> None:
     elif mode == "lock-waited":
         what, kind, target = rest
         print(json.dumps(asyncio.run(lock_waited(what, kind, target))))
+    elif mode == "many-in-one":
+        kind, target, count = rest
+        print(json.dumps(asyncio.run(many_in_one(kind, target, int(count)))))
+    elif mode == "own-write-timed-out":
+        [path] = rest
+        print(json.dumps(asyncio.run(own_write_timed_out(path))))
     elif mode == "large-timed-out":
         [path] = rest
         print(json.dumps(asyncio.run(large_timed_out(path))))

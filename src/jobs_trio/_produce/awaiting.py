@@ -43,7 +43,7 @@ def psycopg_async_fetch(cursor: Any) -> Fetch:
 async def guarded(fetch: Fetch, plan: Plan, *, joined: bool) -> Any:
     """``plan`` on the caller's connection, in a savepoint of its transaction (``joined``) or in
     a transaction of its own, so that a cancel never leaves the caller's transaction broken nor
-    a cancelled job in it.
+    a cancelled job in it: an await that raised wrote nothing, one that answered wrote its job.
 
     The plan runs as a task of its own. A cancel of the caller's await is passed to it while
     its plan runs (a statement in flight, a lock wait, is cancelled on the server), and it is
@@ -55,19 +55,22 @@ async def guarded(fetch: Fetch, plan: Plan, *, joined: bool) -> Any:
     known, and a rollback to a savepoint that is not there fails the caller's transaction (a
     BEGIN cut short left an asyncpg connection in a transaction no one committed).
 
-    The savepoint is never released (the caller's COMMIT or ROLLBACK ends it, or a savepoint of
-    theirs around it): a release is one more round trip after the write, and a cancel that came
-    during it found the job written with nothing left to undo it by. So the outcome is decided
-    with no await after the last statement: an await that raised wrote nothing into the
-    caller's transaction, one that answered wrote its job. In a transaction of its own the
-    COMMIT is that last statement: a cancel that comes during it may find the job committed."""
+    The write ends with the savepoint's RELEASE (or its COMMIT). A cancel that comes during
+    that last round trip comes too late: the write is kept, and its answer returned rather than
+    the cancel raised, as a caller that sees the cancel would take the job for not written.
+    (Left open instead, the savepoints of a transaction's enqueues nested one inside the
+    other, thousands deep, and a backend walking them crashed the server.)"""
     begin, end, undo = (
-        (f"SAVEPOINT {_SAVEPOINT}", None, (f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}",))
+        (
+            f"SAVEPOINT {_SAVEPOINT}",
+            f"RELEASE SAVEPOINT {_SAVEPOINT}",
+            (f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", f"RELEASE SAVEPOINT {_SAVEPOINT}"),
+        )
         if joined
         else ("BEGIN", "COMMIT", ("ROLLBACK",))
     )
     planning = False  # the one stretch a cancel is passed into
-    stop = False  # the caller's await was cancelled: no plan starts after this
+    stop = False  # the caller's await was cancelled: no plan starts, no end is sent, after this
 
     async def undone() -> None:
         with contextlib.suppress(Exception):  # a broken connection has nothing to undo
@@ -76,17 +79,25 @@ async def guarded(fetch: Fetch, plan: Plan, *, joined: bool) -> Any:
 
     async def write() -> Any:
         nonlocal planning
-        await fetch(Query(begin, ()))
+        begun = asyncio.ensure_future(fetch(Query(begin, ())))
+        cut = False
         try:
-            if stop:
+            await asyncio.shield(begun)
+        except asyncio.CancelledError:
+            # This task cancelled itself (an ending asyncio.run cancels every task): its BEGIN or
+            # SAVEPOINT is let finish, then undone.
+            await _waited_out(begun)
+            cut = True
+        begun.result()  # the statement's own failure: nothing to undo
+        try:
+            if stop or cut:
                 raise asyncio.CancelledError
             planning = True
             answer = await run_plan_async(plan, fetch)
             planning = False
-            if end is not None:
-                if stop:  # cancelled as the plan's last answer came: not committed
-                    raise asyncio.CancelledError
-                await fetch(Query(end, ()))
+            if stop:  # cancelled as the plan's last answer came: not kept
+                raise asyncio.CancelledError
+            await fetch(Query(end, ()))
         except BaseException:
             planning = False
             # Its own task: a cancel that comes while this undoes must not cut the undo short
@@ -103,10 +114,9 @@ async def guarded(fetch: Fetch, plan: Plan, *, joined: bool) -> Any:
         if planning:
             written.cancel()
         await _waited_out(written)
-        if joined and not written.cancelled() and written.exception() is None:
-            # Written before the cancel reached it: undone here.
-            await _waited_out(asyncio.ensure_future(undone()))
-        raise
+        if written.cancelled() or written.exception() is not None:
+            raise
+        return written.result()  # it had sent its end: the cancel came too late
 
 
 async def _waited_out(task: asyncio.Future[Any]) -> None:
@@ -167,46 +177,60 @@ async def write_postgres(
 async def on_callers_sqlite(
     conn: sqlite3.Connection, write: Callable[[bool, threading.Event], T]
 ) -> T:
-    """``write`` (on the application's sqlite3 connection ``conn``) in a worker thread. A
-    cancel is passed on only once the thread has let go of ``conn``: asyncio alone would hand
-    the caller its connection back while the thread still wrote on it, and the caller's
-    rollback, landing between two of the write's statements, would leave the rest to commit
-    with its next transaction (a job of a cancelled request).
-
-    ``write(leave_open, cancelled)``: in the caller's transaction, the thread leaves its
-    savepoint open and it is ended here, on the loop's thread, where no cancel can come between
-    the look and the end: released when the await was not cancelled, rolled back when it was.
-    (Released in the thread, a cancel that came after the release, 28 of 42 timeouts in
-    tests/produce/test_aio_cancel.py, reached a caller whose transaction held the job, which
-    its commit then wrote.) Its statement is left to finish, never interrupted: SQLite rolls
-    an interrupted INSERT's whole transaction back, the caller's own rows with it, and the
-    caller's COMMIT then says nothing. A transaction of the write's own (a connection in
-    autocommit) is interrupted meanwhile, and rolled back rather than committed once
-    ``cancelled`` is set: only a cancel that comes during its COMMIT finds the job written.
-    (SQLite's busy wait is not interruptible: a write waiting for the file's lock is waited
-    out, up to the connection's busy timeout.) The thread's future is not a task, so that an
-    ``asyncio.run`` ending cancels the caller, not the wait for the thread."""
+    """``write`` (on the application's sqlite3 connection ``conn``) in a worker thread
+    (``sqlite_in_thread``). ``write(leave_open, cancelled)``: in the caller's transaction, the
+    thread leaves its savepoint open and it is ended here, on the loop's thread, where no
+    cancel can come between the look and the end: released when the await was not cancelled,
+    rolled back when it was. (Released in the thread, a cancel that came after the release, 28
+    of 42 timeouts in tests/produce/test_aio_cancel.py, reached a caller whose transaction held
+    the job, which its commit then wrote.) Its statement is left to finish, never interrupted:
+    SQLite rolls an interrupted INSERT's whole transaction back, the caller's own rows with it,
+    and the caller's COMMIT then says nothing. A transaction of the write's own (a connection in
+    autocommit) is interrupted."""
     joined = sqlite_joins_callers(conn)
+    answer, cancelled = await sqlite_in_thread(
+        functools.partial(write, joined), interrupt=None if joined else conn.interrupt
+    )
+    if joined:
+        # Written, savepoint still open. Undone after a cancel, so the caller's transaction
+        # holds none of it (a failure here leaves it to the caller's rollback, which a cancel
+        # brings).
+        with contextlib.suppress(sqlite3.Error) if cancelled else contextlib.nullcontext():
+            end_savepoint(conn, keep=not cancelled)
+    if cancelled and joined:
+        raise asyncio.CancelledError
+    return answer
+
+
+async def sqlite_in_thread(
+    write: Callable[[threading.Event], T], *, interrupt: Callable[[], None] | None
+) -> tuple[T, bool]:
+    """``write(cancelled)`` in a worker thread, and whether the caller's await was cancelled
+    meanwhile. A cancel is passed on only once the thread has let go of its connection: asyncio
+    alone would hand the caller its connection back while the thread still wrote on it (and the
+    caller's rollback, landing between two of the write's statements, left the rest to commit
+    with its next transaction), or let a write of the producer's own commit after its await
+    raised. Meanwhile ``cancelled`` is set (a transaction of the write's own is rolled back
+    rather than committed: write_in) and ``interrupt`` called every 50 ms. A write that ended
+    so (``WriteCancelled``) raises the cancel; one that committed before the cancel could
+    stop it came too late, and its answer stands. SQLite's busy wait is not interruptible: a
+    write waiting for the file's lock is waited out, up to its connection's busy timeout. The
+    thread's future is not a task, so that an ``asyncio.run`` ending cancels the caller, not
+    the wait for the thread."""
     cancelled = threading.Event()
-    thread = asyncio.get_running_loop().run_in_executor(None, write, joined, cancelled)
+    thread = asyncio.get_running_loop().run_in_executor(None, write, cancelled)
     try:
-        answer = await asyncio.shield(thread)
+        return await asyncio.shield(thread), False
     except asyncio.CancelledError:
         cancelled.set()
         while not thread.done():
-            if not joined:
-                conn.interrupt()
+            if interrupt is not None:
+                interrupt()
             with contextlib.suppress(asyncio.CancelledError):  # a second cancel: same wait
                 await asyncio.wait({thread}, timeout=_INTERRUPT_AGAIN)
-        if not thread.cancelled() and thread.exception() is None and joined:
-            # Written, savepoint still open: undone, so the caller's transaction holds none of
-            # it. A failure here leaves it to the caller's rollback, which a cancel brings.
-            with contextlib.suppress(sqlite3.Error):
-                end_savepoint(conn, keep=False)
-        raise
-    if joined:
-        end_savepoint(conn, keep=True)
-    return answer
+        if thread.cancelled() or thread.exception() is not None:
+            raise
+        return thread.result(), True
 
 
 async def open_pool(store: PostgresStore, size: int) -> Any:

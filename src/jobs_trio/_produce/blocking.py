@@ -51,17 +51,22 @@ def write_sqlite(
         raise mapped from exc
 
 
-def write_sqlite_own(store: SqliteStore, keeper: Keeper[sqlite3.Connection], write: Write) -> Any:
-    """``write`` on a connection of the producer's own. A kept connection whose file was
-    replaced or deleted since it opened is closed and a new one opened on the file at the path
-    now, checked again: written through, its jobs went to the unlinked file and were lost, each
-    with its id answered."""
+def write_sqlite_own(
+    store: SqliteStore,
+    keeper: Keeper[sqlite3.Connection],
+    write: Write,
+    cancelled: threading.Event | None = None,
+) -> Any:
+    """``write`` on a connection of the producer's own (``cancelled``: as ``write_in``'s). A
+    kept connection whose file was replaced or deleted since it opened is closed and a new one
+    opened on the file at the path now, checked again: written through, its jobs went to the
+    unlinked file and were lost, each with its id answered."""
     for fresh in (False, True):
         try:
             with keeper.connection(fresh=fresh) as (conn, reused):
                 if reused and moved_away(conn):
                     raise _Moved  # the keeper closes it
-                return write_sqlite(store, conn, write, own=True)
+                return write_sqlite(store, conn, write, own=True, cancelled=cancelled)
         except _Moved:
             store.check()  # a missing file, or one that is not a jobs_trio database, refused
     raise AssertionError("a fresh connection is never one that moved")
