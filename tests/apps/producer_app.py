@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import sqlite3
 import sys
@@ -27,6 +28,21 @@ registry = jobs_trio.Registry()
 @registry.job("signup.welcome", queue="emails")
 async def welcome(ctx: jobs_trio.JobContext, payload: dict[str, str]) -> dict[str, str]:
     return {"sent_to": payload["to"]}
+
+
+@registry.job("signup.blocking", queue="emails")
+async def blocking(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> dict[str, str]:
+    """Holds the worker's loop for ``payload["s"]`` seconds (a body that blocks it), then
+    finishes: its result is what the worker has to write."""
+    time.sleep(payload["s"])
+    return {"slept": "yes"}
+
+
+@registry.job("signup.elsewhere", queue="emails")
+async def elsewhere(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> None:
+    """Moves the worker's working directory away, then holds its loop (as ``blocking``)."""
+    os.chdir("/")
+    time.sleep(payload["s"])
 
 
 def flask_style_signup(

@@ -15,8 +15,8 @@ import trio
 
 import jobs_trio
 from jobs_trio import JobState, Registry
+from jobs_trio._core import chunks as chunks_module
 from jobs_trio._core.records import Enqueued, NewJob
-from jobs_trio._jobs import registry as registry_module
 from jobs_trio.driver import Driver
 from tests.conftest import require_postgres
 
@@ -76,7 +76,7 @@ class FailsOnCall:
 async def test_a_batch_larger_than_a_chunk_is_written_in_chunks_all_or_none(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK", 10)
+    monkeypatch.setattr(chunks_module, "ENQUEUE_CHUNK", 10)
     caplog.set_level(logging.INFO, logger="jobs_trio")
     registry = Registry()
     bulk = bulk_job(registry)
@@ -144,7 +144,7 @@ async def test_a_batch_of_large_payloads_is_cut_by_its_size_too(
     """20,000 payloads at the 1 MiB limit were one statement of 20 GB, past PostgreSQL's 1 GB
     message limit (a psycopg producer's connection was closed by the server with 1,100 of
     them). A bound of 1,000 characters here stands for the real one's 64 Mi."""
-    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK_CHARS", 1_000)
+    monkeypatch.setattr(chunks_module, "ENQUEUE_CHUNK_CHARS", 1_000)
     registry = Registry()
     bulk = bulk_job(registry)
     payloads = [{"i": i, "text": "x" * 290} for i in range(10)]  # ~320 characters with context
@@ -159,15 +159,15 @@ async def test_a_batch_of_large_payloads_is_cut_by_its_size_too(
 def test_a_job_past_the_size_bound_alone_is_a_chunk_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK_CHARS", 100)
-    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK", 4)
+    monkeypatch.setattr(chunks_module, "ENQUEUE_CHUNK_CHARS", 100)
+    monkeypatch.setattr(chunks_module, "ENQUEUE_CHUNK", 4)
     bulk = bulk_job(Registry())
     jobs = bulk.new_jobs(["x" * 200, "a", "b", "c", "d", "e", "x" * 95, "f"])
-    sizes = [len(chunk) for chunk in registry_module.enqueue_chunks(jobs)]
+    sizes = [len(chunk) for chunk in chunks_module.enqueue_chunks(jobs)]
     # The 202-character job alone; four at the row bound; "e" and the 97-character one fill the
     # 100 exactly; every job in one chunk, in order.
     assert sizes == [1, 4, 2, 1]
-    assert [job for chunk in registry_module.enqueue_chunks(jobs) for job in chunk] == jobs
+    assert [job for chunk in chunks_module.enqueue_chunks(jobs) for job in chunk] == jobs
 
 
 @pytest.mark.postgres
@@ -178,7 +178,7 @@ async def test_a_producers_batch_of_large_payloads_is_cut_by_its_size_too(
     from jobs_trio._produce import writes
     from jobs_trio.sync import Producer
 
-    monkeypatch.setattr(registry_module, "ENQUEUE_CHUNK_CHARS", 1_000)
+    monkeypatch.setattr(chunks_module, "ENQUEUE_CHUNK_CHARS", 1_000)
     sizes: list[int] = []
     real_plan = writes.enqueue_plan
 
@@ -196,3 +196,33 @@ async def test_a_producers_batch_of_large_payloads_is_cut_by_its_size_too(
                 lambda: producer.enqueue_many(bulk, [{"text": "x" * 300}] * 10)
             )
     assert len(set(ids)) == 10 and sizes == [3, 3, 3, 1]
+
+
+@pytest.mark.postgres
+async def test_a_relay_batch_of_large_rows_is_cut_by_its_size_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay wrote its whole batch of outbox rows as one statement into PostgreSQL: 1,100
+    rows of 1 MiB were the same 1 GB message, failed and retried at every pass."""
+    from jobs_trio.drivers.postgres import _outbox_relay
+
+    monkeypatch.setattr(chunks_module, "ENQUEUE_CHUNK_CHARS", 1_000)
+    sizes: list[int] = []
+    real = _outbox_relay.enqueue_chunks
+
+    def counted(jobs: Sequence[NewJob]) -> list[Sequence[NewJob]]:
+        chunks = real(jobs)
+        sizes.extend(len(chunk) for chunk in chunks)
+        return chunks
+
+    monkeypatch.setattr(_outbox_relay, "enqueue_chunks", counted)
+    bulk = bulk_job(Registry())
+    async with (
+        jobs_trio.open_driver(f"sqlite:///{tmp_path / 'app.db'}") as app,
+        store("postgres", tmp_path) as jobs_store,
+    ):
+        outbox = jobs_trio.Outbox(app)
+        ids = await bulk.enqueue_many(outbox, [{"text": "x" * 300}] * 10)
+        assert await jobs_trio.Relay(outbox, jobs_store)._one_pass() == 10
+        assert sorted(job.id for job in await jobs_store.list_jobs()) == sorted(ids)
+    assert sizes == [3, 3, 3, 1]

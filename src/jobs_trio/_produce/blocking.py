@@ -66,9 +66,14 @@ def write_sqlite_own(
             with keeper.connection(fresh=fresh) as (conn, reused):
                 if reused and moved_away(conn):
                     raise _Moved  # the keeper closes it
+                if not reused:
+                    # The file a new connection found checked (a missing one, another
+                    # application's, one at another schema refused): after a move, the first
+                    # call noticed and the next wrote unchecked to whatever had come in.
+                    store.check()
                 return write_sqlite(store, conn, write, own=True, cancelled=cancelled)
         except _Moved:
-            store.check()  # a missing file, or one that is not a jobs_trio database, refused
+            pass
     raise AssertionError("a fresh connection is never one that moved")
 
 

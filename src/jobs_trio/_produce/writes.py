@@ -10,8 +10,9 @@ from typing import Any
 
 import attrs
 
+from .._core.chunks import enqueue_chunks
 from .._core.records import Enqueued, JobId, NewJob
-from .._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition, enqueue_chunks
+from .._jobs.registry import EnqueueManyOptions, EnqueueOptions, JobDefinition
 from ..drivers._postgres_plan import Plan, enqueue_plan, event_plan
 from ..drivers._postgres_sql import Statements
 from ..drivers._sqlite_enqueue import insert_jobs, store_event

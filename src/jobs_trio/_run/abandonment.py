@@ -13,7 +13,7 @@ from .._core.records import Lease
 from ..drivers.contract import Driver, UnmarksAlone
 from .budget import WRITE_FLOOR, Budget
 from .drain import Drain
-from .settler import Settler
+from .settler import Settler, lost_settlement
 
 
 def bodies_running(drain: Drain) -> bool:
@@ -104,6 +104,7 @@ def report_unwritten(drain: Drain, settler: Settler, worker_id: str) -> tuple[st
     """The writes' deadline ran out with settlements unwritten: each job is named, so the
     process exits non-zero rather than drop a result silently. Answers their job ids."""
     unwritten = {s.lease.token: s for s in settler.unwritten()}
+    settler.reported = True
     abandoned: list[str] = []
     for run in drain.held:
         if not run.settling:
@@ -123,11 +124,5 @@ def report_unwritten(drain: Drain, settler: Settler, worker_id: str) -> tuple[st
         )
     for settlement in unwritten.values():  # handed in by a run no longer held (tick())
         abandoned.append(settlement.lease.job_id)
-        log_event(
-            "jobs.worker.settle-abandoned",
-            logging.ERROR,
-            worker=worker_id,
-            job_id=settlement.lease.job_id,
-            outcome=type(settlement).__name__,
-        )
+        lost_settlement(settlement, worker_id)
     return tuple(abandoned)

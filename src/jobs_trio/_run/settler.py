@@ -11,7 +11,7 @@ from typing import Any, TypeVar, cast
 import trio
 
 from .._core.boundary import storable_text
-from .._core.errors import DriverError, JobsError, RowLocked, ValueRefused
+from .._core.errors import ConfigError, DriverError, JobsError, RowLocked, ValueRefused
 from .._core.logs import log_event
 from .._core.records import (
     AttemptNote,
@@ -155,6 +155,10 @@ class Settler:
         self._unwritten: dict[int, _Pending] = {}
         self._written = trio.lowlevel.ParkingLot()
         self._closed = False
+        # Whether what is unwritten has been named already (abandonment.report_unwritten, at the
+        # teardown's deadline): else the settler's end names it (lost_settlement).
+        self.reported = False
+        self.dropped: tuple[str, ...] = ()  # the jobs it named so
         # Settlements whose row another session holds locked: retried alone by their own task,
         # so the writer never waits on a lock in front of every other job's settlement.
         self._locked: collections.deque[_Pending] = collections.deque()
@@ -326,6 +330,13 @@ class Settler:
         except DriverError:
             self.return_carried(carried, solo=False, uncertain_since=tried_at)
             raise  # the claim failed: the claim loop's own handling
+        except ConfigError:
+            # The database cannot be written at all (its file replaced, read-only, not a
+            # database): nothing carried is refused for its values, and the worker stops on
+            # it, naming what it could not write. Taken for a refusal, a finished job's result
+            # was isolated and dropped without a word.
+            self.return_carried(carried, solo=False, uncertain_since=tried_at)
+            raise
         except Exception:
             # Not a failure we know (a driver bug, a value it chokes on): as the writer treats
             # one, a refusal of something carried (which may have committed all the same).
@@ -423,10 +434,15 @@ class Settler:
                     self._writer_done = True
                     self._locked_arrived.unpark_all()
         finally:
-            # Cut short (the teardown's budget ran out, after it named what was unwritten):
-            # whoever waits on a write that will not happen is released, so nothing counts
-            # a run that ended as in flight for ever.
+            # Cut short (the teardown's budget ran out, after it named what was unwritten; or a
+            # task of the worker failed, and no one did): whoever waits on a write that will
+            # not happen is released, so nothing counts a run that ended as in flight for ever.
             for pending in list(self._unwritten.values()):
+                if not self.reported:
+                    # A worker stopped by an error (its database file replaced) logged the job
+                    # completed and exited with no word of the result it dropped.
+                    lost_settlement(pending.settlement, None)
+                    self.dropped += (pending.settlement.lease.job_id,)
                 self._release(pending)
             self.finished.set()
 
@@ -786,3 +802,16 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
         # Without its note: its traceback text may be what the database refused.
         return DeadLetter(lease, LAST_RESORT_ERROR)
     return None
+
+
+def lost_settlement(settlement: Settlement, worker_id: str | None, **fields: object) -> None:
+    """Name a settlement that will not be written: a finished attempt's ending dropped, which
+    must never pass in silence (the process exits non-zero as well)."""
+    log_event(
+        "jobs.worker.settle-abandoned",
+        logging.ERROR,
+        **({} if worker_id is None else {"worker": worker_id}),
+        job_id=settlement.lease.job_id,
+        outcome=type(settlement).__name__,
+        **fields,
+    )

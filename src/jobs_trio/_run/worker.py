@@ -442,6 +442,13 @@ class Worker:
                             # from its run scope, so stop waiting for it here, or this nursery
                             # would wait for it forever.
                             self._slots.drop_held(self._drain)
+                            # And the settlements not written yet never will be: each job named
+                            # (a worker stopped by an error its claim met, its database file
+                            # replaced, logged its job completed and exited with no word of the
+                            # result it dropped).
+                            self._abandoned += report_unwritten(
+                                self._drain, settler, self.worker_id
+                            )
                             for run in self._drain.held:
                                 run.abandon()
                             raise
@@ -544,6 +551,7 @@ class Worker:
         self._claims = self._claim_loop()
         if self._settler is not None:
             self._settle_peak = self._settler.peak
+            self._abandoned += self._settler.dropped  # named as it ended (a failed worker)
         self._settler = None
         # Handed back at stop, so start -> stop -> start holds one registration. A shutdown
         # that began this teardown still asks aclose() what was abandoned: the lifecycle closes

@@ -322,11 +322,14 @@ def file_identity(path: str) -> tuple[int, int] | None:
 
 
 def remember_file(conn: sqlite3.Connection, path: str) -> None:
-    """Note on ``conn`` (a DoorConnection just opened) which file ``path`` named: an absolute
-    path, as a job body's chdir must not make it another."""
+    """Note on ``conn`` (a DoorConnection just opened) which file ``path`` named: made absolute
+    from the working directory, as a job body's chdir must not make it another, but not
+    normalised (``data/../jobs.db`` through a symlinked ``data`` is not ``jobs.db``, and the
+    check looked at a file SQLite never opened). No file to be found there: nothing to check."""
     if isinstance(conn, DoorConnection):
-        absolute = os.path.abspath(path)
-        conn.opened = (absolute, file_identity(absolute))
+        absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+        found = file_identity(absolute)
+        conn.opened = None if found is None else (absolute, found)
 
 
 def moved_away(conn: sqlite3.Connection) -> bool:

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import trio
 
+from ..._core.chunks import enqueue_chunks
 from ..._core.errors import DriverError, JobsError
 from ..._core.records import (
     OUTBOX_COLUMNS,
@@ -60,16 +61,18 @@ async def _decide(
     for _ in range(KEY_ROUNDS):
         if not pending:
             break
-        created = {
-            row["id"]
-            for row in await conn.fetch(
-                sql["enqueue_once"],
-                now,
-                *job_columns(pending),
-                sql.channel,
-                *limit_columns(pending),
+        created: set[JobId] = set()
+        for chunk in enqueue_chunks(pending):  # a relay batch of large rows: no 1 GB statement
+            created.update(
+                row["id"]
+                for row in await conn.fetch(
+                    sql["enqueue_once"],
+                    now,
+                    *job_columns(chunk),
+                    sql.channel,
+                    *limit_columns(chunk),
+                )
             )
-        }
         made.update((i, RelayDecision(i, RelayOutcome.CREATED, i, now)) for i in created)
         rest = [job for job in pending if job.job_id not in created]
         if rest:

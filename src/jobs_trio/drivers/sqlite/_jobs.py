@@ -30,6 +30,7 @@ from ..._core.records import (
 )
 from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
+from .._gil_handoff import DoorConnection
 from .._limit_rules import LimitRow, decide, needs
 from .._rows import JOB_COLUMNS, job_record
 from .._rules import (
@@ -41,7 +42,7 @@ from .._rules import (
     orphaned_record,
     orphaning,
 )
-from .._sqlite_door import Work
+from .._sqlite_door import Work, file_identity, moved_error
 from .._sqlite_enqueue import insert_jobs
 from .._sqlite_migrate import open_beside
 from .._transaction import unwrap
@@ -584,10 +585,20 @@ def _claim_limited(
 
 class _SqliteBeside:
     """The lease lifeline's own connection to the file: opened in its thread at its first call,
-    waiting out another writer for up to ``busy_timeout`` there (this thread may block)."""
+    waiting out another writer for up to ``busy_timeout`` there (this thread may block). It
+    opens the file the driver's connection opened (``opened``: its absolute path and identity),
+    never another: opened by a relative path after a job body's chdir, it found no database
+    and renewed nothing; after the file was replaced, it renewed leases in the new one."""
 
-    def __init__(self, path: str, busy_timeout: float, clock: Callable[[], float]) -> None:
-        self._path = path
+    def __init__(
+        self,
+        path: str,
+        opened: tuple[str, tuple[int, int]] | None,
+        busy_timeout: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._path = path if opened is None else opened[0]
+        self._identity = None if opened is None else opened[1]
         self._busy_timeout = busy_timeout
         self._clock = clock
         self._conn: sqlite3.Connection | None = None
@@ -599,6 +610,8 @@ class _SqliteBeside:
         return self._write(lambda conn, now: _settle_all(conn, settlements, now))
 
     def _write(self, work: Work[T]) -> T:
+        if self._identity is not None and file_identity(self._path) != self._identity:
+            raise moved_error(self._path)
         try:
             if self._conn is None:
                 self._conn = open_beside(self._path, self._busy_timeout)
@@ -669,7 +682,9 @@ class SqliteJobs(ClaimCalls, SqliteConnection):
         return await self._transact(work)
 
     def beside(self) -> BesideConnection:
-        return _SqliteBeside(self.path, self._door.busy_timeout, self.now)
+        conn = self._door.conn
+        opened = conn.opened if isinstance(conn, DoorConnection) else None
+        return _SqliteBeside(self.path, opened, self._door.busy_timeout, self.now)
 
     async def hand_back_unheld(
         self, worker_id: str, queues: Sequence[str], held: Sequence[ClaimToken]
