@@ -133,9 +133,11 @@ class Settler:
         retry_cap: float = 1.0,
         carried_by_claims: bool = False,
         outage: Outage | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self._driver = driver
         self._outage = outage
+        self._worker_id = worker_id  # named in what it reports lost
         # A write that failed for an unreachable database is being retried: the worker's claim
         # loop waits (``flowing``) so that its finished work lands before its next claim.
         self.stalled = False
@@ -441,7 +443,7 @@ class Settler:
                 if not self.reported:
                     # A worker stopped by an error (its database file replaced) logged the job
                     # completed and exited with no word of the result it dropped.
-                    lost_settlement(pending.settlement, None)
+                    lost_settlement(pending.settlement, self._worker_id)
                     self.dropped += (pending.settlement.lease.job_id,)
                 self._release(pending)
             self.finished.set()

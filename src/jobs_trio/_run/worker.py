@@ -355,6 +355,7 @@ class Worker:
             carried_by_claims=capabilities.settles_with_claims,
             retry_cap=self.options.poll_interval,
             outage=self._outage,
+            worker_id=self.worker_id,
         )
         if self._lifecycle is not None:
             self._lifecycle.register(self)
@@ -442,13 +443,10 @@ class Worker:
                             # from its run scope, so stop waiting for it here, or this nursery
                             # would wait for it forever.
                             self._slots.drop_held(self._drain)
-                            # And the settlements not written yet never will be: each job named
-                            # (a worker stopped by an error its claim met, its database file
-                            # replaced, logged its job completed and exited with no word of the
-                            # result it dropped).
-                            self._abandoned += report_unwritten(
-                                self._drain, settler, self.worker_id
-                            )
+                            # The settlements not written yet are named by the settler as it
+                            # ends (Settler.run), not here: it writes on while the bodies
+                            # unwind, and one named here was then written (reported lost, and
+                            # a job an operator would run twice).
                             for run in self._drain.held:
                                 run.abandon()
                             raise
