@@ -14,6 +14,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +322,11 @@ async def timed_out_then_committed(kind: str, target: str, tries: int) -> dict[s
     }
 
 
+def row_counts(conn: sqlite3.Connection, *tables: str) -> dict[str, int]:
+    """How many rows each of ``tables`` holds, as ``conn`` sees them."""
+    return {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in tables}
+
+
 async def large_timed_out(path: str) -> dict[str, Any]:
     """A request that writes its own row, then enqueues 100,000 jobs on its sqlite3 connection
     under a timeout that comes while they are written, and commits whatever the enqueue did."""
@@ -336,11 +342,7 @@ async def large_timed_out(path: str) -> dict[str, Any]:
         except TimeoutError:
             timed_out = True
         conn.commit()
-    return {
-        "timed_out": timed_out,
-        "requests": conn.execute("SELECT count(*) FROM requests").fetchone()[0],
-        "jobs": conn.execute("SELECT count(*) FROM jobs").fetchone()[0],
-    }
+    return {"timed_out": timed_out, **row_counts(conn, "requests", "jobs")}
 
 
 async def cancelled_mid_statement(path: str) -> dict[str, Any]:
@@ -376,11 +378,7 @@ async def cancelled_mid_statement(path: str) -> dict[str, Any]:
     except asyncio.CancelledError:
         cancelled = True
     conn.commit()
-    return {
-        "cancelled": cancelled,
-        "requests": conn.execute("SELECT count(*) FROM requests").fetchone()[0],
-        "filler": conn.execute("SELECT count(*) FROM filler").fetchone()[0],
-    }
+    return {"cancelled": cancelled, **row_counts(conn, "requests", "filler")}
 
 
 async def gathered(kind: str, target: str, tries: int) -> dict[str, list[str]]:
@@ -535,6 +533,18 @@ async def own_write_timed_out(path: str) -> dict[str, Any]:
     return {"timed_out": timed_out, "jobs": jobs}
 
 
+# The modes that print one JSON answer: the coroutine, and how each of its arguments is read.
+_ANSWERS: dict[str, tuple[Callable[..., Awaitable[Any]], tuple[Callable[[str], Any], ...]]] = {
+    "mid-statement": (cancelled_mid_statement, (str,)),
+    "gathered": (gathered, (str, str, int)),
+    "lock-waited": (lock_waited, (str, str, str)),
+    "many-in-one": (many_in_one, (str, str, int)),
+    "own-write-timed-out": (own_write_timed_out, (str,)),
+    "large-timed-out": (large_timed_out, (str,)),
+    "timed-out": (timed_out_then_committed, (str, str, int)),
+}
+
+
 def main(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "aio-handlers":
@@ -550,27 +560,10 @@ def main(argv: list[str]) -> None:
         asyncio.run(cancelled_then_reused(path))  # which waits for every worker thread
         with sqlite3.connect(path) as conn:
             print(conn.execute("SELECT count(*) FROM jobs").fetchone()[0], flush=True)
-    elif mode == "mid-statement":
-        [path] = rest
-        print(json.dumps(asyncio.run(cancelled_mid_statement(path))))
-    elif mode == "gathered":
-        kind, target, tries = rest
-        print(json.dumps(asyncio.run(gathered(kind, target, int(tries)))))
-    elif mode == "lock-waited":
-        what, kind, target = rest
-        print(json.dumps(asyncio.run(lock_waited(what, kind, target))))
-    elif mode == "many-in-one":
-        kind, target, count = rest
-        print(json.dumps(asyncio.run(many_in_one(kind, target, int(count)))))
-    elif mode == "own-write-timed-out":
-        [path] = rest
-        print(json.dumps(asyncio.run(own_write_timed_out(path))))
-    elif mode == "large-timed-out":
-        [path] = rest
-        print(json.dumps(asyncio.run(large_timed_out(path))))
-    elif mode == "timed-out":
-        kind, target, tries = rest
-        print(json.dumps(asyncio.run(timed_out_then_committed(kind, target, int(tries)))))
+    elif mode in _ANSWERS:
+        run, reads = _ANSWERS[mode]
+        args = [read(text) for read, text in zip(reads, rest, strict=True)]
+        print(json.dumps(asyncio.run(run(*args))))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
