@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 
 import pytest
@@ -52,6 +53,29 @@ async def test_an_unserialisable_payload_names_job_and_field_and_writes_nothing(
         await send.enqueue(driver, {"scores": [1.0, math.nan]})
     assert nan.value.field == "payload.scores[1]"
     assert await driver.list_jobs() == []
+
+
+async def test_a_surrogate_pair_as_two_code_points_is_refused_and_lone_ones_kept() -> None:
+    """'\\ud800\\udfff' as two code points was stored as the two escapes every JSON reader
+    joins into one character: the body got a payload other than the one enqueued."""
+    registry = Registry()
+
+    @registry.job("texts.keep")
+    async def keep(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    with pytest.raises(PayloadNotSerialisable) as caught:
+        await keep.enqueue(driver, {"rows": [{"name": "ok", "note": "a\ud800\udfffb"}]})
+    assert caught.value.field == "payload.rows[0].note" and "surrogate" in str(caught.value)
+    with pytest.raises(PayloadNotSerialisable) as key:
+        await keep.enqueue(driver, {"\udbff\udc00": 1})
+    assert key.value.field == "payload (a key)"
+    assert await driver.list_jobs() == []
+    # A lone surrogate, the character the pair stands for, and text near it come back as given.
+    for text in ("\ud800", "x\udfff", "\U000103ff", "\ud800 \udfff", "한국어 텍스트"):
+        job_id = await keep.enqueue(driver, {"t": text})
+        job = await driver.get(job_id)
+        assert job is not None and json.loads(job.payload) == {"t": text}
 
 
 async def test_enqueue_many_with_one_bad_payload_writes_none() -> None:

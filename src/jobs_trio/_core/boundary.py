@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -274,6 +275,29 @@ def _storable(value: object) -> bool:
     return True
 
 
+# A high surrogate then a low one, as two code points of a str (a decoded astral character is
+# one): ensure_ascii writes both as escapes, and every JSON reader joins such a pair.
+_SURROGATE_PAIR: Final = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def _joined_surrogates(value: object, path: str) -> str | None:
+    """Where ``value`` holds a text (a key too) with a surrogate pair as two code points."""
+    stack: list[tuple[object, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE_PAIR.search(item):
+                return where
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _SURROGATE_PAIR.search(key):
+                    return f"{where} (a key)"
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, list | tuple):
+            stack.extend((c, f"{where}[{i}]") for i, c in enumerate(item))
+    return None
+
+
 def _first_offender(value: object, path: str) -> tuple[str, str] | None:
     """The first value (in document order) the encoder would refuse or a driver could not
     round-trip, and where: the slow walk, for the error message."""
@@ -345,6 +369,17 @@ def dump_json(
         field, cause = _first_offender(value, what) or (what, "not a JSON document")
         raise PayloadNotSerialisable(job=job, field=field, cause=cause, fix=_JSON_FIX)
     text = _ENCODER.encode(value)
+    if "\\ud" in text:  # a surrogate's escape (or U+D000-U+D7FF's): the rare case, walked
+        found = _joined_surrogates(value, what)
+        if found is not None:
+            raise PayloadNotSerialisable(
+                job=job,
+                field=found,
+                cause="a high surrogate followed by a low one, two code points that JSON reads"
+                " back as the one character they would make (the value would come back changed)",
+                fix="join them into that character (text.encode('utf-16', 'surrogatepass')"
+                ".decode('utf-16')), or keep text that is not Unicode as bytes, base64-encoded",
+            )
     if len(text) > max_bytes:  # ASCII (ensure_ascii): characters are bytes
         raise TooLarge(job=job, what=what, size=len(text), limit=max_bytes, fix=too_large_fix)
     return text
