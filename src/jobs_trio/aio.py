@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-import threading
 import time
 from collections.abc import Iterable
 from types import TracebackType
@@ -150,8 +149,11 @@ class Producer:
         store = self._store
         if isinstance(store, SqliteStore):
             if connection is None:
+                # Each new connection's file is checked as it opens (SqliteStore.connect).
+                assert self._sqlite is not None
                 answer, _ = await sqlite_in_thread(
-                    functools.partial(self._write_sqlite_own, store, write), interrupt=None
+                    functools.partial(write_sqlite_own, store, self._sqlite, write),
+                    interrupt=None,
                 )
                 return answer
             client, conn = client_of(connection)
@@ -193,15 +195,6 @@ class Producer:
             self._checked = True
         plan = write.plan(store.sql, time.time())
         return await write_postgres(store, client, conn, plan, where=where)
-
-    def _write_sqlite_own(
-        self, store: SqliteStore, write: Write, cancelled: threading.Event
-    ) -> Any:
-        assert self._sqlite is not None
-        if not self._checked:
-            store.check()
-            self._checked = True
-        return write_sqlite_own(store, self._sqlite, write, cancelled)
 
     async def _own_pool(self, store: PostgresStore) -> Any:
         async with self._pool_lock:

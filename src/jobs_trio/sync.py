@@ -158,7 +158,7 @@ class Producer:
         store = self._store
         if isinstance(store, SqliteStore):
             assert self._sqlite is not None
-            self._check(None, where=store.path)
+            # Each new connection's file is checked as it opens (SqliteStore.connect).
             return write_sqlite_own(store, self._sqlite, write)
         assert self._psycopg is not None
         fresh = False

@@ -75,7 +75,7 @@ async def test_a_producer_writes_its_job_into_the_file_now_at_its_path(tmp_path:
         async with jobs_trio.open_driver(url) as driver:
             assert [job.id for job in await driver.list_jobs()] == [after]
         await trio.to_thread.run_sync(gone, path)
-        with pytest.raises(ConfigError, match="no database at"):
+        with pytest.raises(ConfigError, match="not a jobs_trio database"):
             producer.enqueue(welcome, {"to": "nowhere"})
         assert not path.exists()  # a producer never creates one
         path.write_bytes(b"")  # and whatever comes in next is checked too

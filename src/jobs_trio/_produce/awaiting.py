@@ -191,14 +191,14 @@ async def on_callers_sqlite(
     answer, cancelled = await sqlite_in_thread(
         functools.partial(write, joined), interrupt=None if joined else conn.interrupt
     )
-    if joined:
-        # Written, savepoint still open. Undone after a cancel, so the caller's transaction
-        # holds none of it (a failure here leaves it to the caller's rollback, which a cancel
-        # brings).
-        with contextlib.suppress(sqlite3.Error) if cancelled else contextlib.nullcontext():
-            end_savepoint(conn, keep=not cancelled)
-    if cancelled and joined:
-        raise asyncio.CancelledError
+    if joined:  # written, its savepoint still open
+        if cancelled:
+            # Undone, so the caller's transaction holds none of it (a failure here leaves it
+            # to the caller's rollback, which a cancel brings).
+            with contextlib.suppress(sqlite3.Error):
+                end_savepoint(conn, keep=False)
+            raise asyncio.CancelledError
+        end_savepoint(conn, keep=True)
     return answer
 
 

@@ -60,17 +60,13 @@ def write_sqlite_own(
     """``write`` on a connection of the producer's own (``cancelled``: as ``write_in``'s). A
     kept connection whose file was replaced or deleted since it opened is closed and a new one
     opened on the file at the path now, checked again: written through, its jobs went to the
-    unlinked file and were lost, each with its id answered."""
+    unlinked file and were lost, each with its id answered. (A new connection's file is
+    checked as it opens: SqliteStore.connect.)"""
     for fresh in (False, True):
         try:
             with keeper.connection(fresh=fresh) as (conn, reused):
-                if reused and moved_away(conn):
+                if reused and moved_away(conn) is not None:
                     raise _Moved  # the keeper closes it
-                if not reused:
-                    # The file a new connection found checked (a missing one, another
-                    # application's, one at another schema refused): after a move, the first
-                    # call noticed and the next wrote unchecked to whatever had come in.
-                    store.check()
                 return write_sqlite(store, conn, write, own=True, cancelled=cancelled)
         except _Moved:
             pass

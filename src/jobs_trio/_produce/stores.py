@@ -56,8 +56,11 @@ class SqliteStore:
         check_readable(self.path)
 
     def connect(self) -> sqlite3.Connection:
-        """A connection of the producer's own: SQLite's busy handler waits out a worker that
-        holds the write lock, up to ``busy_timeout``."""
+        """A connection of the producer's own, to the file checked as it opens (``check``):
+        after the file was replaced, the call that noticed it was checked and the next wrote
+        unchecked to whatever had come in. SQLite's busy handler waits out a worker that holds
+        the write lock, up to ``busy_timeout``."""
+        self.check()
         return open_beside(self.path, self.busy_timeout)
 
 

@@ -806,7 +806,7 @@ def refused_replacement(settlement: Settlement, refusal: str, refusals: int) -> 
     return None
 
 
-def lost_settlement(settlement: Settlement, worker_id: str | None, **fields: object) -> None:
+def lost_settlement(settlement: Settlement, worker_id: str | None) -> None:
     """Name a settlement that will not be written: a finished attempt's ending dropped, which
     must never pass in silence (the process exits non-zero as well)."""
     log_event(
@@ -815,5 +815,4 @@ def lost_settlement(settlement: Settlement, worker_id: str | None, **fields: obj
         **({} if worker_id is None else {"worker": worker_id}),
         job_id=settlement.lease.job_id,
         outcome=type(settlement).__name__,
-        **fields,
     )

@@ -124,7 +124,7 @@ class DoorConnection(sqlite3.Connection):
 
     handoff: GilHandoff | None = None
     # The file this connection opened: its absolute path and (device, inode) then, so that a
-    # file replaced or deleted at that path since is noticed (_sqlite_door.check_still_there).
+    # file replaced or deleted at that path since is noticed (_sqlite_door.moved_away).
     opened: tuple[str, tuple[int, int]] | None = None
 
     def letting_go(self) -> None:

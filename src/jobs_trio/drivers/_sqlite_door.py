@@ -332,12 +332,19 @@ def remember_file(conn: sqlite3.Connection, path: str) -> None:
         conn.opened = None if found is None else (absolute, found)
 
 
-def moved_away(conn: sqlite3.Connection) -> bool:
-    """Whether the file ``conn`` opened is no longer the one at its path: replaced (a restore, a
-    deploy that copies a database in) or deleted. SQLite does not say: in WAL mode it goes on
-    writing to the unlinked file, and every commit after is lost when the connection closes."""
-    opened = conn.opened if isinstance(conn, DoorConnection) else None
-    return opened is not None and file_identity(opened[0]) != opened[1]
+def moved_away(conn: sqlite3.Connection) -> str | None:
+    """The path of the file ``conn`` opened when it is no longer the one there (else None):
+    replaced (a restore, a deploy that copies a database in) or deleted. SQLite does not say: in
+    WAL mode it goes on writing to the unlinked file, and every commit after is lost when the
+    connection closes."""
+    return moved_from(conn.opened if isinstance(conn, DoorConnection) else None)
+
+
+def moved_from(opened: tuple[str, tuple[int, int]] | None) -> str | None:
+    """``opened``'s path when the file there is not the one it names (``remember_file``)."""
+    if opened is None or file_identity(opened[0]) == opened[1]:
+        return None
+    return opened[0]
 
 
 def moved_error(path: str) -> ConfigError:
@@ -354,12 +361,12 @@ def _run_transaction(
     conn: sqlite3.Connection, call: _Call[T], work: Work[T], now: float, mode: Mode
 ) -> T:
     _rollback(conn)  # a transaction some earlier failure left open (see _rollback)
-    if moved_away(conn):
+    moved = moved_away(conn)
+    if moved is not None:
         # Before anything is written: a claim, a completion or an enqueue committed to the
         # unlinked file would be answered as done and lost. The idle look (bare) too: a worker
         # listening to the old file never hears of the new one's jobs.
-        assert isinstance(conn, DoorConnection) and conn.opened is not None
-        raise moved_error(conn.opened[0])
+        raise moved_error(moved)
     if mode == "bare":
         return work(conn, now)
     conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")

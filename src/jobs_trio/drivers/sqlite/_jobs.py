@@ -42,7 +42,7 @@ from .._rules import (
     orphaned_record,
     orphaning,
 )
-from .._sqlite_door import Work, file_identity, moved_error
+from .._sqlite_door import Work, moved_error, moved_from
 from .._sqlite_enqueue import insert_jobs
 from .._sqlite_migrate import open_beside
 from .._transaction import unwrap
@@ -598,7 +598,7 @@ class _SqliteBeside:
         clock: Callable[[], float],
     ) -> None:
         self._path = path if opened is None else opened[0]
-        self._identity = None if opened is None else opened[1]
+        self._opened = opened
         self._busy_timeout = busy_timeout
         self._clock = clock
         self._conn: sqlite3.Connection | None = None
@@ -610,8 +610,9 @@ class _SqliteBeside:
         return self._write(lambda conn, now: _settle_all(conn, settlements, now))
 
     def _write(self, work: Work[T]) -> T:
-        if self._identity is not None and file_identity(self._path) != self._identity:
-            raise moved_error(self._path)
+        moved = moved_from(self._opened)
+        if moved is not None:
+            raise moved_error(moved)
         try:
             if self._conn is None:
                 self._conn = open_beside(self._path, self._busy_timeout)
