@@ -66,3 +66,74 @@ async def test_a_result_written_while_a_body_unwinds_is_not_reported_lost(
             assert named == [] and done not in worker.stats().abandoned
         else:  # not written: then it must be named
             assert done in worker.stats().abandoned and len(named) == 1
+
+
+@registry.job("names.stuck", queue="q")
+async def stuck(ctx: jobs_trio.JobContext, payload: Any) -> None:
+    await trio.sleep_forever()
+
+
+async def _fail_with_a_body_running(
+    driver: Any, outside: bool
+) -> tuple[jobs_trio.Worker, BaseException | None]:
+    """A worker running ``stuck`` is stopped without a drain: by an error of its driver, or by
+    a cancel of the task that runs it (``outside``)."""
+    started = trio.Event()
+    real_claim = driver.claim
+
+    async def claim_then_fail(*args: Any, **kwargs: Any) -> Any:
+        if started.is_set():
+            if outside:
+                await trio.sleep_forever()
+            raise ConfigError("the database refused this worker (test)", fix="none")
+        started.set()
+        return await real_claim(*args, **kwargs)
+
+    driver.claim = claim_then_fail
+    driver.settle_and_claim = None  # claims go through claim() alone
+    worker = jobs_trio.Worker(
+        driver, registry, queues=["q"], concurrency=2, stats_interval=None, claim_ahead=None
+    )
+    raised: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await started.wait()
+            while worker.slot_use()["q"][0] == 0:  # the body started
+                await trio.sleep(0.01)
+            if outside:
+                nursery.cancel_scope.cancel()
+    except BaseException as exc:  # the refusal, in whatever group
+        raised = exc
+    return worker, raised
+
+
+@pytest.mark.parametrize("outside", [False, True], ids=["failed", "cancelled-from-outside"])
+async def test_a_worker_stopped_without_a_drain_names_each_body_it_cut(
+    outside: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its lease lapses and it runs again with an attempt counted: before, nothing said so (the
+    stopped line read abandoned=0)."""
+    caplog.set_level(logging.INFO, logger="jobs_trio")
+    async with jobs_trio.open_driver("memory://") as driver:
+        job_id = await stuck.enqueue(driver, None)
+        worker, raised = await _fail_with_a_body_running(driver, outside)
+    assert (raised is None) == outside
+    named = [
+        r.fields  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "event", "") == "jobs.worker.run-abandoned"
+    ]
+    assert [f["job_id"] for f in named] == [job_id]
+    assert named[0]["error"] == (
+        "cancelled from outside"
+        if outside
+        else "ConfigError: [X_CONFIG] the database refused this worker (test) — fix: none"
+    )
+    assert job_id in worker.stats().abandoned
+    stopped = [
+        r.fields  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "event", "") == "jobs.worker.stopped"
+    ]
+    assert stopped[-1]["abandoned"] == 1

@@ -13,6 +13,7 @@ from .._core.records import Lease
 from ..drivers.contract import Driver, UnmarksAlone
 from .budget import WRITE_FLOOR, Budget
 from .drain import Drain
+from .run_scope import RunScope
 from .settler import Settler, lost_settlement
 
 
@@ -55,6 +56,51 @@ def abandon_bodies(drain: Drain, budget: Budget, worker_id: str) -> tuple[str, .
             " raise grace",
         )
     return tuple(run.job_id for run in running)
+
+
+def abandon_at_failure(drain: Drain, worker_id: str, error: BaseException) -> tuple[str, ...]:
+    """The worker failed (or the task running it was cancelled from outside) with bodies still
+    running: each is cut where it stands and named (``cut_without_drain``). A run whose ending
+    was handed in already is the settler's to write or name. Answers their job ids."""
+    running = [run for run in drain.held if not (run.settling or run.abandoned)]
+    for run in drain.held:
+        run.abandon()  # a sync body's thread is not waited for: the runs nursery must close
+    cause = _cause(error)
+    for run in running:
+        cut_without_drain(run, worker_id, cause)
+    return tuple(run.job_id for run in running)
+
+
+def cut_without_drain(run: RunScope, worker_id: str, cause: str = "cancelled from outside") -> None:
+    """A body cut by the worker's going away without a drain, named as one abandoned at a
+    drain's grace is: a job that runs again elsewhere must not pass unsaid (the stopped line
+    read abandoned=0)."""
+    run.abandon()
+    log_event(
+        "jobs.worker.run-abandoned",
+        logging.ERROR,
+        worker=worker_id,
+        job_id=run.job_id,
+        job=run.claim.name,
+        error=cause,
+        fix="the worker stopped without a drain while this body ran (the error above, or the"
+        " task running the worker was cancelled): nothing of it is written; its lease lapses"
+        " and it runs again elsewhere, as after a crash. Fix the error, and stop a worker by"
+        " its lifecycle (SIGTERM) or stop() to hand its jobs back",
+    )
+
+
+def _cause(error: BaseException) -> str:
+    """What stopped the worker: its first error out of the nurseries' groups, the cancels of
+    the tasks it took down with it left out."""
+    if isinstance(error, BaseExceptionGroup):
+        _, rest = error.split(trio.Cancelled)
+        while isinstance(rest, BaseExceptionGroup):
+            rest = rest.exceptions[0]
+        error = rest if rest is not None else trio.Cancelled._create()
+    if isinstance(error, trio.Cancelled):
+        return "cancelled from outside"
+    return f"{type(error).__name__}: {error}"
 
 
 async def unmark_abandoned_alone(drain: Drain, driver: Driver, worker_id: str) -> None:

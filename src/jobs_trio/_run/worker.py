@@ -36,9 +36,11 @@ from .._jobs.registry import JobDefinition, Registry
 from .._retention.pruner import DEFAULT_RETENTION, Pruner, Retention
 from ..drivers.contract import Driver
 from .abandonment import (
+    abandon_at_failure,
     abandon_bodies,
     alone_left_marked,
     bodies_running,
+    cut_without_drain,
     report_unwritten,
     unmark_abandoned_alone,
 )
@@ -438,7 +440,7 @@ class Worker:
                                         await claimers.start(self._claims.until_stopped, started)
                                     claimers.start_soon(self._claims.run, settler)
                                 await self._teardown(settler)
-                        except BaseException:
+                        except BaseException as exc:
                             # Cancelled from outside, or failed: a sync body's thread is shielded
                             # from its run scope, so stop waiting for it here, or this nursery
                             # would wait for it forever.
@@ -446,9 +448,8 @@ class Worker:
                             # The settlements not written yet are named by the settler as it
                             # ends (Settler.run), not here: it writes on while the bodies
                             # unwind, and one named here was then written (reported lost, and
-                            # a job an operator would run twice).
-                            for run in self._drain.held:
-                                run.abandon()
+                            # a job an operator would run twice). The bodies cut are named here.
+                            self._abandoned += abandon_at_failure(self._drain, self.worker_id, exc)
                             raise
                         self._end_teardown(settler)
                         torn_down = True
@@ -710,15 +711,23 @@ class Worker:
             lifecycle.work_began()
         handed_in = False
         try:
-            outcome = await run_attempt(
-                claim,
-                definition,
-                run,
-                registry=self.registry,
-                driver=self.driver,
-                worker_id=self.worker_id,
-                threads=self._slots.threads,
-            )
+            try:
+                outcome = await run_attempt(
+                    claim,
+                    definition,
+                    run,
+                    registry=self.registry,
+                    driver=self.driver,
+                    worker_id=self.worker_id,
+                    threads=self._slots.threads,
+                )
+            except trio.Cancelled:
+                # Not its run scope's (that one run_attempt judges): the worker is going away
+                # without a drain. Named here, unless the teardown named it first.
+                if not run.abandoned:
+                    cut_without_drain(run, self.worker_id)
+                    self._abandoned += (run.job_id,)
+                raise
             settler = self._settler
             if outcome.settlement is not None and settler is not None:
                 # Handed in synchronously, so the settler writes it before it finishes (the
