@@ -42,14 +42,11 @@ def abandon_bodies(drain: Drain, budget: Budget, worker_id: str) -> tuple[str, .
     for run in running:
         # A sync body's thread stops being waited for (its slot stays taken until it really
         # ends); nothing of this run is written.
-        run.abandon()
-        log_event(
+        _abandon(
+            run,
+            worker_id,
             "jobs.worker.drain-abandoned",
-            logging.ERROR,
-            worker=worker_id,
-            job_id=run.job_id,
-            job=run.claim.name,
-            fix="the body did not stop within the grace period (an async body that swallows"
+            "the body did not stop within the grace period (an async body that swallows"
             " Cancelled or shields itself, a sync body or sync step that does not call"
             " ctx.check_cancelled(), or a step whose record the database did not take in time);"
             " its lease lapses and it runs again elsewhere. Let it stop, check the database, or"
@@ -75,18 +72,29 @@ def cut_without_drain(run: RunScope, worker_id: str, cause: str = "cancelled fro
     """A body cut by the worker's going away without a drain, named as one abandoned at a
     drain's grace is: a job that runs again elsewhere must not pass unsaid (the stopped line
     read abandoned=0)."""
+    _abandon(
+        run,
+        worker_id,
+        "jobs.worker.run-abandoned",
+        "the worker stopped without a drain while this body ran (the error above, or the task"
+        " running the worker was cancelled): nothing of it is written; its lease lapses and it"
+        " runs again elsewhere, as after a crash. Fix the error, and stop a worker by its"
+        " lifecycle (SIGTERM) or stop() to hand its jobs back",
+        error=cause,
+    )
+
+
+def _abandon(run: RunScope, worker_id: str, event: str, fix: str, **fields: str) -> None:
+    """Stop waiting for ``run``, write nothing of it, and name it at ERROR."""
     run.abandon()
     log_event(
-        "jobs.worker.run-abandoned",
+        event,
         logging.ERROR,
         worker=worker_id,
         job_id=run.job_id,
         job=run.claim.name,
-        error=cause,
-        fix="the worker stopped without a drain while this body ran (the error above, or the"
-        " task running the worker was cancelled): nothing of it is written; its lease lapses"
-        " and it runs again elsewhere, as after a crash. Fix the error, and stop a worker by"
-        " its lifecycle (SIGTERM) or stop() to hand its jobs back",
+        **fields,
+        fix=fix,
     )
 
 
