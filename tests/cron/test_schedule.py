@@ -39,8 +39,11 @@ def fires(schedule: CronSchedule | IntervalSchedule, start: float, end: float) -
         ({"cron": "0 9 * * *", "timezone": ""}, "is not a time zone name"),
         ({}, "exactly one of cron= and every="),
         ({"cron": "0 9 * * *", "every": 60}, "exactly one of cron= and every="),
-        ({"every": 0}, "whole number of seconds >= 1"),
-        ({"every": 1.5}, "whole number of seconds >= 1"),
+        ({"every": 0}, "whole number of seconds from 1 to"),
+        ({"every": 1.5}, "whole number of seconds from 1 to"),
+        # Past a float: accepted, it stopped the worker at the scheduler's first look.
+        ({"every": 10**309}, r"an int of 1027 bits is not a whole number of seconds from 1 to"),
+        ({"every": 200 * 366 * 86400}, r"\(100 years\)"),
         ({"every": 60, "timezone": "Europe/Berlin"}, "an interval has no time zone"),
         ({"cron": "0 9 * * *", "missed": "twice"}, "is not a missed-run policy"),
         ({"cron": "0 9 * * *", "missed": "all", "catch_up": 0}, "catch_up=0"),

@@ -165,6 +165,75 @@ async def test_a_body_returning_an_unstorable_result_fails_alone(autojump_clock:
     assert (await record(driver, good)).result == 7
 
 
+class _BrokenList(list[int]):
+    """A list whose iteration raises, as a lazy ORM collection whose cursor closed does."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("cursor closed")
+
+
+class _BrokenDict(dict[str, int]):
+    def items(self) -> Any:
+        raise RuntimeError("session expired")
+
+
+class _LyingInt(int):
+    """An int that says it is small: a range check passes, the encoder refuses its digits."""
+
+    def __lt__(self, other: object) -> bool:
+        return True
+
+    def __gt__(self, other: object) -> bool:
+        return True
+
+
+_SUBCLASSES = [
+    pytest.param(_BrokenList([1]), "RuntimeError: cursor closed", id="list-iter-raises"),
+    pytest.param(_BrokenDict(a=1), "RuntimeError: session expired", id="dict-items-raises"),
+    pytest.param({"n": _LyingInt(10**5000)}, "ValueError", id="int-compares-wrong"),
+]
+
+
+@pytest.mark.parametrize(("value", "raised"), _SUBCLASSES)
+async def test_a_subclass_whose_own_code_raises_is_refused_at_enqueue(
+    value: object, raised: str
+) -> None:
+    registry = Registry()
+    job = registry.job("t")(lambda ctx, p: None)
+    driver = trio_driver()
+    with pytest.raises(JobsError) as caught:
+        await job.enqueue(driver, value)
+    assert caught.value.code == "X_PAYLOAD" and raised in caught.value.cause, caught.value
+    assert await driver.list_jobs() == []
+
+
+@pytest.mark.parametrize(("value", "raised"), _SUBCLASSES)
+async def test_a_result_whose_own_code_raises_fails_its_job_not_the_worker(
+    value: object, raised: str, autojump_clock: object
+) -> None:
+    """It took the worker down (open_worker raised RuntimeError), left the job running, and
+    the next worker to claim it went down the same way."""
+    registry = Registry()
+
+    @registry.job("bad", attempts=3)
+    async def bad(ctx: object, payload: None) -> Any:
+        return value
+
+    @registry.job("fine")
+    async def fine(ctx: object, payload: None) -> int:
+        return 7
+
+    driver = trio_driver()
+    bad_id, good = await bad.enqueue(driver), await fine.enqueue(driver)
+    w = worker(driver, registry)
+    outcomes = {o.name: o.kind for o in await w.tick()}
+    assert outcomes == {"bad": "dead-lettered", "fine": "completed"}
+    dead = await record(driver, bad_id)
+    assert dead.state is JobState.DEAD and dead.last_error is not None
+    assert "X_RESULT" in dead.last_error and raised in dead.last_error
+    assert (await record(driver, good)).result == 7
+
+
 # -- backoff -------------------------------------------------------------------------------------
 
 

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from jobs_trio import ConfigError, PayloadNotSerialisable, Registry
+from jobs_trio import ConfigError, FleetLimit, PayloadNotSerialisable, RateLimit, Registry
+from jobs_trio._core.errors import InvalidArgument
 from jobs_trio._core.records import JobState
-from jobs_trio.errors import DuplicateJobName
+from jobs_trio.errors import DuplicateJobName, TooLarge
 from tests.helpers.worker_helpers import trio_driver
 
 
@@ -85,8 +86,15 @@ async def test_enqueue_many_with_one_bad_payload_writes_none() -> None:
     async def t(ctx: object, payload: object) -> None: ...
 
     driver = trio_driver()
-    with pytest.raises(PayloadNotSerialisable):
+    with pytest.raises(PayloadNotSerialisable) as caught:
         await t.enqueue_many(driver, [{"ok": 1}, {"bad": {1, 2}}, {"ok": 2}])
+    # Which one: "payload.bad" alone left a caller with 10,000 payloads to search.
+    assert caught.value.field == "payloads[1].bad", caught.value
+    assert await driver.list_jobs() == []
+    big = [{"n": i} for i in range(10)]
+    big[7] = {"n": "x" * 2_000_000}
+    with pytest.raises(TooLarge, match=r"payloads\[7\] of 2,000,00\d bytes exceeds"):
+        await t.enqueue_many(driver, big)
     assert await driver.list_jobs() == []
     ids = await t.enqueue_many(driver, [{"n": i} for i in range(3)])
     assert len(ids) == 3 and len(await driver.list_jobs(state=JobState.READY)) == 3
@@ -159,3 +167,29 @@ async def test_a_batch_checks_its_shared_options_once_and_each_job_gets_its_own_
     for job_id in ids[::1999]:
         got = await driver.get(job_id)
         assert got is not None and got.priority == -4 and now + 30 <= got.run_at <= after + 30
+
+
+@pytest.mark.parametrize(
+    "part",
+    [None, b"acct", 1.5, ("a",)],
+    ids=["None", "bytes", "float", "tuple"],
+)
+async def test_a_limit_key_function_must_answer_a_str_or_an_int(part: object) -> None:
+    """None (a payload.get() that found nothing) put every such job under one shared key,
+    and bytes were keyed by their repr: each is refused at enqueue, naming the payload."""
+    registry = Registry()
+
+    @registry.job("t", fleet_limit=FleetLimit(1, key=lambda p: p["k"] if p["k"] != "x" else part))
+    async def t(ctx: object, payload: object) -> None: ...
+
+    driver = trio_driver()
+    assert len(await t.enqueue_many(driver, [{"k": "a"}, {"k": 42}])) == 2  # str and int keys
+    with pytest.raises(InvalidArgument, match=r"returned .*\(for payloads\[1\]\)") as caught:
+        await t.enqueue_many(driver, [{"k": "b"}, {"k": "x"}])
+    assert caught.value.code == "X_ARGUMENT" and caught.value.fix
+    assert len(await driver.list_jobs()) == 2
+
+
+def test_a_rate_limit_per_past_a_float_is_refused_with_a_code() -> None:
+    with pytest.raises(InvalidArgument, match="is not from >0 to 86,400 seconds"):
+        RateLimit(5, per=10**400)

@@ -562,3 +562,35 @@ def test_lines_a_replaced_handler_holds_go_before_the_next_line(
     line.log("a2", 1, 0.5)
     logs.flush_held_lines()
     assert _written_ids(written) == ["a1", "a2"]
+
+
+async def test_a_dead_letters_exception_is_cut_and_stays_json_a_reader_takes(
+    caught: Caught,
+) -> None:
+    """Its line rendered the exception whole: a message of 10 MB was a 10 MB line, and a lone
+    surrogate in it became an escape jq refuses ("Invalid \\uXXXX\\uXXXX surrogate pair
+    escape"), losing the line to a log pipeline."""
+    registry = Registry()
+
+    @registry.job("poison", attempts=1)
+    async def poison(ctx: object, payload: None) -> None:
+        raise ValueError("bad \ud800 and \x00 " + "x" * 100_000)
+
+    driver = trio_driver()
+    await poison.enqueue(driver, None)
+    # Kept from pytest's own capture, whose report (its exception rendered whole, the
+    # surrogate in it) xdist cannot send between processes.
+    jobs_logger = logging.getLogger("jobs_trio")
+    jobs_logger.propagate = False
+    try:
+        await run_until_idle(worker(driver, registry, stats_interval=None), wait=False)
+    finally:
+        jobs_logger.propagate = True
+    [dead] = caught.event("jobs.attempt.dead-lettered")
+    for formatter in (JsonFormatter(), LogfmtFormatter(), TextFormatter()):
+        line = formatter.format(dead)
+        assert len(line) < 40_000, (type(formatter).__name__, len(line))
+        assert "\ud800" not in line and "\x00" not in line
+        assert "\\ud800" not in line.replace("\\\\ud800", "")  # only as shown text, escaped
+    exception = json.loads(JsonFormatter().format(dead))["exception"]
+    assert exception.endswith("x" * 100) and "characters cut]" in exception

@@ -67,6 +67,15 @@ def shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _raised(exc: BaseException) -> str:
+    """``Type: message`` of an error user code raised, for a message: never raising itself."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<its str() raised>"
+    return f"{type(exc).__name__}: {storable_text(message, 200)}"
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -365,21 +374,34 @@ def dump_json(
     before any driver call."""
     if value is None:
         return "null"  # most results: no walk, no encoder
-    if not _storable(value):
-        field, cause = _first_offender(value, what) or (what, "not a JSON document")
-        raise PayloadNotSerialisable(job=job, field=field, cause=cause, fix=_JSON_FIX)
-    text = _ENCODER.encode(value)
-    if "\\ud" in text:  # a surrogate's escape (or U+D000-U+D7FF's): the rare case, walked
-        found = _joined_surrogates(value, what)
-        if found is not None:
-            raise PayloadNotSerialisable(
-                job=job,
-                field=found,
-                cause="a high surrogate followed by a low one, two code points that JSON reads"
-                " back as the one character they would make (the value would come back changed)",
-                fix="join them into that character (text.encode('utf-16', 'surrogatepass')"
-                ".decode('utf-16')), or keep text that is not Unicode as bytes, base64-encoded",
-            )
+    try:
+        if not _storable(value):
+            field, cause = _first_offender(value, what) or (what, "not a JSON document")
+            raise PayloadNotSerialisable(job=job, field=field, cause=cause, fix=_JSON_FIX)
+        text = _ENCODER.encode(value)
+        found = _joined_surrogates(value, what) if "\\ud" in text else None
+    except PayloadNotSerialisable:
+        raise
+    except Exception as exc:
+        # A subclass of dict, list, int or float runs its own code as it is walked and encoded
+        # (an __iter__, items(), a comparison): whatever that raises is this value's refusal.
+        # As a result it failed the worker, left the job running, and the next worker took it
+        # and failed the same way.
+        raise PayloadNotSerialisable(
+            job=job,
+            field=what,
+            cause=f"walking it to encode it raised {_raised(exc)}",
+            fix=_JSON_FIX,
+        ) from exc
+    if found is not None:  # a surrogate's escape (or U+D000-U+D7FF's) led to the walk
+        raise PayloadNotSerialisable(
+            job=job,
+            field=found,
+            cause="a high surrogate followed by a low one, two code points that JSON reads"
+            " back as the one character they would make (the value would come back changed)",
+            fix="join them into that character (text.encode('utf-16', 'surrogatepass')"
+            ".decode('utf-16')), or keep text that is not Unicode as bytes, base64-encoded",
+        )
     if len(text) > max_bytes:  # ASCII (ensure_ascii): characters are bytes
         raise TooLarge(job=job, what=what, size=len(text), limit=max_bytes, fix=too_large_fix)
     return text

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .boundary import check_int, check_key, check_name
+from .boundary import check_int, check_key, check_name, shown
 from .errors import ConfigError, InvalidArgument
 from .records import JobLimits
 
@@ -63,12 +63,21 @@ class RateLimit:
     def __attrs_post_init__(self) -> None:
         per = self.per
         if isinstance(per, bool) or not isinstance(per, int | float):
-            raise InvalidArgument("per", f"{per!r} is not a number", fix="give per > 0 seconds")
-        if not (math.isfinite(per) and 0 < per <= 86_400):
-            raise InvalidArgument("per", f"{per!r} seconds", fix="give per from >0 to 86,400 s")
+            raise InvalidArgument(
+                "per", f"{shown(per)} is not a number", fix="give per > 0 seconds"
+            )
+        # An int is finite (math.isfinite of one past a double raised OverflowError, no code).
+        if not ((isinstance(per, int) or math.isfinite(per)) and 0 < per <= 86_400):
+            raise InvalidArgument(
+                "per",
+                f"{shown(per)} is not from >0 to 86,400 seconds",
+                fix="give per from >0 to 86,400 s",
+            )
 
 
-def _key(job: str, scope: str | None, key_of: KeyOf | None, payload: Any, what: str) -> str:
+def _key(
+    job: str, scope: str | None, key_of: KeyOf | None, payload: Any, limit: str, what: str
+) -> str:
     name = scope or job
     if key_of is None:
         return name
@@ -76,32 +85,46 @@ def _key(job: str, scope: str | None, key_of: KeyOf | None, payload: Any, what: 
         part = key_of(payload)
     except Exception as exc:
         raise InvalidArgument(
-            f"{what} key",
-            f"job {job!r}: the key function raised {type(exc).__name__}: {exc}",
+            f"{limit} key",
+            f"job {job!r}: the key function raised {type(exc).__name__}: {exc} (for {what})",
             fix="make the key function accept every payload this job is enqueued with",
         ) from exc
+    if isinstance(part, bool) or not isinstance(part, str | int):
+        # None (a payload.get() that found nothing) put every such job under one key, and
+        # bytes became their repr: refused where they enter, not shared in silence.
+        raise InvalidArgument(
+            f"{limit} key",
+            f"job {job!r}: the key function returned {shown(part)}, a {type(part).__name__}"
+            f" (for {what})",
+            fix="return a str (or an int) that names what the limit is per, for every payload"
+            " this job is enqueued with",
+        )
     # One text per key across drivers: the scope, then the payload's part.
-    return check_key(f"{name}:{part}", argument=f"{what} key")
+    return check_key(f"{name}:{part}", argument=f"{limit} key")
 
 
 def resolve(
-    job: str, concurrency: FleetLimit | None, rate: RateLimit | None, payload: Any
+    job: str,
+    concurrency: FleetLimit | None,
+    rate: RateLimit | None,
+    payload: Any,
+    what: str = "payload",
 ) -> JobLimits | None:
     """The limits a job's row stores, from its declaration and this payload (None: unlimited,
-    and the claim's fast path)."""
+    and the claim's fast path); ``what`` names the payload in a refusal."""
     if concurrency is None and rate is None:
         return None
     limits = JobLimits()
     if concurrency is not None:
         limits = attrs.evolve(
             limits,
-            slot_key=_key(job, concurrency.scope, concurrency.key, payload, "fleet limit"),
+            slot_key=_key(job, concurrency.scope, concurrency.key, payload, "fleet limit", what),
             slots=concurrency.slots,
         )
     if rate is not None:
         limits = attrs.evolve(
             limits,
-            rate_key=_key(job, rate.scope, rate.key, payload, "rate limit"),
+            rate_key=_key(job, rate.scope, rate.key, payload, "rate limit", what),
             starts=rate.starts,
             per=float(rate.per),
         )

@@ -85,12 +85,32 @@ def fields_of(record: logging.LogRecord) -> Mapping[str, object]:
     return fields if isinstance(fields, Mapping) else {}
 
 
+# The most of an exception's rendered traceback a line shows, its end kept (where the error is):
+# a message of 10 MB was a 10 MB line, in every format.
+MAX_EXCEPTION_CHARS: Final = 16_000
+
+
+class _Exceptions(logging.Formatter):
+    """A formatter whose exceptions are cut to MAX_EXCEPTION_CHARS and written with NUL and
+    lone surrogates as visible escapes: a lone surrogate's JSON escape is refused by JSON
+    readers (jq), so a JSON log line with one in its exception was lost to the pipeline."""
+
+    def formatException(self, ei: Any) -> str:
+        text = super().formatException(ei)
+        if len(text) > MAX_EXCEPTION_CHARS:
+            text = (
+                f"… [{len(text) - MAX_EXCEPTION_CHARS} characters cut] "
+                + text[-MAX_EXCEPTION_CHARS:]
+            )
+        return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _utc(record: logging.LogRecord) -> str:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
     return f"{stamp}.{int(record.msecs):03d}Z"
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_Exceptions):
     """``2026-12-02 10:00:00,123 INFO jobs_trio: jobs.attempt.completed job=mail.send ...``:
     the record's one-line message, then any multi-line field (a traceback) below it,
     indented, where a person reads it best."""
@@ -208,7 +228,7 @@ def _has_traceback(record: logging.LogRecord) -> bool:
     return "traceback" in fields_of(record)
 
 
-class LogfmtFormatter(logging.Formatter):
+class LogfmtFormatter(_Exceptions):
     """``time=2026-12-02T10:00:00.123Z level=info logger=jobs_trio event=jobs.attempt.completed
     job=mail.send ...``: one line a record. A line of another library has ``msg=`` where a
     jobs_trio line has ``event=`` and its fields; an exception is ``exception="..."``."""
@@ -230,7 +250,7 @@ class LogfmtFormatter(logging.Formatter):
         return logfmt_pairs(head)
 
 
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(_Exceptions):
     """One JSON object a line (docs/logging.md, "Record schema"): ``time``, ``level``,
     ``logger``, ``message``; a jobs_trio line also ``event`` and ``fields`` (an object: the
     values as logged, a tuple as an array, anything JSON has no form for as its text); an

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
+from .._core.boundary import MAX_SECONDS, shown
 from .._core.errors import ConfigError
 
 # cronsim gives up looking for a match this far ahead; a schedule that never fires within it
@@ -173,9 +174,17 @@ class IntervalSchedule:
     seconds: int
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.seconds, bool) or not isinstance(self.seconds, int) or self.seconds < 1:
+        seconds = self.seconds
+        # At most MAX_SECONDS (100 years): every=10**309 was accepted, and the scheduler's
+        # first look at it overflowed a float and stopped the worker with no code.
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int)
+            or not 1 <= seconds <= MAX_SECONDS
+        ):
             raise ConfigError(
-                f"every={self.seconds!r} is not a whole number of seconds >= 1",
+                f"every={shown(seconds)} is not a whole number of seconds from 1 to"
+                f" {MAX_SECONDS:.0f} (100 years)",
                 fix="pass every=60 (seconds) or a timedelta of whole seconds",
             )
 
