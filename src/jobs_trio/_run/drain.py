@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import trio
@@ -74,6 +75,13 @@ class Drain:
                 yield
             finally:
                 self._watch = None
+
+    @property
+    def watch_ends(self) -> float:
+        """When the lease watchdog's wait ends (no later than the first held run's cutoff):
+        infinity while it is not waiting."""
+        watch = self._watch
+        return math.inf if watch is None else watch.deadline
 
     def release(self, run: RunScope) -> None:
         self._held.pop(run.claim.token, None)

@@ -3,6 +3,7 @@
 # renewal. Apart because it is the only path a lost lease takes.
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import Counter
@@ -156,39 +157,71 @@ async def renew_leases(
     # How long before its lease deadline a run held meanwhile wakes the watchdog: for its
     # first renewal, or its cutoff, whichever comes first.
     look_ahead = max(margin, lease - interval)
-    while True:
-        if not drain.held:
-            await drain.until_a_run_is_held()
-            next_round = trio.current_time() + interval
-        first_renewals = [
-            r.lease_deadline - lease + interval for r in drain.held if r.claim.token not in renewed
-        ]
-        next_round = min([next_round, *first_renewals])
-        now = trio.current_time()
-        # A run held after this point whose claim was sent after it has a cutoff no sooner
-        # than now + lease - margin: waking by then catches it (an older claim's, watching).
-        wake = min([next_round, now + lease - margin, *_cutoffs(drain.held, margin)])
-        # Ended sooner by a run held with an earlier cutoff: a claim's lease is counted from
-        # when the claim was SENT, so one answered late may run out before this wake.
-        with drain.watching(wake, margin=look_ahead):
-            await trio.sleep_forever()
-        expire_lapsed(drain.held, trio.current_time(), margin, expired)
-        if trio.current_time() >= next_round:
-            next_round = trio.current_time() + interval
-            # Every held run, cancelled ones too: a body still unwinding, or a settlement not
-            # yet written, keeps its lease until it is done, or another worker takes the job.
-            # Cut at the cutoffs of the runs it renews, not of one held meanwhile (a claim
-            # answered late): that run is not in this round, and abandoning the round for it
-            # would drop the answer that extends the others, stopping them as lost at their
-            # own cutoffs though the database renewed them. It is stopped beside the round.
-            runs = drain.held
-            renewed = {r.claim.token for r in runs}
-            with trio.move_on_at(min([next_round, *_cutoffs(runs, margin)])):
-                async with trio.open_nursery() as beside:
-                    beside.start_soon(_expire_held_meanwhile, drain, margin, expired)
-                    await renew_held(driver, runs, lease, outage)
-                    beside.cancel_scope.cancel()
+    # After a pause (SIGSTOP, a VM stalled, a body that blocked the loop), the watchdog's wake
+    # and the bodies' own timers come due in one pass, in an order Trio randomises: a body
+    # that ran first acted on a job whose lease had lapsed, beside the worker that took it.
+    first = _LapsedFirst(drain, margin, expired)
+    trio.lowlevel.add_instrument(first)
+    try:
+        while True:
+            if not drain.held:
+                await drain.until_a_run_is_held()
+                next_round = trio.current_time() + interval
+            first_renewals = [
+                r.lease_deadline - lease + interval
+                for r in drain.held
+                if r.claim.token not in renewed
+            ]
+            next_round = min([next_round, *first_renewals])
+            now = trio.current_time()
+            # A run held after this point whose claim was sent after it has a cutoff no sooner
+            # than now + lease - margin: waking by then catches it (an older claim's, watching).
+            wake = min([next_round, now + lease - margin, *_cutoffs(drain.held, margin)])
+            # Ended sooner by a run held with an earlier cutoff: a claim's lease is counted from
+            # when the claim was SENT, so one answered late may run out before this wake.
+            with drain.watching(wake, margin=look_ahead):
+                await trio.sleep_forever()
             expire_lapsed(drain.held, trio.current_time(), margin, expired)
+            if trio.current_time() >= next_round:
+                next_round = trio.current_time() + interval
+                # Every held run, cancelled ones too: a body still unwinding, or a settlement not
+                # yet written, keeps its lease until it is done, or another worker takes the job.
+                # Cut at the cutoffs of the runs it renews, not of one held meanwhile (a claim
+                # answered late): that run is not in this round, and abandoning the round for it
+                # would drop the answer that extends the others, stopping them as lost at their
+                # own cutoffs though the database renewed them. It is stopped beside the round.
+                runs = drain.held
+                renewed = {r.claim.token for r in runs}
+                with trio.move_on_at(min([next_round, *_cutoffs(runs, margin)])):
+                    async with trio.open_nursery() as beside:
+                        beside.start_soon(_expire_held_meanwhile, drain, margin, expired)
+                        await renew_held(driver, runs, lease, outage)
+                        beside.cancel_scope.cancel()
+                expire_lapsed(drain.held, trio.current_time(), margin, expired)
+    finally:
+        with contextlib.suppress(KeyError):  # Trio drops an instrument whose hook raised
+            trio.lowlevel.remove_instrument(first)
+
+
+class _LapsedFirst(trio.abc.Instrument):
+    """Stops each lapsed run as the loop wakes from its wait for I/O, before any task of that
+    pass runs and before Trio's own deadlines fire: a body woken in the same pass as the
+    watchdog cannot take a step past its lease. A float compare a pass until the watchdog's
+    wake is due."""
+
+    def __init__(self, drain: Drain, margin: float, expired: Counter[str]) -> None:
+        self._drain = drain
+        self._margin = margin
+        self._expired = expired
+
+    def after_io_wait(self, timeout: float) -> None:
+        now = trio.current_time()
+        if now >= self._drain.watch_ends:
+            # Runs with a task only: a claim held for a slot takes no step, and its cancel
+            # starts the task that hands it back, which is the watchdog's to start (a task
+            # started here, outside any task, would not inherit the worker's context).
+            running = [run for run in self._drain.held if not run.held_for_slot]
+            expire_lapsed(running, now, self._margin, self._expired)
 
 
 async def _expire_held_meanwhile(drain: Drain, margin: float, expired: Counter[str]) -> None:

@@ -154,6 +154,12 @@ class RunScope:
         for thread in self._thread_scopes:
             thread.cancel()
 
+    @property
+    def held_for_slot(self) -> bool:
+        """Claimed ahead and waiting for a slot: no task yet, a cancel heard through
+        ``on_cancel``."""
+        return self._on_cancel is not None
+
     def on_cancel(self, callback: Callable[[], object] | None) -> None:
         """Call ``callback`` when the run is cancelled (at once if it already is); None stops
         that. How a claim taken ahead, which has no task until its slot frees, hears a drain,
