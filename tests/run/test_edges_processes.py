@@ -257,3 +257,40 @@ async def test_a_body_that_blocks_the_loop_past_its_timeout_ends_the_process_and
     handed = await record(driver, waiting)
     assert (handed.state, handed.attempts) == (JobState.READY, 0), output
     assert handed.last_error is not None and "edge.wedge" in handed.last_error
+
+
+async def test_a_sigterm_while_a_body_blocks_the_loop_ends_the_process_within_its_grace(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import block
+
+    # A 30 s time.sleep in an async body holds the loop when SIGTERM comes: the drain cannot
+    # run. The process used to wait out the block (30 s, past a 3 s grace) or a SIGKILL, its
+    # lease lifeline renewing the other job's lease all along, which a kill then orphaned.
+    waiting = await wait.enqueue(driver)
+    async with workers(tmp_path, url, 1, "--lease", "2", "--grace", "3") as [worker]:
+
+        async def running() -> bool:
+            return (await record(driver, waiting)).state is JobState.RUNNING
+
+        await until("the other job to run", 30, running)
+        blocker = await block.enqueue(driver, {"seconds": 30.0})
+
+        async def blocked() -> bool:
+            return "jobs.worker.loop-blocked" in worker.output()
+
+        await until("the loop to block", 30, blocked)
+        worker.signal(signal.SIGTERM)
+        code = None  # still running 20 s later
+        with trio.move_on_after(20):  # 3 s of grace, and a loaded machine's margin
+            code = await worker.process.wait()
+        worker.process.kill()  # (a no-op once it exited)
+    output = worker.output()
+    assert code == 70, output
+    abandoned = [line for line in output.splitlines() if "jobs.worker.drain-abandoned" in line]
+    assert len(abandoned) == 1 and f"job_id={blocker}" in abandoned[0], output
+    handed = await record(driver, waiting)
+    assert (handed.state, handed.attempts) == (JobState.READY, 0), output
+    assert handed.last_error is not None and "drain's grace period" in handed.last_error
+    left = await record(driver, blocker)  # not written: its lease lapses, as any abandoned
+    assert (left.state, left.attempts) == (JobState.RUNNING, 1), output

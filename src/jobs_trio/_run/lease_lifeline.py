@@ -73,6 +73,7 @@ class LeaseLifeline:
         renew_interval: float,
         held: Callable[[], Sequence[RunScope]],
         unwritten: Callable[[], Sequence[Settlement]],
+        end_by: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._driver = cast(RenewsBeside, driver) if driver.capabilities.renews_beside else None
         self._registry = registry
@@ -81,6 +82,9 @@ class LeaseLifeline:
         self._renew_interval = renew_interval
         self._held = held
         self._unwritten = unwritten
+        # When a signalled process must have ended (time.monotonic; the lifecycle's end_by):
+        # a loop still blocked then ends it here, as a wedged one, but as a drain ends a job.
+        self._end_by = end_by
         # A ping is answered within a tick on a responsive loop; several per renewal interval,
         # so a block is caught well before a lease could lapse.
         self._tick = min(0.25, renew_interval / 4)
@@ -201,6 +205,12 @@ class LeaseLifeline:
             self._renew(block, beside)
         if blocked_for >= block.limit:
             self._end_wedged(block, blocked_for, beside)
+        end_by = self._end_by()
+        if end_by is not None and now >= end_by:
+            # Signalled, and the grace is spent with the loop still blocked: the drain cannot
+            # run, and waiting on would hold every other job's lease for a process told to go
+            # until something killed it (each job then orphaned).
+            self._end_wedged(block, blocked_for, beside, drained=True)
 
     def _connection(self, beside: list[BesideConnection]) -> BesideConnection:
         assert self._driver is not None
@@ -270,8 +280,17 @@ class LeaseLifeline:
         }
 
     def _end_wedged(
-        self, block: _Block, blocked_for: float, beside: list[BesideConnection]
+        self,
+        block: _Block,
+        blocked_for: float,
+        beside: list[BesideConnection],
+        *,
+        drained: bool = False,
     ) -> None:
+        """Settle what the worker holds from this thread's connection and end the process
+        (exit 70). ``drained``: the drain's grace ran out with the loop blocked, and the
+        blocker is abandoned as a drain abandons a body (nothing written; its lease lapses)
+        where past its timeout it is timed out."""
         claim = block.claim
         runs = self._runs()
         endings: list[Settlement] = []
@@ -284,10 +303,22 @@ class LeaseLifeline:
             for run in runs:
                 if run.settling:
                     continue  # its ending waits in the settler, below
-                if run.claim.token == claim.token:
-                    endings.append(self._timed_out(claim, blocked_for, block))
+                if run.claim.token != claim.token:
+                    endings.append(self._handed_back(run.claim, claim, blocked_for, drained))
+                elif drained:
+                    log_event(
+                        "jobs.worker.drain-abandoned",
+                        logging.ERROR,
+                        worker=self._worker_id,
+                        job_id=claim.job_id,
+                        job=claim.name,
+                        fix="the body blocked the event loop through the drain's grace period"
+                        " (a blocking call in an async body): its lease lapses and it runs"
+                        " again elsewhere. Run blocking calls with trio.to_thread.run_sync, or"
+                        " declare the job sync",
+                    )
                 else:
-                    endings.append(self._handed_back(run.claim, claim, blocked_for))
+                    endings.append(self._timed_out(claim, blocked_for, block))
         endings.extend(self._unwritten())
         log_event(
             "jobs.worker.loop-wedged",
@@ -295,8 +326,14 @@ class LeaseLifeline:
             **self._about(block, blocked_for),
             limit=block.limit,
             settling=len(endings),
-            why="a job body blocked the event loop past its timeout; Trio cannot stop a body"
-            " that never yields, so this process ends (exit 70) after settling what it holds",
+            why=(
+                "the drain's grace period ran out while a job body blocked the event loop: the"
+                " drain cannot run, so this process ends (exit 70) after settling what it holds"
+                if drained
+                else "a job body blocked the event loop past its timeout; Trio cannot stop a"
+                " body that never yields, so this process ends (exit 70) after settling what"
+                " it holds"
+            ),
         )
         if endings and self._driver is not None:
             try:
@@ -327,12 +364,15 @@ class LeaseLifeline:
             return DeadLetter(claim.lease, error)
         return Retry(claim.lease, definition.backoff.delay(claim.attempt), error)
 
-    def _handed_back(self, claim: Claim, blocker: Claim, blocked_for: float) -> Settlement:
+    def _handed_back(
+        self, claim: Claim, blocker: Claim, blocked_for: float, drained: bool
+    ) -> Settlement:
+        during = " through its drain's grace period" if drained else ""
         error = describe(
             HandedBack(
                 f"interrupted: worker {self._worker_id!r} ended because job {blocker.name!r}"
-                f" ({blocker.job_id}) blocked its event loop for {blocked_for:.0f} s; this job"
-                " was handed back to the queue, its attempt uncounted",
+                f" ({blocker.job_id}) blocked its event loop for {blocked_for:.0f} s{during};"
+                " this job was handed back to the queue, its attempt uncounted",
                 fix="nothing for this job: another worker runs it",
             )
         )

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from types import FrameType
 from typing import Protocol
 
 import trio
@@ -106,6 +107,12 @@ class Lifecycle:
         self._told: list[Hook] = []
         self._guard_exit = guard_exit
         self._exit_guarded = False
+        # When each signal arrived (time.monotonic), written by the signal handler itself: it
+        # runs in the main thread between bytecodes even while a job body blocks the loop (a
+        # time.sleep in an async body), when the Trio task that shuts down cannot run. The
+        # drain's budget counts from here, and the lease lifeline ends a process whose loop
+        # is still blocked when it is spent (end_by).
+        self._heard: list[float] = []
 
     def register(self, hook: Hook) -> None:
         if hook not in self._hooks:
@@ -165,6 +172,22 @@ class Lifecycle:
     def deadline(self) -> float:
         return self._budget.deadline
 
+    def end_by(self) -> float | None:
+        """When (``time.monotonic``) a signalled process must have ended: the grace period
+        after the first signal, or at once after a second. None before any signal. Read from
+        the lease lifeline's thread."""
+        heard = list(self._heard)
+        if not heard:
+            return None
+        return heard[1] if len(heard) > 1 else heard[0] + self.grace
+
+    def _grace_left(self) -> float:
+        """The grace period less the time since the first signal arrived: a loop blocked by a
+        body heard the signal late, and the budget was the whole grace again from there."""
+        if not self._heard:
+            return self.grace
+        return max(self.grace - (time.monotonic() - self._heard[0]), 0.0)
+
     @property
     def shut_down(self) -> bool:
         """Whether a shutdown has begun (a signal, or ``shutdown()`` called)."""
@@ -204,7 +227,7 @@ class Lifecycle:
         log_event(
             "jobs.lifecycle.shutdown", reason=reason, grace=self.grace, hooks=len(self._hooks)
         )
-        deadline = trio.current_time() + self.grace
+        deadline = trio.current_time() + self._grace_left()
         self._told = list(self._hooks)
         # accept BEFORE any wait: a running job must hear the drain while the whole budget is
         # still there for it to unwind in.
@@ -236,7 +259,7 @@ class Lifecycle:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        with trio.open_signal_receiver(*signals) as received:
+        with trio.open_signal_receiver(*signals) as received, _heard_at(signals, self._heard):
             task_status.started()
             async with trio.open_nursery() as nursery:
                 async for signum in received:
@@ -250,6 +273,27 @@ class Lifecycle:
         if not self._exit_guarded and self._guard_exit:
             self._exit_guarded = True
             bound_exit(time.monotonic() + self.grace, name)
+
+
+@contextlib.contextmanager
+def _heard_at(signals: Sequence[int], heard: list[float]) -> Iterator[None]:
+    """Note when each of ``signals`` arrives (in ``heard``), then hand it to the handler that
+    was there (Trio's receiver's), which it is again at the end."""
+    before = {number: signal.getsignal(number) for number in signals}
+
+    def hear(number: int, frame: FrameType | None) -> None:
+        heard.append(time.monotonic())
+        handler = before[number]
+        if callable(handler):
+            handler(number, frame)
+
+    for number in signals:
+        signal.signal(number, hear)
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 @contextlib.asynccontextmanager

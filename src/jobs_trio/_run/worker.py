@@ -410,6 +410,7 @@ class Worker:
                             renew_interval=self.renew_interval,
                             held=lambda: self._drain.held,
                             unwritten=settler.unwritten,
+                            end_by=self._lifecycle.end_by if self._lifecycle else _never,
                         ).run
                     )
                     if self._stats_interval:
@@ -886,6 +887,11 @@ async def open_worker(
                         await worker.stop()
                     raise
                 await worker.stop()
+
+
+def _never() -> float | None:
+    """No lifecycle: no signal ends this worker, and no grace runs out."""
+    return None
 
 
 def _release_when_written(
