@@ -30,7 +30,18 @@ def test_a_second_job_with_a_taken_name_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"attempts": 0}, {"timeout": -1}, {"queue": ""}, {"priority": 1.5}, {"event_poll": 0}],
+    [
+        {"attempts": 0},
+        {"timeout": -1},
+        {"queue": ""},
+        {"priority": 1.5},
+        {"event_poll": 0},
+        # One text, read letter by letter: an error coded "X" was terminal.
+        {"terminal": "X_PAYLOAD"},
+        {"terminal": ["Val\x00ue"]},  # a code that can never match
+        {"terminal": [" X_PAYLOAD"]},
+        {"terminal": [42]},
+    ],
 )
 def test_bad_job_options_are_refused_with_a_fix(options: dict[str, object]) -> None:
     with pytest.raises(ConfigError) as caught:

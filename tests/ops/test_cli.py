@@ -403,6 +403,17 @@ def test_a_payload_that_is_json_but_not_storable_writes_nothing(
     assert not (tmp_path / "jobs.db").exists()
 
 
+def test_a_key_given_twice_in_a_payload_object_is_refused(
+    cli: Cli, db: str, tmp_path: Path
+) -> None:
+    # json.loads keeps the last of the two values: the job got {"a": 2} where the operator
+    # typed both, and nothing said one was dropped.
+    payload = '{"n": {"a": 1, "a": 2}}'
+    err = cli.fails("enqueue", "x", "--payload", payload, "--db", db, code="X_PAYLOAD")
+    assert "--payload: the key 'a' is given twice in one object" in err
+    assert not (tmp_path / "jobs.db").exists()
+
+
 def test_an_integer_too_long_for_python_to_read_is_a_payload_error(
     cli: Cli, db: str, tmp_path: Path
 ) -> None:

@@ -531,7 +531,15 @@ def _payload(text: str | None, name: str) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_one_value_a_key)
+    except _RepeatedKey as exc:
+        # {"a": 1, "a": 2} read as {"a": 2}: one of the two values dropped without a word.
+        raise PayloadNotSerialisable(
+            job=name,
+            field="--payload",
+            cause=f"the key {exc.key!r} is given twice in one object",
+            fix="give each key once: the job would get only the last of its values",
+        ) from exc
     except json.JSONDecodeError as exc:
         raise PayloadNotSerialisable(
             job=name,
@@ -556,6 +564,24 @@ def _payload(text: str | None, name: str) -> Any:
             cause=f"a value Python cannot read: {exc}",
             fix="send a long number as a string; payloads take ints of up to 640 digits",
         ) from exc
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _one_value_a_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of ``--payload`` whose keys are each given once."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return value
 
 
 DriverCommand = Callable[[Driver, argparse.Namespace], Awaitable[None]]

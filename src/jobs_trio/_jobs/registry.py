@@ -377,6 +377,31 @@ class JobDefinition(Generic[PayloadT, ResultT]):
         return ids
 
 
+def _terminal(
+    terminal: Sequence[type[BaseException] | str],
+) -> tuple[type[BaseException] | str, ...]:
+    """``terminal=`` checked: exception types and error codes, each a type or a printable
+    text. One text alone was read as its letters (terminal="X_PAYLOAD" made every error coded
+    "X" terminal), and a code with a NUL or a blank around it could never match."""
+    if isinstance(terminal, str):
+        raise ConfigError(
+            f"terminal={terminal!r} is one text, which would be read letter by letter",
+            fix=f"pass a list: terminal=[{terminal!r}]",
+        )
+    items = tuple(terminal)
+    for item in items:
+        if isinstance(item, type) and issubclass(item, BaseException):
+            continue
+        if isinstance(item, str) and item and item.isprintable() and item == item.strip():
+            continue
+        raise ConfigError(
+            f"terminal item {item!r} is neither an exception type nor an error code",
+            fix="list exception classes (ValueError) or error codes ('X_PAYLOAD') that end a"
+            " job at once, without its remaining attempts",
+        )
+    return items
+
+
 class JobDecorator(Protocol):
     """What ``registry.job(...)`` answers: given the body, its definition, typed by the body's
     payload and its result (awaited, for an ``async def``)."""
@@ -505,6 +530,7 @@ class Registry:
                     fix=f"pass jobs_trio.{kind.__name__}(...)",
                 )
         check_int(priority, argument="priority")
+        terminal_items = _terminal(terminal)
         payload_limit = (
             self.max_payload_bytes
             if max_payload_bytes is None
@@ -527,7 +553,7 @@ class Registry:
                 timeout=timeout,
                 priority=priority,
                 backoff=backoff or Backoff(),
-                terminal=tuple(terminal),
+                terminal=terminal_items,
                 step_timeout=step_timeout,
                 event_poll=event_poll,
                 max_payload_bytes=payload_limit,
