@@ -272,7 +272,7 @@ class Lifecycle:
         period whatever the code after the lifecycle does (see ``bound_exit``)."""
         if not self._exit_guarded and self._guard_exit:
             self._exit_guarded = True
-            bound_exit(time.monotonic() + self.grace, name)
+            bound_exit(time.monotonic() + self._grace_left(), name)  # from its arrival
 
 
 @contextlib.contextmanager
