@@ -100,6 +100,15 @@ async def wedge(ctx: jobs_trio.JobContext, payload: None) -> str:
     return "never"
 
 
+@registry.job("edge.hidden_block", timeout=60, attempts=3)
+async def hidden_block(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> str:
+    # Blocks the loop from a callback of the loop's own, outside this body's frames: the lease
+    # lifeline cannot tell which job blocks it.
+    trio.lowlevel.current_trio_token().run_sync_soon(time.sleep, payload["seconds"])
+    await trio.sleep(payload["seconds"] + 1)
+    return "hidden"
+
+
 @registry.job("edge.short", timeout=60, attempts=3)
 async def short(ctx: jobs_trio.JobContext, payload: dict[str, float] | None) -> str:
     await trio.sleep(payload["seconds"] if payload else 0.02)

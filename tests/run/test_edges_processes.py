@@ -294,3 +294,39 @@ async def test_a_sigterm_while_a_body_blocks_the_loop_ends_the_process_within_it
     assert handed.last_error is not None and "drain's grace period" in handed.last_error
     left = await record(driver, blocker)  # not written: its lease lapses, as any abandoned
     assert (left.state, left.attempts) == (JobState.RUNNING, 1), output
+
+
+async def test_a_sigterm_while_an_unknown_body_blocks_the_loop_names_every_job_it_leaves(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import hidden_block
+
+    # The blocker cannot be told apart (the loop blocks in a callback, not under a body), so
+    # nothing is settled from the lifeline: the process ended at its grace with exit 70 and a
+    # loop-wedged line that named no job, each job left running for its lease to lapse.
+    waiting = await wait.enqueue(driver)
+    async with workers(tmp_path, url, 1, "--lease", "2", "--grace", "3") as [worker]:
+
+        async def running() -> bool:
+            return (await record(driver, waiting)).state is JobState.RUNNING
+
+        await until("the other job to run", 30, running)
+        blocker = await hidden_block.enqueue(driver, {"seconds": 30.0})
+
+        async def blocked() -> bool:
+            return "jobs.worker.loop-blocked" in worker.output()
+
+        await until("the loop to block", 30, blocked)
+        worker.signal(signal.SIGTERM)
+        code = None
+        with trio.move_on_after(20):
+            code = await worker.process.wait()
+        worker.process.kill()
+    output = worker.output()
+    assert code == 70, output
+    named = {
+        line.split("job_id=")[1].split()[0]
+        for line in output.splitlines()
+        if "jobs.worker.drain-abandoned" in line
+    }
+    assert named == {waiting, blocker}, output

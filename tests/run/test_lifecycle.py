@@ -335,3 +335,30 @@ async def test_the_budget_counts_from_the_signals_arrival_not_from_when_the_loop
     assert bound and bound[0] < 3.5, bound  # ~3 s of the 5 left (whatever the load)
     end_by = lifecycle.end_by()
     assert end_by is not None and end_by <= time.monotonic() + 3.5
+
+
+async def test_a_signal_held_at_start_up_counts_its_grace_from_its_arrival() -> None:
+    """The console script holds SIGTERM while the application imports (~1 s): its grace was
+    counted from when the lifecycle acted on it."""
+    from jobs_trio._run.early_signals import EarlySignals
+
+    early = EarlySignals()
+    early.received.append("SIGTERM")
+    early.arrived.append(time.monotonic() - 2.0)  # it came 2 s ago, during the imports
+    bound: list[float] = []
+
+    class Hook:
+        def accept(self, reason: str) -> None:
+            pass
+
+        def bind(self, deadline: float) -> None:
+            bound.append(deadline - trio.current_time())
+
+        async def aclose(self) -> Sequence[str]:
+            return ()
+
+    with trio.fail_after(10):
+        async with open_lifecycle(grace=5, signals=(), early=early) as lifecycle:
+            lifecycle.register(Hook())
+            await trio.sleep_forever()  # the shutdown ends this block
+    assert bound and bound[0] < 3.5, bound

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Sequence
 from types import FrameType
 
@@ -15,6 +16,8 @@ class EarlySignals:
 
     def __init__(self) -> None:
         self.received: list[str] = []
+        # When each arrived (time.monotonic): the grace counts from there (Lifecycle.end_by).
+        self.arrived: list[float] = []
 
     @classmethod
     def install(cls, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> EarlySignals:
@@ -24,6 +27,7 @@ class EarlySignals:
         return early
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.arrived.append(time.monotonic())
         self.received.append(signal.Signals(signum).name)
 
 

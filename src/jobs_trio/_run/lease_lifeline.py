@@ -154,7 +154,7 @@ class LeaseLifeline:
                 if block is None:
                     block = _Block(start=sent_at)
                     self._identify(block, trio_thread)
-                self._blocked(block, now, trio_thread, beside)
+                self._blocked(block, now, trio_thread, beside, sent)
         finally:
             for connection in beside:
                 connection.close()
@@ -177,7 +177,12 @@ class LeaseLifeline:
             block.limit = definition.timeout
 
     def _blocked(
-        self, block: _Block, now: float, trio_thread: int, beside: list[BesideConnection]
+        self,
+        block: _Block,
+        now: float,
+        trio_thread: int,
+        beside: list[BesideConnection],
+        sent: int,
     ) -> None:
         blocked_for = now - block.start
         if blocked_for >= block.next_warn:
@@ -204,13 +209,13 @@ class LeaseLifeline:
             block.renewed_at = now
             self._renew(block, beside)
         if blocked_for >= block.limit:
-            self._end_wedged(block, blocked_for, beside)
+            self._end_wedged(block, blocked_for, beside, sent)
         end_by = self._end_by()
         if end_by is not None and now >= end_by:
             # Signalled, and the grace is spent with the loop still blocked: the drain cannot
             # run, and waiting on would hold every other job's lease for a process told to go
             # until something killed it (each job then orphaned).
-            self._end_wedged(block, blocked_for, beside, drained=True)
+            self._end_wedged(block, blocked_for, beside, sent, drained=True)
 
     def _connection(self, beside: list[BesideConnection]) -> BesideConnection:
         assert self._driver is not None
@@ -284,6 +289,7 @@ class LeaseLifeline:
         block: _Block,
         blocked_for: float,
         beside: list[BesideConnection],
+        sent: int,
         *,
         drained: bool = False,
     ) -> None:
@@ -291,6 +297,8 @@ class LeaseLifeline:
         (exit 70). ``drained``: the drain's grace ran out with the loop blocked, and the
         blocker is abandoned as a drain abandons a body (nothing written; its lease lapses)
         where past its timeout it is timed out."""
+        if self._answered == sent:
+            return  # the loop answered the ping just now: it runs again (see below)
         claim = block.claim
         runs = self._runs()
         endings: list[Settlement] = []
@@ -319,6 +327,28 @@ class LeaseLifeline:
                     )
                 else:
                     endings.append(self._timed_out(claim, blocked_for, block))
+        else:
+            # Each one named all the same: its lease lapses and it runs again elsewhere, and a
+            # job that does must not pass unsaid (the line below named none of them).
+            for run in runs:
+                if not run.settling:
+                    log_event(
+                        "jobs.worker.drain-abandoned" if drained else "jobs.worker.run-abandoned",
+                        logging.ERROR,
+                        worker=self._worker_id,
+                        job_id=run.job_id,
+                        job=run.claim.name,
+                        error="the event loop was blocked by a body that could not be told apart"
+                        " from the others, so none is settled from here",
+                        fix="its lease lapses and it runs again elsewhere; find the blocking"
+                        " call (jobs.worker.loop-blocked's where=) and run it in a thread",
+                    )
+        if self._answered == sent:
+            # The loop answered while this was decided: it runs again, and its own teardown
+            # (or the body's timeout) settles these; written from here too, two writers would
+            # race for each job's row (its token fences all but one). Past this point the
+            # process ends whatever the loop does.
+            return
         endings.extend(self._unwritten())
         log_event(
             "jobs.worker.loop-wedged",

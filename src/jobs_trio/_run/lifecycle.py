@@ -317,6 +317,8 @@ async def open_lifecycle(
                 await nursery.start(lifecycle._listen, tuple(signals))
             # After the receiver is in place, so a signal is either recorded before (and
             # read here) or heard by it: none falls between the two.
+            if early is not None:
+                lifecycle._heard[:0] = early.arrived  # their grace counts from their arrival
             for name in early.received if early is not None else ():
                 lifecycle.signalled(name)
                 nursery.start_soon(lifecycle.shutdown, name)
