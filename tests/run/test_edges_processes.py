@@ -7,6 +7,7 @@ import functools
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -259,6 +260,33 @@ async def test_a_body_that_blocks_the_loop_past_its_timeout_ends_the_process_and
     assert handed.last_error is not None and "edge.wedge" in handed.last_error
 
 
+async def _sigterm_while_blocked(
+    url: str, driver: Driver, tmp_path: Path, blocker_job: Any
+) -> tuple[int | None, str, str, str]:
+    """A worker (grace 3 s) runs ``edge.wait``, then ``blocker_job`` blocks its loop for 30 s,
+    and SIGTERM comes: its exit code (None: still running 20 s later), its log, and the two
+    jobs' ids (the waiting one, the blocker)."""
+    waiting = await wait.enqueue(driver)
+    async with workers(tmp_path, url, 1, "--lease", "2", "--grace", "3") as [worker]:
+
+        async def running() -> bool:
+            return (await record(driver, waiting)).state is JobState.RUNNING
+
+        await until("the other job to run", 30, running)
+        blocker = await blocker_job.enqueue(driver, {"seconds": 30.0})
+
+        async def blocked() -> bool:
+            return "jobs.worker.loop-blocked" in worker.output()
+
+        await until("the loop to block", 30, blocked)
+        worker.signal(signal.SIGTERM)
+        code = None
+        with trio.move_on_after(20):  # 3 s of grace, and a loaded machine's margin
+            code = await worker.process.wait()
+        worker.process.kill()  # (a no-op once it exited)
+    return code, worker.output(), waiting, blocker
+
+
 async def test_a_sigterm_while_a_body_blocks_the_loop_ends_the_process_within_its_grace(
     url: str, driver: Driver, tmp_path: Path
 ) -> None:
@@ -267,25 +295,7 @@ async def test_a_sigterm_while_a_body_blocks_the_loop_ends_the_process_within_it
     # A 30 s time.sleep in an async body holds the loop when SIGTERM comes: the drain cannot
     # run. The process used to wait out the block (30 s, past a 3 s grace) or a SIGKILL, its
     # lease lifeline renewing the other job's lease all along, which a kill then orphaned.
-    waiting = await wait.enqueue(driver)
-    async with workers(tmp_path, url, 1, "--lease", "2", "--grace", "3") as [worker]:
-
-        async def running() -> bool:
-            return (await record(driver, waiting)).state is JobState.RUNNING
-
-        await until("the other job to run", 30, running)
-        blocker = await block.enqueue(driver, {"seconds": 30.0})
-
-        async def blocked() -> bool:
-            return "jobs.worker.loop-blocked" in worker.output()
-
-        await until("the loop to block", 30, blocked)
-        worker.signal(signal.SIGTERM)
-        code = None  # still running 20 s later
-        with trio.move_on_after(20):  # 3 s of grace, and a loaded machine's margin
-            code = await worker.process.wait()
-        worker.process.kill()  # (a no-op once it exited)
-    output = worker.output()
+    code, output, waiting, blocker = await _sigterm_while_blocked(url, driver, tmp_path, block)
     assert code == 70, output
     abandoned = [line for line in output.splitlines() if "jobs.worker.drain-abandoned" in line]
     assert len(abandoned) == 1 and f"job_id={blocker}" in abandoned[0], output
@@ -304,25 +314,9 @@ async def test_a_sigterm_while_an_unknown_body_blocks_the_loop_names_every_job_i
     # The blocker cannot be told apart (the loop blocks in a callback, not under a body), so
     # nothing is settled from the lifeline: the process ended at its grace with exit 70 and a
     # loop-wedged line that named no job, each job left running for its lease to lapse.
-    waiting = await wait.enqueue(driver)
-    async with workers(tmp_path, url, 1, "--lease", "2", "--grace", "3") as [worker]:
-
-        async def running() -> bool:
-            return (await record(driver, waiting)).state is JobState.RUNNING
-
-        await until("the other job to run", 30, running)
-        blocker = await hidden_block.enqueue(driver, {"seconds": 30.0})
-
-        async def blocked() -> bool:
-            return "jobs.worker.loop-blocked" in worker.output()
-
-        await until("the loop to block", 30, blocked)
-        worker.signal(signal.SIGTERM)
-        code = None
-        with trio.move_on_after(20):
-            code = await worker.process.wait()
-        worker.process.kill()
-    output = worker.output()
+    code, output, waiting, blocker = await _sigterm_while_blocked(
+        url, driver, tmp_path, hidden_block
+    )
     assert code == 70, output
     named = {
         line.split("job_id=")[1].split()[0]

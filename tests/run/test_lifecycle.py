@@ -310,29 +310,35 @@ async def test_single_errors_from_open_blocks_come_out_as_themselves() -> None:
             raise Mine
 
 
+class _BudgetLeft:
+    """A hook that notes the time left to each budget it is bound to."""
+
+    def __init__(self) -> None:
+        self.left: list[float] = []
+
+    def accept(self, reason: str) -> None:
+        pass
+
+    def bind(self, deadline: float) -> None:
+        self.left.append(deadline - trio.current_time())
+
+    async def aclose(self) -> Sequence[str]:
+        return ()
+
+
 async def test_the_budget_counts_from_the_signals_arrival_not_from_when_the_loop_heard_it() -> None:
     """A signal that arrives while a job body blocks the loop (a time.sleep in an async body)
     is heard by the Trio task only once the block ends: the budget was the whole grace again
     from there, past the grace the operator gave (a supervisor's SIGKILL comes at the grace)."""
-    bound: list[float] = []
-
-    class Hook:
-        def accept(self, reason: str) -> None:
-            pass
-
-        def bind(self, deadline: float) -> None:
-            bound.append(deadline - trio.current_time())
-
-        async def aclose(self) -> Sequence[str]:
-            return ()
+    bound = _BudgetLeft()
 
     with _OwnSigterm(), trio.fail_after(10):
         async with open_lifecycle(grace=5) as lifecycle:
-            lifecycle.register(Hook())
+            lifecycle.register(bound)
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(2)  # the loop blocked: the handler runs, the lifecycle's task cannot
             await trio.sleep_forever()  # the shutdown ends this block
-    assert bound and bound[0] < 3.5, bound  # ~3 s of the 5 left (whatever the load)
+    assert bound.left and bound.left[0] < 3.5, bound.left  # ~3 s of the 5 left, whatever the load
     end_by = lifecycle.end_by()
     assert end_by is not None and end_by <= time.monotonic() + 3.5
 
@@ -345,20 +351,10 @@ async def test_a_signal_held_at_start_up_counts_its_grace_from_its_arrival() -> 
     early = EarlySignals()
     early.received.append("SIGTERM")
     early.arrived.append(time.monotonic() - 2.0)  # it came 2 s ago, during the imports
-    bound: list[float] = []
-
-    class Hook:
-        def accept(self, reason: str) -> None:
-            pass
-
-        def bind(self, deadline: float) -> None:
-            bound.append(deadline - trio.current_time())
-
-        async def aclose(self) -> Sequence[str]:
-            return ()
+    bound = _BudgetLeft()
 
     with trio.fail_after(10):
         async with open_lifecycle(grace=5, signals=(), early=early) as lifecycle:
-            lifecycle.register(Hook())
+            lifecycle.register(bound)
             await trio.sleep_forever()  # the shutdown ends this block
-    assert bound and bound[0] < 3.5, bound
+    assert bound.left and bound.left[0] < 3.5, bound.left

@@ -534,36 +534,23 @@ def _payload(text: str | None, name: str) -> Any:
         return json.loads(text, object_pairs_hook=_one_value_a_key)
     except _RepeatedKey as exc:
         # {"a": 1, "a": 2} read as {"a": 2}: one of the two values dropped without a word.
-        raise PayloadNotSerialisable(
-            job=name,
-            field="--payload",
-            cause=f"the key {exc.key!r} is given twice in one object",
-            fix="give each key once: the job would get only the last of its values",
-        ) from exc
+        cause = f"the key {exc.key!r} is given twice in one object"
+        fix = "give each key once: the job would get only the last of its values"
     except json.JSONDecodeError as exc:
-        raise PayloadNotSerialisable(
-            job=name,
-            field="--payload",
-            cause=f"not valid JSON: {exc}",
-            fix="""quote it for the shell, e.g. --payload '{"to": "a@b.c"}'""",
-        ) from exc
-    except RecursionError as exc:
+        cause, fix = (
+            f"not valid JSON: {exc}",
+            """quote it for the shell, e.g. --payload '{"to": "a@b.c"}'""",
+        )
+    except RecursionError:
         # Python's JSON parser recurses once per level of nesting.
-        raise PayloadNotSerialisable(
-            job=name,
-            field="--payload",
-            cause="nested deeper than the JSON parser can read",
-            fix="flatten the payload: a few levels of objects and arrays are plenty",
-        ) from exc
+        cause = "nested deeper than the JSON parser can read"
+        fix = "flatten the payload: a few levels of objects and arrays are plenty"
     except ValueError as exc:
         # Python refuses to read an integer of more than 4,300 digits (int_max_str_digits):
         # not JSONDecodeError, and it used to reach the user as X_UNEXPECTED, "a bug".
-        raise PayloadNotSerialisable(
-            job=name,
-            field="--payload",
-            cause=f"a value Python cannot read: {exc}",
-            fix="send a long number as a string; payloads take ints of up to 640 digits",
-        ) from exc
+        cause = f"a value Python cannot read: {exc}"
+        fix = "send a long number as a string; payloads take ints of up to 640 digits"
+    raise PayloadNotSerialisable(job=name, field="--payload", cause=cause, fix=fix)
 
 
 class _RepeatedKey(ValueError):
