@@ -109,6 +109,12 @@ async def hidden_block(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> 
     return "hidden"
 
 
+@registry.job("edge.sync_quick", timeout=60, attempts=3)
+def sync_quick(ctx: jobs_trio.JobContext, payload: dict[str, float]) -> str:
+    time.sleep(payload["seconds"])  # in its own thread: the loop is free (unless blocked)
+    return "quick"
+
+
 @registry.job("edge.short", timeout=60, attempts=3)
 async def short(ctx: jobs_trio.JobContext, payload: dict[str, float] | None) -> str:
     await trio.sleep(payload["seconds"] if payload else 0.02)

@@ -261,12 +261,17 @@ async def test_a_body_that_blocks_the_loop_past_its_timeout_ends_the_process_and
 
 
 async def _sigterm_while_blocked(
-    url: str, driver: Driver, tmp_path: Path, blocker_job: Any
+    url: str,
+    driver: Driver,
+    tmp_path: Path,
+    blocker_job: Any,
+    first: Any = wait,
+    first_payload: object = None,
 ) -> tuple[int | None, str, str, str]:
-    """A worker (grace 3 s) runs ``edge.wait``, then ``blocker_job`` blocks its loop for 30 s,
-    and SIGTERM comes: its exit code (None: still running 20 s later), its log, and the two
-    jobs' ids (the waiting one, the blocker)."""
-    waiting = await wait.enqueue(driver)
+    """A worker (grace 3 s) runs ``first`` (``edge.wait``), then ``blocker_job`` blocks its
+    loop for 30 s, and SIGTERM comes: its exit code (None: still running 20 s later), its log,
+    and the two jobs' ids (the first, the blocker)."""
+    waiting = await first.enqueue(driver, first_payload)
     async with workers(tmp_path, url, 1, "--lease", "2", "--grace", "3") as [worker]:
 
         async def running() -> bool:
@@ -324,3 +329,18 @@ async def test_a_sigterm_while_an_unknown_body_blocks_the_loop_names_every_job_i
         if "jobs.worker.drain-abandoned" in line
     }
     assert named == {waiting, blocker}, output
+
+
+async def test_a_sync_body_that_returned_while_the_loop_was_blocked_is_written_completed(
+    url: str, driver: Driver, tmp_path: Path
+) -> None:
+    from tests.apps.edges_app import block, sync_quick
+
+    # Its thread returned 2 s in, the loop blocked: its result never reached its task, and the
+    # lifeline's end at the grace handed the job back as interrupted. It ran again.
+    code, output, quick, _ = await _sigterm_while_blocked(
+        url, driver, tmp_path, block, first=sync_quick, first_payload={"seconds": 2.0}
+    )
+    assert code == 70, output
+    done = await record(driver, quick)
+    assert (done.state, done.attempts, done.result) == (JobState.COMPLETED, 1, "quick"), output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 import types
 from contextlib import AbstractContextManager
@@ -293,6 +294,7 @@ def _in_trio_run() -> bool:
 
 def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) -> Any:
     owner = own_pid()
+    started = time.monotonic()
     try:
         result = definition.fn(ctx, payload)
     except SystemExit as exc:
@@ -308,6 +310,10 @@ def _call_in_thread(definition: JobDefinition, ctx: JobContext, payload: Any) ->
         # nowhere (the run was already settled, fenced), and this line is how to find it.
         log_event("jobs.timeout.abandoned", logging.WARNING, job_id=ctx.job_id, job=ctx.name)
         raise
+    # Noted on the run from this thread: the result reaches the run's task only through the
+    # Trio loop, and while a body blocks that loop the lease lifeline is the one that writes
+    # it (a finished body handed back as interrupted ran again).
+    ctx._run.returned_in_thread = (result, time.monotonic() - started)
     return result
 
 

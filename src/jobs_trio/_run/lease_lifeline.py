@@ -19,10 +19,10 @@ import trio
 from .._core.ending import end_process
 from .._core.errors import HandedBack, JobsError, JobTimeout
 from .._core.logs import log_event
-from .._core.records import Claim, DeadLetter, Retry, Settlement
+from .._core.records import AttemptNote, Claim, Complete, DeadLetter, Retry, Settlement
 from .._jobs.registry import Registry
 from ..drivers.contract import BesideConnection, Driver, RenewsBeside
-from .attempt import describe, judged_code
+from .attempt import _result_json, describe, judged_code
 from .lifecycle import ABANDONED_EXIT_CODE
 from .run_scope import RunScope
 
@@ -311,7 +311,10 @@ class LeaseLifeline:
             for run in runs:
                 if run.settling:
                     continue  # its ending waits in the settler, below
-                if run.claim.token != claim.token:
+                finished = self._finished_in_thread(run)
+                if finished is not None:
+                    endings.append(finished)
+                elif run.claim.token != claim.token:
                     endings.append(self._handed_back(run.claim, claim, blocked_for, drained))
                 elif drained:
                     log_event(
@@ -331,7 +334,13 @@ class LeaseLifeline:
             # Each one named all the same: its lease lapses and it runs again elsewhere, and a
             # job that does must not pass unsaid (the line below named none of them).
             for run in runs:
-                if not run.settling:
+                finished = None if run.settling else self._finished_in_thread(run)
+                if finished is not None:
+                    endings.append(finished)  # a thread's body: not what blocks the loop
+                elif run.held_for_slot:
+                    # Claimed ahead, never started: not the blocker either, handed back.
+                    endings.append(self._handed_back(run.claim, None, blocked_for, drained))
+                elif not run.settling:
                     log_event(
                         "jobs.worker.drain-abandoned" if drained else "jobs.worker.run-abandoned",
                         logging.ERROR,
@@ -379,6 +388,21 @@ class LeaseLifeline:
                 )
         end_process(ABANDONED_EXIT_CODE)
 
+    def _finished_in_thread(self, run: RunScope) -> Settlement | None:
+        """The completion of a sync body that returned in its thread while the loop was
+        blocked (its task never heard of it), or None."""
+        finished = run.returned_in_thread
+        definition = self._registry.get(run.claim.name)
+        if finished is None or definition is None:
+            return None
+        result, seconds = finished
+        try:
+            text = "null" if result is None else _result_json(result, definition)
+        except JobsError:
+            return None  # not storable: left to the others' way (handed back, its lease)
+        claim = run.claim
+        return Complete(claim.lease, text, AttemptNote(claim.attempt, self._worker_id, seconds))
+
     def _timed_out(self, claim: Claim, blocked_for: float, block: _Block) -> Settlement:
         error = describe(
             JobTimeout(
@@ -395,14 +419,15 @@ class LeaseLifeline:
         return Retry(claim.lease, definition.backoff.delay(claim.attempt), error)
 
     def _handed_back(
-        self, claim: Claim, blocker: Claim, blocked_for: float, drained: bool
+        self, claim: Claim, blocker: Claim | None, blocked_for: float, drained: bool
     ) -> Settlement:
         during = " through its drain's grace period" if drained else ""
+        who = f"job {blocker.name!r} ({blocker.job_id})" if blocker else "a job body"
         error = describe(
             HandedBack(
-                f"interrupted: worker {self._worker_id!r} ended because job {blocker.name!r}"
-                f" ({blocker.job_id}) blocked its event loop for {blocked_for:.0f} s{during};"
-                " this job was handed back to the queue, its attempt uncounted",
+                f"interrupted: worker {self._worker_id!r} ended because {who} blocked its"
+                f" event loop for {blocked_for:.0f} s{during}; this job was handed back to the"
+                " queue, its attempt uncounted",
                 fix="nothing for this job: another worker runs it",
             )
         )

@@ -75,6 +75,10 @@ class RunScope:
     # Until when (time.monotonic) the lease lifeline's last renewal holds the lease: set
     # from its thread while a body blocks the loop, where the Trio clock cannot be read.
     beside_until = -math.inf
+    # A sync body that returned in its thread: its result and its seconds, set from that
+    # thread before the Trio loop hears of it (the lease lifeline writes it if the loop stays
+    # blocked).
+    returned_in_thread: tuple[object, float] | None = None
 
     def __init__(self, claim: Claim, timeout: float | None, owner: int | None = None) -> None:
         self.claim = claim
