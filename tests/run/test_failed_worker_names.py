@@ -92,7 +92,12 @@ async def _fail_with_a_body_running(
     driver.claim = claim_then_fail
     driver.settle_and_claim = None  # claims go through claim() alone
     worker = jobs_trio.Worker(
-        driver, registry, queues=["q"], concurrency=2, stats_interval=None, claim_ahead=None
+        driver,
+        registry,
+        queues=["q"],
+        concurrency=2,
+        stats_interval=None,
+        claim_ahead=None,
     )
     raised: BaseException | None = None
     try:
@@ -101,6 +106,7 @@ async def _fail_with_a_body_running(
             await started.wait()
             while worker.slot_use()["q"][0] == 0:  # the body started
                 await trio.sleep(0.01)
+            await fast.enqueue(driver, None)  # wakes the claim loop: its claim fails
             if outside:
                 nursery.cancel_scope.cancel()
     except BaseException as exc:  # the refusal, in whatever group
