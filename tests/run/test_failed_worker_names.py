@@ -73,11 +73,19 @@ async def stuck(ctx: jobs_trio.JobContext, payload: Any) -> None:
     await trio.sleep_forever()
 
 
+class _Hostile(Exception):
+    """An error whose own text cannot be had: a worker stopped by it must still say so."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
 async def _fail_with_a_body_running(
-    driver: Any, outside: bool
+    driver: Any, how: str
 ) -> tuple[jobs_trio.Worker, BaseException | None]:
-    """A worker running ``stuck`` is stopped without a drain: by an error of its driver, or by
-    a cancel of the task that runs it (``outside``)."""
+    """A worker running ``stuck`` is stopped without a drain: by an error of its driver
+    (``failed``, ``hostile``), or by a cancel of the task that runs it (``outside``)."""
+    outside = how == "outside"
     started = trio.Event()
     real_claim = driver.claim
 
@@ -85,6 +93,8 @@ async def _fail_with_a_body_running(
         if started.is_set():
             if outside:
                 await trio.sleep_forever()
+            if how == "hostile":
+                raise _Hostile
             raise ConfigError("the database refused this worker (test)", fix="none")
         started.set()
         return await real_claim(*args, **kwargs)
@@ -114,28 +124,31 @@ async def _fail_with_a_body_running(
     return worker, raised
 
 
-@pytest.mark.parametrize("outside", [False, True], ids=["failed", "cancelled-from-outside"])
+_SAYS = {
+    "failed": "ConfigError: [X_CONFIG] the database refused this worker (test) — fix: none",
+    "hostile": "_Hostile: <str() of this error raised RuntimeError>",
+    "outside": "cancelled from outside",
+}
+
+
+@pytest.mark.parametrize("how", list(_SAYS))
 async def test_a_worker_stopped_without_a_drain_names_each_body_it_cut(
-    outside: bool, caplog: pytest.LogCaptureFixture
+    how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its lease lapses and it runs again with an attempt counted: before, nothing said so (the
     stopped line read abandoned=0)."""
     caplog.set_level(logging.INFO, logger="jobs_trio")
     async with jobs_trio.open_driver("memory://") as driver:
         job_id = await stuck.enqueue(driver, None)
-        worker, raised = await _fail_with_a_body_running(driver, outside)
-    assert (raised is None) == outside
+        worker, raised = await _fail_with_a_body_running(driver, how)
+    assert (raised is None) == (how == "outside")
     named = [
         r.fields  # type: ignore[attr-defined]
         for r in caplog.records
         if getattr(r, "event", "") == "jobs.worker.run-abandoned"
     ]
     assert [f["job_id"] for f in named] == [job_id]
-    assert named[0]["error"] == (
-        "cancelled from outside"
-        if outside
-        else "ConfigError: [X_CONFIG] the database refused this worker (test) — fix: none"
-    )
+    assert named[0]["error"] == _SAYS[how]
     assert job_id in worker.stats().abandoned
     stopped = [
         r.fields  # type: ignore[attr-defined]

@@ -67,7 +67,7 @@ def shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _raised(exc: BaseException) -> str:
+def raised_text(exc: BaseException) -> str:
     """``Type: message`` of an error user code raised, for a message: never raising itself."""
     try:
         message = str(exc)
@@ -390,7 +390,7 @@ def dump_json(
         raise PayloadNotSerialisable(
             job=job,
             field=what,
-            cause=f"walking it to encode it raised {_raised(exc)}",
+            cause=f"walking it to encode it raised {raised_text(exc)}",
             fix=_JSON_FIX,
         ) from exc
     if found is not None:  # a surrogate's escape (or U+D000-U+D7FF's) led to the walk

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .boundary import check_int, check_key, check_name, shown
+from .boundary import check_int, check_key, check_name, raised_text, shown
 from .errors import ConfigError, InvalidArgument
 from .records import JobLimits
 
@@ -86,7 +86,7 @@ def _key(
     except Exception as exc:
         raise InvalidArgument(
             f"{limit} key",
-            f"job {job!r}: the key function raised {type(exc).__name__}: {exc} (for {what})",
+            f"job {job!r}: the key function raised {raised_text(exc)} (for {what})",
             fix="make the key function accept every payload this job is enqueued with",
         ) from exc
     if isinstance(part, bool) or not isinstance(part, str | int):

@@ -11,6 +11,7 @@ import trio
 from .._core.logs import log_event
 from .._core.records import Lease
 from ..drivers.contract import Driver, UnmarksAlone
+from .attempt import describe
 from .budget import WRITE_FLOOR, Budget
 from .drain import Drain
 from .run_scope import RunScope
@@ -100,15 +101,18 @@ def _abandon(run: RunScope, worker_id: str, event: str, fix: str, **fields: str)
 
 def _cause(error: BaseException) -> str:
     """What stopped the worker: its first error out of the nurseries' groups, the cancels of
-    the tasks it took down with it left out."""
+    the tasks it took down with it left out; as stored error text is (``describe``: cut,
+    escaped, and never raising for an error whose own ``__str__`` does)."""
     if isinstance(error, BaseExceptionGroup):
         _, rest = error.split(trio.Cancelled)
+        if rest is None:
+            return "cancelled from outside"
         while isinstance(rest, BaseExceptionGroup):
             rest = rest.exceptions[0]
-        error = rest if rest is not None else trio.Cancelled._create()
+        error = rest
     if isinstance(error, trio.Cancelled):
         return "cancelled from outside"
-    return f"{type(error).__name__}: {error}"
+    return describe(error)
 
 
 async def unmark_abandoned_alone(drain: Drain, driver: Driver, worker_id: str) -> None:
