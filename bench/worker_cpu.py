@@ -6,6 +6,7 @@
     python bench/worker_cpu.py [--jobs 3000] [--concurrency 1] [--profile FILE]
     python bench/worker_cpu.py --db sqlite:////tmp/w.db ...   # SQLite: a fresh file, removed after
     PYTHONPATH=/old/tree/src python bench/worker_cpu.py ...   # the same, another tree
+    python bench/worker_cpu.py --spy FILE ...   # py-spy's raw samples of the worker phase
 
 Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu`, dropped at the end), runs
 VACUUM ANALYZE, then opens a worker (every default but concurrency) and times from its open to
@@ -13,7 +14,8 @@ the last job's start: jobs/s and time.process_time per job (this process only; t
 share of its socket calls included; the garbage collector's share of it shown apart), and the
 CPU every process named ``postgres`` on this machine spent meanwhile, per job (where /proc lets
 this user read it: 10 ms ticks, so use thousands of jobs). ``--profile FILE`` writes a cProfile
-of the worker."""
+of the worker; ``--spy FILE`` py-spy's raw samples of the same span (bench/cpu_components.py
+reads them)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,12 @@ import argparse
 import contextlib
 import cProfile
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -64,6 +71,7 @@ async def main(args: argparse.Namespace) -> None:
             open_worker = jobs_trio.open_worker
             server = postgres_cpu()
             collector = CollectorTime()
+            spy = _start_spy(args.spy, args.spy_rate, args.spy_all) if args.spy else None
             wall, cpu = time.perf_counter(), time.process_time()
             if profile:
                 profile.enable()
@@ -83,6 +91,10 @@ async def main(args: argparse.Namespace) -> None:
                     if profile:
                         profile.disable()
                         profile.dump_stats(args.profile)
+                    if spy is not None:
+                        # py-spy writes its file when interrupted, as at Control-C.
+                        spy.send_signal(signal.SIGINT)
+                        spy.wait(timeout=60)
         server_share = (
             f", PostgreSQL {(after - server) / args.jobs * 1e6:,.0f} µs"
             if server is not None and after is not None and not sqlite  # no server's share
@@ -95,6 +107,31 @@ async def main(args: argparse.Namespace) -> None:
         )
     finally:
         await _drop(args.db, sqlite)
+
+
+def _start_spy(path: str, rate: int, all_threads: bool) -> subprocess.Popen[str]:
+    """py-spy recording this process, returned once it samples: before the clock starts, so
+    that its attach is not in the span (it pauses the process to read it). The thread holding
+    the GIL alone unless ``all_threads``: py-spy counts a thread waiting in
+    ``threading.Event.wait`` (the lease lifeline's tick) as running, and a thread that waits
+    lets the GIL go; SQLite's statements run with it let go, hence ``all_threads`` there."""
+    # Beside this interpreter when installed in its environment, not always on PATH.
+    beside = Path(sys.executable).with_name("py-spy")
+    program = str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
+    command = [program, "record", "--pid", str(os.getpid()), "--rate", str(rate)]
+    command += [] if all_threads else ["--gil"]
+    spy = subprocess.Popen(
+        [*command, "--format", "raw", "--output", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert spy.stdout is not None
+    # Its first line ("Sampling process ...") comes once it is attached.
+    first = spy.stdout.readline()
+    if "Sampling" not in first:
+        raise SystemExit(f"py-spy did not start: {first}{spy.stdout.read()}")
+    return spy
 
 
 async def _drop(db: str, sqlite: bool, schema: str = SCHEMA) -> None:
@@ -118,6 +155,11 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--ahead", type=int, default=None, help="the worker's claim_ahead")
     parser.add_argument("--profile", help="write a cProfile of the worker here")
+    parser.add_argument("--spy", help="write py-spy's raw samples of the worker here")
+    parser.add_argument("--spy-rate", type=int, default=1000, help="py-spy's samples a second")
+    parser.add_argument(
+        "--spy-all", action="store_true", help="py-spy: every thread, not the GIL's holder"
+    )
     parser.add_argument(
         "--quiet",
         action="store_true",

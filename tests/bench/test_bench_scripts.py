@@ -79,6 +79,15 @@ SCRIPTS = {
             rf"worker c=50 over the floor in the same round: {NUMBER} \(median {NUMBER}\)",
         ),
     ),
+    "cpu_components": Script(
+        "bench/cpu_components.py",
+        "--db {db} --jobs 300 --concurrency 10 --rounds 1",
+        (
+            r"round 1: this tree \d+ µs a job",
+            rf"\| the job's task and its cancel scope \(Trio\) \| {NUMBER} \|",
+            rf"\| total \(runs\) \| \*\*{NUMBER}\*\* \({NUMBER}\) \|",
+        ),
+    ),
     "floor_worker": Script(
         "bench/floor_worker.py",
         "--db {db} --jobs 300 --concurrency 10 --batch 20",
