@@ -131,7 +131,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_sqlite_door_") as folder:
         url = f"sqlite:///{os.path.join(folder, 'door.db')}"
         options = argparse.Namespace(
-            db=url, jobs=args.jobs, concurrency=args.concurrency, profile=None, ahead=None
+            db=url, jobs=args.jobs, concurrency=args.concurrency, profile=None, ahead=None, spy=None
         )
         worker_cpu.configure_logging(argparse.Namespace(log_level="info", log_format="text"))
         trio.run(worker_cpu.main, options)
