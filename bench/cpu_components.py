@@ -10,10 +10,12 @@ Each round runs `bench/worker_cpu.py --spy FILE` once per tree (the trees altern
 CPU only, at `--rate` a second. A sample goes to the innermost frame that belongs to a
 component (the standard library's frames and attrs' generated ones belong to the frame that
 called them), and each component's share of the samples times the run's µs a job is its µs a
-job; a cell is the median of the rounds. On PostgreSQL py-spy samples the thread holding the
-GIL; on SQLite every thread (its statements run with the GIL let go, on the door's thread),
-less the samples of a thread waiting in `threading` (py-spy counts the lease lifeline's tick
-wait as running). Needs py-spy (`pip install py-spy`) and the right to
+job; a cell is the median of the rounds. py-spy samples the thread holding the GIL (it reads
+the lease lifeline's wait in `threading.Event.wait` as running), and samples of a thread
+waiting in `threading` are dropped as well. PostgreSQL only: on SQLite the statements run on
+the door's thread with the GIL let go, which the GIL's holder does not show, and sampling every
+thread pauses the two threads' hand-off of the GIL (the rate fell from ~17,000 to 5,000 jobs/s
+under it); `bench/sqlite_door.py` splits SQLite's CPU by thread instead. Needs py-spy (`pip install py-spy`) and the right to
 attach to a process (root, or ptrace allowed)."""
 
 from __future__ import annotations
@@ -148,7 +150,6 @@ def one_run(tree: Path, args: argparse.Namespace) -> tuple[float, dict[str, floa
         command = [sys.executable, str(HERE / "worker_cpu.py"), "--jobs", str(args.jobs)]
         command += ["--concurrency", str(args.concurrency), "--spy", str(raw)]
         command += ["--spy-rate", str(args.rate), "--db", args.db]
-        command += ["--spy-all"] if args.db.startswith("sqlite:") else []
         done = subprocess.run(
             command, env=env, capture_output=True, text=True, check=False, timeout=600
         )
@@ -164,11 +165,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=1000, help="py-spy's samples a second")
-    parser.add_argument(
-        "--db",
-        default="postgresql://postgres@127.0.0.1:5432/postgres",
-        help="or sqlite:///PATH (a fresh file, removed after)",
-    )
+    parser.add_argument("--db", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument(
         "--tree",
         action="append",
@@ -177,6 +174,8 @@ def main() -> None:
         help="a checkout to measure (repeat; default: this one)",
     )
     args = parser.parse_args()
+    if not args.db.startswith("postgres"):
+        parser.error("PostgreSQL only (see the docstring); for SQLite: bench/sqlite_door.py")
     trees = [tuple(t.split("=", 1)) for t in args.tree] or [("this tree", str(HERE.parent))]
     totals: dict[str, list[float]] = {label: [] for label, _ in trees}
     parts: dict[str, dict[str, list[float]]] = {
