@@ -15,8 +15,8 @@ the lease lifeline's wait in `threading.Event.wait` as running), and samples of 
 waiting in `threading` are dropped as well. PostgreSQL only: on SQLite the statements run on
 the door's thread with the GIL let go, which the GIL's holder does not show, and sampling every
 thread pauses the two threads' hand-off of the GIL (the rate fell from ~17,000 to 5,000 jobs/s
-under it); `bench/sqlite_door.py` splits SQLite's CPU by thread instead. Needs py-spy (`pip install py-spy`) and the right to
-attach to a process (root, or ptrace allowed)."""
+under it); `bench/sqlite_door.py` splits SQLite's CPU by thread instead. Needs py-spy (`pip
+install py-spy`) and the right to attach to a process (root, or ptrace allowed)."""
 
 from __future__ import annotations
 
