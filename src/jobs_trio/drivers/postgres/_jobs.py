@@ -24,7 +24,9 @@ from ..._core.records import (
     Lease,
     NewJob,
     RenewResult,
+    Retry,
     Settlement,
+    Suspend,
 )
 from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
@@ -423,6 +425,13 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied, busy = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
+        if any(type(s) is Retry or type(s) is Suspend for s in settlements):
+            # A retry's backoff or a suspension's wake-up is a due time this process's own wait
+            # for work did not know when it planned: it waits until the soonest run_at or lapse
+            # it read, and for a job still running that was its lease's end. An idle worker
+            # then ran a 1 s step.sleep at the lease's end, 8 s later (30 s at --lease 30).
+            # SQLite wakes on every settle; here a look again, only after such settles.
+            self._listener.wake(None)
         written = _applied_in_order(settlements, applied)
         if busy:
             # Committed, but for rows another session holds locked: say which were written
