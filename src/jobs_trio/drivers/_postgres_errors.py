@@ -174,7 +174,8 @@ def _url_setting_refused(exc: Exception, where: str) -> ConfigError:
         f"PostgreSQL at {where} refused a setting the URL passes: {exc}",
         fix="remove or correct that ?NAME=VALUE in the URL: a parameter asyncpg does not"
         " read (sslmode, sslrootcert, target_session_attrs, ... ; jobs_trio reads"
-        " statement_timeout, lock_timeout, pgbouncer, listen_host, listen_port) is sent to"
+        " statement_timeout, lock_timeout, idle_in_transaction_session_timeout, pgbouncer,"
+        " listen_host, listen_port) is sent to"
         " the server as a setting, and must be one it knows with a value it takes"
         " (connect_timeout is libpq's, not asyncpg's: leave it out)",
     )

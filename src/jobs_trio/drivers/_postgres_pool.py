@@ -26,7 +26,20 @@ Connection = Any  # asyncpg is untyped
 # jobs (~2 s). Both in seconds; 0 turns a bound off. Migrations lift both for their transaction.
 DEFAULT_STATEMENT_TIMEOUT = 30.0
 DEFAULT_LOCK_TIMEOUT = 2.0
-_DEFAULTS = {"statement_timeout": DEFAULT_STATEMENT_TIMEOUT, "lock_timeout": DEFAULT_LOCK_TIMEOUT}
+# A transaction of the driver's own left idle this long is ended by the server. The driver's
+# transactions send their statements back to back (ms apart); one that idles is in a process
+# that stopped (SIGSTOP, a VM paused) or whose loop a body blocks, and the row locks it holds
+# (the cron mark of a tick, every limit row of a key a claim looks at) stalled the whole
+# fleet's cron and failed other workers' renewals, every run of theirs, for as long as it
+# stayed stopped (a review, 2026-12-07). Below the lock timeout, so that a statement queued
+# behind such a transaction gets through instead of failing. The application's transactions
+# (jobs_trio.transaction) and migrations lift it for themselves.
+DEFAULT_IDLE_IN_TRANSACTION = 1.0
+_DEFAULTS = {
+    "statement_timeout": DEFAULT_STATEMENT_TIMEOUT,
+    "lock_timeout": DEFAULT_LOCK_TIMEOUT,
+    "idle_in_transaction_session_timeout": DEFAULT_IDLE_IN_TRANSACTION,
+}
 # PostgreSQL keeps these as whole milliseconds in a 32-bit integer.
 _MAX_SECONDS = (2**31 - 1) / 1000
 
@@ -60,12 +73,16 @@ def session_settings(
 ) -> dict[str, str]:
     """The server settings a pooled connection opens with. Each timeout is the argument if
     given, else the URL's query (``?statement_timeout=10s&lock_timeout=500ms``, PostgreSQL's
-    units, milliseconds by default), else the default."""
+    units, milliseconds by default; ``idle_in_transaction_session_timeout`` from the URL only),
+    else the default."""
     from_url = parse_qs(urlsplit(url).query)
-    chosen = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
+    chosen: dict[str, float | None] = {
+        "statement_timeout": statement_timeout,
+        "lock_timeout": lock_timeout,
+    }
     settings = dict(PLANNER_SETTINGS)
     for key, default in _DEFAULTS.items():
-        value = chosen[key]
+        value = chosen.get(key)
         if value is not None:
             seconds = _checked_seconds(key, value, f"{key}={value!r}")
         elif key in from_url:

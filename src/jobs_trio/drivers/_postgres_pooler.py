@@ -35,7 +35,7 @@ MODES = (DIRECT, SESSION, TRANSACTION)
 _OURS = ("pgbouncer", "listen_host", "listen_port")
 # Ours too when a pooler stands in between: PgBouncer refuses them as startup parameters (the
 # driver sends them another way, or not at all; see the modes above).
-_SETTINGS = ("statement_timeout", "lock_timeout")
+_SETTINGS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
 
 
 @attrs.frozen

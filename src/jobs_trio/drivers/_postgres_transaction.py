@@ -44,7 +44,13 @@ class _PooledOps:
         return bool(self._conn.is_in_transaction())
 
     async def begin(self) -> None:
-        await self._run("BEGIN")
+        # The application's transaction may wait on its own work between statements (a call
+        # to another service, a user): the pool's bound on a transaction left idle
+        # (_postgres_pool.py) is for the driver's own, lifted here, in BEGIN's round trip.
+        async def begin(conn: Connection) -> None:
+            await conn.execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0")
+
+        await self._bridge.run_checked_out(self._conn, begin, what="the application's BEGIN")
 
     async def commit(self) -> None:
         # Shielded: the block ended normally, so its writes are to land. A cancel arriving now

@@ -7,7 +7,8 @@
 -- under ($1: '500ms'): a migration that queues for its exclusive lock behind a long reader makes
 -- every statement of the fleet queue behind it; given up at this bound, it lets them through and
 -- tries again later.
-SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', $1, true);
+SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', $1, true),
+    set_config('idle_in_transaction_session_timeout', '0', true);
 
 -- name: migration_lock
 -- Held to the end of the migrating transaction, so that two migrations never run at once (nor
