@@ -232,6 +232,29 @@ async def test_a_run_cancelled_during_the_step_commits_nothing(
         assert await driver.load_steps(job_id) == []
 
 
+async def test_a_transaction_step_past_its_step_timeout_names_the_step_and_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    registry = Registry()
+
+    async def slow(tx: Transaction, driver: Driver) -> str:
+        await insert_row(tx, driver, "slow", 1)
+        await trio.sleep(30)
+        return "never"
+
+    async with job_store("sqlite", tmp_path) as driver:
+
+        @registry.job("slowtx", step_timeout=0.05, timeout=None, attempts=1)
+        async def slowtx(ctx: jobs_trio.JobContext, payload: None) -> None:
+            await ctx.step.transaction("s", slow, driver)
+
+        job_id = await slowtx.enqueue(driver)
+        assert [o.kind for o in await worker(driver, registry).tick()] == ["dead-lettered"]
+        error = (await record(driver, job_id)).last_error or ""
+        assert "TooSlowError: step 's' ran past its step_timeout of 0.05 s" in error
+        assert await rows(driver) == [] and await driver.load_steps(job_id) == []
+
+
 async def test_step_transaction_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
     registry = Registry()
 

@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, TypeVarTuple, overload
 
 import trio
@@ -33,6 +33,27 @@ _R = TypeVar("_R")
 # step.key's namespace: a key is the UUID of (job id, step name) in it, so it is the same on
 # every attempt of a step and no other step or job, here or in another job store, shares it.
 _KEY_NAMESPACE: Final = uuid.UUID("5d1f1f0e-5a3b-4c1e-9f43-1f0b7d9c2a61")
+
+
+def _ran_past(name: str, ceiling: float | None) -> str:
+    """The message of a step stopped at its ``step_timeout``: the same words whether the step
+    ran in the loop or in a thread, so a dead letter reads alike for both."""
+    return f"step {name!r} ran past its step_timeout of {ceiling} s"
+
+
+@contextlib.contextmanager
+def _step_deadline(name: str, ceiling: float | None) -> Iterator[None]:
+    """An async step's ``step_timeout``: ``trio.fail_after``'s error, with a message. Bare, it
+    stored ``TooSlowError: `` as the job's last error, naming neither the step nor the limit.
+    Raised only when THIS scope's deadline fired: a ``TooSlowError`` of the step's own (an
+    inner ``fail_after``) passes through with its own message."""
+    if ceiling is None:
+        yield
+        return
+    with trio.move_on_after(ceiling) as scope:
+        yield
+    if scope.cancelled_caught:
+        raise trio.TooSlowError(_ran_past(name, ceiling))
 
 
 class StepLimits(Protocol):
@@ -188,7 +209,7 @@ class Steps:
         ceiling = self._definition.step_timeout
         if not inspect.iscoroutinefunction(fn):
             return await self._run_in_thread(name, started, fn, *args)
-        with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
+        with _step_deadline(name, ceiling):
             result = await fn(*args)
         return await self._record(name, started, result)
 
@@ -215,7 +236,7 @@ class Steps:
             return recorded[0]
         if self._run.cancel_scope.cancel_called:
             await trio.lowlevel.checkpoint()  # the run's own cancel: its reason judges it
-        raise trio.TooSlowError(f"step {name!r} ran past its step_timeout of {ceiling} s")
+        raise trio.TooSlowError(_ran_past(name, ceiling))
 
     async def _record(self, name: str, started: float, result: Any) -> Any:
         """Record a step's result, answer it as replay will (the JSON round trip)."""
@@ -262,7 +283,7 @@ class Steps:
         started = self._driver.now()
         ceiling = self._definition.step_timeout
         async with transaction(self._driver) as tx:
-            with trio.fail_after(ceiling) if ceiling is not None else contextlib.nullcontext():
+            with _step_deadline(name, ceiling):
                 self._open[tx] = name
                 tx.step = name
                 try:
