@@ -204,3 +204,81 @@ async def test_a_limit_key_function_must_answer_a_str_or_an_int(part: object) ->
 def test_a_rate_limit_per_past_a_float_is_refused_with_a_code() -> None:
     with pytest.raises(InvalidArgument, match="is not from >0 to 86,400 seconds"):
         RateLimit(5, per=10**400)
+
+
+Limits = tuple[FleetLimit | None, RateLimit | None]
+
+
+@pytest.mark.parametrize(
+    ("first_name", "first", "second", "counts"),
+    [
+        (
+            "exports",
+            (FleetLimit(1, scope="provider-x"), None),
+            (FleetLimit(3, key=lambda p: p, scope="provider-x"), None),
+            ("FleetLimit(1)", "FleetLimit(3)"),
+        ),
+        (
+            "exports",
+            (None, RateLimit(10, per=1, scope="provider-x")),
+            (None, RateLimit(10, per=60, scope="provider-x")),
+            ("RateLimit(10, per=1.0)", "RateLimit(10, per=60.0)"),
+        ),
+        (
+            "exports",
+            (FleetLimit(2, scope="provider-x"), RateLimit(10, scope="provider-x")),
+            (FleetLimit(2, scope="provider-x"), RateLimit(20, scope="provider-x")),
+            ("RateLimit(10, per=1.0)", "RateLimit(20, per=1.0)"),
+        ),
+        (  # a job's own name is its limits' scope: another job that names it shares them
+            "provider-x",
+            (FleetLimit(1), None),
+            (FleetLimit(3, scope="provider-x"), None),
+            ("FleetLimit(1)", "FleetLimit(3)"),
+        ),
+    ],
+    ids=["fleet", "rate-per", "rate-starts", "a-jobs-own-name"],
+)
+def test_jobs_sharing_a_limit_scope_with_different_counts_are_refused(
+    first_name: str, first: Limits, second: Limits, counts: tuple[str, str]
+) -> None:
+    """Accepted, a scope's limit rows took whichever count each claim read: 3 bodies of the
+    scope ran at once beside a job that declared 1."""
+    registry = Registry()
+
+    @registry.job(first_name, fleet_limit=first[0], rate_limit=first[1])
+    async def exports(ctx: object, payload: object) -> None: ...
+
+    with pytest.raises(ConfigError) as caught:
+
+        @registry.job("imports", fleet_limit=second[0], rate_limit=second[1])
+        async def imports(ctx: object, payload: object) -> None: ...
+
+    cause = caught.value.cause
+    assert "job 'imports'" in cause and f"job {first_name!r}" in cause, cause
+    assert "scope 'provider-x'" in cause and all(count in cause for count in counts), cause
+    assert "declare the same count on every job of the scope" in caught.value.fix
+    assert "imports" not in registry  # refused whole: no worker runs it under either count
+
+
+def test_jobs_sharing_a_limit_scope_with_the_same_counts_are_accepted() -> None:
+    registry = Registry()
+
+    @registry.job(
+        "exports",
+        fleet_limit=FleetLimit(5, scope="provider-x"),
+        rate_limit=RateLimit(10, per=60, scope="provider-x"),
+    )
+    async def exports(ctx: object, payload: object) -> None: ...
+
+    @registry.job(  # the same numbers written otherwise (per=60.0), and a key of its own
+        "imports",
+        fleet_limit=FleetLimit(5, key=lambda p: p, scope="provider-x"),
+        rate_limit=RateLimit(10, per=60.0, scope="provider-x"),
+    )
+    async def imports(ctx: object, payload: object) -> None: ...
+
+    @registry.job("other", fleet_limit=FleetLimit(1, scope="provider-y"), rate_limit=RateLimit(1))
+    async def other(ctx: object, payload: object) -> None: ...
+
+    assert len(registry) == 3

@@ -402,6 +402,41 @@ def _terminal(
     return items
 
 
+def _limit_shown(limit: FleetLimit | RateLimit) -> str:
+    """A limit by the numbers its scope's jobs must agree on (its key may differ per job)."""
+    if isinstance(limit, FleetLimit):
+        return f"FleetLimit({limit.slots})"
+    return f"RateLimit({limit.starts}, per={float(limit.per)})"
+
+
+def _check_shared_scopes(definition: JobDefinition, declared: Iterable[JobDefinition]) -> None:
+    """Refuse a job whose fleet or rate limit names a scope another job declared with other
+    numbers. A scope is ONE limit (its rows are keyed by the scope, not by the job), so two
+    counts on it were not two limits: accepted, 3 bodies of a scope ran at once beside a job
+    that declared 1. A scope defaults to the job's name, so a job naming another's name as
+    its scope shares that job's limit and is checked against it too."""
+    for other in declared:
+        for mine, theirs in (
+            (definition.fleet_limit, other.fleet_limit),
+            (definition.rate_limit, other.rate_limit),
+        ):
+            if mine is None or theirs is None:
+                continue
+            scope = mine.scope or definition.name
+            if scope != (theirs.scope or other.name):
+                continue
+            shown_mine, shown_theirs = _limit_shown(mine), _limit_shown(theirs)
+            if shown_mine == shown_theirs:
+                continue
+            rate = " (starts and per)" if isinstance(mine, RateLimit) else ""
+            raise ConfigError(
+                f"job {definition.name!r} declares {shown_mine} on scope {scope!r}, which job"
+                f" {other.name!r} declared with {shown_theirs}: a scope is one limit its jobs"
+                " share, so one of the two counts would not hold",
+                fix=f"declare the same count on every job of the scope{rate}, or use another scope",
+            )
+
+
 class JobDecorator(Protocol):
     """What ``registry.job(...)`` answers: given the body, its definition, typed by the body's
     payload and its result (awaited, for an ``async def``)."""
@@ -563,6 +598,7 @@ class Registry:
                 capture_context=self.capture_context,
                 restore_context=self.restore_context,
             )
+            _check_shared_scopes(definition, self._jobs.values())
             self._jobs[name] = definition
             return definition
 
