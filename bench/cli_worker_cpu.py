@@ -33,7 +33,7 @@ from common import postgres_cpu, process_cpu
 
 import jobs_trio
 
-SCHEMA = "bench_cli_worker"
+SCHEMA = f"bench_cli_worker_{os.getpid()}"  # this process's own, as worker_cpu.py's
 JOBS_MODULE = """import jobs_trio
 
 registry = jobs_trio.Registry()

@@ -34,7 +34,8 @@ from jobs_trio._core.logs import _ROUTE, AttemptLine, FlushHeldLines
 from jobs_trio._core.records import AttemptNote, Complete, Settlement
 
 QUEUE = "bench_worker_cpu"  # the worker's: one INFO line's text for both
-SCHEMA = "bench_floor_worker"  # its own: run beside worker_cpu.py, neither drops the other's
+# Its own, and this process's: run beside worker_cpu.py, neither drops the other's.
+SCHEMA = f"bench_floor_worker_{os.getpid()}"
 registry = jobs_trio.Registry()
 
 

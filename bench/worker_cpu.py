@@ -8,7 +8,7 @@
     PYTHONPATH=/old/tree/src python bench/worker_cpu.py ...   # the same, another tree
     python bench/worker_cpu.py --spy FILE ...   # py-spy's raw samples of the worker phase
 
-Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu`, dropped at the end), runs
+Enqueues N no-op jobs into a schema of its own (`bench_worker_cpu_<pid>`, dropped at the end), runs
 VACUUM ANALYZE, then opens a worker (every default but concurrency) and times from its open to
 the last job's start: jobs/s and time.process_time per job (this process only; the kernel's
 share of its socket calls included; the garbage collector's share of it shown apart), and the
@@ -37,7 +37,11 @@ from common import CollectorTime, postgres_cpu
 import jobs_trio
 from jobs_trio._cli.logging_flags import configure_logging
 
-SCHEMA = "bench_worker_cpu"
+# This process's own: the suite's smoke runs of the scripts built on this one (worker_ops.py,
+# worker_instructions.py, cpu_targets.py, cpu_components.py) may run at once on one server, and
+# on one schema each claimed the other's jobs and waited for its own (a 120 s timeout, then the
+# other's DROP SCHEMA under it).
+SCHEMA = f"bench_worker_cpu_{os.getpid()}"
 registry = jobs_trio.Registry()
 
 
