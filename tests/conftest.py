@@ -6,10 +6,11 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+import jobs_trio
 from jobs_trio.testing import ManualClock
 from tests.helpers.skip_reasons import pytest_runtest_makereport  # noqa: F401 (a hook)
 
@@ -65,6 +66,15 @@ def postgres_url() -> str:
 def pg_schema() -> Iterator[str]:
     """A fresh schema name per test; dropped afterwards by the driver tests that create it."""
     yield f"jt_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def pg_driver(postgres_url: str, pg_schema: str) -> AsyncIterator[jobs_trio.Driver]:
+    """A PostgreSQL driver on ``pg_schema``, migrated, the schema dropped at its close."""
+    async with jobs_trio.open_driver(
+        postgres_url, schema=pg_schema, migrate=True, drop_schema_on_close=True
+    ) as driver:
+        yield driver
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

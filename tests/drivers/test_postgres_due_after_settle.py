@@ -2,8 +2,6 @@
 # backoff) when it is due, not when the lease its wait was planned on would have lapsed.
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,7 +10,6 @@ import trio
 import jobs_trio
 from jobs_trio import JobState, Registry
 from jobs_trio.driver import Driver
-from tests.conftest import require_postgres
 from tests.helpers.worker_helpers import record
 
 pytestmark = pytest.mark.postgres
@@ -21,15 +18,6 @@ pytestmark = pytest.mark.postgres
 LEASE = 30.0
 # A step.sleep's second, and a loaded machine's margin; planned on the lease it took 30 s.
 WITHIN = 12.0
-
-
-@pytest.fixture
-async def driver() -> AsyncIterator[Driver]:
-    schema = f"jt_{uuid.uuid4().hex[:12]}"
-    async with jobs_trio.open_driver(
-        require_postgres(), schema=schema, migrate=True, drop_schema_on_close=True
-    ) as opened:
-        yield opened
 
 
 async def _completed_within(driver: Driver, registry: Registry, job_id: str) -> float:
@@ -43,8 +31,9 @@ async def _completed_within(driver: Driver, registry: Registry, job_id: str) -> 
 
 @pytest.mark.parametrize("how", ["step.sleep", "wait_for_event timeout", "retry backoff"])
 async def test_a_job_due_by_its_own_settle_runs_when_due_on_an_idle_worker(
-    driver: Driver, how: str
+    pg_driver: Driver, how: str
 ) -> None:
+    driver = pg_driver
     registry = Registry()
     tries = 0
 

@@ -5,8 +5,6 @@
 # (jobs_trio.transaction) may idle as long as it likes.
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,7 +13,6 @@ import trio
 import jobs_trio
 from jobs_trio import Registry
 from jobs_trio.driver import Driver
-from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -23,15 +20,6 @@ asyncpg = pytest.importorskip("asyncpg")
 
 # The pool's bound is 1 s, the lock timeout 2 s; this idles past both.
 IDLE = 3.0
-
-
-@pytest.fixture
-async def schema_driver() -> AsyncIterator[tuple[Driver, str]]:
-    schema = f"jt_{uuid.uuid4().hex[:12]}"
-    async with jobs_trio.open_driver(
-        require_postgres(), schema=schema, migrate=True, drop_schema_on_close=True
-    ) as opened:
-        yield opened, schema
 
 
 async def _job(driver: Driver) -> str:
@@ -44,9 +32,9 @@ async def _job(driver: Driver) -> str:
 
 
 async def test_the_pools_transaction_left_idle_is_ended_and_its_locks_freed(
-    schema_driver: tuple[Driver, str],
+    pg_driver: Driver, pg_schema: str
 ) -> None:
-    driver, schema = schema_driver
+    driver, schema = pg_driver, pg_schema
     job_id = await _job(driver)
     bridge: Any = driver.bridge  # type: ignore[attr-defined]
 
@@ -94,9 +82,9 @@ async def test_the_pools_transaction_left_idle_is_ended_and_its_locks_freed(
 
 
 async def test_the_applications_transaction_may_idle_past_the_pools_bound(
-    schema_driver: tuple[Driver, str],
+    pg_driver: Driver, pg_schema: str
 ) -> None:
-    driver, schema = schema_driver
+    driver, schema = pg_driver, pg_schema
     registry = Registry()
 
     @registry.job("idle.app")

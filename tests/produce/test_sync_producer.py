@@ -549,3 +549,16 @@ def test_a_file_that_is_no_jobs_trio_database_is_refused_with_the_fix_that_fits(
     with pytest.raises(ConfigError) as refused:
         Producer(f"sqlite:///{path}").enqueue(welcome, {"to": "a"})
     assert ("jobs-trio migrate" in refused.value.fix) == (kind == "new")
+
+
+@pytest.mark.postgres
+async def test_the_workers_url_with_the_pools_idle_bound_is_one_the_producer_takes(
+    pg_url: str, pg_schema: str
+) -> None:
+    # docs/drivers.md sets the pool's idle bound in the URL the workers use, and producers are
+    # told to use that URL: psycopg refused the query parameter it does not know.
+    url = f"{pg_url}?idle_in_transaction_session_timeout=5s"
+    with Producer(url, schema=pg_schema) as producer:
+        job_id = await trio.to_thread.run_sync(producer.enqueue, welcome, {"to": "bound@x"})
+    async with jobs_trio.open_driver(url, schema=pg_schema) as driver:
+        assert await driver.get(job_id) is not None

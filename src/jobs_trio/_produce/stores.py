@@ -26,6 +26,9 @@ from ..drivers._sqlite_migrate import (
 )
 
 _TIMEOUTS = ("statement_timeout", "lock_timeout")
+# Read by the driver's pool, not sent by a producer (its transactions are single writes of its
+# own): taken out of the URL, where psycopg refused it as a query parameter it does not know.
+_NOT_SENT = (*_TIMEOUTS, "idle_in_transaction_session_timeout")
 
 
 @attrs.frozen
@@ -82,7 +85,7 @@ class PostgresStore:
         driver's own (pgbouncer, listen_*, the timeouts) are taken out of the URL and the
         timeouts sent as startup options, as the driver's connections get them."""
         parts = urlsplit(self.pooler.url)
-        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in _TIMEOUTS]
+        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in _NOT_SENT]
         options: dict[str, Any] = {
             "conninfo": urlunsplit(parts._replace(query=urlencode(kept))),
             "application_name": f"jobs_trio:{self.sql.schema}:producer",
