@@ -32,9 +32,12 @@ DEFAULT_LOCK_TIMEOUT = 2.0
 # (the cron mark of a tick, every limit row of a key a claim looks at) stalled the whole
 # fleet's cron and failed other workers' renewals, every run of theirs, for as long as it
 # stayed stopped (a review, 2026-12-07). Below the lock timeout, so that a statement queued
-# behind such a transaction gets through instead of failing. The application's transactions
-# (jobs_trio.transaction) and migrations lift it for themselves.
+# behind such a transaction gets through instead of failing. A transaction that may idle for
+# reasons of its own lifts it with LIFT_IDLE_BOUND: the application's (jobs_trio.transaction),
+# the one-database relay's pass (its jobs made in Python mid-transaction), and migrations
+# (postgres/_schema.sql, migration_waits).
 DEFAULT_IDLE_IN_TRANSACTION = 1.0
+LIFT_IDLE_BOUND = "SET LOCAL idle_in_transaction_session_timeout = 0"
 _DEFAULTS = {
     "statement_timeout": DEFAULT_STATEMENT_TIMEOUT,
     "lock_timeout": DEFAULT_LOCK_TIMEOUT,

@@ -12,7 +12,7 @@ import trio
 
 from .._core.logs import log_event
 from ._postgres_bridge import Bridge
-from ._postgres_pool import Connection
+from ._postgres_pool import LIFT_IDLE_BOUND, Connection
 from ._transaction import ROLLBACK_SECONDS, Transaction, owned
 
 
@@ -48,7 +48,7 @@ class _PooledOps:
         # to another service, a user): the pool's bound on a transaction left idle
         # (_postgres_pool.py) is for the driver's own, lifted here, in BEGIN's round trip.
         async def begin(conn: Connection) -> None:
-            await conn.execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0")
+            await conn.execute(f"BEGIN; {LIFT_IDLE_BOUND}")
 
         await self._bridge.run_checked_out(self._conn, begin, what="the application's BEGIN")
 

@@ -24,9 +24,7 @@ from ..._core.records import (
     Lease,
     NewJob,
     RenewResult,
-    Retry,
     Settlement,
-    Suspend,
 )
 from .._calls import ClaimAsk, ClaimCalls
 from .._claim_slots import ClaimSlots
@@ -34,7 +32,7 @@ from .._postgres_bridge import Bridge
 from .._postgres_plan import enqueue_plan, fetch_on, run_plan_async
 from .._postgres_pool import Connection
 from .._postgres_sql import Statements
-from .._rules import Orphaning, log_orphaned
+from .._rules import Orphaning, kind_of, log_orphaned
 from .._transaction import unwrap
 from ..contract import BesideConnection
 from ._claim_statements import COPY_AT_LEAST, _claim_arguments, _copy_in, _handed_back
@@ -425,7 +423,7 @@ class PostgresJobs(ClaimCalls, PostgresConnection):
         # One kind (the usual batch: N completes) is one statement; several kinds are one
         # transaction, so a batch never half-applies.
         applied, busy = await self.bridge.run(apply, what="settle", transaction=len(by_kind) > 1)
-        if any(type(s) is Retry or type(s) is Suspend for s in settlements):
+        if any(kind_of(group[0]).moves_run_at for group in by_kind.values()):
             # A retry's backoff or a suspension's wake-up is a due time this process's own wait
             # for work did not know when it planned: it waits until the soonest run_at or lapse
             # it read, and for a job still running that was its lease's end. An idle worker

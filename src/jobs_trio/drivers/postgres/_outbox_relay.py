@@ -24,7 +24,7 @@ from ..._core.records import (
 )
 from .._calls import RelayAsk, RelayCalls
 from .._postgres_plan import KEY_ROUNDS, job_columns, limit_columns
-from .._postgres_pool import Connection
+from .._postgres_pool import LIFT_IDLE_BOUND, Connection
 from .._postgres_sql import Statements
 from .._rules import refuse_in_place, relay_fenced, ticket_stale_at
 from ..contract import Driver
@@ -317,7 +317,7 @@ class PostgresOutboxAndRelay(RelayCalls, PostgresConnection):
             # (_postgres_pool.py; 0.9 s for 150,000 rows here, more under load) the server ended
             # every pass of a large --batch, and the outbox never drained. Lifted for this one:
             # a relay stopped inside it holds only its own batch's rows.
-            await conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+            await conn.execute(LIFT_IDLE_BOUND)
             rows = await conn.fetch(there["outbox_take_here"], now, max(limit, 0))
             jobs = _outbox_jobs(sorted(rows, key=lambda r: r["seq"]), now)
             if not jobs:
